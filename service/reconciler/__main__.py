@@ -1,0 +1,3 @@
+from reconciler.cli import main
+
+raise SystemExit(main())

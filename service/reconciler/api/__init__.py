@@ -1,0 +1,1 @@
+"""HTTP routes: health, the agent API and the provider webhook endpoint."""

@@ -1,0 +1,44 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from reconciler import migrate
+from reconciler.runtime import Runtime
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+def _ready(runtime: Runtime) -> tuple[bool, str]:
+    try:
+        with runtime.db.read() as conn:
+            conn.execute(sa.text("SELECT 1"))
+        current = migrate.current_revision(runtime.db)
+    except Exception as exc:  # any failure here means "not ready", never a 500
+        return False, f"database unreachable: {type(exc).__name__}"
+    head = migrate.head_revision()
+    if current != head:
+        at = current or "nothing"
+        return False, f"schema at {at}, expected {head}; run 'reconciler db upgrade'"
+    return True, "ready"
+
+
+async def readyz(request: Request) -> Response:
+    runtime: Runtime = request.app.state.runtime
+    ok, message = await runtime.db.run(_ready, runtime)
+    return JSONResponse(
+        {"status": "ready" if ok else "not_ready", "detail": message},
+        status_code=200 if ok else 503,
+    )
+
+
+ROUTES = [
+    Route("/healthz", healthz, methods=["GET"]),
+    Route("/readyz", readyz, methods=["GET"]),
+]

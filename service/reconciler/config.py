@@ -1,0 +1,275 @@
+"""Service settings: typed, defaulted, loaded from TOML and the environment.
+
+Precedence: defaults < ``reconciler.toml`` < ``RECONCILER_<KEY>`` variables
+(``RECONCILER_DATABASE_URL``; section keys as ``RECONCILER_SERVER_PORT``).
+Every problem is one ``ConfigError`` line naming the file, the key and what
+is wrong, so a bad deployment fails at start rather than at the first request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reconciler.errors import ConfigError
+
+ENV_PREFIX = "RECONCILER_"
+CONFIG_ENV = "RECONCILER_CONFIG"
+AUDIT_KEY_ENV = "RECONCILER_AUDIT_KEY"
+
+
+class Secret:
+    """A string that never shows itself in a repr, a log line or a traceback."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('**********')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_bytes: int = 1_048_576
+    create_wait_seconds: float = 0.5  # how long POST /v1/operations waits for the job id
+    wait_max_seconds: float = 60.0  # cap on /wait long-polls
+    trust_proxy_headers: bool = False
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    tick_seconds: float = 1.0
+    lease_seconds: float = 30.0
+    batch_size: int = 100
+    provider_concurrency: int = 16  # status/create/cancel calls in flight per provider
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class CallbackSettings:
+    signing_secret_env: str = "RECONCILER_CALLBACK_SECRET"
+    allow_hosts: tuple[str, ...] = ()
+    max_attempts: int = 8
+    timeout_seconds: float = 10.0
+    base_delay_seconds: float = 2.0
+    max_delay_seconds: float = 300.0
+    max_response_bytes: int = 65_536
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = "sqlite:///reconciler.db"
+    providers_dir: str = "providers"
+    hooks: tuple[str, ...] = ()
+    log_level: str = "INFO"
+    server: ServerSettings = field(default_factory=ServerSettings)
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    callbacks: CallbackSettings = field(default_factory=CallbackSettings)
+    # Inline [providers.NAME] tables, validated by reconciler.providers.files.
+    providers: Mapping[str, Any] = field(default_factory=dict)
+    # Where the settings came from, for messages and for relative paths.
+    source: str = "<defaults>"
+    base_dir: str = "."
+
+    def providers_path(self) -> Path:
+        path = Path(self.providers_dir)
+        return path if path.is_absolute() else Path(self.base_dir) / path
+
+    def audit_key(self, environ: Mapping[str, str] | None = None) -> Secret | None:
+        value = (os.environ if environ is None else environ).get(AUDIT_KEY_ENV)
+        return Secret(value) if value else None
+
+
+_SECTIONS = {
+    "server": ServerSettings,
+    "scheduler": SchedulerSettings,
+    "callbacks": CallbackSettings,
+}
+_TOP_LEVEL = {"database_url", "providers_dir", "hooks", "log_level"}
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _as_bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
+    raise ConfigError(f"{where}: expected true or false, got {value!r}")
+
+
+def _as_number(value: Any, where: str, kind: type[int] | type[float]) -> Any:
+    noun = "an integer" if kind is int else "a number"
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected {noun}, got a boolean")
+    if isinstance(value, int) or (kind is float and isinstance(value, float)):
+        return kind(value)
+    if isinstance(value, str):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    raise ConfigError(f"{where}: expected {noun}, got {value!r}")
+
+
+def _as_str(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise ConfigError(f"{where}: expected a string, got {type(value).__name__}")
+
+
+def coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check or convert one value against a simple type; ``where`` names file and key."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return None if value is None else coerce(value, args[0], where)
+    if origin is tuple:
+        (item_type, _) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
+        return tuple(coerce(v, item_type, f"{where}[{i}]") for i, v in enumerate(value))
+    if tp is bool:
+        return _as_bool(value, where)
+    if tp is int or tp is float:
+        return _as_number(value, where, tp)
+    if tp is str:
+        return _as_str(value, where)
+    raise ConfigError(f"{where}: unsupported setting type {_type_name(tp)}")
+
+
+def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{where}.{key}: unknown key (known: {', '.join(sorted(known))})")
+    kwargs = {key: coerce(value, hints[key], f"{where}.{key}") for key, value in data.items()}
+    return cls(**kwargs)
+
+
+def _positive(settings: Settings) -> None:
+    checks: list[tuple[str, float]] = [
+        ("server.port", settings.server.port),
+        ("server.max_body_bytes", settings.server.max_body_bytes),
+        ("server.wait_max_seconds", settings.server.wait_max_seconds),
+        ("scheduler.tick_seconds", settings.scheduler.tick_seconds),
+        ("scheduler.lease_seconds", settings.scheduler.lease_seconds),
+        ("scheduler.batch_size", settings.scheduler.batch_size),
+        ("scheduler.provider_concurrency", settings.scheduler.provider_concurrency),
+        ("callbacks.max_attempts", settings.callbacks.max_attempts),
+        ("callbacks.timeout_seconds", settings.callbacks.timeout_seconds),
+    ]
+    for key, value in checks:
+        if value <= 0:
+            raise ConfigError(f"{settings.source}: {key}: must be greater than 0, got {value}")
+    if settings.server.port > 65535:
+        raise ConfigError(f"{settings.source}: server.port: must be at most 65535")
+    if not settings.database_url.startswith(("sqlite", "postgresql")):
+        raise ConfigError(
+            f"{settings.source}: database_url: must start with sqlite:// or postgresql+psycopg://"
+        )
+
+
+def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
+    layer: dict[str, Any] = {}
+    for key in _TOP_LEVEL:
+        env = ENV_PREFIX + key.upper()
+        if env in environ:
+            layer[key] = environ[env]
+    for section, cls in _SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            env = f"{ENV_PREFIX}{section.upper()}_{f.name.upper()}"
+            if env in environ:
+                layer.setdefault(section, {})[f.name] = environ[env]
+    return layer
+
+
+def _read_file(file: Path) -> dict[str, Any]:
+    try:
+        with file.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{file}: file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read: {exc.strerror}") from None
+
+
+def _merge_env(data: dict[str, Any], environ: Mapping[str, str]) -> None:
+    for section, values in _env_layer(environ).items():
+        if isinstance(values, dict):
+            merged = dict(data.get(section) or {})
+            merged.update(values)
+            data[section] = merged
+        else:
+            data[section] = values
+
+
+def _typed(data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    top: dict[str, Any] = {}
+    hints = typing.get_type_hints(Settings)
+    for key, value in data.items():
+        if key in _SECTIONS:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: {key}: expected a table")
+            top[key] = _build(_SECTIONS[key], value, f"{where}: {key}")
+        elif key == "providers":
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: providers: expected a table of provider tables")
+            top[key] = value
+        elif key in _TOP_LEVEL:
+            top[key] = coerce(value, hints[key], f"{where}: {key}")
+        else:
+            known = sorted(_TOP_LEVEL | set(_SECTIONS) | {"providers"})
+            raise ConfigError(f"{where}: {key}: unknown key (known: {', '.join(known)})")
+    return top
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Read settings from ``path`` (or ``$RECONCILER_CONFIG``), then apply the environment."""
+    env = os.environ if environ is None else environ
+    chosen = path if path is not None else env.get(CONFIG_ENV)
+    data: dict[str, Any] = {}
+    source, base_dir = "<defaults>", "."
+    if chosen is not None:
+        file = Path(chosen)
+        source, base_dir = str(file), str(file.parent)
+        data = _read_file(file)
+    _merge_env(data, env)
+    settings = Settings(**_typed(data, source), source=source, base_dir=base_dir)
+    _positive(settings)
+    return settings

@@ -1,0 +1,186 @@
+"""The one write path for an operation: conditional row update plus history append.
+
+Every change to an operation row goes through ``Journal.write`` (or its
+``transition`` wrapper) so that, in one transaction:
+
+* the UPDATE matches the version (and, for workers, the lease) that the
+  caller read — a racing writer finds zero rows and gets ``StaleWrite``;
+* the history entries are appended with the hash chain continued from the
+  head the caller read, and the row's head and count move with them.
+
+A transition the table does not allow raises before anything is written.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from reconciler.chain import entry_hash
+from reconciler.errors import NotFound, StaleWrite
+from reconciler.models import HistoryEntry, Operation
+from reconciler.states import END_STATES, State, check_transition
+from reconciler.vocabulary import DelaySource, HistoryKind
+
+OPS = Operation.__table__  # type: ignore[attr-defined]
+HISTORY = HistoryEntry.__table__  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: HistoryKind
+    actor: str
+    cause: str
+    detail: Mapping[str, Any] | None = None
+    delay_source: DelaySource | None = None
+    from_state: State | None = None
+    to_state: State | None = None
+    at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Lease:
+    owner: str
+
+
+@dataclass
+class Journal:
+    key: bytes | None = None
+    _columns: frozenset[str] = field(default_factory=lambda: frozenset(c.name for c in OPS.c))
+
+    def load(self, conn: Connection, operation_id: str) -> Operation:
+        row = conn.execute(sa.select(OPS).where(OPS.c.id == operation_id)).mappings().first()
+        if row is None:
+            raise NotFound(f"operation {operation_id} does not exist")
+        return Operation(**dict(row))
+
+    def insert(
+        self,
+        conn: Connection,
+        op: Operation,
+        *,
+        actor: str,
+        cause: str,
+        now: datetime,
+        detail: Mapping[str, Any] | None = None,
+    ) -> Operation:
+        """Store a new operation with its first history entry (``-> create_pending``)."""
+        fields = {
+            "operation_id": op.id,
+            "seq": 1,
+            "at": now,
+            "kind": HistoryKind.TRANSITION.value,
+            "actor": actor,
+            "from_state": None,
+            "to_state": op.state,
+            "cause": cause,
+            "delay_source": None,
+            "detail": dict(detail) if detail is not None else None,
+        }
+        digest = entry_hash(fields, "", self.key)
+        op.history_seq, op.history_head, op.version = 1, digest, 1
+        op.created_at = op.updated_at = now
+        values = {c.name: getattr(op, c.name) for c in OPS.c}
+        conn.execute(sa.insert(OPS).values(**values))
+        conn.execute(sa.insert(HISTORY).values(**fields, prev_hash="", hash=digest))
+        return op
+
+    def write(
+        self,
+        conn: Connection,
+        op: Operation,
+        *,
+        now: datetime,
+        changes: Mapping[str, Any] | None = None,
+        entries: Sequence[Entry] = (),
+        lease: Lease | None = None,
+    ) -> Operation:
+        """Apply ``changes`` and append ``entries`` if ``op`` is still current; return it."""
+        changes = dict(changes or {})
+        unknown = set(changes) - self._columns
+        if unknown:
+            raise ValueError(f"unknown operation columns: {sorted(unknown)}")
+        head, seq = op.history_head, op.history_seq
+        rows = []
+        for entry in entries:
+            seq += 1
+            fields = {
+                "operation_id": op.id,
+                "seq": seq,
+                "at": entry.at or now,
+                "kind": entry.kind.value,
+                "actor": entry.actor,
+                "from_state": entry.from_state.value if entry.from_state else None,
+                "to_state": entry.to_state.value if entry.to_state else None,
+                "cause": entry.cause,
+                "delay_source": entry.delay_source.value if entry.delay_source else None,
+                "detail": dict(entry.detail) if entry.detail is not None else None,
+            }
+            digest = entry_hash(fields, head, self.key)
+            rows.append({**fields, "prev_hash": head, "hash": digest})
+            head = digest
+        changes.update(version=op.version + 1, history_head=head, history_seq=seq, updated_at=now)
+        where = [OPS.c.id == op.id, OPS.c.version == op.version, OPS.c.state == op.state]
+        if lease is not None:
+            where += [OPS.c.lease_owner == lease.owner, OPS.c.lease_expires_at > now]
+        result = conn.execute(sa.update(OPS).where(*where).values(**changes))
+        if result.rowcount != 1:
+            raise StaleWrite(
+                f"operation {op.id} changed since version {op.version} was read"
+                + (" or the lease was lost" if lease is not None else "")
+            )
+        if rows:
+            conn.execute(sa.insert(HISTORY), rows)
+        updated = copy.copy(op)
+        for name, value in changes.items():
+            setattr(updated, name, value)
+        return updated
+
+    def transition(
+        self,
+        conn: Connection,
+        op: Operation,
+        to: State,
+        *,
+        actor: str,
+        cause: str,
+        now: datetime,
+        detail: Mapping[str, Any] | None = None,
+        changes: Mapping[str, Any] | None = None,
+        entries: Sequence[Entry] = (),
+        lease: Lease | None = None,
+    ) -> Operation:
+        """Move ``op`` to ``to`` with its evidence; raises ``IllegalTransition`` before writing."""
+        frm = State(op.state)
+        check_transition(frm, to)
+        all_changes: dict[str, Any] = {"state": to.value}
+        if to in END_STATES:
+            # Reaching an end state always hands the operation to the completion handler.
+            all_changes.update(
+                done_at=now,
+                completion_round=op.completion_round + 1,
+                completion_pending=True,
+                next_poll_at=now,
+                delay_source=None,
+            )
+        elif frm in END_STATES:
+            all_changes["done_at"] = None
+        all_changes.update(changes or {})
+        entry = Entry(
+            kind=HistoryKind.TRANSITION,
+            actor=actor,
+            cause=cause,
+            detail=detail,
+            from_state=frm,
+            to_state=to,
+            delay_source=DelaySource(ds) if (ds := all_changes.get("delay_source")) else None,
+        )
+        return self.write(
+            conn, op, now=now, changes=all_changes, entries=[entry, *entries], lease=lease
+        )

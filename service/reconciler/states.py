@@ -1,0 +1,148 @@
+"""Local operation states and the only transitions allowed between them.
+
+The table is the rule: ``check_transition`` is consulted by the single write
+path in ``transitions.py``, so a transition that is not listed here cannot be
+stored. Remote states are the provider's words and live elsewhere
+(``providers.state_table``); these are our own facts.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from reconciler.errors import IllegalTransition
+
+
+class State(StrEnum):
+    CREATE_PENDING = "create_pending"
+    CREATE_UNKNOWN = "create_unknown"
+    ACCEPTED = "accepted"
+    OBSERVING = "observing"
+    CANCEL_REQUESTED = "cancel_requested"
+    CANCELLING = "cancelling"
+    RESULT_COLLECTING = "result_collecting"
+    SUCCEEDED = "succeeded"
+    COMPLETED_WITH_ERRORS = "completed_with_errors"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    RESULT_TIMED_OUT = "result_timed_out"
+    RESULT_UNAVAILABLE = "result_unavailable"
+    RESULT_VALIDATION_FAILED = "result_validation_failed"
+    CANCELLATION_UNCONFIRMED = "cancellation_unconfirmed"
+    ESCALATED = "escalated"
+
+
+END_STATES: frozenset[State] = frozenset(
+    {
+        State.SUCCEEDED,
+        State.COMPLETED_WITH_ERRORS,
+        State.FAILED,
+        State.CANCELLED,
+        State.RESULT_TIMED_OUT,
+        State.RESULT_UNAVAILABLE,
+        State.RESULT_VALIDATION_FAILED,
+        State.CANCELLATION_UNCONFIRMED,
+    }
+)
+
+S = State
+
+# Seed 001 gives the spine (create_pending -> accepted -> observing ->
+# result_collecting -> succeeded, the create_unknown detour, the cancel path);
+# the rest follows from SPEC: every stop that needs a person goes through
+# `escalated`, and two end states (result_timed_out, cancellation_unconfirmed)
+# can be reopened only by an operator's recorded decision.
+TRANSITIONS: dict[State, frozenset[State]] = {
+    S.CREATE_PENDING: frozenset({S.CREATE_UNKNOWN, S.ACCEPTED, S.FAILED, S.CANCELLED, S.ESCALATED}),
+    S.CREATE_UNKNOWN: frozenset({S.ACCEPTED, S.FAILED, S.CANCELLED, S.ESCALATED}),
+    S.ACCEPTED: frozenset(
+        {S.OBSERVING, S.CANCEL_REQUESTED, S.RESULT_COLLECTING, S.FAILED, S.ESCALATED}
+    ),
+    S.OBSERVING: frozenset(
+        {
+            S.RESULT_COLLECTING,
+            S.FAILED,
+            S.CANCELLED,
+            S.CANCEL_REQUESTED,
+            S.RESULT_TIMED_OUT,
+            S.ESCALATED,
+        }
+    ),
+    S.CANCEL_REQUESTED: frozenset(
+        {
+            S.CANCELLING,
+            S.CANCELLED,
+            S.RESULT_COLLECTING,
+            S.FAILED,
+            S.CANCELLATION_UNCONFIRMED,
+            S.ESCALATED,
+        }
+    ),
+    S.CANCELLING: frozenset(
+        {S.CANCELLED, S.RESULT_COLLECTING, S.FAILED, S.CANCELLATION_UNCONFIRMED, S.ESCALATED}
+    ),
+    S.RESULT_COLLECTING: frozenset(
+        {
+            S.SUCCEEDED,
+            S.COMPLETED_WITH_ERRORS,
+            S.RESULT_UNAVAILABLE,
+            S.RESULT_VALIDATION_FAILED,
+            S.FAILED,
+        }
+    ),
+    S.ESCALATED: frozenset(
+        {
+            S.OBSERVING,
+            S.CREATE_UNKNOWN,
+            S.CANCEL_REQUESTED,
+            S.CANCELLING,
+            S.FAILED,
+            S.RESULT_TIMED_OUT,
+            S.CANCELLATION_UNCONFIRMED,
+        }
+    ),
+    S.RESULT_TIMED_OUT: frozenset({S.OBSERVING, S.CANCEL_REQUESTED}),
+    S.CANCELLATION_UNCONFIRMED: frozenset({S.CANCELLING}),
+    S.SUCCEEDED: frozenset(),
+    S.COMPLETED_WITH_ERRORS: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+    S.RESULT_UNAVAILABLE: frozenset(),
+    S.RESULT_VALIDATION_FAILED: frozenset(),
+}
+
+# Leaving an end state is only ever an operator's decision.
+REOPENING: frozenset[tuple[State, State]] = frozenset(
+    {
+        (S.RESULT_TIMED_OUT, S.OBSERVING),
+        (S.RESULT_TIMED_OUT, S.CANCEL_REQUESTED),
+        (S.CANCELLATION_UNCONFIRMED, S.CANCELLING),
+    }
+)
+
+
+def is_done(state: State) -> bool:
+    return state in END_STATES
+
+
+def allowed(frm: State, to: State) -> bool:
+    return to in TRANSITIONS[frm]
+
+
+def check_transition(frm: State, to: State) -> None:
+    if not allowed(frm, to):
+        raise IllegalTransition(f"transition {frm.value} -> {to.value} is not allowed")
+
+
+# States in which the operation still has remote work to watch.
+ACTIVE_STATES: frozenset[State] = frozenset(
+    {
+        S.CREATE_PENDING,
+        S.CREATE_UNKNOWN,
+        S.ACCEPTED,
+        S.OBSERVING,
+        S.CANCEL_REQUESTED,
+        S.CANCELLING,
+        S.RESULT_COLLECTING,
+    }
+)

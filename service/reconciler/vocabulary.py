@@ -1,0 +1,47 @@
+"""Names declared once: delay sources, escalation reasons, decisions, scopes, history kinds."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class DelaySource(StrEnum):
+    PROVIDER_RETRY_AFTER = "provider_retry_after"
+    PROVIDER_POLL_HINT = "provider_poll_hint"
+    LOCAL_BACKOFF = "local_backoff"
+    MANUAL_EXTENSION = "manual_extension"
+    WEBHOOK_HINT = "webhook_hint"
+
+
+class EscalationReason(StrEnum):
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    REQUEST_BUDGET_EXHAUSTED = "request_budget_exhausted"
+    RATE_LIMITED = "rate_limited"
+    UNKNOWN_STATE = "unknown_state"
+    AUTHORIZATION_DENIED = "authorization_denied"
+    PROVIDER_FAILURE = "provider_failure"
+    CONTRACT_VIOLATION = "contract_violation"
+    CONTRADICTORY_STATUS = "contradictory_status"
+    CANCELLATION_UNCONFIRMED = "cancellation_unconfirmed"
+    CALLBACK_UNDELIVERABLE = "callback_undeliverable"
+
+
+class DecisionAction(StrEnum):
+    EXTEND = "extend"
+    CANCEL = "cancel"
+    ABANDON = "abandon"
+
+
+class Scope(StrEnum):
+    AGENT = "agent"
+    OPERATOR = "operator"
+
+
+class HistoryKind(StrEnum):
+    TRANSITION = "transition"
+    OBSERVATION = "observation"
+    HINT = "hint"
+    ESCALATION = "escalation"
+    DECISION = "decision"
+    NOTE = "note"
+    STEP = "step"

@@ -1,0 +1,105 @@
+"""Shared fixtures: every database test runs on SQLite and on a real PostgreSQL.
+
+The PostgreSQL flavour needs ``RECONCILER_TEST_POSTGRES_URL`` (``.ci/run``
+starts a cluster and sets it). Locally it is skipped when unset; under
+``CI=true`` a missing URL is an error, so CI can never pass on SQLite alone.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reconciler.clock import ManualClock
+from reconciler.config import Settings
+from reconciler.db import Database
+from reconciler.runtime import Runtime
+from tests.support.databases import POSTGRES_ENV, PostgresFactory, postgres_admin_url, sqlite_url
+
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(scope="session")
+def postgres_factory() -> Iterator[PostgresFactory | None]:
+    url = postgres_admin_url()
+    if url is None:
+        yield None
+        return
+    factory = PostgresFactory(url)
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+def _need_postgres(factory: PostgresFactory | None) -> PostgresFactory:
+    if factory is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(
+                f"{POSTGRES_ENV} must be set in CI: the PostgreSQL tests may not be skipped"
+            )
+        pytest.skip(f"{POSTGRES_ENV} is not set")
+    return factory
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def db_url(backend: str, tmp_path: Path, postgres_factory: PostgresFactory | None) -> Iterator[str]:
+    """A migrated, empty database on the backend under test."""
+    if backend == "sqlite":
+        with sqlite_url(tmp_path) as url:
+            yield url
+        return
+    factory = _need_postgres(postgres_factory)
+    url = factory.clone()
+    try:
+        yield url
+    finally:
+        factory.drop(url)
+
+
+@pytest.fixture
+def empty_db_url(
+    backend: str, tmp_path: Path, postgres_factory: PostgresFactory | None
+) -> Iterator[str]:
+    """A database with no schema at all, for migration tests."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    factory = _need_postgres(postgres_factory)
+    url = factory.empty()
+    try:
+        yield url
+    finally:
+        factory.drop(url)
+
+
+@pytest.fixture
+def db(db_url: str) -> Iterator[Database]:
+    database = Database(db_url)
+    try:
+        yield database
+    finally:
+        database.dispose()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def runtime(db_url: str, clock: ManualClock) -> Iterator[Runtime]:
+    rt = Runtime.build(Settings(database_url=db_url), clock=clock, rng=random.Random(7))
+    try:
+        yield rt
+    finally:
+        rt.db.dispose()

@@ -1,0 +1,85 @@
+"""Throw-away databases: a SQLite file per test, and on PostgreSQL a database per test
+cloned from a migrated template (``CREATE DATABASE ... TEMPLATE``), as procrastinate does."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from reconciler import migrate
+from reconciler.db import Database
+
+POSTGRES_ENV = "RECONCILER_TEST_POSTGRES_URL"
+
+
+def postgres_admin_url() -> str | None:
+    return os.environ.get(POSTGRES_ENV) or None
+
+
+def _with_database(url: str, name: str) -> str:
+    return str(sa.make_url(url).set(database=name).render_as_string(hide_password=False))
+
+
+def _admin_engine(url: str) -> sa.Engine:
+    return sa.create_engine(url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+
+
+class PostgresFactory:
+    """Creates databases cloned from one migrated template per test session."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin_url = admin_url
+        self.template = f"reconciler_tmpl_{os.getpid()}_{secrets.token_hex(3)}"
+        self._admin = _admin_engine(admin_url)
+        with self._admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{self.template}"')
+        db = Database(_with_database(admin_url, self.template))
+        try:
+            migrate.upgrade(db)
+        finally:
+            db.dispose()
+        self.created: list[str] = []
+
+    def empty(self) -> str:
+        name = f"reconciler_t_{secrets.token_hex(6)}"
+        with self._admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        self.created.append(name)
+        return _with_database(self.admin_url, name)
+
+    def clone(self) -> str:
+        name = f"reconciler_t_{secrets.token_hex(6)}"
+        with self._admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+        self.created.append(name)
+        return _with_database(self.admin_url, name)
+
+    def drop(self, url: str) -> None:
+        name = sa.make_url(url).database
+        with self._admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if name in self.created:
+            self.created.remove(name)
+
+    def close(self) -> None:
+        with self._admin.connect() as conn:
+            for name in [*self.created, self.template]:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self._admin.dispose()
+
+
+@contextmanager
+def sqlite_url(directory: Path, migrated: bool = True) -> Iterator[str]:
+    url = f"sqlite:///{directory / 'reconciler.db'}"
+    if migrated:
+        db = Database(url)
+        try:
+            migrate.upgrade(db)
+        finally:
+            db.dispose()
+    yield url
