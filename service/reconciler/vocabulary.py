@@ -45,3 +45,27 @@ class HistoryKind(StrEnum):
     DECISION = "decision"
     NOTE = "note"
     STEP = "step"
+
+
+class RemoteCategory(StrEnum):
+    """What a provider's state word means for us, per the provider file's state table."""
+
+    PENDING = "pending"
+    SUCCESS = "success"
+    PARTIAL = "partial"
+    FAILURE = "failure"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    UNKNOWN = "unknown"
+
+
+class TransportError(StrEnum):
+    """Why a call produced no HTTP response at all."""
+
+    TIMEOUT = "timeout"
+    CONNECTION_REFUSED = "connection_refused"
+    CONNECTION_RESET = "connection_reset"
+    DNS = "dns"
+    TLS = "tls"
+    PROTOCOL = "protocol"
+    OTHER = "other"
