@@ -23,7 +23,8 @@ class BackoffPolicy:
     jitter_floor: float = 0.5  # the delay is drawn from [floor * raw, raw]
 
     def raw(self, attempt: int) -> float:
-        return min(self.max_seconds, self.base_seconds * (2 ** min(max(attempt, 0), MAX_EXPONENT)))
+        factor = float(2 ** min(max(attempt, 0), MAX_EXPONENT))
+        return min(self.max_seconds, self.base_seconds * factor)
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         raw = self.raw(attempt)
