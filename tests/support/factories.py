@@ -1,0 +1,52 @@
+"""Building operation rows for tests that exercise storage directly."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from reconciler import ids
+from reconciler.canonical import request_fingerprint
+from reconciler.db import Database
+from reconciler.journal import Journal
+from reconciler.models import Operation
+from reconciler.states import State
+
+
+def new_operation(now: datetime, **overrides: Any) -> Operation:
+    request = overrides.pop("request", {"report": "q3"})
+    provider = overrides.pop("provider", "sim")
+    values: dict[str, Any] = {
+        "id": ids.operation_id(now),
+        "provider": provider,
+        "caller": "agent-1",
+        "request": request,
+        "request_fingerprint": request_fingerprint(provider, request),
+        "idempotency_token": ids.idempotency_token(),
+        "trace_id": ids.trace_id(),
+        "state": State.CREATE_PENDING.value,
+        "created_at": now,
+        "updated_at": now,
+        "create_deadline_at": now + timedelta(seconds=120),
+        "deadline_at": now + timedelta(seconds=2400),
+        "max_status_requests": 12,
+        "max_transport_failures": 3,
+        "create_attempts": 0,
+        "status_requests_used": 0,
+        "transport_failures_used": 0,
+        "rate_limited_count": 0,
+        "poll_attempt": 0,
+        "completion_round": 0,
+        "completion_pending": False,
+        "version": 1,
+        "history_seq": 0,
+        "history_head": "",
+    }
+    values.update(overrides)
+    return Operation(**values)
+
+
+def insert_operation(db: Database, journal: Journal, now: datetime, **overrides: Any) -> Operation:
+    op = new_operation(now, **overrides)
+    with db.write() as conn:
+        return journal.insert(conn, op, actor="test", cause="test:create", now=now)
