@@ -1,0 +1,550 @@
+"""The SSRF guard for agent callback URLs.
+
+Two moments, one rule set:
+
+* ``check_url`` when a ``callback_url`` is submitted: syntax, and any address
+  written in the URL itself (including the numeric forms ``2130706433``,
+  ``0x7f000001``, ``0177.0.0.1``, ``127.1`` that libc and browsers accept).
+* ``resolve_and_check`` before every delivery: the host name is resolved again
+  (DNS may have been rebound since submission) and the delivery connects only
+  to the addresses returned here.
+
+Policy decisions:
+
+* A name that resolves to several addresses is refused when ANY of them is
+  forbidden; picking the good one would leave the choice to whoever controls
+  the zone.
+* ``callbacks.allow_hosts`` entries are either host names (matched against the
+  host exactly as written in the URL, case-insensitive, trailing dot ignored;
+  a listed name is trusted whatever it resolves to) or IP addresses / CIDR
+  networks (``127.0.0.1``, ``10.0.0.0/8``, ``::1``; matched against the literal
+  or resolved address). An allow-listed IPv4 network also covers the
+  IPv4-mapped IPv6 form of its addresses.
+* Address classification is a pure first-match table; the refusal names the
+  class that matched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import re
+import socket
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import NamedTuple
+from urllib.parse import urlsplit
+
+from reconciler.errors import ConfigError, InvalidRequest, ReconcilerError
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
+
+MAX_URL_LENGTH = 2048
+SCHEMES = {"http": 80, "https": 443}
+ALLOW_HINT = "such addresses are refused unless listed in callbacks.allow_hosts"
+
+
+class AddressClass(StrEnum):
+    """Why an address may not receive callbacks."""
+
+    LOOPBACK = "loopback"
+    PRIVATE = "private"
+    LINK_LOCAL = "link_local"
+    SHARED = "shared"
+    CLOUD_METADATA = "cloud_metadata"
+    UNSPECIFIED = "unspecified"
+    MULTICAST = "multicast"
+    BROADCAST = "broadcast"
+    RESERVED = "reserved"
+    DOCUMENTATION = "documentation"
+    BENCHMARKING = "benchmarking"
+    PROTOCOL_ASSIGNMENT = "protocol_assignment"
+    TEREDO = "teredo"
+    SITE_LOCAL = "site_local"
+
+    @property
+    def label(self) -> str:
+        return _LABELS[self]
+
+
+_LABELS = {
+    AddressClass.LOOPBACK: "loopback",
+    AddressClass.PRIVATE: "private",
+    AddressClass.LINK_LOCAL: "link-local",
+    AddressClass.SHARED: "shared (carrier-grade NAT)",
+    AddressClass.CLOUD_METADATA: "cloud metadata",
+    AddressClass.UNSPECIFIED: "unspecified ('this host')",
+    AddressClass.MULTICAST: "multicast",
+    AddressClass.BROADCAST: "broadcast",
+    AddressClass.RESERVED: "reserved",
+    AddressClass.DOCUMENTATION: "documentation",
+    AddressClass.BENCHMARKING: "benchmarking",
+    AddressClass.PROTOCOL_ASSIGNMENT: "IETF protocol assignment",
+    AddressClass.TEREDO: "Teredo tunnel",
+    AddressClass.SITE_LOCAL: "site-local",
+}
+
+
+class Rule(NamedTuple):
+    network: IPNetwork
+    address_class: AddressClass
+
+
+def _rules(*pairs: tuple[str, AddressClass]) -> tuple[Rule, ...]:
+    return tuple(Rule(ipaddress.ip_network(net), cls) for net, cls in pairs)
+
+
+_C = AddressClass
+# First match wins, so a narrow entry sits above the range that contains it.
+IPV4_RULES = _rules(
+    ("0.0.0.0/8", _C.UNSPECIFIED),
+    ("10.0.0.0/8", _C.PRIVATE),
+    ("100.100.100.200/32", _C.CLOUD_METADATA),
+    ("100.64.0.0/10", _C.SHARED),
+    ("127.0.0.0/8", _C.LOOPBACK),
+    ("169.254.169.254/32", _C.CLOUD_METADATA),
+    ("169.254.0.0/16", _C.LINK_LOCAL),
+    ("172.16.0.0/12", _C.PRIVATE),
+    ("192.0.0.0/24", _C.PROTOCOL_ASSIGNMENT),
+    ("192.0.2.0/24", _C.DOCUMENTATION),
+    ("192.88.99.0/24", _C.RESERVED),
+    ("192.168.0.0/16", _C.PRIVATE),
+    ("198.18.0.0/15", _C.BENCHMARKING),
+    ("198.51.100.0/24", _C.DOCUMENTATION),
+    ("203.0.113.0/24", _C.DOCUMENTATION),
+    ("224.0.0.0/4", _C.MULTICAST),
+    ("255.255.255.255/32", _C.BROADCAST),
+    ("240.0.0.0/4", _C.RESERVED),
+)
+# Checked before the IPv4 embeddings below, whose ::/96 contains both.
+IPV6_SPECIAL = _rules(
+    ("::/128", _C.UNSPECIFIED),
+    ("::1/128", _C.LOOPBACK),
+)
+IPV6_RULES = _rules(
+    ("64:ff9b:1::/48", _C.PRIVATE),
+    ("100::/64", _C.RESERVED),
+    ("2001::/32", _C.TEREDO),
+    ("2001:2::/48", _C.BENCHMARKING),
+    ("2001:db8::/32", _C.DOCUMENTATION),
+    ("2001::/23", _C.PROTOCOL_ASSIGNMENT),
+    ("3fff::/20", _C.DOCUMENTATION),
+    ("5f00::/16", _C.RESERVED),
+    ("fd00:ec2::254/128", _C.CLOUD_METADATA),
+    ("fc00::/7", _C.PRIVATE),
+    ("fe80::/10", _C.LINK_LOCAL),
+    ("fec0::/10", _C.SITE_LOCAL),
+    ("ff00::/8", _C.MULTICAST),
+)
+# Everything outside global unicast is unassigned or special: refuse it.
+IPV6_GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
+
+
+class Embedding(NamedTuple):
+    """An IPv6 prefix that carries an IPv4 address; the IPv4 address decides."""
+
+    network: ipaddress.IPv6Network
+    name: str
+    shift: int  # where the 32 embedded bits sit
+    public_ok: bool  # whether a public embedded address makes the IPv6 one usable
+
+
+EMBEDDINGS = (
+    Embedding(ipaddress.IPv6Network("::ffff:0:0/96"), "IPv4-mapped", 0, True),
+    Embedding(ipaddress.IPv6Network("::ffff:0:0:0/96"), "IPv4-translated", 0, True),
+    Embedding(ipaddress.IPv6Network("64:ff9b::/96"), "NAT64", 0, True),
+    Embedding(ipaddress.IPv6Network("2002::/16"), "6to4", 80, True),
+    # Deprecated (RFC 4291): nothing legitimate uses it any more.
+    Embedding(ipaddress.IPv6Network("::/96"), "IPv4-compatible", 0, False),
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why one address is refused."""
+
+    address: IPAddress
+    address_class: AddressClass
+    embedded: ipaddress.IPv4Address | None = None
+    embedding: str | None = None
+
+    def describe(self) -> str:
+        label = self.address_class.label
+        article = "an" if label[0] in "aeiouAEIOU" else "a"
+        text = f"{article} {label} address ({self.address}"
+        if self.embedded is not None:
+            text += f", the {self.embedding} form of IPv4 {self.embedded}"
+        return text + ")"
+
+
+class ForbiddenAddress(InvalidRequest):
+    """The callback URL leads to an address the guard refuses."""
+
+    code = "callback_url_forbidden"
+
+    def __init__(self, message: str, verdict: Verdict) -> None:
+        super().__init__(message)
+        self.verdict = verdict
+
+
+class ResolutionFailed(ReconcilerError):
+    """The callback host could not be resolved now; a later attempt may succeed."""
+
+    code = "callback_host_unresolved"
+
+
+def _first_match(rules: tuple[Rule, ...], address: IPAddress) -> AddressClass | None:
+    for rule in rules:
+        if address in rule.network:
+            return rule.address_class
+    return None
+
+
+def _classify_v6(address: ipaddress.IPv6Address) -> Verdict | None:
+    special = _first_match(IPV6_SPECIAL, address)
+    if special is not None:
+        return Verdict(address, special)
+    for emb in EMBEDDINGS:
+        if address in emb.network:
+            inner = ipaddress.IPv4Address((int(address) >> emb.shift) & 0xFFFFFFFF)
+            inner_class = _first_match(IPV4_RULES, inner)
+            if inner_class is not None:
+                return Verdict(address, inner_class, inner, emb.name)
+            if emb.public_ok:
+                return None
+            return Verdict(address, AddressClass.RESERVED, inner, emb.name)
+    found = _first_match(IPV6_RULES, address)
+    if found is not None:
+        return Verdict(address, found)
+    if address not in IPV6_GLOBAL_UNICAST:
+        return Verdict(address, AddressClass.RESERVED)
+    return None
+
+
+def classify(address: IPAddress) -> Verdict | None:
+    """None when the address may receive callbacks, else the class that forbids it."""
+    if isinstance(address, ipaddress.IPv4Address):
+        found = _first_match(IPV4_RULES, address)
+        return None if found is None else Verdict(address, found)
+    return _classify_v6(address)
+
+
+# --- allow-list -------------------------------------------------------------
+
+
+def _normalise_host(text: str) -> str:
+    host = text.strip().lower()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host[:-1] if host.endswith(".") and len(host) > 1 else host
+
+
+@dataclass(frozen=True)
+class AllowList:
+    names: frozenset[str] = frozenset()
+    networks: tuple[IPNetwork, ...] = ()
+
+    @classmethod
+    def parse(cls, entries: Iterable[str]) -> AllowList:
+        names: set[str] = set()
+        networks: list[IPNetwork] = []
+        for entry in entries:
+            text = _normalise_host(entry)
+            try:
+                networks.append(ipaddress.ip_network(text, strict=False))
+            except ValueError:
+                if text:
+                    names.add(text)
+        return cls(frozenset(names), tuple(networks))
+
+    def allows_name(self, host: str) -> bool:
+        return _normalise_host(host) in self.names
+
+    def allows_address(self, address: IPAddress) -> bool:
+        candidates: list[IPAddress] = [address]
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            candidates.append(address.ipv4_mapped)
+        return any(a in net for a in candidates for net in self.networks)
+
+
+def as_allow_list(allow_hosts: Collection[str] | AllowList) -> AllowList:
+    return allow_hosts if isinstance(allow_hosts, AllowList) else AllowList.parse(allow_hosts)
+
+
+# --- URL syntax -------------------------------------------------------------
+
+# RFC 3986 characters; anything else must be percent-encoded. Refusing the rest
+# (spaces, controls, backslash, non-ASCII) removes the parser disagreements
+# that SSRF bypasses live on.
+_URL_CHARS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]*")
+_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
+_DIGITS = {10: "0123456789", 8: "01234567", 16: "0123456789abcdef"}
+MAX_NUMBER_PART = 32
+
+
+@dataclass(frozen=True)
+class CheckedUrl:
+    """A callback URL that passed the syntax and literal-address checks."""
+
+    url: str
+    scheme: str
+    host: str  # lower case, no brackets; the canonical text for a literal address
+    port: int  # the effective port
+    target: str  # path and query, what the request line carries
+    address: IPAddress | None  # set when the host is an address, in whatever form
+    allow_listed: bool
+
+    @property
+    def host_header(self) -> str:
+        host = f"[{self.host}]" if isinstance(self.address, ipaddress.IPv6Address) else self.host
+        return host if self.port == SCHEMES[self.scheme] else f"{host}:{self.port}"
+
+
+def _ipv4_number(part: str) -> int | None:
+    """One dotted part as libc ``inet_aton`` and the WHATWG URL parser read it."""
+    text = part.lower()
+    base = 10
+    if text.startswith("0x"):
+        base, text = 16, text[2:]
+    elif len(text) > 1 and text.startswith("0"):
+        base, text = 8, text[1:]
+    if not text:
+        return 0 if base == 16 else None
+    if len(text) > MAX_NUMBER_PART or any(ch not in _DIGITS[base] for ch in text):
+        return None
+    return int(text, base)
+
+
+def _ends_in_number(host: str) -> bool:
+    parts = host.split(".")
+    if parts[-1] == "" and len(parts) > 1:
+        parts.pop()
+    last = parts[-1]
+    return last != "" and (last.isdigit() or _ipv4_number(last) is not None)
+
+
+def parse_ipv4_host(host: str) -> ipaddress.IPv4Address | None:
+    """The address a numeric host means (``127.1``, ``0x7f000001``, ...); None if invalid."""
+    parts = host.split(".")
+    if parts[-1] == "" and len(parts) > 1:
+        parts.pop()
+    if len(parts) > 4:
+        return None
+    numbers = [_ipv4_number(p) for p in parts]
+    if any(n is None for n in numbers):
+        return None
+    values = [n for n in numbers if n is not None]
+    if any(n > 255 for n in values[:-1]) or values[-1] >= 256 ** (5 - len(values)):
+        return None
+    total = values[-1]
+    for index, value in enumerate(values[:-1]):
+        total += value * 256 ** (3 - index)
+    return ipaddress.IPv4Address(total)
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _split_authority(netloc: str) -> tuple[str, bool, str | None]:
+    """Host (as written), whether it was bracketed, and the port text (None if absent)."""
+    if netloc.startswith("["):
+        end = netloc.find("]")
+        if end < 0:
+            raise InvalidRequest("callback_url has an unclosed '[' in its host")
+        rest = netloc[end + 1 :]
+        if rest and not rest.startswith(":"):
+            raise InvalidRequest("callback_url has text after the bracketed host")
+        return netloc[1:end], True, rest[1:] if rest else None
+    host, sep, port = netloc.rpartition(":")
+    if not sep:
+        return netloc, False, None
+    return host, False, port
+
+
+def _parse_port(text: str | None, scheme: str) -> int:
+    if text is None or text == "":
+        return SCHEMES[scheme]
+    if not text.isascii() or not text.isdigit() or len(text) > 5 or not 0 < int(text) <= 65535:
+        raise InvalidRequest(
+            f"callback_url port '{_shown(text)}' is not valid; use a number from 1 to 65535"
+        )
+    return int(text)
+
+
+def _parse_host(raw: str, bracketed: bool) -> tuple[str, IPAddress | None]:
+    if bracketed:
+        try:
+            address6 = ipaddress.IPv6Address(raw)
+        except ValueError:
+            raise InvalidRequest(
+                f"callback_url host [{_shown(raw)}] is not a valid IPv6 address"
+            ) from None
+        if "%" in raw:
+            raise InvalidRequest("callback_url may not carry an IPv6 zone (%...)")
+        return str(address6), address6
+    host = raw.lower()
+    if not host:
+        raise InvalidRequest("callback_url has no host; write it as https://host/path")
+    if _ends_in_number(host):
+        address4 = parse_ipv4_host(host)
+        if address4 is None:
+            raise InvalidRequest(f"callback_url host '{_shown(raw)}' is not a valid IPv4 address")
+        return str(address4), address4
+    labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
+    if len(host) > 254 or not all(_LABEL.fullmatch(label) for label in labels):
+        raise InvalidRequest(
+            f"callback_url host '{_shown(raw)}' is not a valid host name; use letters, "
+            "digits and hyphens (write an internationalised name in its xn-- form)"
+        )
+    return host, None
+
+
+def _syntax(url: str) -> tuple[str, str, bool, str | None, str]:
+    """Scheme, raw host, bracketed, port text, target. Never echoes path or query."""
+    if not isinstance(url, str) or not url:
+        raise InvalidRequest("callback_url must be a non-empty string")
+    if len(url) > MAX_URL_LENGTH:
+        raise InvalidRequest(f"callback_url is longer than {MAX_URL_LENGTH} characters")
+    if not _URL_CHARS.fullmatch(url):
+        raise InvalidRequest(
+            "callback_url contains characters that must be percent-encoded "
+            "(spaces, control characters, backslashes, quotes, non-ASCII)"
+        )
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        raise InvalidRequest(
+            "callback_url is not a valid URL; check the brackets around an IPv6 host"
+        ) from None
+    if parts.scheme not in SCHEMES:
+        shown = _shown(parts.scheme) if parts.scheme else "none"
+        raise InvalidRequest(f"callback_url must use http or https; got scheme '{shown}'")
+    if "@" in parts.netloc:
+        raise InvalidRequest(
+            "callback_url contains user information before '@'; remove it "
+            "(deliveries are authenticated by their signature)"
+        )
+    if not parts.netloc:
+        raise InvalidRequest("callback_url has no host; write it as https://host/path")
+    host, bracketed, port = _split_authority(parts.netloc)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return parts.scheme, host, bracketed, port, target
+
+
+def _refusal(written: str, verdict: Verdict, resolved: bool) -> ForbiddenAddress:
+    what = verdict.describe()
+    if resolved:
+        lead = f"callback_url host {_shown(written)} resolves to {what}"
+    elif written != str(verdict.address):
+        lead = f"callback_url host {_shown(written)} means {what}"
+    else:
+        lead = f"callback_url points to {what}"
+    return ForbiddenAddress(f"{lead}; {ALLOW_HINT}", verdict)
+
+
+def _is_localhost(host: str) -> bool:
+    name = _normalise_host(host)
+    return name == "localhost" or name.endswith(".localhost")
+
+
+def check_url(url: str, allow_hosts: Collection[str] | AllowList) -> CheckedUrl:
+    """Check a callback URL without resolving it; raises ``InvalidRequest`` saying what to fix."""
+    allow = as_allow_list(allow_hosts)
+    scheme, raw_host, bracketed, port_text, target = _syntax(url)
+    port = _parse_port(port_text, scheme)
+    host, address = _parse_host(raw_host, bracketed)
+    if address is not None:
+        allowed = allow.allows_address(address)
+        verdict = classify(address)
+        if verdict is not None and not allowed:
+            raise _refusal(raw_host, verdict, resolved=False)
+    else:
+        allowed = allow.allows_name(host)
+        loopback = ipaddress.IPv4Address("127.0.0.1")
+        # RFC 6761: these names are loopback by definition; say so now, not at delivery.
+        if _is_localhost(host) and not allowed and not allow.allows_address(loopback):
+            raise _refusal(raw_host, Verdict(loopback, AddressClass.LOOPBACK), resolved=True)
+    return CheckedUrl(url, scheme, host, port, target, address, allowed)
+
+
+# --- resolution -------------------------------------------------------------
+
+
+def _parse_resolved(texts: Sequence[str]) -> list[IPAddress]:
+    seen: dict[IPAddress, None] = {}
+    for text in texts:
+        try:
+            seen.setdefault(ipaddress.ip_address(str(text).split("%", 1)[0]), None)
+        except ValueError:
+            raise ResolutionFailed(
+                "the resolver returned something that is not an IP address"
+            ) from None
+    return list(seen)
+
+
+def check_resolved(
+    checked: CheckedUrl, addresses: Sequence[IPAddress], allow_hosts: Collection[str] | AllowList
+) -> list[IPAddress]:
+    """Pure: the addresses to connect to, or ``ForbiddenAddress`` if any one is refused."""
+    allow = as_allow_list(allow_hosts)
+    if not addresses:
+        raise ResolutionFailed(f"callback_url host {_shown(checked.host)} has no addresses")
+    if checked.address is None and allow.allows_name(checked.host):
+        return list(addresses)
+    for address in addresses:
+        verdict = classify(address)
+        if verdict is not None and not allow.allows_address(address):
+            raise _refusal(checked.host, verdict, resolved=checked.address is None)
+    return list(addresses)
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    """The platform resolver (``getaddrinfo``), TCP addresses only."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    return [str(info[4][0]) for info in infos]
+
+
+async def resolve_checked(
+    checked: CheckedUrl, allow_hosts: Collection[str] | AllowList, resolver: Resolver
+) -> list[IPAddress]:
+    if checked.address is not None:
+        return check_resolved(checked, [checked.address], allow_hosts)
+    try:
+        texts = await resolver(checked.host, checked.port)
+    except (OSError, UnicodeError):
+        raise ResolutionFailed(
+            f"callback_url host {_shown(checked.host)} could not be resolved"
+        ) from None
+    return check_resolved(checked, _parse_resolved(texts), allow_hosts)
+
+
+async def resolve_and_check(
+    url: str, allow_hosts: Collection[str] | AllowList, resolver: Resolver = system_resolver
+) -> list[IPAddress]:
+    """Check the URL, resolve its host now, refuse if ANY address is forbidden.
+
+    Returns the addresses (resolver order, duplicates removed) that a delivery
+    may connect to. Raises ``InvalidRequest`` (``ForbiddenAddress`` for an
+    address refusal) or ``ResolutionFailed``.
+    """
+    allow = as_allow_list(allow_hosts)
+    return await resolve_checked(check_url(url, allow), allow, resolver)
+
+
+def validate_allow_hosts(entries: Iterable[str]) -> None:
+    """For the config loader: an entry that looks like a CIDR must parse as one."""
+    for entry in entries:
+        text = _normalise_host(entry)
+        if "/" in text:
+            try:
+                ipaddress.ip_network(text, strict=False)
+            except ValueError:
+                raise ConfigError(
+                    f"callbacks.allow_hosts entry '{_shown(entry)}' is not a valid network; "
+                    "write a host name, an IP address or a CIDR such as 10.0.0.0/8"
+                ) from None
