@@ -1,0 +1,359 @@
+"""The adapter protocol, the typed result of one provider call, and the views read from it.
+
+An adapter never raises for network trouble: every call returns a ``CallResult``
+that says what happened (an HTTP answer, a transport error, or a refusal to
+send). Reading meaning out of a body is done by the pure functions below
+(value in, view out), with the provider file's pointers, so the poller, the
+create reconciliation and the completion handler share one reading and tests
+need no HTTP.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from reconciler.providers.files import ProviderSpec, ResultSpec
+from reconciler.providers.pointer import MISSING, Pointer
+from reconciler.providers.state_table import state_word
+from reconciler.vocabulary import RemoteCategory, TransportError
+
+MAX_JOB_ID_CHARS = 300  # operations.remote_job_id
+_SHA256_HEX_CHARS = 64
+_ENDED_WITH_RESULT = (RemoteCategory.SUCCESS, RemoteCategory.PARTIAL)
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """One request to a provider and what came back. Holds no credentials.
+
+    Exactly one of these holds: ``http_status`` is set (the provider answered),
+    ``transport_error`` is set (no HTTP answer), or ``refused`` is set (the adapter
+    sent nothing because the input was unusable, e.g. a job ID with ``..``).
+    ``maybe_delivered`` is False only when the provider certainly did not get the
+    request (DNS, refused or failed connection, TLS handshake, a refusal): a create
+    that failed that way is safe to repeat and is not ambiguous.
+    """
+
+    method: str
+    target: str  # path (or, for a foreign result URL, the URL) the request went to
+    sent_at: datetime
+    elapsed_ms: float
+    http_status: int | None = None
+    transport_error: TransportError | None = None
+    transport_detail: str | None = None
+    refused: str | None = None
+    maybe_delivered: bool = True
+    retry_after: str | None = None
+    location: str | None = None
+    content_type: str | None = None
+    content_length: int | None = None
+    provider_request_id: str | None = None
+    body: Any = None
+    body_bytes: bytes | None = field(default=None, repr=False)
+    parse_error: str | None = None
+    too_large: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.http_status is not None and 200 <= self.http_status < 300
+
+    @property
+    def answered(self) -> bool:
+        return self.http_status is not None
+
+
+@dataclass(frozen=True)
+class CreateOutcome:
+    call: CallResult
+    job_id: str | None = None
+    job_id_problem: str | None = None  # why a 2xx answer gave no usable job ID
+    remote_state: str | None = None
+    category: RemoteCategory | None = None  # None when create.state is not configured
+
+
+class LookupVerdict(StrEnum):
+    FOUND = "found"
+    NOT_FOUND = "not_found"
+    UNKNOWN = "unknown"  # no usable answer: transport error, 5xx, bad body
+
+
+@dataclass(frozen=True)
+class LookupOutcome:
+    call: CallResult
+    verdict: LookupVerdict
+    job_id: str | None = None
+    job_id_problem: str | None = None
+
+
+@dataclass(frozen=True)
+class StatusView:
+    """What a status body says, raw values as the provider sent them.
+
+    Hints (``poll_after``, ``next_check_at``, ``expires_at``) are not validated
+    here: the poller owns what counts as a usable hint. ``missing_required``
+    lists what a success or partial body lacks (``result_ref`` and
+    ``status.required``); it is empty for every other category.
+    """
+
+    remote_state: str | None
+    category: RemoteCategory
+    rule: int | None = None
+    job_id: str | None = None
+    job_id_matches: bool | None = None  # None when status.job_id is not configured
+    poll_after: Any = None
+    next_check_at: Any = None
+    expires_at: Any = None
+    error: Any = None
+    progress: Any = None
+    result_ref: Any = None
+    checksum: Any = None
+    size: Any = None
+    missing_required: tuple[str, ...] = ()
+
+    @property
+    def required_fields_ok(self) -> bool:
+        return not self.missing_required
+
+
+@dataclass(frozen=True)
+class StatusOutcome:
+    call: CallResult
+    view: StatusView | None = None  # only for a 2xx answer with a JSON body
+
+
+@dataclass(frozen=True)
+class ResultCheck:
+    """Validation of a fetched result; ``problems`` empty means it may be consumed."""
+
+    document: Any
+    problems: tuple[str, ...]
+    summary: dict[str, Any] = field(default_factory=dict)
+    failed_items: tuple[Any, ...] = ()
+    sha256: str | None = None
+    size: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@runtime_checkable
+class ProviderAdapter(Protocol):
+    """What the service needs from a provider. None of these raise for network trouble."""
+
+    async def create(
+        self, request_body: Any, idempotency_token: str, trace_id: str
+    ) -> CreateOutcome: ...
+
+    async def lookup(self, idempotency_token: str, trace_id: str) -> LookupOutcome: ...
+
+    async def status(self, job_id: str, trace_id: str) -> StatusOutcome: ...
+
+    async def cancel(self, job_id: str, trace_id: str) -> CallResult: ...
+
+    async def fetch_result(
+        self, job_id: str, result_ref: str | None, trace_id: str
+    ) -> CallResult: ...
+
+    async def aclose(self) -> None: ...
+
+
+Adapter = ProviderAdapter  # the short name other modules use
+
+PROTOCOL_METHODS = ("create", "lookup", "status", "cancel", "fetch_result", "aclose")
+
+
+def _present(value: Any) -> bool:
+    return value is not MISSING and value is not None
+
+
+def _get(pointer: Pointer | None, body: Any) -> Any:
+    if pointer is None:
+        return None
+    value = pointer.resolve(body)
+    return None if value is MISSING else value
+
+
+def job_id_text(value: Any, where: str) -> tuple[str | None, str | None]:
+    """A usable job ID from a JSON value, or (None, why not)."""
+    if value is MISSING or value is None:
+        return None, f"no job ID at {where}"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() <= 128:
+        return str(value), None
+    if not isinstance(value, str):
+        return None, f"the job ID at {where} is not a string"
+    if not value or len(value) > MAX_JOB_ID_CHARS or not value.isprintable():
+        return None, f"the job ID at {where} is empty, too long or not printable"
+    if any(segment in ("", ".", "..") for segment in value.split("/")):
+        return None, f"the job ID at {where} has an empty, '.' or '..' path segment"
+    return value, None
+
+
+def _json_body(call: CallResult) -> tuple[bool, str | None]:
+    """Whether a 2xx JSON body is there to read, else why not."""
+    if not call.ok:
+        return False, None
+    if call.too_large:
+        return False, "the response body is larger than the limit"
+    if call.parse_error:
+        return False, call.parse_error
+    if call.body is None:
+        return False, "the response has no JSON body"
+    return True, None
+
+
+def create_outcome(spec: ProviderSpec, call: CallResult) -> CreateOutcome:
+    readable, why = _json_body(call)
+    if not readable:
+        return CreateOutcome(call, job_id_problem=why)
+    job_id, problem = job_id_text(spec.create.job_id.resolve(call.body), str(spec.create.job_id))
+    word, category = None, None
+    if spec.create.state is not None:
+        word = state_word(spec.create.state.resolve(call.body))
+        category = spec.states.category_of(word)
+    return CreateOutcome(call, job_id, problem, word, category)
+
+
+def lookup_outcome(spec: ProviderSpec, call: CallResult) -> LookupOutcome:
+    if call.http_status == 404:
+        return LookupOutcome(call, LookupVerdict.NOT_FOUND)
+    readable, why = _json_body(call)
+    if not readable or spec.lookup is None:
+        return LookupOutcome(call, LookupVerdict.UNKNOWN, job_id_problem=why)
+    value = spec.lookup.job_id.resolve(call.body)
+    if not _present(value):
+        return LookupOutcome(call, LookupVerdict.NOT_FOUND)
+    job_id, problem = job_id_text(value, str(spec.lookup.job_id))
+    if job_id is None:
+        return LookupOutcome(call, LookupVerdict.UNKNOWN, job_id_problem=problem)
+    return LookupOutcome(call, LookupVerdict.FOUND, job_id)
+
+
+def _missing_required(spec: ProviderSpec, body: Any, category: RemoteCategory) -> tuple[str, ...]:
+    if category not in _ENDED_WITH_RESULT:
+        return ()
+    missing = [str(p) for p in spec.status.required if not _present(p.resolve(body))]
+    ref = spec.status.result_ref
+    if ref is not None:
+        value = ref.resolve(body)
+        if not (isinstance(value, str | int) and not isinstance(value, bool) and str(value)):
+            missing.append(str(ref))
+    return tuple(missing)
+
+
+def status_view(spec: ProviderSpec, body: Any, job_id: str | None = None) -> StatusView:
+    """Read a parsed status body with the provider's pointers. Never raises."""
+    status = spec.status
+    verdict = spec.classify(body)
+    echoed, matches = None, None
+    if status.job_id is not None:
+        echoed, _ = job_id_text(status.job_id.resolve(body), str(status.job_id))
+        matches = echoed is not None and (job_id is None or echoed == job_id)
+    result = spec.result or ResultSpec()
+    return StatusView(
+        remote_state=verdict.word,
+        category=verdict.category,
+        rule=verdict.rule,
+        job_id=echoed,
+        job_id_matches=matches,
+        poll_after=_get(status.poll_after_seconds, body),
+        next_check_at=_get(status.next_check_at, body),
+        expires_at=_get(status.expires_at, body),
+        error=_get(status.error, body),
+        progress=_get(status.progress, body),
+        result_ref=_get(status.result_ref, body),
+        checksum=_get(result.checksum, body),
+        size=_get(result.size, body),
+        missing_required=_missing_required(spec, body, verdict.category),
+    )
+
+
+def status_outcome(
+    spec: ProviderSpec, call: CallResult, job_id: str | None = None
+) -> StatusOutcome:
+    readable, _ = _json_body(call)
+    return StatusOutcome(call, status_view(spec, call.body, job_id) if readable else None)
+
+
+def _media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def _integrity_problems(
+    result: ResultSpec, data: bytes | None, status_body: Any
+) -> tuple[list[str], str | None, int | None]:
+    if data is None:
+        return [], None, None
+    digest, size = hashlib.sha256(data).hexdigest(), len(data)
+    problems: list[str] = []
+    if result.checksum is not None:
+        expected = result.checksum.resolve(status_body)
+        if not isinstance(expected, str) or len(expected) != _SHA256_HEX_CHARS:
+            problems.append(f"no SHA-256 hex checksum at {result.checksum} in the status")
+        elif expected.lower() != digest:
+            problems.append("the result's SHA-256 does not match the checksum in the status")
+    if result.size is not None:
+        expected_size = result.size.resolve(status_body)
+        if isinstance(expected_size, bool) or not isinstance(expected_size, int):
+            problems.append(f"no integer size at {result.size} in the status")
+        elif expected_size != size:
+            problems.append(f"the result has {size} bytes, the status says {expected_size}")
+    return problems, digest, size
+
+
+def _document(result: ResultSpec, call: CallResult) -> tuple[Any, list[str]]:
+    if result.from_status is None:
+        return call.body, []
+    value = result.from_status.resolve(call.body)
+    if value is MISSING:
+        return None, [f"the status has no result at {result.from_status}"]
+    return value, []
+
+
+def _fetch_problems(result: ResultSpec, call: CallResult) -> list[str]:
+    if call.refused:
+        return [f"not fetched: {call.refused}"]
+    if call.transport_error is not None:
+        return [f"not fetched: {call.transport_error.value}"]
+    if not call.ok:
+        return [f"the result fetch answered HTTP {call.http_status}"]
+    if call.too_large:
+        return [f"the result is larger than {result.max_bytes} bytes"]
+    expected = _media_type(result.content_type)
+    if expected and result.from_status is None and _media_type(call.content_type) != expected:
+        return [f"the result content type is {call.content_type!r}, expected {expected!r}"]
+    if call.parse_error:
+        return [call.parse_error]
+    return []
+
+
+def check_result(spec: ProviderSpec, call: CallResult, status_body: Any) -> ResultCheck:
+    """Validate a fetched result against ``[result]`` and the final status body. Never raises."""
+    result = spec.result or ResultSpec()
+    problems = _fetch_problems(result, call)
+    if problems:
+        return ResultCheck(None, tuple(problems))
+    document, problems = _document(result, call)
+    integrity, digest, size = _integrity_problems(
+        result, None if result.from_status else call.body_bytes, status_body
+    )
+    problems.extend(integrity)
+    for required in result.required:
+        if not _present(required.resolve(document, status_body)):
+            problems.append(f"required field {required} is missing")
+    summary = {}
+    for name, pointer in result.summary:
+        value = pointer.resolve(document, status_body)
+        summary[name] = None if value is MISSING else value
+    failed: tuple[Any, ...] = ()
+    if result.failed_items is not None:
+        items = result.failed_items.resolve(document, status_body)
+        if isinstance(items, list):
+            failed = tuple(items)
+        elif _present(items):
+            problems.append(f"failed items at {result.failed_items} is not a list")
+    return ResultCheck(document, tuple(problems), summary, failed, digest, size)

@@ -1,0 +1,99 @@
+"""Real servers on 127.0.0.1 for tests: an ASGI app on uvicorn, or a raw TCP handler.
+
+Both bind port 0, wait a bounded time for start-up, and stop on exit even if a
+handler is still busy (uvicorn gets a short graceful-shutdown window).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import uvicorn
+
+HOST = "127.0.0.1"
+
+
+@contextmanager
+def serve_asgi(
+    app: Any,
+    *,
+    startup_timeout: float = 10.0,
+    graceful_shutdown_seconds: int = 1,
+    **config: Any,
+) -> Iterator[str]:
+    """Run ``app`` on uvicorn in a background thread; yields ``http://127.0.0.1:<port>``.
+
+    Extra keyword arguments go to ``uvicorn.Config`` (e.g. ``lifespan="off"``).
+    """
+    options: dict[str, Any] = {
+        "host": HOST,
+        "port": 0,
+        "log_level": "warning",
+        "ws": "none",
+        "lifespan": "auto",
+        "timeout_graceful_shutdown": graceful_shutdown_seconds,
+    }
+    options.update(config)
+    server = uvicorn.Server(uvicorn.Config(app, **options))
+    thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("uvicorn stopped during start-up")
+        if time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"uvicorn did not start within {startup_timeout} s")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{HOST}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=graceful_shutdown_seconds + 5)
+
+
+@contextmanager
+def serve_tcp(handler: Callable[[socket.socket], None]) -> Iterator[int]:
+    """Accept connections on 127.0.0.1 and call ``handler(conn)`` for each; yields the port.
+
+    For misbehaving peers (resets, garbage, half responses) that an ASGI server won't produce.
+    The handler owns the connection and should close it.
+    """
+    listener = socket.create_server((HOST, 0))
+    listener.settimeout(0.05)
+    stop = threading.Event()
+
+    def accept_loop() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            conn.settimeout(5.0)
+            with suppress(OSError):
+                handler(conn)
+
+    thread = threading.Thread(target=accept_loop, name="test-tcp", daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
+
+
+def unused_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+    return port
