@@ -2,27 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
-from reconciler.api import health
+from reconciler.api import health, operations, webhooks
+from reconciler.background import Background
 from reconciler.http_errors import HANDLERS
 from reconciler.runtime import Runtime
 
 
-def create_app(runtime: Runtime) -> Starlette:
+def create_app(runtime: Runtime, *, background: bool = True) -> Starlette:
+    worker = Background(runtime, run_scheduler=background)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await runtime.start()
+        runtime.notifier.bind(asyncio.get_running_loop())
+        await worker.start()
         try:
             yield
         finally:
-            await runtime.stop()
+            await worker.stop()
+            await runtime.close()
 
-    routes: list[BaseRoute] = [*health.ROUTES]
+    routes: list[BaseRoute] = [*health.ROUTES, *operations.ROUTES, *webhooks.ROUTES]
     app = Starlette(routes=routes, exception_handlers=dict(HANDLERS), lifespan=lifespan)
     app.state.runtime = runtime
+    app.state.background = worker
     return app

@@ -7,15 +7,28 @@ stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
+import getpass
+import json
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from reconciler import audit, migrate
-from reconciler.clock import SystemClock
+from reconciler import audit, migrate, store, story
+from reconciler.clock import SystemClock, isoformat
 from reconciler.config import Settings, load_settings
 from reconciler.db import Database
-from reconciler.errors import ConfigError, ReconcilerError
-from reconciler.tokens import create_token
+from reconciler.decide import apply_decision
+from reconciler.errors import ConfigError, NotFound, ReconcilerError
+from reconciler.intake import parse_decision
+from reconciler.journal import Journal
+from reconciler.notify import CHANGE_CHANNEL, WAKE_CHANNEL, notify_in_transaction
+from reconciler.states import State
+from reconciler.tokens import Principal, create_token
+from reconciler.views import operation_view
+from reconciler.vocabulary import DecisionAction, Scope
+
+# The CLI runs without provider credentials; a cancel decided here uses this window.
+DEFAULT_CANCEL_DEADLINE_SECONDS = 120.0
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 
@@ -68,6 +81,86 @@ def _audit_verify(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _operator_view(db: Database, op_id: str) -> dict[str, Any]:
+    with db.read() as conn:
+        op = store.get_operation(conn, op_id)
+        if op is None:
+            raise NotFound(f"operation {op_id} does not exist")
+        escalations = store.escalations_for(conn, [op.escalation_id] if op.escalation_id else [])
+    return operation_view(op, SystemClock().now(), escalations.get(op.escalation_id or -1))
+
+
+CLI_OPERATOR = Principal(name="cli", scope=Scope.OPERATOR)
+
+
+def _ops(args: argparse.Namespace, settings: Settings) -> int:
+    db = Database(settings.database_url)
+    try:
+        if args.ops_command == "list":
+            state = State(args.state) if args.state else None
+            with db.read() as conn:
+                page = store.list_operations(
+                    conn,
+                    CLI_OPERATOR,
+                    state=state,
+                    provider=args.provider,
+                    limit=args.limit,
+                    cursor=None,
+                )
+            for op in page.items:
+                print(
+                    f"{op.id}  {op.provider:<12} {op.state:<26} "
+                    f"{op.remote_job_id or '-':<24} {isoformat(op.updated_at)}"
+                )
+            if not page.items:
+                print("no operations", file=sys.stderr)
+        elif args.ops_command == "show":
+            print(json.dumps(_operator_view(db, args.operation), indent=2, sort_keys=True))
+        else:
+            with db.read() as conn:
+                if store.get_operation(conn, args.operation) is None:
+                    raise NotFound(f"operation {args.operation} does not exist")
+                entries = store.history_of(conn, args.operation)
+            for text in story.tell(entries):
+                print(text)
+    finally:
+        db.dispose()
+    return 0
+
+
+def _decide(args: argparse.Namespace, settings: Settings) -> int:
+    decision = parse_decision(
+        {
+            "action": args.action,
+            **({"extra_seconds": args.extra_seconds} if args.extra_seconds else {}),
+            **({"extra_status_requests": args.extra_requests} if args.extra_requests else {}),
+        }
+    )
+    key = settings.audit_key()
+    journal = Journal(key=key.reveal().encode("utf-8") if key else None)
+    db = Database(settings.database_url)
+    try:
+        with db.write() as conn:
+            op = store.get_operation(conn, args.operation)
+            if op is None:
+                raise NotFound(f"operation {args.operation} does not exist")
+            after = apply_decision(
+                conn,
+                journal,
+                op,
+                decision,
+                f"operator:{args.by}",
+                SystemClock().now(),
+                DEFAULT_CANCEL_DEADLINE_SECONDS,
+            )
+            notify_in_transaction(conn, WAKE_CHANNEL)
+            notify_in_transaction(conn, CHANGE_CHANNEL, after.id)
+    finally:
+        db.dispose()
+    print(f"{after.id}: {args.action} recorded; state {after.state}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="reconciler", description=__doc__)
     common = argparse.ArgumentParser(add_help=False)
@@ -92,6 +185,32 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--name", required=True)
     create.add_argument("--scope", required=True, choices=["agent", "operator"])
     create.set_defaults(handler=_tokens_create)
+
+    ops = sub.add_parser("ops", parents=[common], help="inspect operations")
+    ops_sub = ops.add_subparsers(dest="ops_command", required=True, metavar="ACTION")
+    listing = ops_sub.add_parser("list", parents=[common], help="newest first")
+    listing.add_argument("--state", choices=[s.value for s in State])
+    listing.add_argument("--provider")
+    listing.add_argument(
+        "--limit",
+        type=int,
+        default=50,
+        choices=range(1, store.MAX_PAGE + 1),
+        metavar=f"1..{store.MAX_PAGE}",
+    )
+    listing.set_defaults(handler=_ops)
+    for name, text in (("show", "the Operation as JSON"), ("history", "the story, oldest first")):
+        cmd = ops_sub.add_parser(name, parents=[common], help=text)
+        cmd.add_argument("operation")
+        cmd.set_defaults(handler=_ops)
+
+    decide = sub.add_parser("decide", parents=[common], help="decide an escalation")
+    decide.add_argument("operation")
+    decide.add_argument("action", choices=[a.value for a in DecisionAction])
+    decide.add_argument("--extra-seconds", type=float, help="extend: more time (default offered)")
+    decide.add_argument("--extra-requests", type=int, help="extend: more status requests")
+    decide.add_argument("--by", default=getpass.getuser(), help="who decides (recorded)")
+    decide.set_defaults(handler=_decide)
 
     aud = sub.add_parser("audit", parents=[common], help="history integrity")
     aud_sub = aud.add_subparsers(dest="audit_command", required=True, metavar="ACTION")

@@ -1,7 +1,8 @@
 """Everything a running service holds, built once from the settings.
 
 Routes, the worker and the CLI take what they need from here; tests build
-one with a ``ManualClock`` and a seeded ``Random`` instead of the defaults.
+one with a ``ManualClock``, a seeded ``Random`` and their own environment
+instead of the defaults.
 """
 
 from __future__ import annotations
@@ -9,13 +10,26 @@ from __future__ import annotations
 import os
 import random
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from reconciler import ssrf
 from reconciler.clock import Clock, SystemClock
-from reconciler.config import Settings
+from reconciler.config import Secret, Settings
 from reconciler.db import Database
+from reconciler.errors import ConfigError, InvalidRequest
 from reconciler.ids import worker_id
 from reconciler.journal import Journal
+from reconciler.metrics import Metrics
+from reconciler.notify import Notifier
+from reconciler.operations import ProviderLimits
+from reconciler.providers.files import ProviderSpec, WebhookSpec, load_providers, webhook_secrets
+from reconciler.signatures import Verifier, build_verifier, decode_whsec
+from reconciler.webhook_intake import GroupCommitter
+
+if TYPE_CHECKING:
+    from reconciler.providers.adapter import Adapter
 
 
 @dataclass
@@ -23,9 +37,31 @@ class Runtime:
     settings: Settings
     db: Database
     journal: Journal
+    providers: dict[str, ProviderSpec]
+    environ: Mapping[str, str]
     clock: Clock = field(default_factory=SystemClock)
     rng: random.Random = field(default_factory=random.Random)
     worker_id: str = field(default_factory=lambda: worker_id(socket.gethostname(), os.getpid()))
+    notifier: Notifier = field(default_factory=Notifier)
+    webhook_intakes: dict[str, tuple[WebhookSpec, Verifier]] = field(default_factory=dict)
+    adapters: dict[str, Adapter] = field(default_factory=dict)
+    callback_key: bytes | None = None
+    allow_hosts: ssrf.AllowList = field(default_factory=lambda: ssrf.as_allow_list(()))
+    transport: Any = None  # an httpx transport for provider calls (tests); None = network
+    webhooks: GroupCommitter = field(init=False)
+    metrics: Metrics = field(default_factory=Metrics)
+
+    def __post_init__(self) -> None:
+        self.webhooks = GroupCommitter(
+            self.db, self.journal, self.clock.now, on_hint=self.notifier.wake
+        )
+        self.metrics.watch_states(self._state_counts)
+
+    def _state_counts(self) -> dict[str, int]:
+        from reconciler import store
+
+        with self.db.read() as conn:
+            return store.count_by_state(conn)
 
     @classmethod
     def build(
@@ -34,19 +70,94 @@ class Runtime:
         *,
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        environ: Mapping[str, str] | None = None,
+        transport: Any = None,
     ) -> Runtime:
-        key = settings.audit_key()
-        return cls(
+        env = dict(os.environ if environ is None else environ)
+        key = settings.audit_key(env)
+        clock = clock or SystemClock()
+        providers = load_providers(
+            settings.providers_path(),
+            settings.providers,
+            env,
+            missing_ok=settings.providers_dir == "providers",
+        )
+        ssrf.validate_allow_hosts(settings.callbacks.allow_hosts)
+        runtime = cls(
             settings=settings,
             db=Database(settings.database_url),
             journal=Journal(key=key.reveal().encode("utf-8") if key else None),
-            clock=clock or SystemClock(),
+            providers=providers,
+            environ=env,
+            clock=clock,
             rng=rng or random.Random(),
+            callback_key=_callback_key(settings, env),
+            allow_hosts=ssrf.as_allow_list(settings.callbacks.allow_hosts),
+            transport=transport,
+        )
+        for name, spec in providers.items():
+            if spec.webhook is not None:
+                secrets = [s.reveal() for s in webhook_secrets(spec, env)]
+                verifier = build_verifier(
+                    spec.webhook.scheme,
+                    secrets,
+                    clock=clock,
+                    tolerance_seconds=spec.webhook.tolerance_seconds,
+                    signature_header=spec.webhook.signature_header,
+                )
+                runtime.webhook_intakes[name] = (spec.webhook, verifier)
+        return runtime
+
+    def adapter(self, provider: str) -> Adapter:
+        adapter = self.adapters.get(provider)
+        if adapter is None:
+            from reconciler.providers.http_adapter import build_adapter
+
+            adapter = build_adapter(self.providers[provider], self.environ, self.transport)
+            self.adapters[provider] = adapter
+        return adapter
+
+    def limits_for(self, provider: str) -> ProviderLimits:
+        spec = self.providers[provider]
+        return ProviderLimits(
+            deadline_seconds=spec.polling.deadline_seconds,
+            max_status_requests=spec.polling.max_status_requests,
+            max_transport_failures=spec.polling.max_transport_failures,
+            create_deadline_seconds=spec.create.create_deadline_seconds,
         )
 
-    async def start(self) -> None:
-        """Open clients and start background work (the worker, listeners)."""
+    def cancel_deadline_for(self, provider: str) -> float:
+        spec = self.providers.get(provider)
+        if spec is None or spec.cancel is None:
+            return 120.0
+        return spec.cancel.cancel_deadline_seconds
 
-    async def stop(self) -> None:
-        """Stop background work and close clients; the database goes last."""
+    def check_callback_url(self, url: str) -> None:
+        if self.callback_key is None:
+            raise InvalidRequest(
+                "this service has no callback signing secret configured "
+                f"({self.settings.callbacks.signing_secret_env}); omit callback_url and use "
+                "GET /v1/operations/{id}/wait instead"
+            )
+        ssrf.check_url(url, self.allow_hosts)
+
+    async def close(self) -> None:
+        for adapter in self.adapters.values():
+            await adapter.aclose()
+        self.adapters.clear()
+        self.webhooks.close()
         self.db.dispose()
+
+
+def _callback_key(settings: Settings, environ: Mapping[str, str]) -> bytes | None:
+    variable = settings.callbacks.signing_secret_env
+    value = environ.get(variable)
+    if not value:
+        return None
+    try:
+        return decode_whsec(Secret(value).reveal())
+    except ValueError:
+        raise ConfigError(
+            f"{settings.source}: callbacks.signing_secret_env: {variable} is not a valid "
+            "whsec_ secret (base64 after the prefix)"
+        ) from None

@@ -38,7 +38,14 @@ async def readyz(request: Request) -> Response:
     )
 
 
+async def metrics(request: Request) -> Response:
+    runtime: Runtime = request.app.state.runtime
+    body = await runtime.db.run(runtime.metrics.render)
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
 ROUTES = [
+    Route("/metrics", metrics, methods=["GET"]),
     Route("/healthz", healthz, methods=["GET"]),
     Route("/readyz", readyz, methods=["GET"]),
 ]

@@ -1,0 +1,268 @@
+"""The agent API: start, read, list, wait for and cancel operations."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from reconciler import operations, store
+from reconciler.api.auth import principal as authenticate
+from reconciler.bodies import parse_json, read_limited
+from reconciler.decide import apply_decision
+from reconciler.errors import InvalidRequest, StaleWrite
+from reconciler.intake import parse_cancel, parse_create, parse_decision
+from reconciler.models import Operation
+from reconciler.runtime import Runtime
+from reconciler.states import END_STATES, State
+from reconciler.tokens import Principal, require_operator
+from reconciler.views import history_entry_view, operation_view
+
+MAX_LIMIT = store.MAX_PAGE
+STALE_RETRIES = 5
+DEFAULT_LIMIT = 50
+
+
+def _rt(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+async def _view(rt: Runtime, op: Operation) -> dict[str, Any]:
+    def load() -> dict[str, Any]:
+        with rt.db.read() as conn:
+            escalations = store.escalations_for(
+                conn, [op.escalation_id] if op.escalation_id else []
+            )
+        return operation_view(op, rt.clock.now(), escalations.get(op.escalation_id or -1))
+
+    return await rt.db.run(load)
+
+
+async def _load_visible(rt: Runtime, op_id: str, who: Principal) -> Operation:
+    def load() -> Operation:
+        with rt.db.read() as conn:
+            return store.visible_operation(conn, op_id, who)
+
+    return await rt.db.run(load)
+
+
+async def _wait_for(
+    rt: Runtime, op: Operation, who: Principal, timeout: float, until: set[State] | None = None
+) -> Operation:
+    """Return as soon as the operation is done (or leaves ``until``), or at ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+
+    def finished(current: Operation) -> bool:
+        state = State(current.state)
+        return state in END_STATES if until is None else state not in until
+
+    while not finished(op):
+        left = deadline - loop.time()
+        if left <= 0:
+            break
+        event = rt.notifier.subscribe(op.id)
+        try:
+            # Re-read after subscribing so a change between the read and the subscription
+            # is not missed.
+            op = await _load_visible(rt, op.id, who)
+            if finished(op):
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout=left)
+        finally:
+            rt.notifier.unsubscribe(op.id, event)
+        op = await _load_visible(rt, op.id, who)
+    return op
+
+
+async def _retry_stale(rt: Runtime, fn: Callable[[], Operation]) -> Operation:
+    """Agent and operator writes race with the worker; a lost race is retried on fresh data."""
+    for _ in range(STALE_RETRIES - 1):
+        try:
+            return await rt.db.run(fn)
+        except StaleWrite:
+            await asyncio.sleep(0.01)
+    return await rt.db.run(fn)
+
+
+async def create(request: Request) -> Response:
+    rt = _rt(request)
+    who = await authenticate(request)
+    body = parse_json(await read_limited(request, rt.settings.server.max_body_bytes))
+    req = parse_create(body, rt.providers, rt.check_callback_url)
+    limits = rt.limits_for(req.provider)
+    op, created = await rt.db.run(
+        operations.create_operation, rt.db, rt.journal, who, req, limits, rt.clock.now()
+    )
+    if created:
+        rt.notifier.wake()
+        # A short, bounded wait so the answer usually carries the job id already.
+        op = await _wait_for(
+            rt, op, who, rt.settings.server.create_wait_seconds, until={State.CREATE_PENDING}
+        )
+    return JSONResponse(await _view(rt, op), status_code=202 if created else 200)
+
+
+async def get_one(request: Request) -> Response:
+    rt = _rt(request)
+    who = await authenticate(request)
+    op = await _load_visible(rt, request.path_params["op_id"], who)
+    return JSONResponse(await _view(rt, op))
+
+
+def _query_number(request: Request, name: str, default: float, maximum: float) -> float:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidRequest(f"'{name}' must be a number, got {raw!r}") from None
+    if not value >= 0:
+        raise InvalidRequest(f"'{name}' must be 0 or more")
+    return min(value, maximum)
+
+
+async def wait(request: Request) -> Response:
+    rt = _rt(request)
+    who = await authenticate(request)
+    cap = rt.settings.server.wait_max_seconds
+    timeout = _query_number(request, "timeout_seconds", min(30.0, cap), cap)
+    op = await _load_visible(rt, request.path_params["op_id"], who)
+    op = await _wait_for(rt, op, who, timeout)
+    return JSONResponse(await _view(rt, op))
+
+
+async def list_all(request: Request) -> Response:
+    rt = _rt(request)
+    who = await authenticate(request)
+    params = request.query_params
+    extra = sorted(set(params) - {"state", "provider", "limit", "cursor"})
+    if extra:
+        raise InvalidRequest(f"unknown query parameter(s): {', '.join(extra)}")
+    state = None
+    if "state" in params:
+        try:
+            state = State(params["state"])
+        except ValueError:
+            raise InvalidRequest(
+                f"'state' must be one of: {', '.join(s.value for s in State)}"
+            ) from None
+    raw_limit = params.get("limit", str(DEFAULT_LIMIT))
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+        raise InvalidRequest(f"'limit' must be a whole number from 1 to {MAX_LIMIT}")
+
+    def load() -> dict[str, Any]:
+        with rt.db.read() as conn:
+            page = store.list_operations(
+                conn,
+                who,
+                state=state,
+                provider=params.get("provider"),
+                limit=int(raw_limit),
+                cursor=params.get("cursor"),
+            )
+            escalations = store.escalations_for(
+                conn, [op.escalation_id for op in page.items if op.escalation_id]
+            )
+        now = rt.clock.now()
+        return {
+            "operations": [
+                operation_view(op, now, escalations.get(op.escalation_id or -1))
+                for op in page.items
+            ],
+            "next_cursor": page.next_cursor,
+        }
+
+    return JSONResponse(await rt.db.run(load))
+
+
+async def cancel(request: Request) -> Response:
+    rt = _rt(request)
+    who = await authenticate(request)
+    raw = await read_limited(request, rt.settings.server.max_body_bytes)
+    intent = parse_cancel(parse_json(raw) if raw.strip() else None)
+    op_id = request.path_params["op_id"]
+
+    def record() -> Operation:
+        with rt.db.write() as conn:
+            op = store.visible_operation(conn, op_id, who)
+            spec = rt.providers.get(op.provider)
+            return operations.request_cancel(
+                conn,
+                rt.journal,
+                op,
+                f"{who.scope.value}:{who.name}",
+                intent.reason,
+                rt.clock.now(),
+                rt.cancel_deadline_for(op.provider),
+                can_cancel=spec is None or spec.cancel is not None,
+            )
+
+    op = await _retry_stale(rt, record)
+    rt.notifier.changed(op.id)
+    rt.notifier.wake()
+    return JSONResponse(await _view(rt, op), status_code=202)
+
+
+ROUTES = [
+    Route("/v1/operations", create, methods=["POST"]),
+    Route("/v1/operations", list_all, methods=["GET"]),
+    Route("/v1/operations/{op_id}", get_one, methods=["GET"]),
+    Route("/v1/operations/{op_id}/wait", wait, methods=["GET"]),
+    Route("/v1/operations/{op_id}/cancel", cancel, methods=["POST"]),
+]
+
+
+async def decide(request: Request) -> Response:
+    rt = _rt(request)
+    who = await authenticate(request)
+    require_operator(who)
+    decision = parse_decision(
+        parse_json(await read_limited(request, rt.settings.server.max_body_bytes))
+    )
+    op_id = request.path_params["op_id"]
+
+    def record() -> Operation:
+        with rt.db.write() as conn:
+            op = store.visible_operation(conn, op_id, who)
+            return apply_decision(
+                conn,
+                rt.journal,
+                op,
+                decision,
+                f"operator:{who.name}",
+                rt.clock.now(),
+                rt.cancel_deadline_for(op.provider),
+            )
+
+    op = await _retry_stale(rt, record)
+    rt.notifier.changed(op.id)
+    rt.notifier.wake()
+    return JSONResponse(await _view(rt, op))
+
+
+async def history(request: Request) -> Response:
+    rt = _rt(request)
+    who = await authenticate(request)
+    op_id = request.path_params["op_id"]
+
+    def load() -> list[dict[str, Any]]:
+        with rt.db.read() as conn:
+            store.visible_operation(conn, op_id, who)
+            return [history_entry_view(e) for e in store.history_of(conn, op_id)]
+
+    return JSONResponse({"operation_id": op_id, "entries": await rt.db.run(load)})
+
+
+ROUTES += [
+    Route("/v1/operations/{op_id}/decisions", decide, methods=["POST"]),
+    Route("/v1/operations/{op_id}/history", history, methods=["GET"]),
+]

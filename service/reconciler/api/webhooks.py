@@ -1,0 +1,99 @@
+"""The public endpoint providers call: ``POST /webhooks/{provider}``.
+
+Order matters: unknown provider (404) before reading; the body limit while
+reading (413); the signature over the raw bytes before anything is parsed
+or stored (401, nothing stored); then JSON (400); then one commit shared
+with concurrent deliveries, and 2xx only after it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from reconciler.bodies import parse_json, read_limited
+from reconciler.errors import (
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    ReconcilerError,
+    StorageUnavailable,
+)
+from reconciler.providers.files import WebhookSpec
+from reconciler.providers.pointer import MISSING
+from reconciler.runtime import Runtime
+from reconciler.signatures import SignatureRejected, Verifier
+from reconciler.webhook_intake import IncomingEvent, Outcome
+
+log = logging.getLogger("reconciler.webhooks")
+
+MAX_ID_CHARS = 300
+
+
+def _text(value: object, what: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise InvalidRequest(f"webhook {what} must be a string")
+    text = str(value)
+    if not text or len(text) > MAX_ID_CHARS:
+        raise InvalidRequest(f"webhook {what} must be 1-{MAX_ID_CHARS} characters")
+    return text
+
+
+async def receive(request: Request) -> Response:
+    runtime: Runtime = request.app.state.runtime
+    name = request.path_params["provider"]
+    intake = runtime.webhook_intakes.get(name)
+    if intake is None:
+        runtime.metrics.webhooks.labels("unknown", "unknown_provider").inc()
+        raise NotFound(f"no webhook endpoint for provider '{name}'")
+    counter = runtime.metrics.webhooks
+    try:
+        outcome, event_id = await _store(runtime, request, name, *intake)
+    except SignatureRejected as exc:
+        counter.labels(name, f"rejected_{exc.reason.value}").inc()
+        raise
+    except PayloadTooLarge:
+        counter.labels(name, "too_large").inc()
+        raise
+    except InvalidRequest:
+        counter.labels(name, "invalid").inc()
+        raise
+    except ReconcilerError:
+        counter.labels(name, "store_failed").inc()
+        raise
+    except Exception:
+        counter.labels(name, "store_failed").inc()
+        log.exception("webhook could not be stored")
+        raise StorageUnavailable("the event could not be stored; retry later") from None
+    counter.labels(name, outcome.value).inc()
+    return JSONResponse({"status": outcome.value, "event_id": event_id})
+
+
+async def _store(
+    runtime: Runtime, request: Request, name: str, spec: WebhookSpec, verifier: Verifier
+) -> tuple[Outcome, str]:
+    body = await read_limited(request, spec.max_body_bytes)
+    verifier.verify(request.headers, body)  # SignatureRejected -> 401, nothing stored
+    payload = parse_json(body, "webhook body")
+    raw_event = spec.event_id.extract(request.headers, payload)
+    if raw_event is MISSING or raw_event is None:
+        raise InvalidRequest(f"webhook has no event id at {spec.event_id}")
+    event_id = _text(raw_event, "event id")
+    raw_job = spec.job_id.extract(request.headers, payload)
+    job_id = None if raw_job is MISSING or raw_job is None else _text(raw_job, "job id")
+    event = IncomingEvent(
+        provider=name,
+        event_id=event_id,
+        remote_job_id=job_id,
+        body_sha256=hashlib.sha256(body).hexdigest(),
+        body=body.decode("utf-8"),
+        received_at=runtime.clock.now(),
+    )
+    return await runtime.webhooks.submit(event), event_id
+
+
+ROUTES = [Route("/webhooks/{provider}", receive, methods=["POST"])]

@@ -1,0 +1,122 @@
+"""What every worker step shares: the runtime, the lease, bounded provider calls, guarded writes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TypeVar
+
+from sqlalchemy.engine import Connection
+
+from reconciler.backoff import BackoffPolicy
+from reconciler.decisions import PollPolicy
+from reconciler.journal import Lease
+from reconciler.metrics import status_label
+from reconciler.models import Operation
+from reconciler.providers.adapter import CallResult, ProviderAdapter
+from reconciler.providers.files import ProviderSpec
+from reconciler.runtime import Runtime
+from reconciler.states import END_STATES, State
+
+T = TypeVar("T")
+
+
+@dataclass
+class FlowContext:
+    runtime: Runtime
+    _limits: dict[str, asyncio.Semaphore] = field(default_factory=dict)
+
+    @property
+    def lease(self) -> Lease:
+        return Lease(self.runtime.worker_id)
+
+    @property
+    def actor(self) -> str:
+        return f"worker:{self.runtime.worker_id}"
+
+    def now(self) -> datetime:
+        return self.runtime.clock.now()
+
+    def holds_lease(self, op: Operation) -> bool:
+        expires = op.lease_expires_at
+        return (
+            op.lease_owner == self.runtime.worker_id
+            and expires is not None
+            and (expires > self.now())
+        )
+
+    async def reload(self, op_id: str) -> Operation | None:
+        from reconciler import store
+
+        def load() -> Operation | None:
+            with self.runtime.db.read() as conn:
+                return store.get_operation(conn, op_id)
+
+        return await self.runtime.db.run(load)
+
+    def spec(self, op: Operation) -> ProviderSpec:
+        return self.runtime.providers[op.provider]
+
+    def adapter(self, op: Operation) -> ProviderAdapter:
+        return self.runtime.adapter(op.provider)
+
+    def backoff(self, spec: ProviderSpec) -> BackoffPolicy:
+        p = spec.polling
+        return BackoffPolicy(p.base_delay_seconds, p.max_delay_seconds, p.jitter_floor)
+
+    def poll_policy(self, spec: ProviderSpec) -> PollPolicy:
+        return PollPolicy(
+            backoff=self.backoff(spec),
+            max_rate_limited=spec.polling.max_rate_limited,
+            rate_limit_delay_seconds=spec.polling.rate_limit_delay_seconds,
+            not_found_grace_seconds=spec.status.not_found_grace_seconds,
+        )
+
+    async def call(self, op: Operation, name: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """One provider call, bounded per provider so one slow provider cannot starve others."""
+        limit = self._limits.get(op.provider)
+        if limit is None:
+            limit = self._limits[op.provider] = asyncio.Semaphore(
+                self.runtime.settings.scheduler.provider_concurrency
+            )
+        async with limit:
+            result = await fn()
+        call = getattr(result, "call", result)
+        if isinstance(call, CallResult):
+            self.count_call(op, name, call)
+        return result
+
+    async def write(self, op: Operation, fn: Callable[[Connection], Operation]) -> Operation:
+        """Run ``fn`` in one write transaction off the loop, then signal the change."""
+        rt = self.runtime
+
+        def run() -> Operation:
+            with rt.db.write() as conn:
+                return fn(conn)
+
+        after = await rt.db.run(run)
+        if after.state != op.state:
+            rt.notifier.changed(op.id)
+            if State(after.state) in END_STATES:
+                rt.metrics.completions.labels(after.state).inc()
+        if after.escalation_id != op.escalation_id and after.escalation_id is not None:
+            rt.metrics.escalations.labels(await rt.db.run(self._reason, after)).inc()
+        return after
+
+    def _reason(self, op: Operation) -> str:
+        from reconciler.escalate import open_escalation
+
+        with self.runtime.db.read() as conn:
+            esc = open_escalation(conn, op)
+        return esc.reason if esc is not None else "unknown"
+
+    def count_call(self, op: Operation, call_name: str, call: CallResult) -> None:
+        label = status_label(
+            call.http_status, call.transport_error.value if call.transport_error else None
+        )
+        if call_name == "status":
+            self.runtime.metrics.status_requests.labels(op.provider, label).inc()
+        else:
+            self.runtime.metrics.provider_calls.labels(op.provider, call_name, label).inc()

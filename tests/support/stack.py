@@ -1,0 +1,171 @@
+"""The whole system on loopback: the simulated provider and the service, both on uvicorn.
+
+Each runs in its own thread with its own event loop, talking real HTTP to
+each other: the service calls the provider's API, the provider signs and
+sends webhooks to the service's endpoint.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import time
+import tomllib
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from fixtures.provider_sim import SimConfig, SimState, create_app as create_sim
+from reconciler.app import create_app
+from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.runtime import Runtime
+from reconciler.tokens import create_token
+from tests.support.servers import serve_asgi
+
+ROOT = Path(__file__).resolve().parents[2]
+SIM_TOML = ROOT / "fixtures" / "providers" / "sim.toml"
+SIM_TOKEN = "sim-token-for-tests"
+WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"provider-webhook-secret-0123456").decode()
+CALLBACK_SECRET = "whsec_" + base64.b64encode(b"callback-signing-secret-0123456").decode()
+
+
+def sim_provider_table(
+    base_url: str, *, drop: tuple[str, ...] = (), **sections: dict[str, Any]
+) -> dict[str, Any]:
+    """The sim's provider table from fixtures/providers/sim.toml, pointed at ``base_url``.
+
+    ``drop`` removes whole sections (e.g. ``("lookup",)`` for a provider without one).
+    """
+    with SIM_TOML.open("rb") as fh:
+        table = copy.deepcopy(tomllib.load(fh)["providers"]["sim"])
+    table["base_url"] = base_url
+    for name in drop:
+        table.pop(name, None)
+    for name, values in sections.items():
+        table.setdefault(name, {}).update(values)
+    return table
+
+
+@dataclass
+class Stack:
+    url: str
+    sim_url: str
+    sim: SimState
+    runtime: Runtime
+    agent_token: str
+    operator_token: str
+    client: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = httpx.Client(base_url=self.url, timeout=30.0)
+
+    def headers(self, operator: bool = False) -> dict[str, str]:
+        token = self.operator_token if operator else self.agent_token
+        return {"Authorization": f"Bearer {token}"}
+
+    def create(self, request: dict[str, Any], **fields: Any) -> httpx.Response:
+        body = {"provider": "sim", "request": request, **fields}
+        return self.client.post("/v1/operations", json=body, headers=self.headers())
+
+    def get(self, op_id: str, operator: bool = False) -> dict[str, Any]:
+        response = self.client.get(f"/v1/operations/{op_id}", headers=self.headers(operator))
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+    def wait(self, op_id: str, timeout: float = 30.0) -> dict[str, Any]:
+        """Long-poll until done (bounded); returns the last Operation seen."""
+        deadline = time.monotonic() + timeout
+        op = self.get(op_id)
+        while not op["done"] and time.monotonic() < deadline:
+            left = max(0.1, min(10.0, deadline - time.monotonic()))
+            response = self.client.get(
+                f"/v1/operations/{op_id}/wait",
+                params={"timeout_seconds": left},
+                headers=self.headers(),
+            )
+            response.raise_for_status()
+            op = response.json()
+        return op
+
+    def wait_state(self, op_id: str, states: set[str], timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        op = self.get(op_id, operator=True)
+        while op["state"] not in states and time.monotonic() < deadline:
+            time.sleep(0.05)
+            op = self.get(op_id, operator=True)
+        return op
+
+    def history(self, op_id: str) -> list[dict[str, Any]]:
+        response = self.client.get(f"/v1/operations/{op_id}/history",
+                                   headers=self.headers(operator=True))
+        response.raise_for_status()
+        entries: list[dict[str, Any]] = response.json()["entries"]
+        return entries
+
+    def sim_job(self, job_id: str) -> dict[str, Any]:
+        response = httpx.get(f"{self.sim_url}/_sim/jobs/{job_id}", timeout=10)
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+    def sim_key(self, key: str) -> list[dict[str, Any]]:
+        response = httpx.get(f"{self.sim_url}/_sim/keys/{key}", timeout=10)
+        response.raise_for_status()
+        data = response.json()
+        jobs: list[dict[str, Any]] = data["jobs"] if isinstance(data, dict) else data
+        return jobs
+
+
+def make_tokens(runtime: Runtime) -> tuple[str, str]:
+    with runtime.db.write() as conn:
+        agent = create_token(conn, "agent-1", "agent", runtime.clock.now())
+        operator = create_token(conn, "ops-1", "operator", runtime.clock.now())
+    return agent, operator
+
+
+@contextmanager
+def running_stack(
+    tmp_path: Path,
+    db_url: str,
+    *,
+    provider: dict[str, dict[str, Any]] | None = None,
+    sim_config: dict[str, Any] | None = None,
+    hooks: tuple[str, ...] = (),
+    tick_seconds: float = 0.2,
+    callbacks: dict[str, Any] | None = None,
+    drop: tuple[str, ...] = (),
+) -> Iterator[Stack]:
+    with ExitStack() as stack:
+        sim = SimState(SimConfig(token=SIM_TOKEN, webhook_secret=WEBHOOK_SECRET,
+                                 **(sim_config or {})))
+        sim_url = stack.enter_context(serve_asgi(create_sim(state=sim)))
+        providers_dir = tmp_path / "no-provider-files"
+        providers_dir.mkdir(exist_ok=True)
+        settings = Settings(
+            database_url=db_url,
+            providers_dir=str(providers_dir),
+            providers={"sim": sim_provider_table(sim_url, drop=drop, **(provider or {}))},
+            hooks=hooks,
+            server=ServerSettings(wait_max_seconds=30.0),
+            scheduler=SchedulerSettings(tick_seconds=tick_seconds, lease_seconds=10.0),
+            callbacks=CallbackSettings(**{"allow_hosts": ("127.0.0.1",), **(callbacks or {})}),
+        )
+        environ = {
+            "SIM_TOKEN": SIM_TOKEN,
+            "SIM_WEBHOOK_SECRETS": WEBHOOK_SECRET,
+            "RECONCILER_CALLBACK_SECRET": CALLBACK_SECRET,
+        }
+        runtime = Runtime.build(settings, environ=environ)
+        agent, operator = make_tokens(runtime)
+        url = stack.enter_context(serve_asgi(create_app(runtime)))
+        sim.config.webhook_url = f"{url}/webhooks/sim"
+        result = Stack(url, sim_url, sim, runtime, agent, operator)
+        try:
+            yield result
+        finally:
+            result.client.close()
