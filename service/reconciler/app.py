@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
-from reconciler.api import health, operations, webhooks
+from reconciler.api import docs, health, operations, webhooks
 from reconciler.background import Background
 from reconciler.http_errors import HANDLERS
 from reconciler.runtime import Runtime
@@ -28,7 +28,8 @@ def create_app(runtime: Runtime, *, background: bool = True) -> Starlette:
             await worker.stop()
             await runtime.close()
 
-    routes: list[BaseRoute] = [*health.ROUTES, *operations.ROUTES, *webhooks.ROUTES]
+    # The provider endpoint first: it carries the most traffic.
+    routes: list[BaseRoute] = [*webhooks.ROUTES, *operations.ROUTES, *health.ROUTES, *docs.ROUTES]
     app = Starlette(routes=routes, exception_handlers=dict(HANDLERS), lifespan=lifespan)
     app.state.runtime = runtime
     app.state.background = worker
