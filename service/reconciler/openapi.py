@@ -196,7 +196,7 @@ def document(providers: list[str], wait_max_seconds: float) -> dict[str, Any]:
             "entries": {"type": "array", "items": {"$ref": "#/components/schemas/HistoryEntry"}},
         },
     }
-    secured = [{"bearer": []}]
+    secured: list[dict[str, list[str]]] = [{"bearer": []}]
     return {
         "openapi": "3.1.0",
         "info": {
