@@ -23,6 +23,7 @@ from reconciler.errors import ConfigError
 ENV_PREFIX = "RECONCILER_"
 CONFIG_ENV = "RECONCILER_CONFIG"
 AUDIT_KEY_ENV = "RECONCILER_AUDIT_KEY"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class Secret:
@@ -195,6 +196,11 @@ def _positive(settings: Settings) -> None:
             raise ConfigError(f"{settings.source}: {key}: must be greater than 0, got {value}")
     if settings.server.port > 65535:
         raise ConfigError(f"{settings.source}: server.port: must be at most 65535")
+    if settings.log_level.upper() not in LOG_LEVELS:
+        raise ConfigError(
+            f"{settings.source}: log_level: must be one of {', '.join(LOG_LEVELS)}, "
+            f"got {settings.log_level!r}"
+        )
     if not settings.database_url.startswith(("sqlite", "postgresql")):
         raise ConfigError(
             f"{settings.source}: database_url: must start with sqlite:// or postgresql+psycopg://"

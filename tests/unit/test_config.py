@@ -108,3 +108,8 @@ def test_secret_never_shows_itself() -> None:
     assert "supersecret" not in str(secret)
     assert "supersecret" not in f"{secret}"
     assert secret.reveal() == "whsec_supersecret"
+
+
+def test_bad_log_level_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="log_level: must be one of DEBUG"):
+        load_settings(None, environ={"RECONCILER_LOG_LEVEL": "bogus"})

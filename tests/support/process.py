@@ -1,0 +1,177 @@
+"""The service as a real process (``python -m reconciler serve``), for crash and leak tests.
+
+Crash tests need a process they can SIGKILL; these helpers write its config
+(a copy of the simulated provider's file pointed at the test's provider),
+start it, wait for it, and stop only what they started, by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support.servers import unused_port
+from tests.support.stack import CALLBACK_SECRET, ROOT, SIM_TOKEN, SIM_TOML, WEBHOOK_SECRET
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML here")
+
+
+def provider_file(directory: Path, sim_url: str, **keys: Any) -> Path:
+    """A copy of fixtures/providers/sim.toml at ``sim_url``; ``keys`` replace single keys
+    (their names are unique in that file, e.g. ``deadline_seconds=5``)."""
+    text = SIM_TOML.read_text("utf-8").replace('"http://127.0.0.1:9000"', json.dumps(sim_url))
+    for key, value in keys.items():
+        text, count = re.subn(rf"(?m)^{key} = .*$", f"{key} = {_toml_value(value)}", text)
+        if count != 1:
+            raise KeyError(f"{key} is not a single key of sim.toml")
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "sim.toml"
+    path.write_text(text, "utf-8")
+    return path
+
+
+def service_config(
+    tmp_path: Path,
+    db_url: str,
+    sim_url: str,
+    *,
+    port: int | None = None,
+    hooks: Sequence[str] = (),
+    scheduler: Mapping[str, Any] | None = None,
+    log_level: str = "INFO",
+    provider: Mapping[str, Any] | None = None,
+) -> tuple[Path, int]:
+    """Write reconciler.toml and the provider file; returns the config path and the port."""
+    port = port or unused_port()
+    providers = tmp_path / "providers"
+    provider_file(providers, sim_url, **(provider or {}))
+    sched = {"tick_seconds": 0.2, "lease_seconds": 5.0, **(scheduler or {})}
+    lines = [
+        f"database_url = {json.dumps(db_url)}",
+        f"providers_dir = {json.dumps(str(providers))}",
+        f"hooks = {_toml_value(list(hooks))}",
+        f"log_level = {json.dumps(log_level)}",
+        "[server]",
+        'host = "127.0.0.1"',
+        f"port = {port}",
+        "[scheduler]",
+        *(f"{k} = {_toml_value(v)}" for k, v in sched.items()),
+        "[callbacks]",
+        'allow_hosts = ["127.0.0.1"]',
+    ]
+    config = tmp_path / "reconciler.toml"
+    config.write_text("\n".join(lines) + "\n", "utf-8")
+    return config, port
+
+
+def service_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECONCILER_")}
+    env.update(
+        SIM_TOKEN=SIM_TOKEN,
+        SIM_WEBHOOK_SECRETS=WEBHOOK_SECRET,
+        RECONCILER_CALLBACK_SECRET=CALLBACK_SECRET,
+    )
+    env.update(extra or {})
+    return env
+
+
+def cli(
+    config: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "reconciler", *args, "--config", str(config)],
+        cwd=ROOT,
+        env=dict(env or service_env()),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@dataclass
+class ServiceProcess:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the service exited during start-up; see {self.log}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"the service was not ready within {timeout} s; see {self.log}")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown handlers, no flushing, exactly like a crash."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@contextmanager
+def service_process(
+    config: Path,
+    port: int,
+    *,
+    env: Mapping[str, str] | None = None,
+    log: Path | None = None,
+    ready: bool = True,
+) -> Iterator[ServiceProcess]:
+    """``reconciler serve --config`` in a subprocess; stopped by its PID on exit."""
+    log = log or config.with_suffix(f".{port}.log")
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "reconciler", "serve", "--config", str(config)],
+            cwd=ROOT,
+            env=dict(env or service_env()),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    service = ServiceProcess(proc, f"http://127.0.0.1:{port}", log)
+    try:
+        if ready:
+            service.wait_ready()
+        yield service
+    finally:
+        service.stop()
