@@ -39,6 +39,22 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     return serve(settings, migrate_first=not args.no_migrate)
 
 
+def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
+    from reconciler.demo import DemoOptions, run_demo
+
+    options = DemoOptions(
+        operations=args.operations,
+        seed=args.seed,
+        timeout=args.timeout,
+        keep=args.keep,
+        sim_root=Path(args.sim_root) if args.sim_root else None,
+        directory=Path(args.dir),
+    )
+    return run_demo(options, settings)
+
+
 def _db_upgrade(args: argparse.Namespace, settings: Settings) -> int:
     db = Database(settings.database_url)
     try:
@@ -172,6 +188,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-migrate", action="store_true", help="do not upgrade the schema on start"
     )
     serve.set_defaults(handler=_serve)
+
+    demo = sub.add_parser(
+        "demo", parents=[common], help="run the service with a simulated provider and a batch"
+    )
+    demo.add_argument("--operations", type=int, default=50, help="how many (default 50)")
+    demo.add_argument("--seed", type=int, default=7, help="scenario mix seed (default 7)")
+    demo.add_argument("--timeout", type=float, default=75.0, help="time bound in s (default 75)")
+    demo.add_argument("--keep", action="store_true", help="keep the demo directory afterwards")
+    demo.add_argument("--sim-root", help="the repository clone holding fixtures/provider_sim")
+    demo.add_argument("--dir", default="demo-run", help="demo directory, wiped at start")
+    demo.set_defaults(handler=_demo)
 
     db = sub.add_parser("db", parents=[common], help="database schema")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")

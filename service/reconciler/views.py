@@ -34,11 +34,12 @@ _MESSAGES: dict[State, str] = {
     ),
     State.CANCEL_REQUESTED: (
         "Cancellation was requested and is NOT confirmed by the provider yet; the job may still "
-        "finish. " + WAIT_HINT
+        "finish. The operation is NOT complete. Do not report success or cancellation. " + WAIT_HINT
     ),
     State.CANCELLING: (
         "The cancel call was sent; the provider has NOT confirmed the cancellation yet and the job "
-        "may still finish. " + WAIT_HINT
+        "may still finish. The operation is NOT complete. Do not report success or cancellation. "
+        + WAIT_HINT
     ),
     State.RESULT_COLLECTING: (
         "The provider reports the job finished; its result is being fetched and verified. The "

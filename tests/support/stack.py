@@ -139,6 +139,7 @@ def running_stack(
     tick_seconds: float = 0.2,
     callbacks: dict[str, Any] | None = None,
     drop: tuple[str, ...] = (),
+    server: dict[str, Any] | None = None,
 ) -> Iterator[Stack]:
     with ExitStack() as stack:
         sim = SimState(SimConfig(token=SIM_TOKEN, webhook_secret=WEBHOOK_SECRET,
@@ -151,7 +152,7 @@ def running_stack(
             providers_dir=str(providers_dir),
             providers={"sim": sim_provider_table(sim_url, drop=drop, **(provider or {}))},
             hooks=hooks,
-            server=ServerSettings(wait_max_seconds=30.0),
+            server=ServerSettings(**{"wait_max_seconds": 30.0, **(server or {})}),
             scheduler=SchedulerSettings(tick_seconds=tick_seconds, lease_seconds=10.0),
             callbacks=CallbackSettings(**{"allow_hosts": ("127.0.0.1",), **(callbacks or {})}),
         )

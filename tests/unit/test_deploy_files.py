@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from reconciler import config
-from reconciler.config import CallbackSettings, Settings, load_settings
+from reconciler.config import LOG_LEVELS, CallbackSettings, Settings, load_settings
 from reconciler.providers.files import load_providers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +75,11 @@ def _sample(default: Any) -> str | None:
     if isinstance(default, int | float):
         return str(default + 1)
     if isinstance(default, str):
-        return "sqlite:///elsewhere.db" if default.startswith("sqlite") else default + "-changed"
+        if default.startswith("sqlite"):
+            return "sqlite:///elsewhere.db"
+        if default in LOG_LEVELS:
+            return next(level for level in LOG_LEVELS if level != default)
+        return default + "-changed"
     if isinstance(default, tuple):
         return "sample.example"
     return None
