@@ -26,6 +26,7 @@ from reconciler.notify import Notifier
 from reconciler.operations import ProviderLimits
 from reconciler.providers.files import ProviderSpec, WebhookSpec, load_providers, webhook_secrets
 from reconciler.signatures import Verifier, build_verifier, decode_whsec
+from reconciler.tokens import Principal
 from reconciler.webhook_intake import GroupCommitter
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ class Runtime:
     transport: Any = None  # an httpx transport for provider calls (tests); None = network
     webhooks: GroupCommitter = field(init=False)
     metrics: Metrics = field(default_factory=Metrics)
+    # Authenticated principals by digest of the Authorization header, with their expiry.
+    token_cache: dict[str, tuple[Principal, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.webhooks = GroupCommitter(

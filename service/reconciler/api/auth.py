@@ -1,19 +1,40 @@
-"""Bearer-token authentication for the agent API."""
+"""Bearer-token authentication for the agent API.
+
+Verified tokens are remembered for a few seconds (by digest, never the token
+itself) so that a busy agent does not cost a database read per request;
+a token revoked in the database stops working within that window.
+"""
 
 from __future__ import annotations
+
+import time
 
 from starlette.requests import Request
 
 from reconciler.runtime import Runtime
-from reconciler.tokens import Principal, authenticate
+from reconciler.tokens import Principal, authenticate, digest
+
+CACHE_SECONDS = 5.0
+CACHE_LIMIT = 10_000
 
 
 async def principal(request: Request) -> Principal:
     runtime: Runtime = request.app.state.runtime
     header = request.headers.get("authorization")
+    key = digest(header) if header else None
+    cache = runtime.token_cache
+    if key is not None:
+        hit = cache.get(key)
+        if hit is not None and hit[1] > time.monotonic():
+            return hit[0]
 
     def _lookup() -> Principal:
         with runtime.db.read() as conn:
             return authenticate(conn, header)
 
-    return await runtime.db.run(_lookup)
+    found = await runtime.db.run(_lookup)
+    if key is not None:
+        if len(cache) >= CACHE_LIMIT:
+            cache.clear()
+        cache[key] = (found, time.monotonic() + CACHE_SECONDS)
+    return found
