@@ -7,6 +7,7 @@ module only gathers the facts from the operation and writes.
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -21,6 +22,8 @@ from reconciler.models import Escalation, Operation
 from reconciler.providers.files import ProviderSpec
 from reconciler.states import END_STATES, State
 from reconciler.vocabulary import EscalationReason, HistoryKind, TransportError
+
+log = logging.getLogger("reconciler.escalate")
 
 ESCALATIONS = Escalation.__table__  # type: ignore[attr-defined]
 
@@ -109,6 +112,17 @@ def escalate(
         job_id_known=op.remote_job_id is not None,
     )
     message = escalations.render_message(facts, options)
+    log.warning(
+        "operation %s escalated: %s",
+        op.id,
+        reason.value,
+        extra={
+            "operation_id": op.id,
+            "reason": reason.value,
+            "detail": detail,
+            "options": [o.value for o in options],
+        },
+    )
     escalation_id = conn.execute(
         sa.insert(ESCALATIONS)
         .values(

@@ -14,6 +14,7 @@ A transition the table does not allow raises before anything is written.
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,6 +29,8 @@ from reconciler.models import HistoryEntry, Operation, operation_record
 from reconciler.notify import CHANGE_CHANNEL, notify_in_transaction
 from reconciler.states import END_STATES, State, check_transition
 from reconciler.vocabulary import DelaySource, HistoryKind
+
+log = logging.getLogger("reconciler.journal")
 
 OPS = Operation.__table__  # type: ignore[attr-defined]
 HISTORY = HistoryEntry.__table__  # type: ignore[attr-defined]
@@ -91,6 +94,12 @@ class Journal:
         values = {c.name: getattr(op, c.name) for c in OPS.c}
         conn.execute(sa.insert(OPS).values(**values))
         conn.execute(sa.insert(HISTORY).values(**fields, prev_hash="", hash=digest))
+        log.info(
+            "operation %s created for provider %s",
+            op.id,
+            op.provider,
+            extra={"operation_id": op.id, "provider": op.provider, "trace_id": op.trace_id},
+        )
         return op
 
     def write(
@@ -253,6 +262,20 @@ class Journal:
         )
         after = self.write(
             conn, op, now=now, changes=all_changes, entries=[*before, entry, *entries], lease=lease
+        )
+        log.info(
+            "operation %s: %s -> %s (%s)",
+            op.id,
+            frm.value,
+            to.value,
+            cause,
+            extra={
+                "operation_id": op.id,
+                "from_state": frm.value,
+                "to_state": to.value,
+                "actor": actor,
+                "cause": cause,
+            },
         )
         # Waiters on other replicas learn of the change when (and only if) it commits.
         notify_in_transaction(conn, CHANGE_CHANNEL, op.id)

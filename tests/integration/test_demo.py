@@ -1,0 +1,111 @@
+"""``reconciler demo``: the whole run as a user starts it, and the pieces it is built from."""
+
+from __future__ import annotations
+
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reconciler.demo import DemoError, plan_batch, prepare_directory
+from reconciler.demo_report import OpOutcome, RunReport, fixed_poller_requests, render_report
+
+ROOT = Path(__file__).resolve().parents[2]
+SECTIONS = (
+    "Operations per end state",
+    "Escalations (",
+    "Status requests per operation",
+    "Callbacks",
+    "Repeated idempotency keys",
+    "Audit",
+)
+
+
+@pytest.mark.slow
+def test_demo_runs_a_mixed_batch_to_a_clean_summary(tmp_path: Path):
+    workdir = tmp_path / "demo-run"
+    command = [sys.executable, "-m", "reconciler", "demo", "--operations", "12"]
+    done = subprocess.run(
+        [*command, "--timeout", "60", "--dir", str(workdir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    for section in SECTIONS:
+        assert section in out, section
+    assert "\x1b[" not in out  # not a terminal: plain lines only
+    assert re.search(r"^\[\s*\d+\.\ds\] \d+/12 settled", out, re.MULTILINE)
+    assert re.search(r"^  audit ok: 12 operations, \d+ history entries intact$", out, re.MULTILINE)
+    once = re.search(r"exactly once each: (\d+) of (\d+)  -> ok", out)
+    assert once is not None and once.group(1) == once.group(2) and int(once.group(1)) >= 8
+    # Both bounded stops of the mix, each with its seed-003 message.
+    assert "  rate_limited: 1 operation(s)" in out
+    assert "  unknown_state: 1 operation(s)" in out
+    assert out.count("External job needs a decision") == 2
+    assert "1 returned the existing operation  -> ok" in out
+    assert "RESULT: OK" in out
+    assert not workdir.exists()  # removed without --keep
+
+
+def test_the_mix_is_reproducible_and_covers_every_scenario():
+    first = plan_batch(50, random.Random(7), 7)
+    again = plan_batch(50, random.Random(7), 7)
+    assert first == again
+    kinds = {p.kind for p in first}
+    assert {"webhooks_lost", "rate_limit_storm", "unknown_state", "cancelled"} <= kinds
+    assert len({p.key for p in first}) == 50
+    assert all(1 <= p.request["duration"] <= 30 for p in first)
+    assert sum(p.cancel_after is not None for p in first) == 2
+    assert plan_batch(50, random.Random(8), 8) != first
+
+
+def test_fixed_poller_reads_until_it_sees_the_end():
+    assert fixed_poller_requests(0.3) == 1
+    assert fixed_poller_requests(2.0) == 1
+    assert fixed_poller_requests(2.1) == 2
+    assert fixed_poller_requests(19.5) == 10
+
+
+def _outcome(op_id: str, state: str, callbacks: int) -> OpOutcome:
+    return OpOutcome(op_id, "webhooks_delivered", state, 100.0, 105.0, 104.5, 3, callbacks)
+
+
+def test_a_missing_or_repeated_callback_fails_the_run():
+    report = RunReport(
+        seed=7,
+        timeout=75,
+        elapsed=30,
+        outcomes=[
+            _outcome("op_a", "succeeded", 1),
+            _outcome("op_b", "succeeded", 2),
+            _outcome("op_c", "observing", 0),
+        ],
+        repeats=[("op_a", "op_a")],
+        rejected_callbacks=0,
+        audit_text="audit ok: 3 operations, 30 history entries intact",
+        audit_ok=True,
+    )
+    failures = report.failures()
+    assert any("op_b=2" in f for f in failures)
+    assert any("neither ended nor escalated" in f for f in failures)
+    assert "RESULT: FAILED" in render_report(report)
+
+
+def test_only_a_demo_directory_is_wiped(tmp_path: Path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(DemoError):
+        prepare_directory(precious)
+    assert (precious / "notes.txt").exists()
+    made = prepare_directory(tmp_path / "demo-run")
+    (made / "reconciler.db").write_text("old run")
+    again = prepare_directory(made)
+    assert not (again / "reconciler.db").exists()
