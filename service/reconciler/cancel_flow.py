@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from sqlalchemy.engine import Connection
+
 from reconciler.create_flow import call_detail
 from reconciler.flow_context import FlowContext
 from reconciler.journal import Entry
@@ -29,6 +31,12 @@ class CancelFlow:
         now = ctx.now()
         first_read = now + timedelta(seconds=spec.polling.base_delay_seconds)
         watch = {"next_poll_at": first_read, "delay_source": DelaySource.LOCAL_BACKOFF.value}
+        if op.retry_not_before is not None and op.retry_not_before > first_read:
+            # The last status answer's Retry-After still holds for the next status read.
+            watch = {
+                "next_poll_at": op.retry_not_before,
+                "delay_source": DelaySource.PROVIDER_RETRY_AFTER.value,
+            }
         if op.cancel_sent_at is not None or spec.cancel is None or op.remote_job_id is None:
             # Already sent by an earlier owner (at most once), or nothing we can send.
             note = (
@@ -66,22 +74,22 @@ class CancelFlow:
             cause="cancel_call",
             detail=call_detail(call),
         )
-        await ctx.write(
-            sent,
-            lambda conn: journal.transition(
+        changes = {**watch, "last_http_status": call.http_status, "last_http_at": call.sent_at}
+
+        def record(conn: Connection, fresh: Operation) -> Operation:
+            if State(fresh.state) is not State.CANCEL_REQUESTED:
+                return journal.write(conn, fresh, now=now, entries=[entry], lease=ctx.lease)
+            return journal.transition(
                 conn,
-                sent,
+                fresh,
                 State.CANCELLING,
                 actor=ctx.actor,
                 cause="cancel_sent",
                 now=now,
                 detail={"http_status": call.http_status},
-                changes={
-                    **watch,
-                    "last_http_status": call.http_status,
-                    "last_http_at": call.sent_at,
-                },
+                changes=changes,
                 before=[entry],
                 lease=ctx.lease,
-            ),
-        )
+            )
+
+        await ctx.apply(sent, record)

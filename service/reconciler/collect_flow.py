@@ -116,11 +116,11 @@ class CollectFlow:
             and charged.result_attempts < charged.max_transport_failures
         ):
             delay = ctx.backoff(spec).delay(charged.result_attempts, ctx.runtime.rng)
-            await ctx.write(
+            await ctx.apply(
                 charged,
-                lambda conn: journal.write(
+                lambda conn, fresh: journal.write(
                     conn,
-                    charged,
+                    fresh,
                     now=now,
                     lease=ctx.lease,
                     entries=[entry],
@@ -134,11 +134,11 @@ class CollectFlow:
                 "detail": entry.detail,
                 "attempts": charged.result_attempts,
             }
-            await ctx.write(
+            await ctx.apply(
                 charged,
-                lambda conn: journal.transition(
+                lambda conn, fresh: journal.transition(
                     conn,
-                    charged,
+                    fresh,
                     State.RESULT_UNAVAILABLE,
                     actor=ctx.actor,
                     cause="result_fetch_failed",
@@ -152,11 +152,11 @@ class CollectFlow:
         check = check_result(spec, call, op.status_body)
         if not check.ok:
             error: dict[str, Any] = {"code": "result_invalid", "problems": list(check.problems)}
-            await ctx.write(
+            await ctx.apply(
                 charged,
-                lambda conn: journal.transition(
+                lambda conn, fresh: journal.transition(
                     conn,
-                    charged,
+                    fresh,
                     State.RESULT_VALIDATION_FAILED,
                     actor=ctx.actor,
                     cause="result_validation_failed",
@@ -173,11 +173,11 @@ class CollectFlow:
         failed = _count(check.summary.get("failed")) if check.summary else None
         partial = category is RemoteCategory.PARTIAL or bool(failed) or bool(check.failed_items)
         target = State.COMPLETED_WITH_ERRORS if partial else State.SUCCEEDED
-        await ctx.write(
+        await ctx.apply(
             charged,
-            lambda conn: journal.transition(
+            lambda conn, fresh: journal.transition(
                 conn,
-                charged,
+                fresh,
                 target,
                 actor=ctx.actor,
                 cause="result_verified",

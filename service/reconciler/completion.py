@@ -30,6 +30,7 @@ from reconciler.flow_context import FlowContext
 from reconciler.hooks import Hook
 from reconciler.journal import Entry
 from reconciler.models import CompletionStep, Operation
+from reconciler.states import END_STATES, State
 from reconciler.views import operation_view
 from reconciler.vocabulary import EscalationReason, HistoryKind
 
@@ -141,10 +142,10 @@ class Completion:
     async def _later(self, op: Operation, at: datetime) -> None:
         ctx = self.ctx
         now = ctx.now()
-        await ctx.write(
+        await ctx.apply(
             op,
-            lambda conn: ctx.runtime.journal.write(
-                conn, op, now=now, changes={"next_poll_at": at}, lease=ctx.lease
+            lambda conn, fresh: ctx.runtime.journal.write(
+                conn, fresh, now=now, changes={"next_poll_at": at}, lease=ctx.lease
             ),
         )
 
@@ -157,7 +158,7 @@ class Completion:
         ctx = self.ctx
         now = ctx.now()
 
-        def start(conn: Connection) -> Operation:
+        def start(conn: Connection, fresh: Operation) -> Operation:
             conn.execute(
                 sa.update(STEPS)
                 .where(
@@ -168,9 +169,10 @@ class Completion:
                 .values(status=StepStatus.RUNNING, attempts=row.attempts + 1, started_at=now)
             )
             # Touch the row under the lease so a worker that lost it cannot start a step.
-            return ctx.runtime.journal.write(conn, op, now=now, lease=ctx.lease)
+            return ctx.runtime.journal.write(conn, fresh, now=now, lease=ctx.lease)
 
-        return await ctx.write(op, start)
+        # The fresh row: a step's own writes (and an operator's decision) move the version.
+        return await ctx.apply(op, start)
 
     async def _run(self, op: Operation, row: StepRow) -> bool:
         if row.step == CALLBACK_STEP:
@@ -239,7 +241,7 @@ class Completion:
         ctx = self.ctx
         now = ctx.now()
 
-        def done(conn: Connection) -> Operation:
+        def done(conn: Connection, fresh: Operation) -> Operation:
             conn.execute(
                 sa.update(STEPS)
                 .where(
@@ -261,9 +263,9 @@ class Completion:
                     **detail,
                 },
             )
-            return ctx.runtime.journal.write(conn, op, now=now, entries=[entry], lease=ctx.lease)
+            return ctx.runtime.journal.write(conn, fresh, now=now, entries=[entry], lease=ctx.lease)
 
-        await ctx.write(op, done)
+        await ctx.apply(op, done)
 
     async def _failed(
         self,
@@ -284,7 +286,7 @@ class Completion:
         delay = next_attempt_delay(attempts - 1, retry_after, now, policy, ctx.runtime.rng)
         retry_at = now + delay
 
-        def failed(conn: Connection) -> Operation:
+        def failed(conn: Connection, fresh: Operation) -> Operation:
             conn.execute(
                 sa.update(STEPS)
                 .where(
@@ -314,7 +316,7 @@ class Completion:
             if not give_up:
                 return ctx.runtime.journal.write(
                     conn,
-                    op,
+                    fresh,
                     now=now,
                     entries=[entry],
                     changes={"next_poll_at": retry_at},
@@ -324,7 +326,7 @@ class Completion:
             return escalate(
                 conn,
                 ctx.runtime.journal,
-                op,
+                fresh,
                 ctx.runtime.providers.get(op.provider),
                 EscalationReason.CALLBACK_UNDELIVERABLE,
                 detail,
@@ -334,7 +336,7 @@ class Completion:
                 before=[entry],
             )
 
-        await ctx.write(op, failed)
+        await ctx.apply(op, failed)
         # A step that gave up does not block the ones after it.
         return give_up
 
@@ -342,8 +344,8 @@ class Completion:
         ctx = self.ctx
         now = ctx.now()
         fresh = await ctx.runtime.db.run(self._reload, op.id)
-        if fresh is None:
-            return
+        if fresh is None or State(fresh.state) not in END_STATES:
+            return  # reopened meanwhile by a decision: keep the schedule its flow set
         entry = Entry(
             kind=HistoryKind.NOTE,
             actor=ctx.actor,

@@ -26,7 +26,7 @@ from reconciler.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.providers.adapter import CallResult, CreateOutcome, LookupOutcome, LookupVerdict
 from reconciler.states import State
 from reconciler.vocabulary import DelaySource, EscalationReason, HistoryKind
-from reconciler.webhook_intake import EVENTS
+from reconciler.webhook_intake import EVENTS, lock_jobs
 
 
 def call_detail(call: CallResult) -> dict[str, Any]:
@@ -60,6 +60,7 @@ def _observation(call: CallResult, job_id: str | None) -> decisions.CreateObserv
 
 def _attach_orphans(conn: Connection, op: Operation, job_id: str) -> list[str]:
     """Events that arrived before we knew the job id become this operation's hint."""
+    lock_jobs(conn, [(op.provider, job_id)])  # an event committing meanwhile is seen here
     rows = conn.execute(
         sa.update(EVENTS)
         .where(
@@ -85,7 +86,10 @@ class CreateFlow:
         if stop is not None:
             await self._escalate(op, stop.reason, stop.detail, [])
             return
-        if State(op.state) is State.CREATE_UNKNOWN and spec.lookup is not None:
+        # A create may already have reached the provider: in create_unknown, and also in
+        # create_pending after a restart with an attempt on record. Look before resending.
+        maybe_sent = State(op.state) is State.CREATE_UNKNOWN or op.create_attempts > 0
+        if maybe_sent and spec.lookup is not None:
             found = await ctx.call(
                 op, "lookup", lambda: ctx.adapter(op).lookup(op.idempotency_token, op.trace_id)
             )
@@ -173,11 +177,11 @@ class CreateFlow:
                 "http_status": decision.http_status,
                 "provider_error": decision.error,
             }
-            await ctx.write(
+            await ctx.apply(
                 op,
-                lambda conn: ctx.runtime.journal.transition(
+                lambda conn, fresh: ctx.runtime.journal.transition(
                     conn,
-                    op,
+                    fresh,
                     State.FAILED,
                     actor=ctx.actor,
                     cause=f"{via}_rejected",
@@ -206,13 +210,13 @@ class CreateFlow:
             "last_http_status": call.http_status,
             "last_http_at": call.sent_at,
         }
-        state = State(op.state)
-        if state is State.CREATE_PENDING and call.maybe_delivered:
-            await ctx.write(
-                op,
-                lambda conn: ctx.runtime.journal.transition(
+        journal = ctx.runtime.journal
+
+        def later(conn: Connection, fresh: Operation) -> Operation:
+            if State(fresh.state) is State.CREATE_PENDING and call.maybe_delivered:
+                return journal.transition(
                     conn,
-                    op,
+                    fresh,
                     State.CREATE_UNKNOWN,
                     actor=ctx.actor,
                     cause="create_ambiguous",
@@ -221,15 +225,12 @@ class CreateFlow:
                     changes=changes,
                     before=[entry],
                     lease=ctx.lease,
-                ),
+                )
+            return journal.write(
+                conn, fresh, now=now, changes=changes, entries=[entry], lease=ctx.lease
             )
-        else:
-            await ctx.write(
-                op,
-                lambda conn: ctx.runtime.journal.write(
-                    conn, op, now=now, changes=changes, entries=[entry], lease=ctx.lease
-                ),
-            )
+
+        await ctx.apply(op, later)
 
     async def _accept(
         self, op: Operation, job_id: str, outcome: CreateOutcome | None, call: CallResult, via: str
@@ -239,7 +240,7 @@ class CreateFlow:
         now = ctx.now()
         first = decisions.first_poll_at(now, op.deadline_at, ctx.runtime.rng, ctx.poll_policy(spec))
 
-        def accept(conn: Connection) -> Operation:
+        def accept(conn: Connection, fresh: Operation) -> Operation:
             journal = ctx.runtime.journal
             evidence = {**call_detail(call), "job_id": job_id, "via": via}
             changes: dict[str, Any] = {
@@ -252,7 +253,7 @@ class CreateFlow:
             }
             after = journal.transition(
                 conn,
-                op,
+                fresh,
                 State.ACCEPTED,
                 actor=ctx.actor,
                 cause=f"{via}_confirmed_job",
@@ -308,7 +309,7 @@ class CreateFlow:
                 lease=ctx.lease,
             )
 
-        await ctx.write(op, accept)
+        await ctx.apply(op, accept)
 
     async def _violation(self, op: Operation, outcome: CreateOutcome, check: LookupOutcome) -> None:
         detail = (
@@ -336,12 +337,12 @@ class CreateFlow:
     ) -> None:
         ctx = self.ctx
         now: datetime = ctx.now()
-        await ctx.write(
+        await ctx.apply(
             op,
-            lambda conn: escalate(
+            lambda conn, fresh: escalate(
                 conn,
                 ctx.runtime.journal,
-                op,
+                fresh,
                 ctx.spec(op),
                 reason,
                 detail,

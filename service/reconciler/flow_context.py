@@ -12,6 +12,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.backoff import BackoffPolicy
 from reconciler.decisions import PollPolicy
+from reconciler.errors import StaleWrite
 from reconciler.journal import Lease
 from reconciler.metrics import status_label
 from reconciler.models import Operation
@@ -21,6 +22,7 @@ from reconciler.runtime import Runtime
 from reconciler.states import END_STATES, State
 
 T = TypeVar("T")
+APPLY_ATTEMPTS = 3
 
 
 @dataclass
@@ -104,6 +106,34 @@ class FlowContext:
         if after.escalation_id != op.escalation_id and after.escalation_id is not None:
             rt.metrics.escalations.labels(await rt.db.run(self._reason, after)).inc()
         return after
+
+    async def apply(
+        self, op: Operation, build: Callable[[Connection, Operation], Operation]
+    ) -> Operation:
+        """Write what a provider call taught us onto the freshest row we still lease.
+
+        While the call was in flight an agent's cancel, a webhook hint or an operator may
+        have written the row; their writes stand, and ``build`` decides again on the row
+        as it is now, so the provider's answer is recorded instead of being lost to the
+        version guard. Losing the lease still stops the write.
+        """
+        journal = self.runtime.journal
+
+        def fresh(conn: Connection) -> Operation:
+            current = journal.load(conn, op.id)
+            if not self.holds_lease(current):
+                raise StaleWrite(f"operation {op.id}: the lease was lost")
+            return build(conn, current)
+
+        for attempt in range(APPLY_ATTEMPTS):
+            try:
+                return await self.write(op, fresh)
+            except StaleWrite:
+                # PostgreSQL (read committed) can still interleave a write between our read
+                # and our update; the next attempt reads again.
+                if attempt == APPLY_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def _reason(self, op: Operation) -> str:
         from reconciler.escalate import open_escalation

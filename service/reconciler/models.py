@@ -86,6 +86,9 @@ class Operation(SQLModel, table=True):
     last_http_at: datetime | None = _ts()
     last_provider_request_id: str | None = Field(default=None, max_length=200)
     poll_after_seconds: float | None = None
+    # The last status answer's Retry-After as a moment: no status read goes out before it,
+    # not even one that a webhook hint or a cancel brings forward.
+    retry_not_before: datetime | None = _ts()
     provider_expires_at: datetime | None = _ts()
     progress: Any = _json()
     status_body: Any = _json()  # the status answer that confirmed success, for collection

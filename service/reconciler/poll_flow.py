@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from reconciler import decisions
+from reconciler.backoff import parse_retry_after
 from reconciler.clock import isoformat
 from reconciler.create_flow import call_detail
 from reconciler.errors import StaleWrite
@@ -75,6 +76,23 @@ def _hinted_since(op: Operation, outcome: StatusOutcome) -> bool:
     return op.hinted_at is not None and op.hinted_at > outcome.call.sent_at
 
 
+def _retry_floor(outcome: StatusOutcome, now: datetime) -> datetime | None:
+    """The answer's Retry-After as a moment, counted from when the answer was in hand."""
+    wait = parse_retry_after(outcome.call.retry_after, now)
+    return now + wait if wait is not None else None
+
+
+def _hinted_wait(
+    at: datetime, source: DelaySource, floor: datetime | None, now: datetime
+) -> tuple[datetime, DelaySource]:
+    """A hint came after our question: look again now, but not before the Retry-After."""
+    if floor is None or floor <= now:
+        return now, DelaySource.WEBHOOK_HINT
+    if floor < at:
+        return floor, DelaySource.PROVIDER_RETRY_AFTER
+    return at, source
+
+
 def _progress(value: Any) -> Any:
     return value if isinstance(value, dict | list | int | float) else None
 
@@ -115,7 +133,20 @@ class PollFlow:
                 changes={"status_requests_used": op.status_requests_used + 1},
             ),
         )
-        outcome = await ctx.call(op, "status", lambda: ctx.adapter(op).status(job_id, op.trace_id))
+        deadline = record_of(charged).deadline_at
+
+        async def send() -> StatusOutcome | None:
+            # Persisting the charge and waiting for a free provider slot take time: the
+            # deadline is checked again just before transmission (an unused reservation).
+            if ctx.now() >= deadline:
+                return None
+            return await ctx.adapter(op).status(job_id, op.trace_id)
+
+        outcome = await ctx.call(op, "status", send)
+        if outcome is None:
+            detail = f"deadline {isoformat(deadline)} reached before the status request was sent"
+            await self._escalate(charged, EscalationReason.DEADLINE_EXCEEDED, detail, [])
+            return
         for _ in range(APPLY_ATTEMPTS):
             try:
                 await self._apply(charged, outcome)
@@ -210,6 +241,8 @@ class PollFlow:
             "last_http_at": outcome.call.sent_at,
             "last_provider_request_id": outcome.call.provider_request_id,
         }
+        floor = _retry_floor(outcome, now)
+        changes["retry_not_before"] = floor
         detail: dict[str, Any] = {**call_detail(outcome.call)}
         if view is not None:
             changes["remote_state"] = view.remote_state
@@ -232,7 +265,7 @@ class PollFlow:
         if op.cancel_deadline_at is not None and State(op.state) is State.CANCELLING:
             at = min(at, op.cancel_deadline_at)
         if _hinted_since(op, outcome):
-            at, source = now, DelaySource.WEBHOOK_HINT  # the hint came after our question
+            at, source = _hinted_wait(at, source, floor, now)
         elif State(op.state) is State.CANCEL_REQUESTED and op.cancel_sent_at is None:
             at = now  # a cancel arrived while we asked: send it now
         changes.update(

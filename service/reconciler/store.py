@@ -156,6 +156,18 @@ def release(conn: Connection, operation_ids: Sequence[str], owner: str) -> None:
     )
 
 
+def extend_lease(
+    conn: Connection, operation_id: str, owner: str, now: datetime, lease_seconds: float
+) -> bool:
+    """Push a held, unexpired lease forward; False if it is no longer ours."""
+    result = conn.execute(
+        sa.update(OPS)
+        .where(OPS.c.id == operation_id, OPS.c.lease_owner == owner, OPS.c.lease_expires_at > now)
+        .values(lease_expires_at=now + timedelta(seconds=lease_seconds))
+    )
+    return result.rowcount == 1
+
+
 def next_due_at(conn: Connection) -> datetime | None:
     value = conn.execute(
         sa.select(OPS.c.next_poll_at)

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -110,6 +110,25 @@ def _record_repeats(conn: Connection, repeats: list[IncomingEvent]) -> dict[int,
     return out
 
 
+# One statement for the whole batch; the sorted subquery fixes the order the locks are taken in.
+_LOCK_JOBS = sa.text(
+    "SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))) "
+    "FROM (SELECT unnest(CAST(:keys AS text[])) AS k ORDER BY 1) AS jobs"
+)
+
+
+def lock_jobs(conn: Connection, jobs: Iterable[tuple[str, str]]) -> None:
+    """Take this transaction's per-job lock for each ``(provider, job id)`` (PostgreSQL).
+
+    Storing a job's events and learning its id (attaching orphans) hold the same lock, so
+    one always sees the other's commit; otherwise an event committed alongside the create
+    answer is missed by both and stays an orphan. SQLite serialises all writes already.
+    """
+    keys = sorted({f"{provider}\x1f{job}" for provider, job in jobs})
+    if keys and conn.dialect.name == "postgresql":
+        conn.execute(_LOCK_JOBS, {"keys": keys})
+
+
 def _operations_for(conn: Connection, provider: str, job_ids: set[str]) -> list[Operation]:
     query = sa.select(*HEAD_COLUMNS).where(
         OPS.c.provider == provider, OPS.c.remote_job_id.in_(job_ids)
@@ -131,9 +150,20 @@ class _Head:
     version: int
     history_head: str
     history_seq: int
+    next_poll_at: datetime | None
+    retry_not_before: datetime | None
 
 
 HEAD_COLUMNS = [OPS.c[f.name] for f in dataclasses.fields(_Head)]
+
+
+def _hinted_read(op: Operation, now: datetime) -> tuple[datetime, DelaySource]:
+    """Bring the next status read forward to now, but never before the provider's Retry-After."""
+    floor = op.retry_not_before
+    if floor is None or floor <= now:
+        return now, DelaySource.WEBHOOK_HINT
+    at = floor if op.next_poll_at is None else min(floor, op.next_poll_at)
+    return at, DelaySource.PROVIDER_RETRY_AFTER
 
 
 def _hint(
@@ -144,11 +174,12 @@ def _hint(
     if state not in HINT_POLLS and state not in HINT_NOTES:
         return Outcome.RECORDED, None, []
     polls = state in HINT_POLLS
+    # Operations whose read is not due to a hint keep their schedule unchanged.
+    at, source = _hinted_read(op, now) if polls else (None, None)
     changes: dict[str, Any] = {
         "hinted_at": now,
-        # Operations whose read is not due to a hint keep their schedule unchanged.
-        "next_poll_at": now if polls else None,
-        "delay_source": DelaySource.WEBHOOK_HINT.value if polls else None,
+        "next_poll_at": at,
+        "delay_source": source.value if source is not None else None,
     }
     entries = [
         Entry(
@@ -156,7 +187,7 @@ def _hint(
             actor=f"provider:{op.provider}",
             cause=f"webhook:{event.event_id}",
             detail={"event_id": event.event_id, "body_sha256": event.body_sha256},
-            delay_source=DelaySource.WEBHOOK_HINT if polls else None,
+            delay_source=source,
             at=event.received_at,
         )
         for event in events
@@ -220,6 +251,7 @@ def _apply_hints(
 ) -> bool:
     """Hint the operations that new events name; the rest are orphans. True if any hint."""
     by_job = _by_job(events, outcomes)
+    lock_jobs(conn, by_job)
     by_provider: dict[str, set[str]] = defaultdict(set)
     for provider, job in by_job:
         by_provider[provider].add(job)

@@ -21,7 +21,7 @@ from reconciler.errors import ReconcilerError, StaleWrite, StorageUnavailable
 from reconciler.logs import operation_id_var, trace_id_var
 from reconciler.models import Operation
 from reconciler.runtime import Runtime
-from reconciler.states import State
+from reconciler.states import END_STATES, State
 
 log = logging.getLogger("reconciler.worker")
 
@@ -32,6 +32,8 @@ Step = Callable[[Operation], Awaitable[None]]
 # completion handler without waiting for another tick, few enough that one operation cannot
 # monopolise a worker.
 MAX_STEPS_PER_CLAIM = 6
+# The longest one claim may keep its lease alive by heartbeats.
+MAX_HELD_SECONDS = 600.0
 
 
 class Worker:
@@ -129,7 +131,9 @@ class Worker:
 
     def _step_for(self, op: Operation) -> Step | None:
         state = State(op.state)
-        if op.completion_pending and self.completion is not None:
+        # Only an end state is completed: an operator may have reopened one (extend, cancel)
+        # before its completion finished, and then the flows own the operation again.
+        if op.completion_pending and self.completion is not None and state in END_STATES:
             return self.completion
         return self.steps.get(state)
 
@@ -147,6 +151,7 @@ class Worker:
         operation_id_var.set(op_id)
         last: Operation | None = None
         sent_status_read = False
+        heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(op_id))
         try:
             for _ in range(MAX_STEPS_PER_CLAIM):
                 op = await self._load(op_id)  # reload after the claim, before anything is sent
@@ -174,7 +179,33 @@ class Worker:
         except ReconcilerError as exc:
             log.warning("step failed: %s", exc.message)
         finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
             await self._release(op_id, last)
+
+    async def _heartbeat(self, op_id: str) -> None:
+        """Keep the lease while a slow step (a hook, a hung callback) is still running.
+
+        Without it, a step longer than the lease would be claimed and run a second time by
+        another worker while the first is still inside it. The lease is kept for at most
+        MAX_HELD_SECONDS: a step stuck beyond that is presumed lost and may be taken over.
+        """
+        rt = self.runtime
+        lease = rt.settings.scheduler.lease_seconds
+        started = rt.clock.monotonic()
+        while rt.clock.monotonic() - started < MAX_HELD_SECONDS:
+            await asyncio.sleep(lease / 3)
+
+            def extend() -> bool:
+                with rt.db.write() as conn:
+                    return store.extend_lease(conn, op_id, self.owner, rt.clock.now(), lease)
+
+            try:
+                if not await rt.db.run(extend):
+                    return
+            except StorageUnavailable:
+                continue
 
     async def _park(self, op: Operation) -> None:
         """Nothing to do in this state: stop looking until something changes it."""

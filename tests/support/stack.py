@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from fixtures.provider_sim import SimConfig, SimState
+from fixtures.provider_sim import create_app as create_sim
 
-from fixtures.provider_sim import SimConfig, SimState, create_app as create_sim
 from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.runtime import Runtime
@@ -101,8 +102,9 @@ class Stack:
         return op
 
     def history(self, op_id: str) -> list[dict[str, Any]]:
-        response = self.client.get(f"/v1/operations/{op_id}/history",
-                                   headers=self.headers(operator=True))
+        response = self.client.get(
+            f"/v1/operations/{op_id}/history", headers=self.headers(operator=True)
+        )
         response.raise_for_status()
         entries: list[dict[str, Any]] = response.json()["entries"]
         return entries
@@ -142,8 +144,9 @@ def running_stack(
     server: dict[str, Any] | None = None,
 ) -> Iterator[Stack]:
     with ExitStack() as stack:
-        sim = SimState(SimConfig(token=SIM_TOKEN, webhook_secret=WEBHOOK_SECRET,
-                                 **(sim_config or {})))
+        sim = SimState(
+            SimConfig(token=SIM_TOKEN, webhook_secret=WEBHOOK_SECRET, **(sim_config or {}))
+        )
         sim_url = stack.enter_context(serve_asgi(create_sim(state=sim)))
         providers_dir = tmp_path / "no-provider-files"
         providers_dir.mkdir(exist_ok=True)

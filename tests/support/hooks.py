@@ -1,0 +1,226 @@
+"""Recorders for the downstream steps of completion: hook runs and agent callbacks.
+
+Hooks (configure as ``"tests.support.hooks:record"`` and so on) append one line per
+run to the file named by ``$RECONCILER_TEST_HOOK_LOG``::
+
+    <idempotency_key> <op_id> <state>            a finished run
+    <idempotency_key> <op_id> <state> started    ``slow`` only: the run has begun
+
+Each line is written with one ``O_APPEND`` write and fsynced before the hook goes
+on, so runs can be counted across processes, including one killed right after.
+``slow`` sleeps ``$RECONCILER_TEST_HOOK_SLEEP`` seconds (default 30) between its two
+lines, which gives a test time to kill the process inside the hook.
+
+``CallbackReceiver`` is the other downstream step's witness: a small Starlette app
+(served with ``serve_receiver``) that records every callback request and answers
+as each path's script says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from reconciler import store
+from reconciler.db import Database
+from reconciler.models import CompletionStep
+from tests.support.servers import serve_asgi
+
+LOG_ENV = "RECONCILER_TEST_HOOK_LOG"
+SLEEP_ENV = "RECONCILER_TEST_HOOK_SLEEP"
+STARTED = "started"
+
+RECORD = "tests.support.hooks:record"
+AUDIT = "tests.support.hooks:audit"
+RECORD_ASYNC = "tests.support.hooks:record_async"
+SLOW = "tests.support.hooks:slow"
+
+
+# --- hooks -----------------------------------------------------------------------
+
+
+def _append(line: str) -> None:
+    fd = os.open(os.environ[LOG_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _line(operation: Mapping[str, Any], key: str) -> str:
+    return f"{key} {operation['id']} {operation['state']}"
+
+
+def record(operation: Mapping[str, Any], idempotency_key: str) -> None:
+    _append(_line(operation, idempotency_key))
+
+
+def audit(operation: Mapping[str, Any], idempotency_key: str) -> None:
+    """A second, distinct hook (its own step and key), to see the order of steps."""
+    _append(_line(operation, idempotency_key))
+
+
+async def record_async(operation: Mapping[str, Any], idempotency_key: str) -> None:
+    _append(_line(operation, idempotency_key))
+
+
+def slow(operation: Mapping[str, Any], idempotency_key: str) -> None:
+    _append(f"{_line(operation, idempotency_key)} {STARTED}")
+    time.sleep(float(os.environ.get(SLEEP_ENV, "30")))
+    _append(_line(operation, idempotency_key))
+
+
+@dataclass(frozen=True)
+class HookRun:
+    key: str
+    op_id: str
+    state: str
+    started: bool  # a start marker, not a finished run
+
+    @property
+    def hook(self) -> str:
+        """The hook's spec, from the key ``<op_id>:<round>:hook:<spec>``."""
+        return self.key.split(":", 3)[3]
+
+
+def read_runs(path: Path) -> list[HookRun]:
+    if not path.exists():
+        return []
+    runs = []
+    for text in path.read_text("utf-8").splitlines():
+        parts = text.split(" ")
+        runs.append(HookRun(parts[0], parts[1], parts[2], parts[3:] == [STARTED]))
+    return runs
+
+
+def finished_by_key(path: Path) -> Counter[str]:
+    return Counter(run.key for run in read_runs(path) if not run.started)
+
+
+def started_by_key(path: Path) -> Counter[str]:
+    return Counter(run.key for run in read_runs(path) if run.started)
+
+
+def hook_key(op_id: str, hook: str, completion_round: int = 1) -> str:
+    """The idempotency key the service gives ``hook`` for this operation and round."""
+    return f"{op_id}:{completion_round}:hook:{hook}"
+
+
+# --- waiting ---------------------------------------------------------------------
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``predicate`` until it returns something truthy (bounded); return it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def completion_finished(db: Database, op_id: str) -> bool:
+    """Whether the completion handler closed the operation's current round."""
+    with db.read() as conn:
+        op = store.get_operation(conn, op_id)
+        entries = store.history_of(conn, op_id)
+    return (
+        op is not None
+        and not op.completion_pending
+        and any(e.cause == "completion_finished" for e in entries)
+    )
+
+
+def completion_steps(db: Database, op_id: str) -> dict[str, dict[str, Any]]:
+    """The ``completion_steps`` rows of an operation, by step name."""
+    steps = CompletionStep.__table__  # type: ignore[attr-defined]
+    with db.read() as conn:
+        rows = conn.execute(sa.select(steps).where(steps.c.operation_id == op_id)).mappings()
+        return {str(r["step"]): dict(r) for r in rows}
+
+
+# --- the agent's callback receiver -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int = 204
+    headers: Mapping[str, str] = field(default_factory=dict)
+    delay: float = 0.0  # seconds to hang before answering
+
+
+@dataclass(frozen=True)
+class Delivery:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float  # time.monotonic() when the request arrived
+
+    @property
+    def webhook_id(self) -> str:
+        return self.headers.get("webhook-id", "")
+
+
+class CallbackReceiver:
+    """Records every request to ``/cb/<name>``; answers with ``name``'s script, in order.
+
+    The last reply of a script repeats; a name without a script gets 204.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._scripts: dict[str, list[Reply]] = {}
+        self._served: Counter[str] = Counter()
+        self._deliveries: list[Delivery] = []
+        self.app = Starlette(routes=[Route("/cb/{name}", self._handle, methods=["POST"])])
+
+    def script(self, name: str, replies: Sequence[Reply]) -> None:
+        with self._lock:
+            self._scripts[name] = list(replies)
+            self._served[name] = 0
+
+    def deliveries(self, name: str | None = None) -> list[Delivery]:
+        with self._lock:
+            found = list(self._deliveries)
+        return [d for d in found if name is None or d.path == f"/cb/{name}"]
+
+    def by_webhook_id(self) -> Counter[str]:
+        return Counter(d.webhook_id for d in self.deliveries())
+
+    async def _handle(self, request: Request) -> Response:
+        at = time.monotonic()
+        body = await request.body()
+        name = request.path_params["name"]
+        with self._lock:
+            self._deliveries.append(Delivery(request.url.path, dict(request.headers), body, at))
+            script = self._scripts.get(name) or [Reply()]
+            reply = script[min(self._served[name], len(script) - 1)]
+            self._served[name] += 1
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        return Response(status_code=reply.status, headers=dict(reply.headers))
+
+
+@contextmanager
+def serve_receiver() -> Iterator[tuple[CallbackReceiver, str]]:
+    """A receiver on 127.0.0.1; yields it and its base URL (``<base>/cb/<name>``)."""
+    receiver = CallbackReceiver()
+    with serve_asgi(receiver.app, lifespan="off") as url:
+        yield receiver, url

@@ -1,0 +1,170 @@
+"""The Operation as agents read it: one message per state, ``done`` only at the end."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from reconciler.clock import utc
+from reconciler.models import Escalation, Operation
+from reconciler.states import END_STATES, State
+from reconciler.views import message_for, operation_view
+from tests.support.factories import new_operation
+
+NOW = utc(datetime(2025, 3, 8, 14, 22, 11))
+SPEC_KEYS = {
+    "id",
+    "provider",
+    "state",
+    "done",
+    "remote_job_id",
+    "remote_state",
+    "message",
+    "poll_after_seconds",
+    "progress",
+    "deadline_at",
+    "budget",
+    "result",
+    "error",
+    "escalation",
+}
+NOT_END = sorted(set(State) - END_STATES, key=lambda s: s.value)
+
+
+def op_in(state: State, **overrides: Any) -> Operation:
+    return new_operation(NOW, state=state.value, **overrides)
+
+
+def test_every_state_has_its_own_message() -> None:
+    messages = {state: message_for(op_in(state)) for state in State}
+    assert all(messages.values())
+    assert len(set(messages.values())) >= len(END_STATES)
+    # Success, partial success, failure, cancellation, timeout...: each end reads differently.
+    end_messages = [messages[s] for s in END_STATES]
+    assert len(set(end_messages)) == len(END_STATES)
+
+
+@pytest.mark.parametrize("state", NOT_END, ids=lambda s: s.value)
+def test_a_state_before_the_end_says_not_complete_and_how_to_wait(state: State) -> None:
+    op = op_in(state)
+    message = message_for(op)
+    assert "NOT complete" in message
+    assert f"GET /v1/operations/{op.id}/wait" in message
+    assert "{id}" not in message
+    assert "SUCCEEDED" not in message
+
+
+@pytest.mark.parametrize("state", sorted(END_STATES - {State.SUCCEEDED}, key=lambda s: s.value))
+def test_no_other_end_state_reads_as_success(state: State) -> None:
+    message = message_for(op_in(state))
+    assert "SUCCEEDED" not in message
+    assert "Wait with" not in message
+
+
+def test_end_state_messages_name_what_happened() -> None:
+    def text(state: State) -> str:
+        return message_for(op_in(state))
+
+    assert "SUCCEEDED" in text(State.SUCCEEDED) and "verified" in text(State.SUCCEEDED)
+    assert "FINISHED WITH ERRORS" in text(State.COMPLETED_WITH_ERRORS)
+    assert "do not report full success" in text(State.COMPLETED_WITH_ERRORS)
+    assert "FAILED" in text(State.FAILED) and "`error`" in text(State.FAILED)
+    assert "CANCELLED, confirmed by the provider" in text(State.CANCELLED)
+    assert "NOT success" in text(State.RESULT_TIMED_OUT)
+    assert "may still be running" in text(State.RESULT_TIMED_OUT)
+    assert "could NOT be fetched" in text(State.RESULT_UNAVAILABLE)
+    assert "FAILED validation" in text(State.RESULT_VALIDATION_FAILED)
+    assert "did NOT confirm" in text(State.CANCELLATION_UNCONFIRMED)
+
+
+def test_cancel_intent_is_not_cancellation() -> None:
+    for state in (State.CANCEL_REQUESTED, State.CANCELLING):
+        message = message_for(op_in(state))
+        assert "NOT confirmed" in message
+        assert "may still finish" in message
+        assert "Do not report success or cancellation" in message
+
+
+def test_create_unknown_tells_the_agent_not_to_resubmit() -> None:
+    message = message_for(op_in(State.CREATE_UNKNOWN))
+    assert "do not resubmit" in message
+    assert "same idempotency key" in message
+
+
+@pytest.mark.parametrize("state", list(State), ids=lambda s: s.value)
+def test_done_is_a_boolean_true_only_in_end_states(state: State) -> None:
+    op = op_in(state, next_poll_at=NOW)
+    view = operation_view(op, NOW)
+    assert view["done"] is (state in END_STATES)
+    assert view["state"] == state.value
+    assert view["message"] == message_for(op)
+
+
+def test_escalated_is_not_done_and_carries_the_escalation() -> None:
+    escalation = Escalation(
+        id=4,
+        operation_id="op_x",
+        reason="deadline_exceeded",
+        message="Operation op_x: waiting stopped.",
+        options=["extend", "cancel", "abandon"],
+        created_at=NOW,
+    )
+    view = operation_view(op_in(State.ESCALATED, escalation_id=4), NOW, escalation)
+    assert view["done"] is False
+    assert view["escalation"] == {
+        "reason": "deadline_exceeded",
+        "message": "Operation op_x: waiting stopped.",
+        "options": ["extend", "cancel", "abandon"],
+        "created_at": "2025-03-08T14:22:11Z",
+        "decided": False,
+        "decision": None,
+    }
+    assert operation_view(op_in(State.OBSERVING), NOW)["escalation"] is None
+
+
+def test_the_view_has_the_spec_shape() -> None:
+    op = op_in(
+        State.OBSERVING,
+        remote_job_id="job_7ad2",
+        remote_state="running",
+        progress={"completed": 146, "total": 500},
+        status_requests_used=3,
+        max_status_requests=12,
+        next_poll_at=NOW + timedelta(seconds=30),
+    )
+    view = operation_view(op, NOW)
+    assert set(view) >= SPEC_KEYS
+    assert view["id"] == op.id
+    assert view["provider"] == "sim"
+    assert view["remote_job_id"] == "job_7ad2"
+    assert view["remote_state"] == "running"
+    assert view["progress"] == {"completed": 146, "total": 500}
+    assert view["budget"] == {"status_requests_used": 3, "max_status_requests": 12}
+    assert view["deadline_at"] == "2025-03-08T15:02:11Z"
+    assert view["poll_after_seconds"] == 30
+    assert view["result"] is None and view["error"] is None and view["escalation"] is None
+
+
+@pytest.mark.parametrize(
+    ("next_poll_in", "expected"),
+    [
+        (None, 30.0),  # nothing scheduled: a sensible default
+        (10.0, 10.0),
+        (2.4, 2.0),  # whole seconds
+        (0.2, 1.0),  # never below one second
+        (-50.0, 1.0),  # overdue: ask again soon, not "negative"
+        (3600.0, 300.0),  # capped at five minutes
+    ],
+)
+def test_poll_after_seconds(next_poll_in: float | None, expected: float) -> None:
+    next_poll_at = None if next_poll_in is None else NOW + timedelta(seconds=next_poll_in)
+    view = operation_view(op_in(State.OBSERVING, next_poll_at=next_poll_at), NOW)
+    assert view["poll_after_seconds"] == expected
+
+
+@pytest.mark.parametrize("state", sorted(END_STATES, key=lambda s: s.value), ids=lambda s: s.value)
+def test_no_poll_after_once_done(state: State) -> None:
+    view = operation_view(op_in(state, next_poll_at=NOW + timedelta(seconds=5)), NOW)
+    assert view["poll_after_seconds"] is None
