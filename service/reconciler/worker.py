@@ -52,6 +52,7 @@ class Worker:
         self.max_in_flight = max_in_flight
         self.on_next_due = on_next_due
         self._tasks: set[asyncio.Task[None]] = set()
+        self._working: set[str] = set()  # operations one of our tasks is on
         self._claiming = False
         self._again = False
         self._stopping = False
@@ -117,8 +118,15 @@ class Worker:
         return [c.operation_id for c in claims]
 
     def _spawn(self, op_id: str) -> None:
+        if op_id in self._working:
+            # Our own lease lapsed while a task of ours is still on the operation (a slow
+            # step whose heartbeat fell behind); the claim renewed it. Both tasks would pass
+            # every lease guard, so a second one would run the same step again.
+            return
+        self._working.add(op_id)
         task = asyncio.get_running_loop().create_task(self._process(op_id))
         self._tasks.add(task)
+        task.add_done_callback(lambda _: self._working.discard(op_id))
         task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:

@@ -1,0 +1,374 @@
+"""Every poller stop condition through the real service and the simulated provider over HTTP.
+
+Each case runs the whole stack (uvicorn, real database, the sim on loopback) with
+fast polling values, lets the poller stop on its own, and then checks what the
+operator sees (reason, seed-003 message, bounded options, the Operation and the
+list) and what the provider saw: at most the budget, and nothing after the stop.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.stack import Stack, running_stack
+
+# Fast polling: reads every 25-200 ms, short sharp delays after 429/503.
+POLLING: dict[str, Any] = {
+    "base_delay_seconds": 0.05,
+    "max_delay_seconds": 0.2,
+    "jitter_floor": 0.5,
+    "deadline_seconds": 20,
+    "max_status_requests": 12,
+    "max_transport_failures": 3,
+    "max_rate_limited": 3,
+    "rate_limit_delay_seconds": 0.1,
+}
+# The sim's clock and the service's clock are both the wall clock of this machine.
+SKEW = 0.05
+# Long enough for several ticks and several backoff periods after a stop.
+QUIET_WINDOW = 0.8
+ALL_OPTIONS = ["extend", "cancel", "abandon"]
+
+
+@contextmanager
+def stack_with(
+    tmp_path: Path, db_url: str, *, grace: float = 0.5, **polling: Any
+) -> Iterator[Stack]:
+    provider = {"polling": {**POLLING, **polling}, "status": {"not_found_grace_seconds": grace}}
+    with running_stack(tmp_path, db_url, provider=provider) as stack:
+        yield stack
+
+
+def epoch(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+def job_requests(stack: Stack, job_id: str) -> dict[str, list[dict[str, Any]]]:
+    requests: dict[str, list[dict[str, Any]]] = stack.sim_job(job_id)["requests"]
+    return requests
+
+
+def all_requests(stack: Stack, job_id: str) -> list[dict[str, Any]]:
+    """Every request the sim logged for the job (any endpoint, answered or not), by time."""
+    log = stack.client.get(f"{stack.sim_url}/_sim/requests").json()["requests"]
+    return sorted((r for r in log if r["job_id"] == job_id), key=lambda r: r["at"])
+
+
+def settle(stack: Stack, op_id: str, states: set[str], timeout: float = 15.0) -> dict[str, Any]:
+    op = stack.wait_state(op_id, states, timeout=timeout)
+    assert op["state"] in states, f"{op_id} stuck in {op['state']}: {op.get('escalation')}"
+    return op
+
+
+@dataclass(frozen=True)
+class Case:
+    reason: str
+    request: dict[str, Any]
+    fields: dict[str, Any] = field(default_factory=dict)
+    state: str = "escalated"
+    options: tuple[str, ...] = tuple(ALL_OPTIONS)
+    grace: float = 0.5
+    # HTTP statuses the last status answers must have had (newest last).
+    last_statuses: tuple[int | None, ...] = ()
+    detail: str = ""
+
+
+NEVER = {"scenario": "never_finishes", "webhooks": "never"}
+
+CASES = {
+    "deadline_exceeded": Case(
+        "deadline_exceeded",
+        NEVER,
+        {"deadline_seconds": 1.2},
+        state="result_timed_out",
+        detail="deadline",
+    ),
+    "request_budget_exhausted": Case(
+        "request_budget_exhausted",
+        NEVER,
+        {"max_status_requests": 4},
+        last_statuses=(200,),
+        detail="4 of 4 status requests used",
+    ),
+    "rate_limited": Case(
+        "rate_limited",
+        {**NEVER, "status_fault": 429, "retry_after": None},
+        last_statuses=(429, 429, 429),
+        detail="HTTP 429 3 times in a row",
+    ),
+    "unknown_state": Case(
+        "unknown_state",
+        {"scenario": "unknown_state", "duration": 0.3, "webhooks": "never"},
+        last_statuses=(200,),
+        detail="needs_review",
+    ),
+    "authorization_denied_401": Case(
+        "authorization_denied",
+        {**NEVER, "auth_fault": 401, "auth_fault_after": 1},
+        options=("extend", "abandon"),
+        last_statuses=(401,),
+        detail="HTTP 401",
+    ),
+    "authorization_denied_403": Case(
+        "authorization_denied",
+        {**NEVER, "auth_fault": 403, "auth_fault_after": 2},
+        options=("extend", "abandon"),
+        last_statuses=(403,),
+        detail="HTTP 403",
+    ),
+    "provider_failure_503": Case(
+        "provider_failure",
+        {**NEVER, "status_fault": 503, "retry_after": None},
+        last_statuses=(503, 503, 503),
+        detail="3 of 3",
+    ),
+    "provider_failure_500": Case(
+        "provider_failure",
+        {**NEVER, "status_fault": 500, "status_fault_after": 1, "retry_after": None},
+        last_statuses=(500, 500, 500),
+        detail="3 of 3",
+    ),
+    "contract_violation_404": Case(
+        "contract_violation",
+        {"scenario": "success", "invisible_for": 60, "webhooks": "never"},
+        options=("cancel", "abandon"),
+        grace=0.4,
+        last_statuses=(404,),
+        detail="grace window",
+    ),
+    "contradictory_status_success_without_result": Case(
+        "contradictory_status",
+        {"scenario": "success_without_result", "duration": 0.3, "webhooks": "never"},
+        last_statuses=(200,),
+        detail="required result fields",
+    ),
+    "contradictory_status_running_past_expiry": Case(
+        "contradictory_status",
+        {"scenario": "running_past_expiry", "webhooks": "never"},
+        last_statuses=(200,),
+        detail="running after its own expiry",
+    ),
+}
+
+
+def message_lines(message: str) -> dict[str, str]:
+    lines = message.splitlines()
+    assert lines[0] == "External job needs a decision"
+    return dict(line.split(": ", 1) for line in lines[1:])
+
+
+def check_message(op: dict[str, Any], case: Case) -> None:
+    esc = op["escalation"]
+    lines = message_lines(esc["message"])
+    budget = op["budget"]
+    assert lines["Operation"] == op["id"]
+    assert lines["Provider job"].startswith(op["remote_job_id"])
+    assert lines["Status requests"] == (
+        f"{budget['status_requests_used']} of {budget['max_status_requests']}"
+    )
+    assert lines["Stopped because"].startswith(case.reason)
+    assert case.detail in lines["Stopped because"]
+    for option in esc["options"]:
+        assert option["description"] in lines["Safe options"]
+    # The last HTTP result the message names is the last one the provider gave.
+    if case.last_statuses:
+        assert lines["Last HTTP result"].startswith(str(case.last_statuses[-1]))
+
+
+def check_options(op: dict[str, Any], case: Case) -> None:
+    options = op["escalation"]["options"]
+    assert [o["action"] for o in options] == list(case.options)
+    for option in options:
+        if option["action"] == "extend":
+            # Bounded: a stated amount of time and of extra checks, never "continue?".
+            assert 0 < option["extra_seconds"] <= 24 * 3600
+            assert 0 < option["extra_status_requests"] <= 100
+            assert "additional check" in option["description"]
+
+
+def check_listed(stack: Stack, op: dict[str, Any], reason: str) -> None:
+    response = stack.client.get(
+        "/v1/operations", params={"state": op["state"]}, headers=stack.headers(operator=True)
+    )
+    assert response.status_code == 200
+    listed = {o["id"]: o for o in response.json()["operations"]}
+    assert op["id"] in listed
+    assert listed[op["id"]]["escalation"]["reason"] == reason
+    assert all(o["state"] == op["state"] for o in listed.values())
+
+
+def check_provider_quiet(stack: Stack, op: dict[str, Any]) -> None:
+    """Nothing reached the provider after the stop, now or a while later."""
+    job_id = op["remote_job_id"]
+    stopped_at = epoch(op["escalation"]["created_at"])
+    before = all_requests(stack, job_id)
+    assert before and all(r["at"] <= stopped_at + SKEW for r in before), before
+    time.sleep(QUIET_WINDOW)
+    after = all_requests(stack, job_id)
+    assert after == before
+    again = stack.get(op["id"], operator=True)
+    assert again["budget"] == op["budget"]
+    assert again["state"] == op["state"]
+
+
+def check_budget(stack: Stack, op: dict[str, Any]) -> list[dict[str, Any]]:
+    """The provider saw exactly the charged status requests, never more than the budget."""
+    status = job_requests(stack, op["remote_job_id"])["status"]
+    budget = op["budget"]
+    assert len(status) == budget["status_requests_used"]
+    assert budget["status_requests_used"] <= budget["max_status_requests"]
+    return status
+
+
+def check_history(stack: Stack, op: dict[str, Any], case: Case) -> None:
+    entries = stack.history(op["id"])
+    escalations = [e for e in entries if e["kind"] == "escalation"]
+    assert len(escalations) == 1
+    assert escalations[0]["detail"]["reason"] == case.reason
+    moved = [e for e in entries if e["kind"] == "transition" and e["to"] == op["state"]]
+    assert len(moved) == 1 and moved[0]["cause"] == f"escalation:{case.reason}"
+    reads = [e for e in entries if e["cause"] == "status_read"]
+    assert len(reads) == op["budget"]["status_requests_used"]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_stop_condition_escalates_with_reason_message_and_silence(
+    tmp_path: Path, db_url: str, name: str
+) -> None:
+    case = CASES[name]
+    with stack_with(tmp_path, db_url, grace=case.grace) as stack:
+        created = stack.create(case.request, **case.fields)
+        assert created.status_code == 202, created.text
+        op = settle(stack, created.json()["id"], {case.state})
+        assert op["done"] is (case.state != "escalated")
+        assert op["escalation"]["reason"] == case.reason
+        assert op["escalation"]["decided"] is False
+        check_message(op, case)
+        check_options(op, case)
+        check_listed(stack, op, case.reason)
+        status = check_budget(stack, op)
+        if case.last_statuses:
+            tail = [r["status"] for r in status[-len(case.last_statuses) :]]
+            assert tail == list(case.last_statuses)
+        if case.reason == "deadline_exceeded":
+            # The deadline is checked before a request: none was sent at or after it.
+            deadline = epoch(op["deadline_at"])
+            assert all(r["at"] < deadline + SKEW for r in status)
+        check_history(stack, op, case)
+        check_provider_quiet(stack, op)
+
+
+def test_not_found_within_grace_waits_then_succeeds(tmp_path: Path, db_url: str) -> None:
+    # Invisible long enough for the first reads to see 404 even on a busy machine.
+    with stack_with(tmp_path, db_url, grace=10.0, max_status_requests=40) as stack:
+        created = stack.create({"scenario": "success", "duration": 0.3, "invisible_for": 2.0})
+        op = stack.wait(created.json()["id"], timeout=15)
+        assert op["state"] == "succeeded", op
+        assert op["escalation"] is None
+        statuses = [r["status"] for r in job_requests(stack, op["remote_job_id"])["status"]]
+        assert statuses[0] == 404 and statuses[-1] == 200
+        reads = [e for e in stack.history(op["id"]) if e["cause"] == "status_read"]
+        not_found = [e for e in reads if e["detail"].get("http_status") == 404]
+        assert len(not_found) == statuses.count(404)
+        for entry in not_found:
+            assert entry["detail"]["decision"] == "wait"
+            assert any("grace window" in note for note in entry["detail"]["notes"])
+
+
+@pytest.mark.parametrize(
+    ("status", "form"), [(503, "seconds"), (503, "http-date"), (429, "seconds"), (429, "http-date")]
+)
+def test_retry_after_is_honoured(tmp_path: Path, db_url: str, status: int, form: str) -> None:
+    # No webhooks: only the poller decides when the next read happens.
+    request = {
+        "scenario": "success",
+        "duration": 1.0,
+        "webhooks": "never",
+        "status_fault": status,
+        "status_fault_after": 1,
+        "status_fault_count": 1,
+        "retry_after": 1,
+        "retry_after_form": form,
+    }
+    with stack_with(tmp_path, db_url) as stack:
+        op = stack.wait(stack.create(request).json()["id"], timeout=15)
+        assert op["state"] == "succeeded", op
+        reads = job_requests(stack, op["remote_job_id"])["status"]
+        index = next(i for i, r in enumerate(reads) if r["status"] == status)
+        faulted, following = reads[index], reads[index + 1]
+        # The header said 1 s (seconds) or an IMF-fixdate rounded up to the next whole second.
+        earliest = faulted["at"] + 1 if form == "seconds" else math.ceil(faulted["at"] + 1)
+        assert following["at"] >= earliest - SKEW, (faulted, following)
+        entry = [e for e in stack.history(op["id"]) if e["cause"] == "status_read"][index]
+        assert entry["detail"]["http_status"] == status
+        assert entry["delay_source"] == "provider_retry_after"
+        assert epoch(entry["detail"]["next_poll_at"]) >= earliest - SKEW
+
+
+def test_terminal_failure_ends_failed_with_provider_error(tmp_path: Path, db_url: str) -> None:
+    error = {"code": "bad_input", "message": "row 7 is unreadable"}
+    request = {"scenario": "late_failure", "duration": 0.5, "error": error, "webhooks": "never"}
+    with stack_with(tmp_path, db_url) as stack:
+        op = stack.wait(stack.create(request).json()["id"], timeout=15)
+        assert op["state"] == "failed" and op["done"] is True
+        assert op["escalation"] is None
+        assert op["error"]["provider_error"] == error
+        assert op["remote_state"] == "failed"
+        entries = stack.history(op["id"])
+        assert not [e for e in entries if e["kind"] == "escalation"]
+        check_budget(stack, op)
+        listed = stack.client.get(
+            "/v1/operations", params={"state": "escalated"}, headers=stack.headers(operator=True)
+        ).json()["operations"]
+        assert op["id"] not in {o["id"] for o in listed}
+
+
+def test_status_requests_never_exceed_budget_with_webhook_hints(
+    tmp_path: Path, db_url: str
+) -> None:
+    """Hints bring reads forward; they never add reads beyond the budget."""
+    request = {"scenario": "never_finishes", "webhooks": "duplicate", "duplicates": 5}
+    with stack_with(tmp_path, db_url) as stack:
+        ids = [stack.create(request, max_status_requests=3).json()["id"] for _ in range(3)]
+        for op_id in ids:
+            op = settle(stack, op_id, {"escalated"})
+            assert op["escalation"]["reason"] == "request_budget_exhausted"
+            status = check_budget(stack, op)
+            assert len(status) == 3
+        time.sleep(QUIET_WINDOW)
+        for op_id in ids:
+            op = stack.get(op_id, operator=True)
+            assert len(job_requests(stack, op["remote_job_id"])["status"]) == 3
+
+
+def test_retry_after_is_honoured_when_a_webhook_arrives_meanwhile(
+    tmp_path: Path, db_url: str
+) -> None:
+    """A webhook hint brings a read forward, but never before the provider's Retry-After."""
+    # The job finishes (and its webhook arrives) inside the Retry-After window of a 503.
+    request = {
+        "scenario": "success",
+        "duration": 0.8,
+        "webhook_on_running": False,
+        "status_fault": 503,
+        "status_fault_after": 1,
+        "status_fault_count": 1,
+        "retry_after": 2,
+    }
+    with stack_with(tmp_path, db_url) as stack:
+        op = stack.wait(stack.create(request).json()["id"], timeout=15)
+        assert op["state"] == "succeeded", op
+        hints = [e for e in stack.history(op["id"]) if e["kind"] == "hint"]
+        reads = job_requests(stack, op["remote_job_id"])["status"]
+        index = next(i for i, r in enumerate(reads) if r["status"] == 503)
+        assert hints and epoch(hints[0]["at"]) < reads[index]["at"] + 2
+        assert reads[index + 1]["at"] >= reads[index]["at"] + 2 - SKEW
