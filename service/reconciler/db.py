@@ -10,6 +10,7 @@ deferred transactions so they never queue behind writers.
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -102,6 +103,11 @@ class Database:
             self.engine = _postgres_engine(url)
             self.read_engine = self.engine
         self._limiter = anyio.CapacityLimiter(16)
+        # SQLite has one writer at a time. This process's writers queue on a lock, woken
+        # as soon as it is free, instead of polling SQLite's busy handler: its sleeps (up
+        # to 100 ms) and lack of order let some writers starve for seconds under load.
+        # Other processes (the CLI, a second service) still meet the busy timeout.
+        self._write_lock = threading.Lock() if self.sqlite else None
 
     @property
     def dialect(self) -> str:
@@ -109,8 +115,18 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
-        with translate_errors(), self.engine.begin() as conn:
-            yield conn
+        lock = self._write_lock
+        if lock is None:
+            with translate_errors(), self.engine.begin() as conn:
+                yield conn
+            return
+        if not lock.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
+            raise StorageUnavailable("the database is busy; retry later")
+        try:
+            with translate_errors(), self.engine.begin() as conn:
+                yield conn
+        finally:
+            lock.release()
 
     @contextmanager
     def read(self) -> Iterator[Connection]:

@@ -13,8 +13,10 @@ Keys beyond the SPEC example (each has a default or is optional):
   into paths, for resource names such as ``operations/123`` (``.``/``..`` segments
   are still refused by the adapter).
 * ``[http]``: ``max_connections`` (20), ``max_keepalive_connections`` (10),
-  ``keepalive_expiry_seconds`` (30), ``max_response_bytes`` (1 MiB, cap on every
-  non-result body), ``request_id_header`` (checked before the common ones).
+  ``keepalive_expiry_seconds`` (4: below the 5 s idle timeout common to servers, so a
+  pooled connection is not reused just as the server closes it), ``max_response_bytes``
+  (1 MiB, cap on every non-result body), ``request_id_header`` (checked before the
+  common ones).
 * ``[create]``: ``state`` (pointer to the state word in the create response).
   ``idempotency_header`` has no default: a provider without one cannot take a
   safe create retry, and that should be visible in its file.
@@ -118,7 +120,7 @@ class AuthSpec:
 class HttpSpec:
     max_connections: int = 20
     max_keepalive_connections: int = 10
-    keepalive_expiry_seconds: float = 30.0
+    keepalive_expiry_seconds: float = 4.0
     max_response_bytes: int = 1_048_576
     request_id_header: str | None = None
 
