@@ -41,7 +41,7 @@ def parse_retry_after(value: str | None, now: datetime) -> timedelta | None:
     text = value.strip()
     if not text:
         return None
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # str.isdigit() also accepts '²' and '٣'
         return timedelta(seconds=int(text)) if len(text) <= 10 else None
     try:
         when = parsedate_to_datetime(text)

@@ -22,10 +22,11 @@ async def read_limited(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
-            if int(declared) > limit:
-                raise PayloadTooLarge(f"body is larger than the limit of {limit} bytes")
+            size = int(declared)
         except ValueError:
             raise InvalidRequest("Content-Length is not a number") from None
+        if size > limit:
+            raise PayloadTooLarge(f"body is larger than the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -70,6 +71,10 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+# One decoder for every call: json.loads with hooks builds a new decoder each time.
+_DECODER = json.JSONDecoder(parse_int=_parse_int, parse_constant=_reject_constant)
+
+
 def parse_json(body: bytes, what: str = "body") -> Any:
     """Decode UTF-8 JSON with bounded depth and integer size; errors say what is wrong."""
     try:
@@ -81,6 +86,6 @@ def parse_json(body: bytes, what: str = "body") -> Any:
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH and not _depth_ok(text):
         raise InvalidRequest(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return json.loads(text, parse_int=_parse_int, parse_constant=_reject_constant)
+        return _DECODER.decode(text)
     except (ValueError, RecursionError) as exc:
         raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None

@@ -25,13 +25,14 @@ from reconciler.errors import Conflict, StorageUnavailable
 T = TypeVar("T")
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+CHECKPOINT_SECONDS = 1.0
 
 
 def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
-def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
+def _sqlite_engine(url: str, *, immediate: bool, background_checkpoint: bool = False) -> Engine:
     engine = sa.create_engine(
         url,
         connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
@@ -48,6 +49,9 @@ def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
         cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA synchronous=NORMAL")
+        # Checkpoints run on a background thread (Database.checkpointer), not inside
+        # whichever commit happens to cross the threshold, which may be on the event loop.
+        cur.execute(f"PRAGMA wal_autocheckpoint={0 if background_checkpoint else 1000}")
         cur.close()
 
     @event.listens_for(engine, "begin")
@@ -93,12 +97,20 @@ def constraint_name(exc: BaseException) -> str | None:
 class Database:
     """The engines and the transaction helpers. Thread-safe; one per process."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, background_checkpoint: bool = False) -> None:
         self.url = url
         self.sqlite = is_sqlite(url)
+        self._checkpointer: threading.Thread | None = None
+        self._stop = threading.Event()
         if self.sqlite:
-            self.engine = _sqlite_engine(url, immediate=True)
-            self.read_engine = _sqlite_engine(url, immediate=False)
+            bg = background_checkpoint
+            self.engine = _sqlite_engine(url, immediate=True, background_checkpoint=bg)
+            self.read_engine = _sqlite_engine(url, immediate=False, background_checkpoint=bg)
+            if bg:
+                self._checkpointer = threading.Thread(
+                    target=self._checkpoint_loop, name="sqlite-checkpoint", daemon=True
+                )
+                self._checkpointer.start()
         else:
             self.engine = _postgres_engine(url)
             self.read_engine = self.engine
@@ -137,7 +149,19 @@ class Database:
         """Run a blocking database function off the event loop."""
         return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
+    def _checkpoint_loop(self) -> None:
+        """Copy the WAL back into the database once a second, without blocking writers."""
+        while not self._stop.wait(CHECKPOINT_SECONDS):
+            try:
+                with self.read_engine.connect() as conn:
+                    conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+            except sa.exc.SQLAlchemyError:
+                continue  # busy or closing: the next round will do it
+
     def dispose(self) -> None:
+        self._stop.set()
+        if self._checkpointer is not None:
+            self._checkpointer.join(timeout=5)
         self.engine.dispose()
         if self.read_engine is not self.engine:
             self.read_engine.dispose()

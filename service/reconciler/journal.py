@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.chain import entry_hash
 from reconciler.errors import NotFound, StaleWrite
+from reconciler.fastsql import insert_many, raw_for, update_many
 from reconciler.models import HistoryEntry, Operation, operation_record
 from reconciler.notify import CHANGE_CHANNEL, notify_in_transaction
 from reconciler.states import END_STATES, State, check_transition
@@ -34,6 +35,20 @@ log = logging.getLogger("reconciler.journal")
 
 OPS = Operation.__table__  # type: ignore[attr-defined]
 HISTORY = HistoryEntry.__table__  # type: ignore[attr-defined]
+HISTORY_COLUMNS = (
+    "operation_id",
+    "seq",
+    "at",
+    "kind",
+    "actor",
+    "from_state",
+    "to_state",
+    "cause",
+    "delay_source",
+    "detail",
+    "prev_hash",
+    "hash",
+)
 
 
 @dataclass(frozen=True)
@@ -57,7 +72,6 @@ class Lease:
 class Journal:
     key: bytes | None = None
     _columns: frozenset[str] = field(default_factory=lambda: frozenset(c.name for c in OPS.c))
-    _prepared: dict[tuple[str, ...], sa.Update] = field(default_factory=dict)
 
     def load(self, conn: Connection, operation_id: str) -> Operation:
         row = conn.execute(sa.select(OPS).where(OPS.c.id == operation_id)).mappings().first()
@@ -168,53 +182,44 @@ class Journal:
     ) -> None:
         """``write`` for many operations at once, all changing the same columns.
 
-        One prepared UPDATE run for every row and one INSERT for all their history,
-        instead of two statements per operation. For callers that hold the rows locked
-        (the webhook batch): the version guard stays in the statement all the same.
+        One UPDATE run for every row and one INSERT for all their history, as plain
+        driver statements (see ``fastsql``): this is the webhook batch's hot path. For
+        callers that hold the rows locked; the version guard stays in the statement.
         """
         if not items:
             return
+        raw = raw_for(conn.dialect.name)
         keys = tuple(sorted(items[0][1]))
-        params: list[dict[str, Any]] = []
-        history: list[dict[str, Any]] = []
+        set_columns = (*keys, "version", "history_head", "history_seq", "updated_at")
+        key_codes = raw.encoders(OPS, keys)
+        history_codes = raw.encoders(HISTORY, HISTORY_COLUMNS)
+        stamp = raw.time(now)
+        updates: list[tuple[Any, ...]] = []
+        history: list[tuple[Any, ...]] = []
         for op, changes, entries in items:
             if tuple(sorted(changes)) != keys:
                 raise ValueError("write_many needs the same changed columns for every row")
             rows, head, seq = self._chain(op.id, op.history_head, op.history_seq, entries, now)
-            history.extend(rows)
-            params.append(
-                {
-                    **{f"new_{k}": v for k, v in changes.items()},
-                    "new_version": op.version + 1,
-                    "new_history_head": head,
-                    "new_history_seq": seq,
-                    "new_updated_at": now,
-                    "match_id": op.id,
-                    "match_version": op.version,
-                    "match_state": op.state,
-                }
+            history.extend(
+                tuple(code(row[c]) for code, c in zip(history_codes, HISTORY_COLUMNS, strict=True))
+                for row in rows
             )
-        result = conn.execute(self._update_many(keys), params)
-        if conn.dialect.supports_sane_multi_rowcount and result.rowcount != len(items):
-            raise StaleWrite("an operation changed while its webhook batch was written")
-        if history:
-            conn.execute(sa.insert(HISTORY), history)
-
-    def _update_many(self, keys: tuple[str, ...]) -> sa.Update:
-        statement = self._prepared.get(keys)
-        if statement is None:
-            columns = (*keys, "version", "history_head", "history_seq", "updated_at")
-            statement = (
-                sa.update(OPS)
-                .where(
-                    OPS.c.id == sa.bindparam("match_id"),
-                    OPS.c.version == sa.bindparam("match_version"),
-                    OPS.c.state == sa.bindparam("match_state"),
+            updates.append(
+                (
+                    *(code(changes[k]) for code, k in zip(key_codes, keys, strict=True)),
+                    op.version + 1,
+                    head,
+                    seq,
+                    stamp,
+                    op.id,
+                    op.version,
+                    op.state,
                 )
-                .values({c: sa.bindparam(f"new_{c}", type_=OPS.c[c].type) for c in columns})
             )
-            self._prepared[keys] = statement
-        return statement
+        changed = update_many(conn, OPS, set_columns, ("id", "version", "state"), updates)
+        if changed is not None and changed != len(items):
+            raise StaleWrite("an operation changed while its webhook batch was written")
+        insert_many(conn, HISTORY, HISTORY_COLUMNS, history)
 
     def transition(
         self,

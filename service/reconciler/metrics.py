@@ -7,6 +7,7 @@ codes, enum values. Never a token, URL, body or job id.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -87,12 +88,22 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self._webhook_children: dict[tuple[str, str], Any] = {}
         self.hook_runs = Counter(
             "reconciler_hook_runs",
             "Completion hook runs by result.",
             ["result"],
             registry=r,
         )
+
+    def webhook(self, provider: str, result: str) -> None:
+        """Count one webhook delivery (children cached: this runs on every delivery)."""
+        child = self._webhook_children.get((provider, result))
+        if child is None:
+            child = self._webhook_children[(provider, result)] = self.webhooks.labels(
+                provider, result
+            )
+        child.inc()
 
     def watch_states(self, counts: Callable[[], dict[str, int]]) -> None:
         self.registry.register(_StateCounts(counts))

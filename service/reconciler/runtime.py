@@ -88,7 +88,7 @@ class Runtime:
         ssrf.validate_allow_hosts(settings.callbacks.allow_hosts)
         runtime = cls(
             settings=settings,
-            db=Database(settings.database_url),
+            db=Database(settings.database_url, background_checkpoint=True),
             journal=Journal(key=key.reveal().encode("utf-8") if key else None),
             providers=providers,
             environ=env,

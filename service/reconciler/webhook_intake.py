@@ -2,10 +2,11 @@
 
 Each request is answered only after *its* event is committed, but requests
 that arrive while a commit is running share the next one (group commit):
-one writer thread takes everything queued, writes it in one transaction and
+one writer takes everything queued, writes it in one transaction and
 resolves every waiting request at once. That keeps the per-request cost to
-an enqueue and one shared hop back to the event loop, instead of a thread
-hop and an fsync per request.
+an enqueue, instead of a thread hop and a commit per request. On PostgreSQL
+the writer is one thread (network waits release the GIL); on SQLite the
+batch is written on the event loop itself, between reads of new requests.
 
 In the transaction, for each event: insert it (unique on provider + event
 id); a new event for a known job marks the operation hinted (hinted time,
@@ -30,11 +31,11 @@ from enum import StrEnum
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from reconciler.db import Database
 from reconciler.errors import ReconcilerError, StorageUnavailable
+from reconciler.fastsql import insert_new, raw_for, select_where_in
 from reconciler.journal import OPS, Entry, Journal
 from reconciler.models import Operation, WebhookEvent
 from reconciler.notify import WAKE_CHANNEL, notify_in_transaction
@@ -45,14 +46,7 @@ log = logging.getLogger("reconciler.webhooks")
 
 EVENTS = WebhookEvent.__table__  # type: ignore[attr-defined]
 MAX_BATCH = 512
-ATTACH = (
-    sa.update(EVENTS)
-    .where(
-        EVENTS.c.provider == sa.bindparam("b_provider"),
-        EVENTS.c.event_id == sa.bindparam("b_event"),
-    )
-    .values(operation_id=sa.bindparam("b_op"))
-)
+INSERT_CHUNK = 256  # rows per multi-row INSERT: well inside SQLite's parameter limit
 # States whose next status read a hint brings forward.
 HINT_POLLS = frozenset({State.OBSERVING, State.CANCELLING})
 HINT_NOTES = frozenset({State.ACCEPTED, State.CANCEL_REQUESTED, State.RESULT_COLLECTING})
@@ -76,19 +70,33 @@ class IncomingEvent:
     received_at: datetime
 
 
-def _insert(conn: Connection, rows: list[dict[str, Any]]) -> set[tuple[str, str]]:
+EVENT_COLUMNS = (
+    "provider",
+    "event_id",
+    "received_at",
+    "remote_job_id",
+    "operation_id",
+    "body_sha256",
+    "body",
+    "duplicates",
+    "conflicts",
+)
+
+
+def _insert(conn: Connection, rows: list[tuple[Any, ...]]) -> set[tuple[str, str]]:
     """Insert what is new; the unique key decides, and only inserted rows come back."""
-    result = conn.execute(_INSERTS[conn.dialect.name], rows)
-    return {(r.provider, r.event_id) for r in result}
-
-
-# Built once: compiling a fresh multi-row INSERT per batch costs more than the insert.
-_INSERTS = {
-    name: dialect.insert(EVENTS)
-    .on_conflict_do_nothing(index_elements=["provider", "event_id"])
-    .returning(EVENTS.c.provider, EVENTS.c.event_id)
-    for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))
-}
+    inserted: set[tuple[str, str]] = set()
+    for start in range(0, len(rows), INSERT_CHUNK):
+        found = insert_new(
+            conn,
+            EVENTS,
+            EVENT_COLUMNS,
+            rows[start : start + INSERT_CHUNK],
+            unique=("provider", "event_id"),
+            returning=("provider", "event_id"),
+        )
+        inserted.update((str(p), str(e)) for p, e in found)
+    return inserted
 
 
 def _record_repeats(conn: Connection, repeats: list[IncomingEvent]) -> dict[int, Outcome]:
@@ -130,13 +138,12 @@ def lock_jobs(conn: Connection, jobs: Iterable[tuple[str, str]]) -> None:
 
 
 def _operations_for(conn: Connection, provider: str, job_ids: set[str]) -> list[Operation]:
-    query = sa.select(*HEAD_COLUMNS).where(
-        OPS.c.provider == provider, OPS.c.remote_job_id.in_(job_ids)
+    # PostgreSQL: lock the rows so the version we read is the one we update.
+    lock = conn.dialect.name == "postgresql"
+    rows = select_where_in(
+        conn, OPS, HEAD_NAMES, ("provider", provider), "remote_job_id", sorted(job_ids), lock=lock
     )
-    if conn.dialect.name == "postgresql":
-        # Lock the rows so the version we read is the one we update (no StaleWrite mid-batch).
-        query = query.with_for_update()
-    return [cast(Operation, _Head(**r)) for r in conn.execute(query).mappings()]
+    return [cast(Operation, _Head(*row)) for row in rows]
 
 
 @dataclass(slots=True)
@@ -154,7 +161,7 @@ class _Head:
     retry_not_before: datetime | None
 
 
-HEAD_COLUMNS = [OPS.c[f.name] for f in dataclasses.fields(_Head)]
+HEAD_NAMES = tuple(f.name for f in dataclasses.fields(_Head))
 
 
 def _hinted_read(op: Operation, now: datetime) -> tuple[datetime, DelaySource]:
@@ -195,90 +202,60 @@ def _hint(
     return Outcome.HINTED, changes, entries
 
 
-def _store_new(
-    conn: Connection, events: Sequence[IncomingEvent], outcomes: list[Outcome | None]
-) -> None:
-    """Insert first sightings; mark repeats (inside the batch or already stored)."""
+def _first_sightings(events: Sequence[IncomingEvent]) -> list[int]:
+    """Indexes of each event id's first occurrence in the batch."""
     first: dict[tuple[str, str], int] = {}
     for index, event in enumerate(events):
         first.setdefault((event.provider, event.event_id), index)
-    rows = [
-        {
-            "provider": e.provider,
-            "event_id": e.event_id,
-            "received_at": e.received_at,
-            "remote_job_id": e.remote_job_id,
-            "operation_id": None,
-            "body_sha256": e.body_sha256,
-            "body": e.body,
-            "duplicates": 0,
-            "conflicts": 0,
-        }
-        for i, e in enumerate(events)
-        if first[(e.provider, e.event_id)] == i
-    ]
-    inserted = _insert(conn, rows) if rows else set()
-    repeats = [
-        i
-        for i, e in enumerate(events)
-        if first[(e.provider, e.event_id)] != i or (e.provider, e.event_id) not in inserted
-    ]
-    for index, outcome in _record_repeats(conn, [events[i] for i in repeats]).items():
-        outcomes[repeats[index]] = outcome
+    return sorted(first.values())
 
 
-def _by_job(
-    events: Sequence[IncomingEvent], outcomes: list[Outcome | None]
-) -> dict[tuple[str, str], list[int]]:
-    """New events grouped by (provider, job id); new events without a job id are orphans."""
-    by_job: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for i, event in enumerate(events):
-        if outcomes[i] is not None:
-            continue
-        if event.remote_job_id is None:
-            outcomes[i] = Outcome.ORPHAN
-        else:
-            by_job[(event.provider, event.remote_job_id)].append(i)
-    return by_job
-
-
-def _apply_hints(
-    conn: Connection,
-    journal: Journal,
-    events: Sequence[IncomingEvent],
-    outcomes: list[Outcome | None],
-    now: datetime,
-) -> bool:
-    """Hint the operations that new events name; the rest are orphans. True if any hint."""
-    by_job = _by_job(events, outcomes)
-    lock_jobs(conn, by_job)
+def _known_operations(
+    conn: Connection, events: Sequence[IncomingEvent], indexes: Sequence[int]
+) -> dict[tuple[str, str], Operation]:
+    """The operations the events' job ids name, locked for this transaction."""
     by_provider: dict[str, set[str]] = defaultdict(set)
-    for provider, job in by_job:
-        by_provider[provider].add(job)
-    polls: list[tuple[Operation, Mapping[str, Any], Sequence[Entry]]] = []
-    notes: list[tuple[Operation, Mapping[str, Any], Sequence[Entry]]] = []
-    attach: list[dict[str, Any]] = []
+    for i in indexes:
+        job = events[i].remote_job_id
+        if job is not None:
+            by_provider[events[i].provider].add(job)
+    lock_jobs(conn, [(p, j) for p, jobs in by_provider.items() for j in jobs])
+    found: dict[tuple[str, str], Operation] = {}
     for provider, jobs in by_provider.items():
         for op in _operations_for(conn, provider, jobs):
-            indexes = by_job.pop((provider, op.remote_job_id or ""), [])
-            outcome, changes, entries = _hint(op, [events[i] for i in indexes], now)
-            if changes is not None and changes["next_poll_at"] is not None:
-                polls.append((op, changes, entries))
-            elif changes is not None:
-                notes.append((op, {"hinted_at": changes["hinted_at"]}, entries))
-            for i in indexes:
-                outcomes[i] = outcome
-                attach.append(
-                    {"b_provider": provider, "b_event": events[i].event_id, "b_op": op.id}
-                )
-    journal.write_many(conn, polls, now=now)
-    journal.write_many(conn, notes, now=now)
-    if attach:
-        conn.execute(ATTACH, attach)
-    for indexes in by_job.values():
-        for i in indexes:
+            found[(provider, op.remote_job_id or "")] = op
+    return found
+
+
+def _hint_writes(
+    events: Sequence[IncomingEvent],
+    new: Sequence[int],
+    ops: Mapping[tuple[str, str], Operation],
+    outcomes: list[Outcome | None],
+    now: datetime,
+) -> tuple[list[tuple[Operation, Mapping[str, Any], Sequence[Entry]]], ...]:
+    """The hint writes for the new events, grouped by operation; sets each new outcome."""
+    by_op: dict[str, list[int]] = defaultdict(list)
+    for i in new:
+        job = events[i].remote_job_id
+        op = ops.get((events[i].provider, job)) if job is not None else None
+        if op is None:
             outcomes[i] = Outcome.ORPHAN
-    return bool(polls or notes)
+        else:
+            by_op[op.id].append(i)
+    polls: list[tuple[Operation, Mapping[str, Any], Sequence[Entry]]] = []
+    notes: list[tuple[Operation, Mapping[str, Any], Sequence[Entry]]] = []
+    by_id = {op.id: op for op in ops.values()}
+    for op_id, indexes in by_op.items():
+        op = by_id[op_id]
+        outcome, changes, entries = _hint(op, [events[i] for i in indexes], now)
+        if changes is not None and changes["next_poll_at"] is not None:
+            polls.append((op, changes, entries))
+        elif changes is not None:
+            notes.append((op, {"hinted_at": changes["hinted_at"]}, entries))
+        for i in indexes:
+            outcomes[i] = outcome
+    return polls, notes
 
 
 def write_batch(
@@ -286,8 +263,35 @@ def write_batch(
 ) -> list[Outcome]:
     """Store a batch of verified events and their effects; one outcome per event, in order."""
     outcomes: list[Outcome | None] = [None] * len(events)
-    _store_new(conn, events, outcomes)
-    if _apply_hints(conn, journal, events, outcomes, now):
+    firsts = _first_sightings(events)
+    ops = _known_operations(conn, events, firsts)
+    raw = raw_for(conn.dialect.name)
+    rows = []
+    for i in firsts:
+        e = events[i]
+        op = ops.get((e.provider, e.remote_job_id)) if e.remote_job_id is not None else None
+        rows.append(
+            (
+                e.provider,
+                e.event_id,
+                raw.time(e.received_at),
+                e.remote_job_id,
+                op.id if op is not None else None,
+                e.body_sha256,
+                e.body,
+                0,
+                0,
+            )
+        )
+    inserted = _insert(conn, rows)
+    new = [i for i in firsts if (events[i].provider, events[i].event_id) in inserted]
+    repeats = [i for i in range(len(events)) if i not in set(new)]
+    for index, outcome in _record_repeats(conn, [events[i] for i in repeats]).items():
+        outcomes[repeats[index]] = outcome
+    polls, notes = _hint_writes(events, new, ops, outcomes, now)
+    journal.write_many(conn, polls, now=now)
+    journal.write_many(conn, notes, now=now)
+    if polls or notes:
         notify_in_transaction(conn, WAKE_CHANNEL)
     return [o if o is not None else Outcome.DUPLICATE for o in outcomes]
 
@@ -333,7 +337,13 @@ class GroupCommitter:
             while self._queue:
                 batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
                 try:
-                    outcomes = await loop.run_in_executor(self._executor, self._write, batch)
+                    if self.db.sqlite:
+                        # SQLite is a local file: a batch is a few milliseconds of work that
+                        # mostly holds the GIL anyway, and handing it to a thread costs more
+                        # than it saves (the two threads then take turns on the GIL).
+                        outcomes = self._write(batch)
+                    else:
+                        outcomes = await loop.run_in_executor(self._executor, self._write, batch)
                 except Exception as exc:
                     self._fail(batch, exc)
                     continue
@@ -348,6 +358,8 @@ class GroupCommitter:
                         pending.future.set_result(outcome)
                 if hinted:
                     self.on_hint()
+                # Let the requests that arrived during the write in, so they share the next.
+                await asyncio.sleep(0)
         finally:
             self._flushing = False
 

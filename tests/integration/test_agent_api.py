@@ -623,3 +623,11 @@ def test_listing_filters_pages_and_scopes(two_provider_stack: Stack) -> None:
     operator = stack.headers(operator=True)
     assert sorted(_ids(stack, operator)) == sorted([*mine, theirs])
     assert theirs in _ids(stack, operator, provider="sim")
+
+
+def test_a_non_ascii_digit_limit_is_a_400_not_a_500(tmp_path: Path, db_url: str) -> None:
+    # str.isdigit() accepts '²'; int() does not.
+    with running_stack(tmp_path, db_url) as stack:
+        answer = stack.client.get("/v1/operations", params={"limit": "²"}, headers=stack.headers())
+    assert answer.status_code == 400
+    assert "limit" in answer.json()["error"]["message"]

@@ -729,3 +729,10 @@ def test_an_ambiguous_create_after_the_deadline_stops() -> None:
 def test_a_create_observation_needs_a_status_or_a_transport_error() -> None:
     with pytest.raises(InvalidObservation):
         create(CreateObservation(at=NOW))
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "\u0663", "\uff11\uff12", "1\u00b2"])
+def test_retry_after_with_non_ascii_digits_is_invalid_not_a_crash(value: str) -> None:
+    # str.isdigit() is true for these, but a header means ASCII digits only (and int()
+    # raises on a superscript): found by the whole-run property.
+    assert parse_retry_after(value, datetime(2025, 4, 18, tzinfo=UTC)) is None

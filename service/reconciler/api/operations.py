@@ -156,7 +156,7 @@ async def list_all(request: Request) -> Response:
                 f"'state' must be one of: {', '.join(s.value for s in State)}"
             ) from None
     raw_limit = params.get("limit", str(DEFAULT_LIMIT))
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= MAX_LIMIT:
         raise InvalidRequest(f"'limit' must be a whole number from 1 to {MAX_LIMIT}")
 
     def load() -> dict[str, Any]:

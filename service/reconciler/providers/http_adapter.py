@@ -182,7 +182,9 @@ def _is_json(content_type: str | None) -> bool:
 
 
 def _int_header(value: str | None) -> int | None:
-    if value is None or not value.strip().isdigit() or len(value.strip()) > 18:
+    if value is None or not (value.strip().isascii() and value.strip().isdigit()):
+        return None
+    if len(value.strip()) > 18:
         return None
     return int(value.strip())
 

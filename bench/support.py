@@ -1,0 +1,128 @@
+"""Shared pieces of the benchmarks: free ports, readiness waits, wrk runs, percentiles."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def wait_ready(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not become ready within {timeout} s")
+
+
+def start(args: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+@dataclass(frozen=True)
+class WrkResult:
+    requests_per_second: float
+    p50_ms: float
+    p99_ms: float
+    requests: int
+    non_2xx: int
+    errors: int
+    answers: str = ""
+
+
+_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+
+
+def _ms(text: str) -> float:
+    match = re.fullmatch(r"([\d.]+)(us|ms|s)", text.strip())
+    if match is None:
+        raise ValueError(f"cannot read wrk latency {text!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def have_wrk() -> bool:
+    return shutil.which("wrk") is not None
+
+
+def run_wrk(
+    url: str, script: Path, *, seconds: int, connections: int, threads: int = 1
+) -> WrkResult:
+    out = subprocess.run(
+        [
+            "wrk",
+            f"-t{threads}",
+            f"-c{connections}",
+            f"-d{seconds}s",
+            "--latency",
+            "-s",
+            str(script),
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+        check=True,
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    p50 = _ms(re.search(r"(?m)^\s+50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"(?m)^\s+99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    err_count = sum(int(g) for g in errors.groups()) if errors else 0
+    answers = re.search(r"answers .*", out)
+    return WrkResult(
+        rps,
+        p50,
+        p99,
+        total,
+        int(non2xx.group(1)) if non2xx else 0,
+        err_count,
+        answers.group(0) if answers else "",
+    )

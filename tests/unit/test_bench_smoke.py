@@ -1,0 +1,173 @@
+"""The benchmarks' pure parts and set-up, run small so the scripts cannot rot unnoticed.
+
+No timing is asserted here: the figures are the benchmarks' business (bench/poller.py,
+bench/lag.py); these tests check that what they measure is what they claim to measure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from bench import lag, naive, poller
+
+from reconciler import audit, store
+from reconciler.db import Database
+from reconciler.journal import HISTORY, OPS
+from reconciler.vocabulary import EscalationReason
+
+
+def test_naive_reads_match_a_poller_stepping_on_a_clock() -> None:
+    for duration in (0.5, 2.0, 3.9, 10.0, 599.99, 600.0):
+        reads, t = 0, 0.0
+        while True:
+            t += 2.0
+            reads += 1
+            if t >= duration:
+                break
+        assert naive.naive_reads(duration, 2.0) == reads
+        assert naive.naive_detection_delay(duration, 2.0) == pytest.approx(t - duration)
+
+
+def test_durations_are_seeded_and_log_uniform_within_bounds() -> None:
+    first = naive.log_uniform_durations(500, 10.0, 600.0, random.Random(3))
+    again = naive.log_uniform_durations(500, 10.0, 600.0, random.Random(3))
+    assert first == again
+    assert all(10.0 <= d <= 600.0 for d in first)
+    # Log-uniform: about half the jobs are shorter than the geometric mean (~77 s).
+    short = sum(1 for d in first if d < (10.0 * 600.0) ** 0.5)
+    assert 200 < short < 300
+
+
+def test_a_webhook_brings_the_confirming_read_forward_without_an_extra_read() -> None:
+    durations = naive.log_uniform_durations(200, 10.0, 600.0, random.Random(1))
+    policy = poller.poll_policy(5.0, 120.0, 0.5)
+    limits = poller.Limits(2400.0, 1000)
+    arriving = poller.run_mode(durations, poller.Mode.WEBHOOKS, policy, limits, 9)
+    lost = poller.run_mode(durations, poller.Mode.LOST, policy, limits, 9)
+    assert arriving.completed == lost.completed == len(durations)
+    assert arriving.reads == lost.reads
+    assert all(delay == 0.0 for delay in arriving.delays)
+    assert all(0.0 <= delay <= 120.0 for delay in lost.delays)
+    assert max(lost.delays) > 10.0  # without webhooks the end is seen a backoff step late
+    naive_result = poller.naive_mode(durations, 2.0)
+    assert naive_result.mean_reads > lost.mean_reads
+
+
+def test_the_simulation_obeys_the_decision_core_budget_and_deadline() -> None:
+    policy = poller.poll_policy(5.0, 120.0, 0.5)
+    cut = poller.simulate_job(
+        600.0, poller.Mode.LOST, policy, poller.Limits(2400.0, 3), random.Random(2)
+    )
+    assert not cut.completed
+    assert cut.reads == 3
+    assert cut.outcome == EscalationReason.REQUEST_BUDGET_EXHAUSTED.value
+    late = poller.simulate_job(
+        600.0, poller.Mode.LOST, policy, poller.Limits(300.0, 1000), random.Random(2)
+    )
+    assert not late.completed
+    assert late.outcome == EscalationReason.DEADLINE_EXCEEDED.value
+
+
+def test_seeded_rows_are_valid_and_a_tick_reads_each_due_operation_once(
+    db_url: str, tmp_path: Path
+) -> None:
+    seeded_at = datetime.now(UTC)
+    due_ids = poller.seed(db_url, 40, 5, seeded_at)
+    assert len(due_ids) == 5
+    db = Database(db_url)
+    try:
+        assert audit.verify(db, None).ok
+        with db.write() as conn:
+            claims = store.claim_due(conn, "smoke", seeded_at, 30.0, 100)
+            store.release(conn, [c.operation_id for c in claims], "smoke")
+        assert sorted(c.operation_id for c in claims) == sorted(due_ids)
+        seconds, claimed = poller.time_claim(db, "smoke", seeded_at, 100)
+        assert claimed == 5 and seconds >= 0.0
+
+        async def one_tick() -> tuple[int, int]:
+            rig = poller.TickRig.build(db_url, due_ids, seeded_at, tmp_path)
+            try:
+                _, _, claimed = await rig.tick()
+            finally:
+                await rig.close()
+            return claimed, rig.provider.reads
+
+        assert asyncio.run(one_tick()) == (5, 5)
+        with db.read() as conn:
+            used: dict[str, int] = dict(
+                conn.execute(sa.select(OPS.c.id, OPS.c.status_requests_used)).all()
+            )
+            reads = conn.execute(
+                sa.select(HISTORY.c.operation_id).where(HISTORY.c.cause == "status_read")
+            ).all()
+        assert {op for op, n in used.items() if n} == set(due_ids)
+        assert sorted(r.operation_id for r in reads) == sorted(due_ids)
+        assert audit.verify(db, None).ok
+    finally:
+        db.dispose()
+
+
+def _entry(kind: str, cause: str, at: datetime, to_state: str | None = None) -> dict[str, object]:
+    return {"kind": kind, "cause": cause, "to_state": to_state, "at": at}
+
+
+def test_lag_points_come_from_the_hint_the_confirming_read_and_the_first_step() -> None:
+    t = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)
+
+    def ms(n: int) -> datetime:
+        return t + timedelta(milliseconds=n)
+
+    entries = [
+        _entry("transition", "observing", ms(0), "observing"),
+        _entry("observation", "status_read", ms(100)),
+        _entry("hint", "webhook:evt_1", ms(1000)),
+        _entry("observation", "status_read", ms(1010)),
+        _entry("transition", "status_confirmed_done", ms(1010), "result_collecting"),
+        _entry("transition", "result_collected", ms(1020), "succeeded"),
+    ]
+    found = lag.lag_of("op_1", entries, ms(1030))
+    assert found.via == "webhook"
+    assert found.seconds("hint_at", "step_at") == pytest.approx(0.030)
+    assert found.seconds("hint_at", "read_at") == pytest.approx(0.010)
+    assert found.seconds("end_at", "step_at") == pytest.approx(0.010)
+    # A hint answered by an earlier read does not explain the completion: a poll did.
+    polled = [*entries[:3], _entry("observation", "status_read", ms(1005)), *entries[3:]]
+    assert lag.lag_of("op_1", polled, ms(1030)).via == "poll"
+    assert lag.lag_of("op_1", entries[:4], None).via == "incomplete"
+
+
+def test_trace_stages_follow_one_operation_through_the_marks() -> None:
+    t = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)
+    base = t.timestamp()
+    found = lag.Lag("op_1", "webhook", hint_at=t, step_at=t + timedelta(seconds=1), job_id="j1")
+    names = [end for _, _, end in lag.STAGES if end is not None]
+    marks = [
+        (base + 0.01 * (i + 1), name, "j1" if "_call" in name else "op_1")
+        for i, name in enumerate(names)
+    ]
+    marks[0] = (marks[0][0], "wake", "-")
+    marks.insert(0, (base - 1.0, "poll:start", "op_other"))
+    parts = lag.trace_stages(marks, [found])
+    assert all(len(values) == 1 for values in parts.values())
+    assert parts["hint -> wake (commit, answer)"][0] == pytest.approx(0.01)
+    assert parts["completion -> first step start"][0] == pytest.approx(1.0 - 0.01 * len(names))
+
+
+def test_metric_parsers_read_prometheus_text() -> None:
+    text = "\n".join(
+        [
+            'reconciler_status_requests_total{provider="sim",status="200"} 7.0',
+            'reconciler_status_requests_total{provider="sim",status="503"} 2.0',
+            'reconciler_hint_to_completion_seconds_bucket{le="0.05"} 3.0',
+            'reconciler_hint_to_completion_seconds_bucket{le="0.1"} 4.0',
+            "reconciler_hint_to_completion_seconds_count 4.0",
+        ]
+    )
+    assert poller.status_reads(text) == 9
+    share, count = lag.histogram_share(text, "reconciler_hint_to_completion_seconds", "0.05")
+    assert (share, count) == (0.75, 4)
