@@ -66,6 +66,15 @@ def webhook_id(op: Operation) -> str:
     return op.id if op.completion_round <= 1 else f"{op.id}_r{op.completion_round}"
 
 
+def _this_step(op: Operation, step: str) -> tuple[sa.ColumnElement[bool], ...]:
+    """The WHERE clause naming one step of this operation's current completion round."""
+    return (
+        STEPS.c.operation_id == op.id,
+        STEPS.c.round == op.completion_round,
+        STEPS.c.step == step,
+    )
+
+
 def _ensure(conn: Connection, op: Operation, step: str) -> StepRow:
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     conn.execute(
@@ -83,9 +92,7 @@ def _ensure(conn: Connection, op: Operation, step: str) -> StepRow:
     row = (
         conn.execute(
             sa.select(STEPS).where(
-                STEPS.c.operation_id == op.id,
-                STEPS.c.round == op.completion_round,
-                STEPS.c.step == step,
+                *_this_step(op, step),
             )
         )
         .mappings()
@@ -162,9 +169,7 @@ class Completion:
             conn.execute(
                 sa.update(STEPS)
                 .where(
-                    STEPS.c.operation_id == op.id,
-                    STEPS.c.round == op.completion_round,
-                    STEPS.c.step == row.step,
+                    *_this_step(op, row.step),
                 )
                 .values(status=StepStatus.RUNNING, attempts=row.attempts + 1, started_at=now)
             )
@@ -245,9 +250,7 @@ class Completion:
             conn.execute(
                 sa.update(STEPS)
                 .where(
-                    STEPS.c.operation_id == op.id,
-                    STEPS.c.round == op.completion_round,
-                    STEPS.c.step == row.step,
+                    *_this_step(op, row.step),
                     STEPS.c.status == StepStatus.RUNNING,
                 )
                 .values(status=StepStatus.DONE, finished_at=now, last_error=None)
@@ -290,9 +293,7 @@ class Completion:
             conn.execute(
                 sa.update(STEPS)
                 .where(
-                    STEPS.c.operation_id == op.id,
-                    STEPS.c.round == op.completion_round,
-                    STEPS.c.step == row.step,
+                    *_this_step(op, row.step),
                 )
                 .values(
                     status=StepStatus.GAVE_UP if give_up else StepStatus.PENDING,

@@ -11,14 +11,12 @@ same token, until the create deadline.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler import decisions
-from reconciler.escalate import escalate
 from reconciler.flow_context import FlowContext
 from reconciler.journal import Entry
 from reconciler.models import Operation
@@ -335,20 +333,4 @@ class CreateFlow:
     async def _escalate(
         self, op: Operation, reason: EscalationReason, detail: str, before: list[Entry]
     ) -> None:
-        ctx = self.ctx
-        now: datetime = ctx.now()
-        await ctx.apply(
-            op,
-            lambda conn, fresh: escalate(
-                conn,
-                ctx.runtime.journal,
-                fresh,
-                ctx.spec(op),
-                reason,
-                detail,
-                now=now,
-                actor=ctx.actor,
-                lease=ctx.lease,
-                before=before,
-            ),
-        )
+        await self.ctx.escalate(op, reason, detail, before=before)

@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection
 
 from reconciler.backoff import BackoffPolicy
 from reconciler.decisions import PollPolicy
 from reconciler.errors import StaleWrite
-from reconciler.journal import Lease
+from reconciler.journal import Entry, Lease
 from reconciler.metrics import status_label
 from reconciler.models import Operation
 from reconciler.providers.adapter import CallResult, ProviderAdapter
 from reconciler.providers.files import ProviderSpec
 from reconciler.runtime import Runtime
 from reconciler.states import END_STATES, State
+from reconciler.vocabulary import EscalationReason, TransportError
 
 T = TypeVar("T")
 APPLY_ATTEMPTS = 3
@@ -134,6 +135,38 @@ class FlowContext:
                 if attempt == APPLY_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")
+
+    async def escalate(
+        self,
+        op: Operation,
+        reason: EscalationReason,
+        detail: str,
+        *,
+        before: Sequence[Entry] = (),
+        changes: Mapping[str, Any] | None = None,
+        transport_error: TransportError | None = None,
+    ) -> Operation:
+        """Stop automatic work on ``op`` and ask a person (on the fresh row, under the lease)."""
+        from reconciler.escalate import escalate
+
+        now = self.now()
+        return await self.apply(
+            op,
+            lambda conn, fresh: escalate(
+                conn,
+                self.runtime.journal,
+                fresh,
+                self.runtime.providers.get(op.provider),
+                reason,
+                detail,
+                now=now,
+                actor=self.actor,
+                lease=self.lease,
+                before=before,
+                changes=changes,
+                transport_error=transport_error,
+            ),
+        )
 
     def _reason(self, op: Operation) -> str:
         from reconciler.escalate import open_escalation

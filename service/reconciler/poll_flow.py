@@ -18,7 +18,6 @@ from reconciler.backoff import parse_retry_after
 from reconciler.clock import isoformat
 from reconciler.create_flow import call_detail
 from reconciler.errors import StaleWrite
-from reconciler.escalate import escalate
 from reconciler.flow_context import FlowContext
 from reconciler.journal import Entry
 from reconciler.models import Operation
@@ -323,24 +322,9 @@ class PollFlow:
         transport_error: Any = None,
     ) -> None:
         ctx = self.ctx
-        now = ctx.now()
         if reason is EscalationReason.DEADLINE_EXCEEDED and State(op.state) is State.CANCELLING:
             # In a cancellation watch the window that ran out is the cancel window.
             reason = EscalationReason.CANCELLATION_UNCONFIRMED
-        await ctx.write(
-            op,
-            lambda conn: escalate(
-                conn,
-                ctx.runtime.journal,
-                op,
-                ctx.spec(op),
-                reason,
-                detail,
-                now=now,
-                actor=ctx.actor,
-                lease=ctx.lease,
-                before=before,
-                changes=changes,
-                transport_error=transport_error,
-            ),
+        await ctx.escalate(
+            op, reason, detail, before=before, changes=changes, transport_error=transport_error
         )
