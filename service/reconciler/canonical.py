@@ -6,12 +6,16 @@ import hashlib
 import json
 from typing import Any
 
+# One encoder for every call: json.dumps with options builds a new encoder each time, and
+# this runs for every history entry.
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
 
 def canonical_json(value: Any) -> str:
     """Sorted keys, no whitespace, UTF-8 kept as is: one text per JSON value."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    return _CANONICAL.encode(value)
 
 
 def request_fingerprint(provider: str, request: Any) -> str:

@@ -21,6 +21,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from reconciler.errors import Conflict, StorageUnavailable
+from reconciler.fastsql import run
 
 T = TypeVar("T")
 
@@ -56,7 +57,7 @@ def _sqlite_engine(url: str, *, immediate: bool, background_checkpoint: bool = F
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        run(conn, "BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
 

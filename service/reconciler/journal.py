@@ -192,7 +192,7 @@ class Journal:
         keys = tuple(sorted(items[0][1]))
         set_columns = (*keys, "version", "history_head", "history_seq", "updated_at")
         key_codes = raw.encoders(OPS, keys)
-        history_codes = raw.encoders(HISTORY, HISTORY_COLUMNS)
+        encode_history = raw.row_encoder(HISTORY, HISTORY_COLUMNS)
         stamp = raw.time(now)
         updates: list[tuple[Any, ...]] = []
         history: list[tuple[Any, ...]] = []
@@ -200,13 +200,10 @@ class Journal:
             if tuple(sorted(changes)) != keys:
                 raise ValueError("write_many needs the same changed columns for every row")
             rows, head, seq = self._chain(op.id, op.history_head, op.history_seq, entries, now)
-            history.extend(
-                tuple(code(row[c]) for code, c in zip(history_codes, HISTORY_COLUMNS, strict=True))
-                for row in rows
-            )
+            history.extend([encode_history(row) for row in rows])
             updates.append(
                 (
-                    *(code(changes[k]) for code, k in zip(key_codes, keys, strict=True)),
+                    *[code(changes[k]) for code, k in zip(key_codes, keys, strict=True)],
                     op.version + 1,
                     head,
                     seq,
