@@ -23,7 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from reconciler.chain import entry_hash
+from reconciler.chain import HASHED_FIELDS, entry_hash
 from reconciler.errors import NotFound, StaleWrite
 from reconciler.fastsql import insert_many, raw_for, update_many
 from reconciler.models import HistoryEntry, Operation, operation_record
@@ -35,20 +35,8 @@ log = logging.getLogger("reconciler.journal")
 
 OPS = Operation.__table__  # type: ignore[attr-defined]
 HISTORY = HistoryEntry.__table__  # type: ignore[attr-defined]
-HISTORY_COLUMNS = (
-    "operation_id",
-    "seq",
-    "at",
-    "kind",
-    "actor",
-    "from_state",
-    "to_state",
-    "cause",
-    "delay_source",
-    "detail",
-    "prev_hash",
-    "hash",
-)
+# Every hashed field is stored, then the two links of the chain.
+HISTORY_COLUMNS = (*HASHED_FIELDS, "prev_hash", "hash")
 
 
 @dataclass(frozen=True)
