@@ -24,7 +24,7 @@ from reconciler.intake import parse_decision
 from reconciler.journal import Journal
 from reconciler.notify import CHANGE_CHANNEL, WAKE_CHANNEL, notify_in_transaction
 from reconciler.states import State
-from reconciler.tokens import Principal, create_token
+from reconciler.tokens import Principal, create_token, list_tokens, revoke_token
 from reconciler.views import operation_view
 from reconciler.vocabulary import DecisionAction, Scope
 
@@ -66,13 +66,23 @@ def _db_upgrade(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _tokens_create(args: argparse.Namespace, settings: Settings) -> int:
+def _current_database(settings: Settings) -> Database:
+    """The database, refused with a clear line when its schema is behind this version."""
     db = Database(settings.database_url)
     try:
-        if not migrate.is_current(db):
-            raise ConfigError(
-                "the database schema is not current; run 'reconciler db upgrade' first"
-            )
+        current = migrate.is_current(db)
+    except BaseException:
+        db.dispose()
+        raise
+    if not current:
+        db.dispose()
+        raise ConfigError("the database schema is not current; run 'reconciler db upgrade' first")
+    return db
+
+
+def _tokens_create(args: argparse.Namespace, settings: Settings) -> int:
+    db = _current_database(settings)
+    try:
         with db.write() as conn:
             token = create_token(conn, args.name, args.scope, SystemClock().now())
     finally:
@@ -80,6 +90,33 @@ def _tokens_create(args: argparse.Namespace, settings: Settings) -> int:
     print(token)
     print(
         f"token {args.name!r} ({args.scope}) created; it is shown only this once", file=sys.stderr
+    )
+    return 0
+
+
+def _tokens_list(args: argparse.Namespace, settings: Settings) -> int:
+    db = _current_database(settings)
+    try:
+        with db.read() as conn:
+            tokens = list_tokens(conn)
+    finally:
+        db.dispose()
+    for info in tokens:
+        revoked = f"revoked {isoformat(info.revoked_at)}" if info.revoked_at else "active"
+        print(f"{info.name}\t{info.scope.value}\tcreated {isoformat(info.created_at)}\t{revoked}")
+    return 0
+
+
+def _tokens_revoke(args: argparse.Namespace, settings: Settings) -> int:
+    db = _current_database(settings)
+    try:
+        with db.write() as conn:
+            info = revoke_token(conn, args.name, SystemClock().now())
+    finally:
+        db.dispose()
+    print(
+        f"token {info.name!r} revoked at {isoformat(info.revoked_at)}; running services "
+        "refuse it within a few seconds"
     )
     return 0
 
@@ -111,7 +148,7 @@ CLI_OPERATOR = Principal(name="cli", scope=Scope.OPERATOR)
 
 
 def _ops(args: argparse.Namespace, settings: Settings) -> int:
-    db = Database(settings.database_url)
+    db = _current_database(settings)
     try:
         if args.ops_command == "list":
             state = State(args.state) if args.state else None
@@ -155,7 +192,7 @@ def _decide(args: argparse.Namespace, settings: Settings) -> int:
     )
     key = settings.audit_key()
     journal = Journal(key=key.reveal().encode("utf-8") if key else None)
-    db = Database(settings.database_url)
+    db = _current_database(settings)
     try:
         with db.write() as conn:
             op = store.get_operation(conn, args.operation)
@@ -213,6 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--name", required=True)
     create.add_argument("--scope", required=True, choices=["agent", "operator"])
     create.set_defaults(handler=_tokens_create)
+    tokens_sub.add_parser(
+        "list", parents=[common], help="names, scopes and whether revoked (never the tokens)"
+    ).set_defaults(handler=_tokens_list)
+    revoke = tokens_sub.add_parser("revoke", parents=[common], help="stop a token from working")
+    revoke.add_argument("--name", required=True)
+    revoke.set_defaults(handler=_tokens_revoke)
 
     ops = sub.add_parser("ops", parents=[common], help="inspect operations")
     ops_sub = ops.add_subparsers(dest="ops_command", required=True, metavar="ACTION")

@@ -17,7 +17,13 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from reconciler.errors import AuthenticationFailed, Conflict, InvalidRequest, PermissionDenied
+from reconciler.errors import (
+    AuthenticationFailed,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    PermissionDenied,
+)
 from reconciler.models import ApiToken
 from reconciler.vocabulary import Scope
 
@@ -61,6 +67,38 @@ def create_token(conn: Connection, name: str, scope: str, now: datetime) -> str:
         )
     )
     return token
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """What an operator may see of a token: never the token, never its digest."""
+
+    name: str
+    scope: Scope
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+def list_tokens(conn: Connection) -> list[TokenInfo]:
+    rows = conn.execute(
+        sa.select(TOKENS.c.name, TOKENS.c.scope, TOKENS.c.created_at, TOKENS.c.revoked_at).order_by(
+            TOKENS.c.name
+        )
+    ).all()
+    return [TokenInfo(r.name, Scope(r.scope), r.created_at, r.revoked_at) for r in rows]
+
+
+def revoke_token(conn: Connection, name: str, now: datetime) -> TokenInfo:
+    """Revoke by name; revoking a revoked token changes nothing (its first time stays)."""
+    conn.execute(
+        sa.update(TOKENS)
+        .where(TOKENS.c.name == name, TOKENS.c.revoked_at.is_(None))
+        .values(revoked_at=now)
+    )
+    for info in list_tokens(conn):
+        if info.name == name:
+            return info
+    raise NotFound(f"no token named {name!r}; 'reconciler tokens list' shows the names")
 
 
 def authenticate(conn: Connection, authorization: str | None) -> Principal:

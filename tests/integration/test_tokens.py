@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import UTC, datetime
 
 import pytest
 import sqlalchemy as sa
@@ -45,15 +46,19 @@ def test_cli_prints_the_token_once_and_stores_only_a_digest(db: Database, db_url
     assert principal.name == "ops-1" and principal.scope is Scope.OPERATOR
 
 
-def test_cli_rejects_a_bad_scope(db_url: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "reconciler", "tokens", "create", "--name", "x", "--scope", "root"],
+def cli(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "reconciler", *args],
         env={"RECONCILER_DATABASE_URL": db_url, "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def test_cli_rejects_a_bad_scope(db_url: str) -> None:
+    result = cli(db_url, "tokens", "create", "--name", "x", "--scope", "root")
     assert result.returncode == 2
     assert "invalid choice: 'root'" in result.stderr
 
@@ -73,3 +78,53 @@ def test_authentication_outcomes(db: Database, clock: ManualClock) -> None:
     assert principal.scope is Scope.AGENT
     with pytest.raises(PermissionDenied):
         require_operator(principal)
+
+
+def test_cli_lists_and_revokes_tokens_without_showing_them(db: Database, db_url: str) -> None:
+    with db.write() as conn:
+        agent = create_token(conn, "agent-1", "agent", datetime(2026, 1, 1, tzinfo=UTC))
+        operator = create_token(conn, "ops-1", "operator", datetime(2026, 1, 2, tzinfo=UTC))
+
+    listed = cli(db_url, "tokens", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines() == [
+        "agent-1\tagent\tcreated 2026-01-01T00:00:00Z\tactive",
+        "ops-1\toperator\tcreated 2026-01-02T00:00:00Z\tactive",
+    ]
+
+    revoked = cli(db_url, "tokens", "revoke", "--name", "agent-1")
+    assert revoked.returncode == 0, revoked.stderr
+    assert "'agent-1' revoked at" in revoked.stdout
+    with db.read() as conn, pytest.raises(AuthenticationFailed):
+        authenticate(conn, f"Bearer {agent}")
+    with db.read() as conn:
+        first = conn.execute(sa.select(TOKENS.c.revoked_at).where(TOKENS.c.name == "agent-1"))
+        revoked_at = first.scalar_one()
+
+    again = cli(db_url, "tokens", "revoke", "--name", "agent-1")
+    assert again.returncode == 0, again.stderr
+    with db.read() as conn:
+        still = conn.execute(sa.select(TOKENS.c.revoked_at).where(TOKENS.c.name == "agent-1"))
+        assert still.scalar_one() == revoked_at  # the first revocation time stays
+        assert authenticate(conn, f"Bearer {operator}").name == "ops-1"  # the others still work
+    listed = cli(db_url, "tokens", "list")
+    assert listed.stdout.splitlines()[0].startswith("agent-1\tagent\tcreated ")
+    assert "\trevoked 20" in listed.stdout.splitlines()[0]
+    assert listed.stdout.splitlines()[1].endswith("\tactive")
+    for line in (listed.stdout, revoked.stdout, again.stdout):
+        assert agent not in line and operator not in line and "rk_" not in line
+
+    unknown = cli(db_url, "tokens", "revoke", "--name", "nobody")
+    assert unknown.returncode == 1
+    assert unknown.stderr.strip() == (
+        "reconciler: no token named 'nobody'; 'reconciler tokens list' shows the names"
+    )
+
+
+def test_cli_on_a_database_without_the_schema_says_to_upgrade(empty_db_url: str) -> None:
+    for args in (("tokens", "list"), ("tokens", "revoke", "--name", "x"), ("ops", "list")):
+        result = cli(empty_db_url, *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr.strip() == (
+            "reconciler: the database schema is not current; run 'reconciler db upgrade' first"
+        )
