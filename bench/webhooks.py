@@ -69,6 +69,7 @@ def serve(mode: str, db_url: str, port: int) -> None:
     from reconciler.server import tune_process
 
     tune_process()  # the service's own process settings, for both servers alike
+
     def run():
         return uvicorn.run(
             app,
@@ -79,6 +80,7 @@ def serve(mode: str, db_url: str, port: int) -> None:
             log_level="warning",
             access_log=False,
         )
+
     profile = os.environ.get("BENCH_PROFILE")
     if profile:
         import cProfile
