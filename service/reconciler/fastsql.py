@@ -106,7 +106,9 @@ class Raw:
         key = (table.name, tuple(columns))
         found = self._rows.get(key)
         if found is None:
-            pick = itemgetter(*columns)
+            getter = itemgetter(*columns)
+            # itemgetter of one key returns the value itself, not a 1-tuple.
+            pick = getter if len(columns) > 1 else lambda row: (getter(row),)
             special = [
                 (i, code)
                 for i, code in enumerate(self.encoders(table, columns))

@@ -117,3 +117,13 @@ def test_a_lost_postgres_connection_is_storage_unavailable_and_replaced(db: Data
     # The dead connection was invalidated, not handed out again.
     with db.write() as conn:
         assert run(conn, "SELECT 1").fetchone()[0] == 1
+
+
+def test_row_encoder_picks_and_encodes_columns_in_order(db: Database) -> None:
+    raw = raw_for(db.engine.dialect.name)
+    at = INSTANTS[1]
+    row = {"event_id": "e", "received_at": at, "provider": "sim", "ignored": 1}
+    both = raw.row_encoder(EVENTS, ("received_at", "event_id"))
+    assert both(row) == (raw.time(at), "e")
+    assert raw.row_encoder(EVENTS, ("event_id",))(row) == ("e",)
+    assert raw.row_encoder(EVENTS, ("received_at",))(row) == (raw.time(at),)
