@@ -71,7 +71,7 @@ from bench.naive import (  # noqa: E402
     naive_reads,
     summary,
 )
-from bench.support import free_port, wait_ready  # noqa: E402
+from bench.support import free_port, stop, wait_ready  # noqa: E402
 
 from reconciler import decisions  # noqa: E402
 from reconciler.backoff import BackoffPolicy  # noqa: E402
@@ -112,17 +112,6 @@ def spawn(
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop a process this bench started, by its PID: SIGTERM, then SIGKILL after 10 s."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def memory(pid: int) -> tuple[float, float]:

@@ -48,6 +48,7 @@ def start(args: Sequence[str], env: dict[str, str] | None = None) -> subprocess.
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a process a bench started, by its PID: SIGTERM, then SIGKILL after 10 s."""
     if proc.poll() is None:
         proc.terminate()
         try:

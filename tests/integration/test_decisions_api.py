@@ -23,18 +23,9 @@ from reconciler.cli import main
 from reconciler.escalations import abandon_state
 from reconciler.vocabulary import EscalationReason
 from tests.support.hooks import Reply, serve_receiver
+from tests.support.stack import QUICK_POLLING as POLLING
 from tests.support.stack import ROOT, Stack, running_stack
 
-POLLING: dict[str, Any] = {
-    "base_delay_seconds": 0.05,
-    "max_delay_seconds": 0.2,
-    "jitter_floor": 0.5,
-    "deadline_seconds": 20,
-    "max_status_requests": 12,
-    "max_transport_failures": 3,
-    "max_rate_limited": 3,
-    "rate_limit_delay_seconds": 0.1,
-}
 NEVER = {"scenario": "never_finishes", "webhooks": "never", "cancel_delay": 0.3}
 # Requests and fields that make the poller stop with each reason, quickly.
 ESCALATE: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {

@@ -19,19 +19,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.stack import QUICK_POLLING as POLLING
 from tests.support.stack import Stack, running_stack
 
 # Fast polling: reads every 25-200 ms, short sharp delays after 429/503.
-POLLING: dict[str, Any] = {
-    "base_delay_seconds": 0.05,
-    "max_delay_seconds": 0.2,
-    "jitter_floor": 0.5,
-    "deadline_seconds": 20,
-    "max_status_requests": 12,
-    "max_transport_failures": 3,
-    "max_rate_limited": 3,
-    "rate_limit_delay_seconds": 0.1,
-}
 # The sim's clock and the service's clock are both the wall clock of this machine.
 SKEW = 0.05
 # Long enough for several ticks and several backoff periods after a stop.

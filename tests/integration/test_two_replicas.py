@@ -55,9 +55,8 @@ from reconciler.db import Database
 from reconciler.journal import HISTORY, OPS
 from reconciler.models import WebhookEvent
 from reconciler.states import END_STATES
-from reconciler.tokens import create_token
 from tests.support import hooks
-from tests.support.process import cli, service_config, service_env, service_process
+from tests.support.process import cli, make_tokens, service_config, service_env, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
 
@@ -205,18 +204,6 @@ class Topology:
 
     def headers(self, operator: bool = False) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.operator if operator else self.agent}"}
-
-
-def make_tokens(db_url: str) -> tuple[str, str]:
-    db = Database(db_url)
-    try:
-        with db.write() as conn:
-            now = datetime.now().astimezone()
-            agent = create_token(conn, "agent-1", "agent", now)
-            operator = create_token(conn, "ops-1", "operator", now)
-    finally:
-        db.dispose()
-    return agent, operator
 
 
 def slow_status_sim() -> SimState:

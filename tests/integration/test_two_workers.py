@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +31,8 @@ from reconciler.config import CallbackSettings, SchedulerSettings, ServerSetting
 from reconciler.db import Database
 from reconciler.models import HistoryEntry, Operation
 from reconciler.runtime import Runtime
-from reconciler.tokens import create_token
 from tests.support import hooks
-from tests.support.process import service_config, service_env, service_process
+from tests.support.process import make_tokens, service_config, service_env, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import (
     CALLBACK_SECRET,
@@ -136,18 +134,6 @@ class Replicas:
                 assert time.monotonic() < deadline, f"not done in time: {left}"
                 time.sleep(0.2)
         return done
-
-
-def make_tokens(db_url: str) -> tuple[str, str]:
-    db = Database(db_url)
-    try:
-        with db.write() as conn:
-            now = datetime.now().astimezone()
-            agent = create_token(conn, "agent-1", "agent", now)
-            operator = create_token(conn, "ops-1", "operator", now)
-    finally:
-        db.dispose()
-    return agent, operator
 
 
 @contextmanager

@@ -17,11 +17,14 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from reconciler.db import Database
+from reconciler.tokens import create_token
 from tests.support.servers import unused_port
 from tests.support.stack import CALLBACK_SECRET, ROOT, SIM_TOKEN, SIM_TOML, WEBHOOK_SECRET
 
@@ -175,3 +178,16 @@ def service_process(
         yield service
     finally:
         service.stop()
+
+
+def make_tokens(db_url: str) -> tuple[str, str]:
+    """An agent token ``agent-1`` and an operator token ``ops-1`` on a migrated database."""
+    db = Database(db_url)
+    try:
+        with db.write() as conn:
+            now = datetime.now().astimezone()
+            agent = create_token(conn, "agent-1", "agent", now)
+            operator = create_token(conn, "ops-1", "operator", now)
+    finally:
+        db.dispose()
+    return agent, operator

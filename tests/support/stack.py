@@ -32,6 +32,17 @@ SIM_TOML = ROOT / "fixtures" / "providers" / "sim.toml"
 SIM_TOKEN = "sim-token-for-tests"
 WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"provider-webhook-secret-0123456").decode()
 CALLBACK_SECRET = "whsec_" + base64.b64encode(b"callback-signing-secret-0123456").decode()
+# Fast reads and small budgets: every stop condition is reached within seconds.
+QUICK_POLLING: dict[str, Any] = {
+    "base_delay_seconds": 0.05,
+    "max_delay_seconds": 0.2,
+    "jitter_floor": 0.5,
+    "deadline_seconds": 20,
+    "max_status_requests": 12,
+    "max_transport_failures": 3,
+    "max_rate_limited": 3,
+    "rate_limit_delay_seconds": 0.1,
+}
 
 
 def sim_provider_table(
