@@ -65,7 +65,7 @@ import httpx  # noqa: E402
 from bench.poller import cpu_seconds, spawn, stop  # noqa: E402
 from bench.support import free_port, percentile, wait_ready  # noqa: E402
 
-from reconciler import states  # noqa: E402
+from reconciler.core import states  # noqa: E402
 
 SIM_TOKEN = "bench-sim-token"
 HOOK = "bench.lag:completion_hook"
@@ -129,12 +129,12 @@ class Tracer:
         setattr(owner, name, wrapper)
 
     def install(self) -> None:
-        from reconciler.collect_flow import CollectFlow
-        from reconciler.completion import Completion
-        from reconciler.poll_flow import PollFlow
+        from reconciler.engine.steps.collect import CollectFlow
+        from reconciler.engine.steps.complete import Completion
+        from reconciler.engine.steps.poll import PollFlow
+        from reconciler.engine.ticker import Scheduler
+        from reconciler.engine.worker import Worker
         from reconciler.providers.http_adapter import HttpAdapter
-        from reconciler.scheduler import Scheduler
-        from reconciler.worker import Worker
 
         by_op = lambda args: args[0].id  # noqa: E731
         self.wrap(Worker, "tick", "tick")
@@ -155,7 +155,7 @@ class Tracer:
 
     def _time_db_runs(self) -> None:
         """Split every off-loop database call into: waiting for a thread, running, resuming."""
-        from reconciler.db import Database
+        from reconciler.storage.database import Database
 
         run = Database.run
         tracer = self
@@ -243,8 +243,8 @@ class Profiler:
         return run
 
     def install(self) -> None:
-        from reconciler.db import Database
-        from reconciler.webhook_intake import GroupCommitter
+        from reconciler.storage.database import Database
+        from reconciler.storage.webhook_events import GroupCommitter
 
         run, write = Database.run, GroupCommitter._write
         profiler = self
@@ -293,8 +293,8 @@ def serve(
 ) -> None:
     from tests.support.stack import sim_provider_table
 
+    from reconciler.api.server import serve as run
     from reconciler.config import SchedulerSettings, ServerSettings, Settings
-    from reconciler.server import serve as run
 
     empty = work / "no-provider-files"
     empty.mkdir(parents=True, exist_ok=True)
@@ -310,7 +310,7 @@ def serve(
     if trace is not None:
         tracer = Tracer(trace)
         tracer.install()
-        from reconciler.background import Background
+        from reconciler.engine.background import Background
 
         start = Background.start
 
@@ -330,7 +330,7 @@ def serve(
     if profile is not None:
         profiler = Profiler(profile)
         profiler.install()
-        from reconciler.background import Background
+        from reconciler.engine.background import Background
 
         begin, end = Background.start, Background.stop
 
@@ -398,9 +398,9 @@ def lag_of(operation_id: str, entries: Sequence[Mapping[str, Any]], step_at: Any
 def load_lags(db_url: str) -> list[Lag]:
     import sqlalchemy as sa
 
-    from reconciler.completion import STEPS
-    from reconciler.db import Database
-    from reconciler.journal import HISTORY, OPS
+    from reconciler.engine.steps.complete import STEPS
+    from reconciler.storage.database import Database
+    from reconciler.storage.journal import HISTORY, OPS
 
     db = Database(db_url)
     try:
@@ -429,7 +429,7 @@ def load_lags(db_url: str) -> list[Lag]:
             )
     finally:
         db.dispose()
-    from reconciler.clock import utc
+    from reconciler.core.clock import utc
 
     return [
         replace(
@@ -568,8 +568,8 @@ class Round:
 
 @contextmanager
 def database(backend: str, work: Path, admin: str | None) -> Iterator[str]:
-    from reconciler import migrate
-    from reconciler.db import Database
+    from reconciler.storage import migrate
+    from reconciler.storage.database import Database
 
     factory = None
     if backend == "postgresql":
@@ -591,9 +591,9 @@ def database(backend: str, work: Path, admin: str | None) -> Iterator[str]:
 
 
 def agent_token(db_url: str) -> str:
-    from reconciler.clock import SystemClock
-    from reconciler.db import Database
-    from reconciler.tokens import create_token
+    from reconciler.core.clock import SystemClock
+    from reconciler.storage.database import Database
+    from reconciler.storage.tokens import create_token
 
     db = Database(db_url)
     try:
@@ -635,8 +635,8 @@ async def submit(url: str, token: str, args: argparse.Namespace) -> int:
 def finished(db_url: str) -> int:
     import sqlalchemy as sa
 
-    from reconciler.db import Database
-    from reconciler.journal import OPS
+    from reconciler.storage.database import Database
+    from reconciler.storage.journal import OPS
 
     db = Database(db_url)
     try:

@@ -73,10 +73,10 @@ from bench.naive import (  # noqa: E402
 )
 from bench.support import free_port, stop, wait_ready  # noqa: E402
 
-from reconciler import decisions  # noqa: E402
-from reconciler.backoff import BackoffPolicy  # noqa: E402
-from reconciler.clock import ManualClock  # noqa: E402
-from reconciler.vocabulary import RemoteCategory  # noqa: E402
+from reconciler.core import poll as decisions  # noqa: E402
+from reconciler.core.backoff import BackoffPolicy  # noqa: E402
+from reconciler.core.clock import ManualClock  # noqa: E402
+from reconciler.core.vocabulary import RemoteCategory  # noqa: E402
 
 SIM_ENV = {"SIM_TOKEN": "bench-token"}
 MB = 1024 * 1024
@@ -172,7 +172,7 @@ def service_settings(db_url: str, provider_url: str, work: Path, port: int = 808
 
 
 def serve_service(db_url: str, port: int, provider_url: str, work: Path) -> None:
-    from reconciler.server import serve
+    from reconciler.api.server import serve
 
     serve(service_settings(db_url, provider_url, work, port))
 
@@ -182,10 +182,10 @@ def serve_service(db_url: str, port: int, provider_url: str, work: Path) -> None
 
 def _rows(index: int, now: datetime, due: bool, rng: random.Random) -> tuple[dict[str, Any], ...]:
     """One operation in ``observing`` and its first history entry, as Journal.insert makes them."""
-    from reconciler import ids
-    from reconciler.canonical import request_fingerprint
-    from reconciler.chain import entry_hash
-    from reconciler.journal import OPS
+    from reconciler.core import ids
+    from reconciler.core.canonical import request_fingerprint
+    from reconciler.core.chain import entry_hash
+    from reconciler.storage.journal import OPS
 
     op_id = ids.operation_id(now)
     request = {"bench": index}
@@ -243,9 +243,9 @@ def seed(db_url: str, total: int, due: int, now: datetime, seed_value: int = 7) 
     """Migrate ``db_url`` and insert ``total`` observed operations; returns the due ones' ids."""
     import sqlalchemy as sa
 
-    from reconciler import migrate
-    from reconciler.db import Database
-    from reconciler.journal import HISTORY, OPS
+    from reconciler.storage import migrate
+    from reconciler.storage.database import Database
+    from reconciler.storage.journal import HISTORY, OPS
 
     rng = random.Random(seed_value)
     due_at = set(rng.sample(range(total), min(due, total)))
@@ -277,7 +277,7 @@ def make_due(db: Any, op_ids: Sequence[str], when: datetime, *, fresh: bool = Fa
     """Make ``op_ids`` due at ``when``; ``fresh`` also restarts their backoff at attempt 0."""
     import sqlalchemy as sa
 
-    from reconciler.journal import OPS
+    from reconciler.storage.journal import OPS
 
     values: dict[str, Any] = {"next_poll_at": when}
     if fresh:
@@ -291,7 +291,7 @@ def make_due(db: Any, op_ids: Sequence[str], when: datetime, *, fresh: bool = Fa
 
 def time_claim(db: Any, owner: str, now: datetime, limit: int) -> tuple[float, int]:
     """One claim transaction plus one release transaction; (seconds, rows claimed)."""
-    from reconciler import store
+    from reconciler.storage import operations as store
 
     started = time.perf_counter()
     with db.write() as conn:
@@ -325,7 +325,7 @@ class TickRig:
 
     @classmethod
     def build(cls, db_url: str, due_ids: list[str], start: datetime, work: Path) -> TickRig:
-        from reconciler.background import Background
+        from reconciler.engine.background import Background
         from reconciler.runtime import Runtime
 
         clock = ManualClock(start)
@@ -383,8 +383,8 @@ def databases(
         assert admin is not None
         factory = PostgresFactory(admin)
     try:
-        from reconciler import migrate
-        from reconciler.db import Database
+        from reconciler.storage import migrate
+        from reconciler.storage.database import Database
 
         made = []
         empty = factory.clone() if factory else f"sqlite:///{work / 'empty.db'}"
@@ -415,7 +415,7 @@ def spread_ms(values: Sequence[float]) -> str:
 async def measure_ticks(
     dbs: Sequence[BenchDb], seeded_at: datetime, rounds: int, claim_repeats: int, work: Path
 ) -> None:
-    from reconciler.db import Database
+    from reconciler.storage.database import Database
 
     # The rig's clock starts now and re-dues the due set a second later each tick; the
     # claims look 10 minutes ahead (all of the due set, none of the rest, which is due
@@ -501,7 +501,7 @@ def measure_rss(dbs: Sequence[BenchDb], empty_url: str, seconds: float, work: Pa
 def rss_run(
     db_url: str, due_ids: list[str], seconds: float, work: Path
 ) -> tuple[float, float, int]:
-    from reconciler.db import Database
+    from reconciler.storage.database import Database
 
     handle = Database(db_url)
     make_due(handle, due_ids, datetime.now(UTC), fresh=True)

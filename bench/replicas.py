@@ -41,7 +41,7 @@ from tests.integration import test_two_replicas as topology  # noqa: E402
 from tests.support import hooks  # noqa: E402
 from tests.support.databases import PostgresFactory  # noqa: E402
 
-from reconciler.db import Database  # noqa: E402
+from reconciler.storage.database import Database  # noqa: E402
 
 FALLBACK_PGBIN = Path("/usr/lib/postgresql/15/bin")
 COMPLETION_TIMEOUT = 600.0

@@ -66,8 +66,8 @@ from bench.soak_load import Agent, OpRecord, plan_operations  # noqa: E402
 from tests.support import hooks  # noqa: E402
 from tests.support.servers import serve_asgi, unused_port  # noqa: E402
 
-from reconciler.db import Database  # noqa: E402
-from reconciler.journal import OPS  # noqa: E402
+from reconciler.storage.database import Database  # noqa: E402
+from reconciler.storage.journal import OPS  # noqa: E402
 
 END = sorted(checks.END)
 AGENT_RETRY_SECONDS = 120.0

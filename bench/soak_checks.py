@@ -23,12 +23,12 @@ from bench.soak_infra import Delivery
 from bench.soak_load import OpRecord
 from tests.support.hooks import HookRun
 
-from reconciler.completion import CALLBACK_STEP, STEPS
-from reconciler.db import Database
-from reconciler.escalate import ESCALATIONS
-from reconciler.journal import HISTORY, OPS
-from reconciler.states import END_STATES, State
-from reconciler.webhook_intake import EVENTS
+from reconciler.core.states import END_STATES, State
+from reconciler.engine.steps.complete import CALLBACK_STEP, STEPS
+from reconciler.storage.database import Database
+from reconciler.storage.escalations import ESCALATIONS
+from reconciler.storage.journal import HISTORY, OPS
+from reconciler.storage.webhook_events import EVENTS
 
 END = frozenset(s.value for s in END_STATES)
 PROVIDER_END = {

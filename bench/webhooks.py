@@ -54,7 +54,7 @@ def serve(mode: str, db_url: str, port: int) -> None:
     else:
         from tests.support.stack import sim_provider_table
 
-        from reconciler.app import create_app
+        from reconciler.api.app import create_app
         from reconciler.config import Settings
         from reconciler.runtime import Runtime
 
@@ -66,7 +66,7 @@ def serve(mode: str, db_url: str, port: int) -> None:
         )
         runtime = Runtime.build(settings, environ={"SIM_TOKEN": "x", "SIM_WEBHOOK_SECRETS": SECRET})
         app = create_app(runtime, background=False)
-    from reconciler.server import tune_process
+    from reconciler.api.server import tune_process
 
     tune_process()  # the service's own process settings, for both servers alike
 
@@ -91,11 +91,12 @@ def serve(mode: str, db_url: str, port: int) -> None:
 
 
 def seed(db_url: str) -> None:
-    from reconciler import ids, migrate
-    from reconciler.canonical import request_fingerprint
-    from reconciler.db import Database
-    from reconciler.journal import Journal
-    from reconciler.models import Operation
+    from reconciler.core import ids
+    from reconciler.core.canonical import request_fingerprint
+    from reconciler.storage import migrate
+    from reconciler.storage.database import Database
+    from reconciler.storage.journal import Journal
+    from reconciler.storage.models import Operation
 
     db = Database(db_url)
     migrate.upgrade(db)

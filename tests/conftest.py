@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.clock import ManualClock
 from reconciler.config import Settings
-from reconciler.db import Database
+from reconciler.core.clock import ManualClock
 from reconciler.runtime import Runtime
+from reconciler.storage.database import Database
 from tests.support.databases import POSTGRES_ENV, PostgresFactory, postgres_admin_url, sqlite_url
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

@@ -14,19 +14,21 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from reconciler import audit, migrate, store, story
-from reconciler.clock import SystemClock, isoformat
+from reconciler.api.validation import parse_decision
+from reconciler.commands.decide import apply_decision
 from reconciler.config import Settings, load_settings
-from reconciler.db import Database
-from reconciler.decide import apply_decision
+from reconciler.core import story
+from reconciler.core.clock import SystemClock, isoformat
+from reconciler.core.states import State
+from reconciler.core.views import operation_view
+from reconciler.core.vocabulary import DecisionAction, Scope
+from reconciler.engine.wakeups import CHANGE_CHANNEL, WAKE_CHANNEL, notify_in_transaction
 from reconciler.errors import ConfigError, NotFound, ReconcilerError
-from reconciler.intake import parse_decision
-from reconciler.journal import Journal
-from reconciler.notify import CHANGE_CHANNEL, WAKE_CHANNEL, notify_in_transaction
-from reconciler.states import State
-from reconciler.tokens import Principal, create_token, list_tokens, revoke_token
-from reconciler.views import operation_view
-from reconciler.vocabulary import DecisionAction, Scope
+from reconciler.storage import audit, migrate
+from reconciler.storage import operations as store
+from reconciler.storage.database import Database
+from reconciler.storage.journal import Journal
+from reconciler.storage.tokens import Principal, create_token, list_tokens, revoke_token
 
 # The CLI runs without provider credentials; a cancel decided here uses this window.
 DEFAULT_CANCEL_DEADLINE_SECONDS = 120.0
@@ -35,7 +37,7 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    from reconciler.server import serve
+    from reconciler.api.server import serve
 
     return serve(settings, migrate_first=not args.no_migrate)
 
@@ -43,7 +45,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
-    from reconciler.demo import DemoOptions, run_demo
+    from reconciler.demo.run import DemoOptions, run_demo
 
     options = DemoOptions(
         operations=args.operations,

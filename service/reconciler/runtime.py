@@ -14,20 +14,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from reconciler import ssrf
-from reconciler.clock import Clock, SystemClock
+from reconciler.commands.create import ProviderLimits
 from reconciler.config import Secret, Settings
-from reconciler.db import Database
+from reconciler.core.clock import Clock, SystemClock
+from reconciler.core.ids import worker_id
+from reconciler.core.signatures import Verifier, build_verifier, decode_whsec
+from reconciler.engine.wakeups import Notifier
 from reconciler.errors import ConfigError, InvalidRequest
-from reconciler.ids import worker_id
-from reconciler.journal import Journal
 from reconciler.metrics import Metrics
-from reconciler.notify import Notifier
-from reconciler.operations import ProviderLimits
-from reconciler.providers.files import ProviderSpec, WebhookSpec, load_providers, webhook_secrets
-from reconciler.signatures import Verifier, build_verifier, decode_whsec
-from reconciler.tokens import Principal
-from reconciler.webhook_intake import GroupCommitter
+from reconciler.outbound import ssrf
+from reconciler.providers.spec import ProviderSpec, WebhookSpec, load_providers, webhook_secrets
+from reconciler.storage.database import Database
+from reconciler.storage.journal import Journal
+from reconciler.storage.tokens import Principal
+from reconciler.storage.webhook_events import GroupCommitter
 
 if TYPE_CHECKING:
     from reconciler.providers.adapter import Adapter
@@ -61,7 +61,7 @@ class Runtime:
         self.metrics.watch_states(self._state_counts)
 
     def _state_counts(self) -> dict[str, int]:
-        from reconciler import store
+        from reconciler.storage import operations as store
 
         with self.db.read() as conn:
             return store.count_by_state(conn)

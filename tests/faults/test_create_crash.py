@@ -20,9 +20,9 @@ import sqlalchemy as sa
 from fixtures.provider_sim import SimConfig, SimState
 from fixtures.provider_sim import create_app as create_sim
 
-from reconciler import store
-from reconciler.db import Database
-from reconciler.models import HistoryEntry
+from reconciler.storage import operations as store
+from reconciler.storage.database import Database
+from reconciler.storage.models import HistoryEntry
 from tests.support.process import ServiceProcess, cli, service_config, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET

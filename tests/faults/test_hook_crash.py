@@ -21,9 +21,9 @@ import pytest
 from fixtures.provider_sim import SimConfig, SimState
 from fixtures.provider_sim import create_app as create_sim
 
-from reconciler.clock import SystemClock
-from reconciler.db import Database
-from reconciler.tokens import create_token
+from reconciler.core.clock import SystemClock
+from reconciler.storage.database import Database
+from reconciler.storage.tokens import create_token
 from tests.support import hooks
 from tests.support.hooks import serve_receiver, wait_until
 from tests.support.servers import serve_asgi, unused_port

@@ -21,10 +21,10 @@ import httpx
 from fixtures.provider_sim import RequestRecord, SimConfig, SimState
 from fixtures.provider_sim import create_app as create_sim
 
-from reconciler import store
-from reconciler.db import Database
-from reconciler.models import HistoryEntry, Operation
-from reconciler.tokens import create_token
+from reconciler.storage import operations as store
+from reconciler.storage.database import Database
+from reconciler.storage.models import HistoryEntry, Operation
+from reconciler.storage.tokens import create_token
 from tests.support.hooks import wait_until
 from tests.support.process import ServiceProcess, cli, service_config, service_process
 from tests.support.servers import serve_asgi

@@ -34,13 +34,13 @@ import pytest
 import sqlalchemy as sa
 from fixtures.provider_sim import FaultRates
 
-from reconciler import worker
-from reconciler.db import Database
-from reconciler.journal import HISTORY, OPS, Journal
-from reconciler.poll_flow import _hinted_wait
-from reconciler.states import State
-from reconciler.vocabulary import DelaySource
-from reconciler.webhook_intake import IncomingEvent, Outcome, write_batch
+from reconciler.core.states import State
+from reconciler.core.vocabulary import DelaySource
+from reconciler.engine import worker
+from reconciler.engine.steps.poll import _hinted_wait
+from reconciler.storage.database import Database
+from reconciler.storage.journal import HISTORY, OPS, Journal
+from reconciler.storage.webhook_events import IncomingEvent, Outcome, write_batch
 from tests.support import hooks
 from tests.support.factories import insert_operation
 from tests.support.stack import Stack, running_stack

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from reconciler.tokens import create_token
+from reconciler.storage.tokens import create_token
 from tests.support.stack import SIM_TOML, Stack, running_stack
 
 FAST_POLLING = {"base_delay_seconds": 0.1, "max_delay_seconds": 0.5}

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from reconciler import audit
-from reconciler.clock import ManualClock
-from reconciler.db import Database
-from reconciler.journal import HISTORY, Journal
-from reconciler.models import Operation
-from reconciler.states import State
+from reconciler.core.clock import ManualClock
+from reconciler.core.states import State
+from reconciler.storage import audit
+from reconciler.storage.database import Database
+from reconciler.storage.journal import HISTORY, Journal
+from reconciler.storage.models import Operation
 from tests.support.factories import insert_operation
 
 KEY = b"audit-test-key"

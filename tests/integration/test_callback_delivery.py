@@ -31,18 +31,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 from standardwebhooks import Webhook
 
-from reconciler.backoff import BackoffPolicy
-from reconciler.callback_delivery import (
+from reconciler.core.backoff import BackoffPolicy
+from reconciler.core.canonical import canonical_json
+from reconciler.core.clock import Clock, ManualClock, SystemClock
+from reconciler.core.signatures import decode_whsec
+from reconciler.core.vocabulary import TransportError
+from reconciler.errors import InvalidRequest
+from reconciler.outbound.callbacks import (
     CallbackClient,
     DeliveryOutcome,
     next_attempt_delay,
     status_verdict,
 )
-from reconciler.canonical import canonical_json
-from reconciler.clock import Clock, ManualClock, SystemClock
-from reconciler.errors import InvalidRequest
-from reconciler.signatures import decode_whsec
-from reconciler.vocabulary import TransportError
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 EVENT = {"type": "operation.completed", "operation": {"id": "op_1", "state": "succeeded"}}

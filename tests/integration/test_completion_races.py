@@ -20,9 +20,9 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from reconciler.app import create_app
-from reconciler.models import WebhookEvent
+from reconciler.api.app import create_app
 from reconciler.runtime import Runtime
+from reconciler.storage.models import WebhookEvent
 from tests.support import hooks
 from tests.support.hooks import CallbackReceiver, serve_receiver, wait_until
 from tests.support.servers import serve_asgi

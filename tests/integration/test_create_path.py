@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 from fixtures.provider_sim import FaultRates
 
-from reconciler.models import Operation
+from reconciler.storage.models import Operation
 from tests.support.stack import Stack, running_stack
 
 # Short waits everywhere: a retry after an ambiguous create comes within ~0.2 s.

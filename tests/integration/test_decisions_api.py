@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from reconciler.cli import main
-from reconciler.escalations import abandon_state
-from reconciler.vocabulary import EscalationReason
+from reconciler.core.escalation import abandon_state
+from reconciler.core.vocabulary import EscalationReason
 from tests.support.hooks import Reply, serve_receiver
 from tests.support.stack import QUICK_POLLING as POLLING
 from tests.support.stack import ROOT, Stack, running_stack

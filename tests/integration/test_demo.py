@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.demo import DemoError, plan_batch, prepare_directory
-from reconciler.demo_report import OpOutcome, RunReport, fixed_poller_requests, render_report
+from reconciler.demo.report import OpOutcome, RunReport, fixed_poller_requests, render_report
+from reconciler.demo.run import DemoError, plan_batch, prepare_directory
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = (

@@ -33,7 +33,8 @@ from starlette.responses import JSONResponse, RedirectResponse, Response, Stream
 from starlette.routing import Mount, Route
 from starlette.types import Message, Receive, Scope, Send
 
-from reconciler.clock import ManualClock
+from reconciler.core.clock import ManualClock
+from reconciler.core.vocabulary import RemoteCategory, TransportError
 from reconciler.errors import ConfigError
 from reconciler.providers.adapter import (
     CallResult,
@@ -43,7 +44,6 @@ from reconciler.providers.adapter import (
     StatusOutcome,
     check_result,
 )
-from reconciler.providers.files import ProviderSpec, parse_provider
 from reconciler.providers.http_adapter import (
     HttpAdapter,
     UnsafePathValue,
@@ -51,7 +51,7 @@ from reconciler.providers.http_adapter import (
     classify_transport_error,
     render_path,
 )
-from reconciler.vocabulary import RemoteCategory, TransportError
+from reconciler.providers.spec import ProviderSpec, parse_provider
 from tests.support.servers import serve_asgi, serve_tcp, unused_port
 
 T = TypeVar("T")

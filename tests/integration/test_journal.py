@@ -13,13 +13,13 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.clock import ManualClock
-from reconciler.db import Database
+from reconciler.core.clock import ManualClock
+from reconciler.core.states import END_STATES, TRANSITIONS, State
+from reconciler.core.vocabulary import HistoryKind
 from reconciler.errors import IllegalTransition, StaleWrite
-from reconciler.journal import HISTORY, Journal, Lease
-from reconciler.models import Operation
-from reconciler.states import END_STATES, TRANSITIONS, State
-from reconciler.vocabulary import HistoryKind
+from reconciler.storage.database import Database
+from reconciler.storage.journal import HISTORY, Journal, Lease
+from reconciler.storage.models import Operation
 from tests.support.factories import insert_operation
 
 ALL_EDGES = [(frm, to) for frm, tos in TRANSITIONS.items() for to in sorted(tos)]

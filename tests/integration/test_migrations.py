@@ -9,9 +9,9 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from reconciler import migrate
-from reconciler.db import Database
-from reconciler.models import TABLES
+from reconciler.storage import migrate
+from reconciler.storage.database import Database
+from reconciler.storage.models import TABLES
 
 
 def test_upgrade_from_empty_and_models_match(empty_db_url: str) -> None:

@@ -23,8 +23,8 @@ from tests.support.stack import Stack, running_stack
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("openapi")
     url = f"sqlite:///{tmp / 'reconciler.db'}"
-    from reconciler import migrate
-    from reconciler.db import Database
+    from reconciler.storage import migrate
+    from reconciler.storage.database import Database
 
     db = Database(url)
     migrate.upgrade(db)

@@ -20,12 +20,12 @@ from fixtures.provider_sim import FaultRates, SimConfig, SimState
 from fixtures.provider_sim import create_app as create_sim
 from standardwebhooks import Webhook
 
-from reconciler.app import create_app
-from reconciler.clock import SystemClock
-from reconciler.collect_flow import INLINE_RESULT_BYTES, MAX_FAILED_ITEMS
+from reconciler.api.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, Settings
+from reconciler.core.clock import SystemClock
+from reconciler.engine.steps.collect import INLINE_RESULT_BYTES, MAX_FAILED_ITEMS
 from reconciler.runtime import Runtime
-from reconciler.tokens import create_token
+from reconciler.storage.tokens import create_token
 from tests.support import hooks
 from tests.support.hooks import wait_until
 from tests.support.servers import serve_asgi

@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 import pytest
 import sqlalchemy as sa
 
-from reconciler.clock import ManualClock
-from reconciler.db import Database
+from reconciler.core.clock import ManualClock
+from reconciler.core.vocabulary import Scope
 from reconciler.errors import AuthenticationFailed, Conflict, InvalidRequest, PermissionDenied
-from reconciler.tokens import TOKENS, authenticate, create_token, require_operator
-from reconciler.vocabulary import Scope
+from reconciler.storage.database import Database
+from reconciler.storage.tokens import TOKENS, authenticate, create_token, require_operator
 
 
 def test_cli_prints_the_token_once_and_stores_only_a_digest(db: Database, db_url: str) -> None:

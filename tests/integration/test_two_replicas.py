@@ -51,10 +51,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from reconciler.db import Database
-from reconciler.journal import HISTORY, OPS
-from reconciler.models import WebhookEvent
-from reconciler.states import END_STATES
+from reconciler.core.states import END_STATES
+from reconciler.storage.database import Database
+from reconciler.storage.journal import HISTORY, OPS
+from reconciler.storage.models import WebhookEvent
 from tests.support import hooks
 from tests.support.process import cli, make_tokens, service_config, service_env, service_process
 from tests.support.servers import serve_asgi

@@ -25,12 +25,12 @@ import pytest
 from fixtures.provider_sim import FaultRates, RequestRecord, SimConfig, SimState
 from fixtures.provider_sim import create_app as create_sim
 
-from reconciler import store
-from reconciler.app import create_app
+from reconciler.api.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
-from reconciler.db import Database
-from reconciler.models import HistoryEntry, Operation
 from reconciler.runtime import Runtime
+from reconciler.storage import operations as store
+from reconciler.storage.database import Database
+from reconciler.storage.models import HistoryEntry, Operation
 from tests.support import hooks
 from tests.support.process import make_tokens, service_config, service_env, service_process
 from tests.support.servers import serve_asgi

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from reconciler.app import create_app
+from reconciler.api.app import create_app
 from reconciler.config import ServerSettings
 from reconciler.runtime import Runtime
 from tests.support.hooks import wait_until

@@ -19,13 +19,13 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from reconciler import audit
-from reconciler.app import create_app
-from reconciler.clock import SystemClock
-from reconciler.journal import HISTORY, OPS
+from reconciler.api.app import create_app
+from reconciler.core.clock import SystemClock
+from reconciler.core.states import State
 from reconciler.runtime import Runtime
-from reconciler.states import State
-from reconciler.webhook_intake import EVENTS
+from reconciler.storage import audit
+from reconciler.storage.journal import HISTORY, OPS
+from reconciler.storage.webhook_events import EVENTS
 from tests.integration.test_webhook_endpoint import (
     HARNESS_ENV,
     SECRET_OLD,

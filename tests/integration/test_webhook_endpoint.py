@@ -28,13 +28,13 @@ import pytest
 import sqlalchemy as sa
 from standardwebhooks.webhooks import Webhook, hmac_data
 
-from reconciler.app import create_app
-from reconciler.clock import Clock, ManualClock, SystemClock
+from reconciler.api.app import create_app
 from reconciler.config import Settings
-from reconciler.journal import HISTORY, OPS
+from reconciler.core.clock import Clock, ManualClock, SystemClock
+from reconciler.core.states import State
 from reconciler.runtime import Runtime
-from reconciler.states import State
-from reconciler.webhook_intake import EVENTS
+from reconciler.storage.journal import HISTORY, OPS
+from reconciler.storage.webhook_events import EVENTS
 from tests.support.factories import insert_operation
 from tests.support.servers import serve_asgi, unused_port
 from tests.support.stack import WEBHOOK_SECRET, Stack, running_stack, sim_provider_table

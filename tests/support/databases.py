@@ -11,8 +11,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from reconciler import migrate
-from reconciler.db import Database
+from reconciler.storage import migrate
+from reconciler.storage.database import Database
 
 POSTGRES_ENV = "RECONCILER_TEST_POSTGRES_URL"
 

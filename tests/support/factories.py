@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from reconciler import ids
-from reconciler.canonical import request_fingerprint
-from reconciler.db import Database
-from reconciler.journal import Journal
-from reconciler.models import Operation
-from reconciler.states import State
+from reconciler.core import ids
+from reconciler.core.canonical import request_fingerprint
+from reconciler.core.states import State
+from reconciler.storage.database import Database
+from reconciler.storage.journal import Journal
+from reconciler.storage.models import Operation
 
 
 def new_operation(now: datetime, **overrides: Any) -> Operation:

@@ -35,9 +35,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from reconciler import store
-from reconciler.db import Database
-from reconciler.models import CompletionStep
+from reconciler.storage import operations as store
+from reconciler.storage.database import Database
+from reconciler.storage.models import CompletionStep
 from tests.support.servers import serve_asgi
 
 LOG_ENV = "RECONCILER_TEST_HOOK_LOG"

@@ -23,8 +23,8 @@ from typing import Any
 
 import httpx
 
-from reconciler.db import Database
-from reconciler.tokens import create_token
+from reconciler.storage.database import Database
+from reconciler.storage.tokens import create_token
 from tests.support.servers import unused_port
 from tests.support.stack import CALLBACK_SECRET, ROOT, SIM_TOKEN, SIM_TOML, WEBHOOK_SECRET
 

@@ -21,10 +21,10 @@ import httpx
 from fixtures.provider_sim import SimConfig, SimState
 from fixtures.provider_sim import create_app as create_sim
 
-from reconciler.app import create_app
+from reconciler.api.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.runtime import Runtime
-from reconciler.tokens import create_token
+from reconciler.storage.tokens import create_token
 from tests.support.servers import serve_asgi
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,10 +15,11 @@ import pytest
 import sqlalchemy as sa
 from bench import lag, naive, poller
 
-from reconciler import audit, store
-from reconciler.db import Database
-from reconciler.journal import HISTORY, OPS
-from reconciler.vocabulary import EscalationReason
+from reconciler.core.vocabulary import EscalationReason
+from reconciler.storage import audit
+from reconciler.storage import operations as store
+from reconciler.storage.database import Database
+from reconciler.storage.journal import HISTORY, OPS
 
 
 def test_naive_reads_match_a_poller_stepping_on_a_clock() -> None:

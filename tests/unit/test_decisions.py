@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.backoff import BackoffPolicy, parse_retry_after
-from reconciler.clock import isoformat
-from reconciler.decisions import (
+from reconciler.core.backoff import BackoffPolicy, parse_retry_after
+from reconciler.core.clock import isoformat
+from reconciler.core.poll import (
     Accepted,
     Ambiguous,
     Collect,
@@ -36,8 +36,8 @@ from reconciler.decisions import (
     first_poll_at,
     parse_rfc3339,
 )
+from reconciler.core.vocabulary import DelaySource, EscalationReason, RemoteCategory, TransportError
 from reconciler.errors import ReconcilerError
-from reconciler.vocabulary import DelaySource, EscalationReason, RemoteCategory, TransportError
 
 R = EscalationReason
 T0 = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)

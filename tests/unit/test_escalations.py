@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from reconciler.backoff import BackoffPolicy
-from reconciler.escalations import (
+from reconciler.core.backoff import BackoffPolicy
+from reconciler.core.escalation import (
     EscalationFacts,
     abandon_state,
     describe_option,
@@ -18,8 +18,8 @@ from reconciler.escalations import (
     proposed_extension,
     render_message,
 )
-from reconciler.states import State
-from reconciler.vocabulary import DecisionAction, EscalationReason, TransportError
+from reconciler.core.states import State
+from reconciler.core.vocabulary import DecisionAction, EscalationReason, TransportError
 
 A = DecisionAction
 R = EscalationReason

@@ -13,10 +13,10 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 import sqlalchemy as sa
 
-from reconciler.db import Database, translate_errors
 from reconciler.errors import Conflict, StorageUnavailable
-from reconciler.fastsql import insert_many, raw_for, run
-from reconciler.webhook_intake import EVENT_COLUMNS, EVENTS
+from reconciler.storage.database import Database, translate_errors
+from reconciler.storage.fastsql import insert_many, raw_for, run
+from reconciler.storage.webhook_events import EVENT_COLUMNS, EVENTS
 
 INSTANTS = [
     datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC),  # no fraction: still six digits on SQLite

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.errors import InvalidRequest
-from reconciler.intake import (
+from reconciler.api.validation import (
     MAX_CANCEL_REASON,
     MAX_KEY_LENGTH,
     MAX_METADATA_BYTES,
@@ -20,7 +19,8 @@ from reconciler.intake import (
     parse_create,
     parse_decision,
 )
-from reconciler.vocabulary import DecisionAction
+from reconciler.core.vocabulary import DecisionAction
+from reconciler.errors import InvalidRequest
 
 PROVIDERS = {"sim": object(), "acme": object()}
 

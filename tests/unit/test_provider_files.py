@@ -9,9 +9,12 @@ from typing import Any
 
 import pytest
 
-from reconciler.backoff import BackoffPolicy
+from reconciler.core.backoff import BackoffPolicy
+from reconciler.core.signatures import WebhookScheme
+from reconciler.core.vocabulary import RemoteCategory
 from reconciler.errors import ConfigError
-from reconciler.providers.files import (
+from reconciler.providers.pointer import MISSING
+from reconciler.providers.spec import (
     INLINE_SOURCE,
     AuthType,
     ProviderSpec,
@@ -20,9 +23,6 @@ from reconciler.providers.files import (
     parse_provider,
     webhook_secrets,
 )
-from reconciler.providers.pointer import MISSING
-from reconciler.signatures import WebhookScheme
-from reconciler.vocabulary import RemoteCategory
 
 SPEC_EXAMPLE = """\
 [providers.acme]

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from reconciler.core.vocabulary import RemoteCategory as C
 from reconciler.providers.adapter import (
     CallResult,
     LookupVerdict,
@@ -18,8 +19,7 @@ from reconciler.providers.adapter import (
     lookup_outcome,
     status_view,
 )
-from reconciler.providers.files import ProviderSpec, load_providers, parse_provider
-from reconciler.vocabulary import RemoteCategory as C
+from reconciler.providers.spec import ProviderSpec, load_providers, parse_provider
 
 ROOT = Path(__file__).resolve().parents[2] / "fixtures"
 ENV = {

@@ -20,9 +20,8 @@ from hypothesis import strategies as st
 from standardwebhooks.webhooks import Webhook
 from starlette.datastructures import Headers
 
-from reconciler.clock import ManualClock
-from reconciler.errors import ConfigError, SignatureInvalid
-from reconciler.signatures import (
+from reconciler.core.clock import ManualClock
+from reconciler.core.signatures import (
     GitHubVerifier,
     HmacSha256Verifier,
     RejectReason,
@@ -35,6 +34,7 @@ from reconciler.signatures import (
     decode_whsec,
     sign_standard_webhook,
 )
+from reconciler.errors import ConfigError, SignatureInvalid
 
 # The published Standard Webhooks test vector.
 SW_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

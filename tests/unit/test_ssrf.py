@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reconciler.errors import ConfigError, InvalidRequest
-from reconciler.ssrf import (
+from reconciler.outbound.ssrf import (
     AddressClass,
     AllowList,
     CheckedUrl,

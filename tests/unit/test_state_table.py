@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reconciler.core.vocabulary import RemoteCategory as C
 from reconciler.errors import ConfigError
 from reconciler.providers.pointer import Pointer
 from reconciler.providers.state_table import (
@@ -17,7 +18,6 @@ from reconciler.providers.state_table import (
     json_equal,
     state_word,
 )
-from reconciler.vocabulary import RemoteCategory as C
 
 WHERE = "providers/acme.toml: providers.acme.states"
 ACME = {

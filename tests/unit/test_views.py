@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from reconciler.clock import utc
-from reconciler.models import Escalation, Operation
-from reconciler.states import END_STATES, State
-from reconciler.views import message_for, operation_view
+from reconciler.core.clock import utc
+from reconciler.core.states import END_STATES, State
+from reconciler.core.views import message_for, operation_view
+from reconciler.storage.models import Escalation, Operation
 from tests.support.factories import new_operation
 
 NOW = utc(datetime(2025, 3, 8, 14, 22, 11))

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from reconciler.create_flow import _attach_orphans as attach_orphans
-from reconciler.db import Database
-from reconciler.journal import HISTORY, OPS, Journal
-from reconciler.states import State
-from reconciler.webhook_intake import EVENTS, IncomingEvent, Outcome, write_batch
+from reconciler.core.states import State
+from reconciler.engine.steps.create import _attach_orphans as attach_orphans
+from reconciler.storage.database import Database
+from reconciler.storage.journal import HISTORY, OPS, Journal
+from reconciler.storage.webhook_events import EVENTS, IncomingEvent, Outcome, write_batch
 from tests.support.factories import insert_operation
 
 NOW = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)

@@ -12,7 +12,7 @@ import time
 from starlette.requests import Request
 
 from reconciler.runtime import Runtime
-from reconciler.tokens import Principal, authenticate, digest
+from reconciler.storage.tokens import Principal, authenticate, digest
 
 CACHE_SECONDS = 5.0
 CACHE_LIMIT = 10_000

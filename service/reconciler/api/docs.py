@@ -6,7 +6,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from reconciler.openapi import document
+from reconciler.api.openapi import document
 from reconciler.runtime import Runtime
 
 

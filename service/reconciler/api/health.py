@@ -7,8 +7,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from reconciler import migrate
 from reconciler.runtime import Runtime
+from reconciler.storage import migrate
 
 
 async def healthz(request: Request) -> Response:

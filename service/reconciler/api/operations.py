@@ -11,17 +11,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from reconciler import operations, store
 from reconciler.api.auth import principal as authenticate
-from reconciler.bodies import parse_json, read_limited
-from reconciler.decide import apply_decision
+from reconciler.api.bodies import parse_json, read_limited
+from reconciler.api.validation import parse_cancel, parse_create, parse_decision
+from reconciler.commands import create as operations
+from reconciler.commands.decide import apply_decision
+from reconciler.core.states import END_STATES, State
+from reconciler.core.views import history_entry_view, operation_view
 from reconciler.errors import InvalidRequest, StaleWrite
-from reconciler.intake import parse_cancel, parse_create, parse_decision
-from reconciler.models import Operation
 from reconciler.runtime import Runtime
-from reconciler.states import END_STATES, State
-from reconciler.tokens import Principal, require_operator
-from reconciler.views import history_entry_view, operation_view
+from reconciler.storage import operations as store
+from reconciler.storage.models import Operation
+from reconciler.storage.tokens import Principal, require_operator
 
 MAX_LIMIT = store.MAX_PAGE
 STALE_RETRIES = 5

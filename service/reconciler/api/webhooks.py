@@ -16,7 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from reconciler.bodies import parse_json, read_limited
+from reconciler.api.bodies import parse_json, read_limited
+from reconciler.core.signatures import SignatureRejected, Verifier
 from reconciler.errors import (
     InvalidRequest,
     NotFound,
@@ -24,11 +25,10 @@ from reconciler.errors import (
     ReconcilerError,
     StorageUnavailable,
 )
-from reconciler.providers.files import WebhookSpec
 from reconciler.providers.pointer import MISSING
+from reconciler.providers.spec import WebhookSpec
 from reconciler.runtime import Runtime
-from reconciler.signatures import SignatureRejected, Verifier
-from reconciler.webhook_intake import IncomingEvent, Outcome
+from reconciler.storage.webhook_events import IncomingEvent, Outcome
 
 log = logging.getLogger("reconciler.webhooks")
 

@@ -21,8 +21,8 @@ from reconciler.providers.adapter import (
     status_outcome,
     status_view,
 )
-from reconciler.providers.files import ProviderSpec, load_providers
 from reconciler.providers.http_adapter import HttpAdapter, build_adapter
+from reconciler.providers.spec import ProviderSpec, load_providers
 
 __all__ = [
     "CallResult",

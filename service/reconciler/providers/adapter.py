@@ -16,10 +16,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
-from reconciler.providers.files import ProviderSpec, ResultSpec
+from reconciler.core.vocabulary import RemoteCategory, TransportError
 from reconciler.providers.pointer import MISSING, Pointer
+from reconciler.providers.spec import ProviderSpec, ResultSpec
 from reconciler.providers.state_table import state_word
-from reconciler.vocabulary import RemoteCategory, TransportError
 
 MAX_JOB_ID_CHARS = 300  # operations.remote_job_id
 _SHA256_HEX_CHARS = 64

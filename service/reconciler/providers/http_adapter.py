@@ -33,9 +33,10 @@ from urllib.parse import quote
 
 import httpx
 
-from reconciler.bodies import parse_json
-from reconciler.clock import Clock, SystemClock
+from reconciler.api.bodies import parse_json
 from reconciler.config import Secret
+from reconciler.core.clock import Clock, SystemClock
+from reconciler.core.vocabulary import TransportError
 from reconciler.errors import ConfigError, InvalidRequest
 from reconciler.providers.adapter import (
     PROTOCOL_METHODS,
@@ -48,7 +49,7 @@ from reconciler.providers.adapter import (
     lookup_outcome,
     status_outcome,
 )
-from reconciler.providers.files import (
+from reconciler.providers.spec import (
     IDEMPOTENCY_KEY,
     JOB_ID,
     RESULT_REF,
@@ -58,7 +59,6 @@ from reconciler.providers.files import (
     auth_secret,
     template_fields,
 )
-from reconciler.vocabulary import TransportError
 
 USER_AGENT = "reconciler/0.1"
 MAX_REDIRECTS = 5

@@ -1,0 +1,36 @@
+"""The Starlette application factory."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.routing import BaseRoute
+
+from reconciler.api import docs, health, operations, webhooks
+from reconciler.api.errors import HANDLERS
+from reconciler.engine.background import Background
+from reconciler.runtime import Runtime
+
+
+def create_app(runtime: Runtime, *, background: bool = True) -> Starlette:
+    worker = Background(runtime, run_scheduler=background)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        runtime.notifier.bind(asyncio.get_running_loop())
+        await worker.start()
+        try:
+            yield
+        finally:
+            await worker.stop()
+            await runtime.close()
+
+    # The provider endpoint first: it carries the most traffic.
+    routes: list[BaseRoute] = [*webhooks.ROUTES, *operations.ROUTES, *health.ROUTES, *docs.ROUTES]
+    app = Starlette(routes=routes, exception_handlers=dict(HANDLERS), lifespan=lifespan)
+    app.state.runtime = runtime
+    app.state.background = worker
+    return app

@@ -1,0 +1,171 @@
+"""Validating what agents send, with messages that say what to fix.
+
+Pure: a parsed JSON value in, a typed request out (or ``InvalidRequest``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from reconciler.core.canonical import canonical_json
+from reconciler.core.vocabulary import DecisionAction
+from reconciler.errors import InvalidRequest
+
+MAX_KEY_LENGTH = 200
+MAX_METADATA_BYTES = 16_384
+MAX_CANCEL_REASON = 500
+
+CREATE_FIELDS = {
+    "provider",
+    "request",
+    "idempotency_key",
+    "callback_url",
+    "deadline_seconds",
+    "max_status_requests",
+    "metadata",
+}
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    provider: str
+    request: Any
+    idempotency_key: str | None
+    callback_url: str | None
+    deadline_seconds: float | None
+    max_status_requests: int | None
+    metadata: dict[str, Any] | None
+
+
+def _object(body: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"{what} must be a JSON object, got {_kind(body)}")
+    return body
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _unknown(body: Mapping[str, Any], allowed: set[str]) -> None:
+    extra = sorted(set(body) - allowed)
+    if extra:
+        raise InvalidRequest(
+            f"unknown field(s): {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}"
+        )
+
+
+def _string(body: Mapping[str, Any], name: str, *, required: bool, max_len: int) -> str | None:
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise InvalidRequest(f"'{name}' is required")
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest(f"'{name}' must be a string, got {_kind(value)}")
+    if not value.strip():
+        raise InvalidRequest(f"'{name}' must not be empty")
+    if len(value) > max_len:
+        raise InvalidRequest(f"'{name}' must be at most {max_len} characters")
+    return value
+
+
+def _positive_number(body: Mapping[str, Any], name: str, *, integer: bool) -> float | int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequest(f"'{name}' must be a number, got {_kind(value)}")
+    if integer and not (isinstance(value, int) or float(value).is_integer()):
+        raise InvalidRequest(f"'{name}' must be a whole number")
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidRequest(f"'{name}' must be greater than 0")
+    return int(value) if integer else float(value)
+
+
+def parse_create(
+    body: Any, known_providers: Mapping[str, object], check_callback: Callable[[str], object]
+) -> CreateRequest:
+    data = _object(body, "the request body")
+    _unknown(data, CREATE_FIELDS)
+    provider = _string(data, "provider", required=True, max_len=100)
+    assert provider is not None
+    if provider not in known_providers:
+        known = ", ".join(sorted(known_providers)) or "none configured"
+        raise InvalidRequest(f"unknown provider '{provider}'; known providers: {known}")
+    if "request" not in data:
+        raise InvalidRequest("'request' is required: the JSON body of the provider's create call")
+    request = _object(data["request"], "'request'")
+    key = _string(data, "idempotency_key", required=False, max_len=MAX_KEY_LENGTH)
+    callback = _string(data, "callback_url", required=False, max_len=2048)
+    if callback is not None:
+        check_callback(callback)
+    deadline = _positive_number(data, "deadline_seconds", integer=False)
+    budget = _positive_number(data, "max_status_requests", integer=True)
+    metadata = data.get("metadata")
+    if metadata is not None:
+        metadata = dict(_object(metadata, "'metadata'"))
+        if len(canonical_json(metadata).encode()) > MAX_METADATA_BYTES:
+            raise InvalidRequest(f"'metadata' must be at most {MAX_METADATA_BYTES} bytes as JSON")
+    return CreateRequest(
+        provider=provider,
+        request=dict(request),
+        idempotency_key=key,
+        callback_url=callback,
+        deadline_seconds=float(deadline) if deadline is not None else None,
+        max_status_requests=int(budget) if budget is not None else None,
+        metadata=metadata,
+    )
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    reason: str | None
+
+
+def parse_cancel(body: Any) -> CancelRequest:
+    if body is None:
+        return CancelRequest(reason=None)
+    data = _object(body, "the request body")
+    _unknown(data, {"reason"})
+    return CancelRequest(reason=_string(data, "reason", required=False, max_len=MAX_CANCEL_REASON))
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: DecisionAction
+    extra_seconds: float | None
+    extra_status_requests: int | None
+
+
+def parse_decision(body: Any) -> Decision:
+    data = _object(body, "the request body")
+    _unknown(data, {"action", "extra_seconds", "extra_status_requests"})
+    action_text = _string(data, "action", required=True, max_len=20) or ""
+    try:
+        action = DecisionAction(action_text)
+    except ValueError:
+        allowed = ", ".join(a.value for a in DecisionAction)
+        raise InvalidRequest(f"'action' must be one of: {allowed}") from None
+    extra_seconds = _positive_number(data, "extra_seconds", integer=False)
+    extra_requests = _positive_number(data, "extra_status_requests", integer=True)
+    if action is not DecisionAction.EXTEND and (extra_seconds or extra_requests):
+        raise InvalidRequest("'extra_seconds' and 'extra_status_requests' apply only to 'extend'")
+    return Decision(
+        action=action,
+        extra_seconds=float(extra_seconds) if extra_seconds is not None else None,
+        extra_status_requests=int(extra_requests) if extra_requests is not None else None,
+    )

@@ -1,0 +1,1 @@
+"""Pure decisions and vocabulary: values in, values out, no I/O."""

@@ -1,0 +1,214 @@
+"""Escalation options and the seed-003 message a person decides from. Pure text, no I/O.
+
+An escalation asks for a decision, not "continue?": every option is bounded
+and states its cost (seed 003, "Escalation should ask for a decision").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from reconciler.core.backoff import BackoffPolicy
+from reconciler.core.clock import utc
+from reconciler.core.states import State
+from reconciler.core.vocabulary import DecisionAction, EscalationReason, TransportError
+
+A = DecisionAction
+R = EscalationReason
+
+_ALL = (A.EXTEND, A.CANCEL, A.ABANDON)
+
+# Why each row offers what it offers:
+# - Waiting-related stops (deadline, budget, rate limit) and provider trouble
+#   are cured by time, so a bounded extension makes sense next to ending it.
+# - unknown_state: a person may allow a bounded pause while someone checks
+#   what the provider's new state means (seed 003).
+# - contradictory_status: the next read may resolve the contradiction, but
+#   only under a new, explicit limit.
+# - authorization_denied: an identical request would be denied again, so the
+#   extension is meant for after the credential or access has been fixed; a
+#   cancel call would go out with the same refused credential, so none.
+# - contract_violation: the integration no longer matches the provider;
+#   more waiting cannot repair that, so only stopping (and cancelling the
+#   remote work, when there is a job to cancel).
+# - cancellation_unconfirmed: a cancel was already sent; another one is not an
+#   option, waiting for its confirmation is.
+# - callback_undeliverable: the result exists; only delivery is stuck.
+OPTIONS: dict[EscalationReason, tuple[DecisionAction, ...]] = {
+    R.DEADLINE_EXCEEDED: _ALL,
+    R.REQUEST_BUDGET_EXHAUSTED: _ALL,
+    R.RATE_LIMITED: _ALL,
+    R.UNKNOWN_STATE: _ALL,
+    R.AUTHORIZATION_DENIED: (A.EXTEND, A.ABANDON),
+    R.PROVIDER_FAILURE: _ALL,
+    R.CONTRACT_VIOLATION: (A.CANCEL, A.ABANDON),
+    R.CONTRADICTORY_STATUS: _ALL,
+    R.CANCELLATION_UNCONFIRMED: (A.EXTEND, A.ABANDON),
+    R.CALLBACK_UNDELIVERABLE: (A.EXTEND, A.ABANDON),
+}
+
+_TIMED_OUT = frozenset({R.DEADLINE_EXCEEDED, R.REQUEST_BUDGET_EXHAUSTED, R.RATE_LIMITED})
+
+DEFAULT_EXTRA_SECONDS = 15 * 60
+DEFAULT_EXTRA_STATUS_REQUESTS = 4
+_DETAIL_LIMIT = 300
+_FIELD_LIMIT = 120
+
+
+def options_for(
+    reason: EscalationReason, *, provider_can_cancel: bool, job_id_known: bool
+) -> tuple[DecisionAction, ...]:
+    """The bounded options for ``reason``; ``cancel`` needs a cancel action and a job id."""
+    cancellable = provider_can_cancel and job_id_known
+    return tuple(a for a in OPTIONS[reason] if a is not A.CANCEL or cancellable)
+
+
+def abandon_state(reason: EscalationReason) -> State:
+    """Where ``abandon`` leads for an escalation of ``reason``."""
+    if reason in _TIMED_OUT:
+        return State.RESULT_TIMED_OUT
+    if reason is R.CANCELLATION_UNCONFIRMED:
+        return State.CANCELLATION_UNCONFIRMED
+    return State.FAILED
+
+
+def proposed_extension(backoff: BackoffPolicy) -> tuple[float, int]:
+    """Default extension (extra_seconds, extra_status_requests) scaled to the provider's polling.
+
+    Fifteen minutes with four checks (seed 003), widened so that four checks
+    at the provider's capped cadence fit into the extra time.
+    """
+    checks = DEFAULT_EXTRA_STATUS_REQUESTS
+    return max(float(DEFAULT_EXTRA_SECONDS), checks * backoff.max_seconds), checks
+
+
+@dataclass(frozen=True)
+class EscalationFacts:
+    """Everything the message shows. Holds no secrets by construction."""
+
+    operation_id: str
+    provider: str
+    reason: EscalationReason
+    detail: str
+    started_at: datetime
+    now: datetime
+    status_requests_used: int
+    max_status_requests: int
+    provider_job_id: str | None = None
+    last_remote_state: str | None = None
+    last_http_status: int | None = None
+    last_http_at: datetime | None = None
+    last_transport_error: TransportError | None = None  # set when the last call got no response
+    extra_seconds: float = DEFAULT_EXTRA_SECONDS
+    extra_status_requests: int = DEFAULT_EXTRA_STATUS_REQUESTS
+
+
+def format_duration(seconds: float) -> str:
+    """Two units at most: '45 seconds', '40 minutes', '2 hours 5 minutes', '3 days 4 hours'."""
+    total = max(0, int(seconds))
+    units = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
+    # Days only from two days on: "30 hours" reads better than "1 day 6 hours".
+    start = 0 if total >= 2 * 86400 else 1
+    for index in range(start, len(units)):
+        name, size = units[index]
+        if total >= size or size == 1:
+            first = _plural(total // size, name)
+            if index + 1 == len(units):
+                return first
+            sub_name, sub_size = units[index + 1]
+            rest = (total % size) // sub_size
+            return f"{first} {_plural(rest, sub_name)}" if rest else first
+    return _plural(total, "second")  # pragma: no cover - the loop always returns
+
+
+def describe_option(facts: EscalationFacts, action: DecisionAction) -> str:
+    """One option with its cost, as the operator reads it."""
+    if action is A.CANCEL:
+        return "cancel at provider (stops future work; finished work is not undone)"
+    if action is A.ABANDON:
+        verb = "stop delivering" if facts.reason is R.CALLBACK_UNDELIVERABLE else "stop waiting"
+        return f"abandon ({verb}; the operation ends as {abandon_state(facts.reason).value})"
+    span = format_duration(facts.extra_seconds)
+    count = facts.extra_status_requests
+    if facts.reason is R.CALLBACK_UNDELIVERABLE:
+        return f"extend delivery once by {span} with {_plural(count, 'additional attempt')}"
+    text = f"extend waiting once by {span} with {_plural(count, 'additional check')}"
+    if facts.reason is R.AUTHORIZATION_DENIED:
+        text += (
+            " (only after the credential or access has been fixed; "
+            "an identical request will be denied again)"
+        )
+    elif facts.reason is R.CANCELLATION_UNCONFIRMED:
+        text += " for the cancellation to be confirmed"
+    return text
+
+
+def options_payload(
+    facts: EscalationFacts, options: tuple[DecisionAction, ...]
+) -> list[dict[str, Any]]:
+    """The options as JSON for the escalation record and the Operation's ``escalation``."""
+    payload: list[dict[str, Any]] = []
+    for action in options:
+        entry: dict[str, Any] = {
+            "action": action.value,
+            "description": describe_option(facts, action),
+        }
+        if action is A.EXTEND:
+            entry["extra_seconds"] = facts.extra_seconds
+            entry["extra_status_requests"] = facts.extra_status_requests
+        payload.append(entry)
+    return payload
+
+
+def render_message(facts: EscalationFacts, options: tuple[DecisionAction, ...]) -> str:
+    """The seed-003 escalation message: enough context to decide, one fact per line."""
+    job = _one_line(facts.provider_job_id, _FIELD_LIMIT) or "not known yet"
+    state = _one_line(facts.last_remote_state, _FIELD_LIMIT) or "not observed"
+    detail = _one_line(facts.detail, _DETAIL_LIMIT)
+    because = f"{facts.reason.value} — {detail}" if detail else facts.reason.value
+    safe = "; ".join(describe_option(facts, a) for a in options) or "none"
+    lines = [
+        "External job needs a decision",
+        f"Operation: {_one_line(facts.operation_id, _FIELD_LIMIT)}",
+        f"Provider job: {job} (provider {_one_line(facts.provider, _FIELD_LIMIT)})",
+        f"Last state: {state}",
+        f"Elapsed time: {format_duration((facts.now - facts.started_at).total_seconds())}",
+        f"Status requests: {facts.status_requests_used} of {facts.max_status_requests}",
+        f"Last HTTP result: {_last_result(facts)}",
+        f"Stopped because: {because}",
+        f"Safe options: {safe}",
+    ]
+    return "\n".join(lines)
+
+
+def _last_result(facts: EscalationFacts) -> str:
+    if facts.last_transport_error is not None:
+        what = f"no response ({facts.last_transport_error.value})"
+    elif facts.last_http_status is not None:
+        what = str(facts.last_http_status)
+    else:
+        return "none"
+    if facts.last_http_at is None:
+        return what
+    return f"{what} at {_clock_time(facts.last_http_at, facts.now)}"
+
+
+def _clock_time(when: datetime, now: datetime) -> str:
+    at = utc(when)
+    if at.date() == utc(now).date():
+        return at.strftime("%H:%M UTC")
+    return at.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _one_line(text: str | None, limit: int) -> str:
+    """Provider-supplied text cannot break the message's line structure or run on."""
+    if not text:
+        return ""
+    flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

@@ -1,0 +1,615 @@
+"""The fallback poller's pure decision core (seed 003): stop, collect, finish, or when to read next.
+
+Values in, a decision out: no I/O, no clock, no hidden randomness. The shell
+follows seed 003's ordering around it:
+
+1. ``before_request(record, now)``; a ``Stop`` means no request is sent.
+2. charge the request (``status_requests_used += 1``) and persist it;
+3. send exactly one status request and persist the response metadata;
+4. ``decide(record, observation, now, rng, policy)`` with the charged record;
+   persist ``decision.counters`` as they are and act on the decision.
+
+A late wake (the process slept or restarted past ``next_poll_at``) is not
+special: it runs the same steps, so it sends at most one request and never a
+burst to "catch up" on missed intervals.
+
+Delay precedence for the next read (SPEC "Poller"): ``Retry-After`` is a
+minimum on any response > a validated provider hint > capped exponential
+backoff with jitter. A ``Wait`` is never before ``now`` and never after the
+deadline; when ``Retry-After`` itself reaches past the deadline no legal
+request is left, so the wait ends at the deadline and that wake stops with
+``deadline_exceeded`` in ``before_request`` without sending anything.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from reconciler.core.backoff import BackoffPolicy, parse_retry_after
+from reconciler.core.clock import isoformat, utc
+from reconciler.core.vocabulary import DelaySource, EscalationReason, RemoteCategory, TransportError
+from reconciler.errors import ReconcilerError
+
+# A 429 or 503 without Retry-After means the provider is under pressure: the
+# next read waits at least four normal backoff steps or the policy's floor,
+# whichever is longer.
+SHARP_BACKOFF_FACTOR = 4.0
+
+RETRYABLE_CREATE_4XX = frozenset({408, 409, 425, 429})
+
+_RFC3339 = re.compile(
+    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+)
+_TERMINAL = frozenset({RemoteCategory.FAILURE, RemoteCategory.CANCELLED, RemoteCategory.EXPIRED})
+_COLLECTABLE = frozenset({RemoteCategory.SUCCESS, RemoteCategory.PARTIAL})
+_CLIP = 120
+
+
+class InvalidObservation(ReconcilerError):
+    """An observation with neither an HTTP status nor a transport error: a shell bug."""
+
+    code = "invalid_observation"
+
+
+@dataclass(frozen=True)
+class PollPolicy:
+    backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
+    max_rate_limited: int = 3  # consecutive 429s; the last one escalates rate_limited
+    rate_limit_delay_seconds: float = 60.0
+    not_found_grace_seconds: float = 30.0
+
+    def sharp_delay(self, attempt: int, rng: random.Random) -> float:
+        """Delay after a 429/503 without usable Retry-After.
+
+        The floor is max(rate_limit_delay, 4 x backoff.raw(attempt)), so it is
+        bounded by max(rate_limit_delay, 4 x backoff.max). Jitter goes *above*
+        the floor, never below it, and spreads a fleet that was throttled at
+        the same moment: the delay is drawn from [floor, floor x (2 - jitter_floor)].
+        """
+        floor = max(self.rate_limit_delay_seconds, SHARP_BACKOFF_FACTOR * self.backoff.raw(attempt))
+        return rng.uniform(floor, floor * (2.0 - self.backoff.jitter_floor))
+
+
+@dataclass(frozen=True)
+class PollRecord:
+    """What the shell loads from the operation row before deciding."""
+
+    deadline_at: datetime
+    accepted_at: datetime | None
+    max_status_requests: int
+    status_requests_used: int  # already charged for the request being decided
+    max_transport_failures: int
+    transport_failures_used: int = 0
+    rate_limited_count: int = 0  # consecutive 429s before this observation
+    poll_attempt: int = 0  # polls completed before this observation
+    hinted: bool = False  # a webhook hint is pending
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One status request's outcome as the shell parsed it; hint fields are raw values."""
+
+    at: datetime
+    http_status: int | None = None
+    transport_error: TransportError | None = None
+    retry_after: str | None = None
+    category: RemoteCategory | None = None
+    remote_state: str | None = None
+    poll_after_seconds: Any = None
+    next_check_at: Any = None
+    expires_at: Any = None
+    required_fields_ok: bool = False
+    parse_error: str | None = None
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Absolute counter values after this observation; the shell persists them as given.
+
+    ``poll_attempt`` includes the poll just decided and is the backoff
+    exponent of the following wait (seed 003: "attempt = number of completed
+    polls"). ``hint_consumed`` is true when a pending webhook hint has now been
+    answered by a parsable status read and should be cleared.
+    """
+
+    transport_failures_used: int
+    rate_limited_count: int
+    poll_attempt: int
+    hint_consumed: bool
+
+
+@dataclass(frozen=True)
+class Collect:
+    """Success (or partial success) with the required fields valid: go collect the result."""
+
+    counters: Counters
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The provider reports failure, cancellation or expiry: an end, not an escalation."""
+
+    category: RemoteCategory
+    counters: Counters
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop waiting and escalate; ``counters`` is None when nothing was observed."""
+
+    reason: EscalationReason
+    detail: str
+    counters: Counters | None = None
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Read the status again at ``at``; ``notes`` records hints that were ignored and why."""
+
+    at: datetime
+    source: DelaySource
+    notes: tuple[str, ...]
+    counters: Counters
+
+
+Decision = Collect | Finish | Stop | Wait
+
+
+def before_request(record: PollRecord, now: datetime) -> Stop | None:
+    """Seed-003 checks before a status request; only None lets the shell charge and send."""
+    if now >= record.deadline_at:
+        return Stop(
+            EscalationReason.DEADLINE_EXCEEDED,
+            f"deadline {isoformat(record.deadline_at)} reached before the next status request",
+        )
+    if record.status_requests_used >= record.max_status_requests:
+        return Stop(
+            EscalationReason.REQUEST_BUDGET_EXHAUSTED,
+            f"{record.status_requests_used} of {record.max_status_requests} status requests used",
+        )
+    return None
+
+
+def first_poll_at(
+    now: datetime, deadline_at: datetime, rng: random.Random, policy: PollPolicy
+) -> datetime:
+    """First status read after acceptance: backoff at attempt 0 (local_backoff), capped."""
+    at = now + timedelta(seconds=policy.backoff.delay(0, rng))
+    return max(now, min(at, deadline_at))
+
+
+def decide(
+    record: PollRecord,
+    observation: Observation,
+    now: datetime,
+    rng: random.Random,
+    policy: PollPolicy,
+) -> Decision:
+    """Decide what one status response means. Exactly one request preceded it."""
+    obs = observation
+    if obs.transport_error is not None:
+        what = f"status request failed without a response ({obs.transport_error.value})"
+        if obs.transport_error is TransportError.TIMEOUT:
+            what = "status request timed out (delivery ambiguous)"
+        return _transport_failure(record, obs, now, rng, policy, what, sharp=False)
+    status = obs.http_status
+    if status is None:
+        raise InvalidObservation("an observation needs an HTTP status or a transport error")
+    if status in (401, 403):
+        return Stop(
+            EscalationReason.AUTHORIZATION_DENIED,
+            f"HTTP {status} from the status endpoint; check the credential, its scope "
+            "and the account before any further request",
+            _counters(record),
+        )
+    if status == 429:
+        return _rate_limited(record, obs, now, rng, policy)
+    if status >= 500:
+        what = f"HTTP {status} from the status endpoint"
+        return _transport_failure(record, obs, now, rng, policy, what, sharp=status == 503)
+    if status == 404:
+        return _not_found(record, obs, now, rng, policy)
+    if not 200 <= status < 300:
+        return Stop(
+            EscalationReason.CONTRACT_VIOLATION,
+            f"unexpected HTTP {status} from the status endpoint",
+            _counters(record),
+        )
+    return _status_body(record, obs, now, rng, policy)
+
+
+def _counters(
+    record: PollRecord,
+    *,
+    transport_failure: bool = False,
+    rate_limited: bool = False,
+    learned: bool = False,
+) -> Counters:
+    return Counters(
+        transport_failures_used=record.transport_failures_used + (1 if transport_failure else 0),
+        # "Consecutive": any answer that is not a 429 ends the streak.
+        rate_limited_count=record.rate_limited_count + 1 if rate_limited else 0,
+        poll_attempt=record.poll_attempt + 1,
+        hint_consumed=record.hinted and learned,
+    )
+
+
+def _transport_failure(
+    record: PollRecord,
+    obs: Observation,
+    now: datetime,
+    rng: random.Random,
+    policy: PollPolicy,
+    what: str,
+    *,
+    sharp: bool,
+) -> Decision:
+    counters = _counters(record, transport_failure=True)
+    used = counters.transport_failures_used
+    if used >= record.max_transport_failures:
+        return Stop(
+            EscalationReason.PROVIDER_FAILURE,
+            f"{what}; transport failure budget exhausted "
+            f"({used} of {record.max_transport_failures})",
+            counters,
+        )
+    delay = _failure_delay(obs, now, counters.poll_attempt, rng, policy, sharp=sharp)
+    return _wait(record, obs, now, counters, delay, [], hints=False)
+
+
+def _rate_limited(
+    record: PollRecord, obs: Observation, now: datetime, rng: random.Random, policy: PollPolicy
+) -> Decision:
+    counters = _counters(record, rate_limited=True)
+    if counters.rate_limited_count >= policy.max_rate_limited:
+        return Stop(
+            EscalationReason.RATE_LIMITED,
+            f"HTTP 429 {counters.rate_limited_count} times in a row "
+            f"(limit {policy.max_rate_limited})",
+            counters,
+        )
+    delay = _failure_delay(obs, now, counters.poll_attempt, rng, policy, sharp=True)
+    return _wait(record, obs, now, counters, delay, [], hints=False)
+
+
+def _failure_delay(
+    obs: Observation,
+    now: datetime,
+    attempt: int,
+    rng: random.Random,
+    policy: PollPolicy,
+    *,
+    sharp: bool,
+) -> float:
+    # With a usable Retry-After the provider has said how long; it acts as the
+    # minimum over the normal backoff. Without it, 429/503 back off sharply.
+    if sharp and parse_retry_after(obs.retry_after, now) is None:
+        return policy.sharp_delay(attempt, rng)
+    return policy.backoff.delay(attempt, rng)
+
+
+def _not_found(
+    record: PollRecord, obs: Observation, now: datetime, rng: random.Random, policy: PollPolicy
+) -> Decision:
+    counters = _counters(record)
+    grace = timedelta(seconds=policy.not_found_grace_seconds)
+    if record.accepted_at is not None and obs.at < record.accepted_at + grace:
+        note = (
+            "HTTP 404 within the not-found grace window "
+            f"(until {isoformat(record.accepted_at + grace)}): treated as eventual consistency"
+        )
+        delay = policy.backoff.delay(counters.poll_attempt, rng)
+        return _wait(record, obs, now, counters, delay, [note], hints=False)
+    since = isoformat(record.accepted_at) if record.accepted_at is not None else "unknown"
+    return Stop(
+        EscalationReason.CONTRACT_VIOLATION,
+        f"job not found (HTTP 404) after the grace window of {policy.not_found_grace_seconds:g}s "
+        f"since acceptance at {since}",
+        counters,
+    )
+
+
+def _status_body(
+    record: PollRecord, obs: Observation, now: datetime, rng: random.Random, policy: PollPolicy
+) -> Decision:
+    category = obs.category
+    learned = category is not None and obs.parse_error is None
+    counters = _counters(record, learned=learned)
+    state = _clip(obs.remote_state)
+    if category is None or obs.parse_error is not None:
+        return Stop(
+            EscalationReason.CONTRACT_VIOLATION,
+            f"HTTP {obs.http_status} status response could not be parsed: "
+            f"{_clip(obs.parse_error) if obs.parse_error else 'no status in the body'}",
+            counters,
+        )
+    if category is RemoteCategory.UNKNOWN:
+        return Stop(
+            EscalationReason.UNKNOWN_STATE,
+            f"remote state {state} is not in the provider's state table",
+            counters,
+        )
+    if category in _COLLECTABLE:
+        if obs.required_fields_ok:
+            return Collect(counters)
+        return Stop(
+            EscalationReason.CONTRADICTORY_STATUS,
+            f"remote state {state} reports {category} but required result fields "
+            "are missing or invalid",
+            counters,
+        )
+    if category in _TERMINAL:
+        return Finish(category, counters)
+    return _pending(record, obs, now, rng, policy, counters)
+
+
+def _pending(
+    record: PollRecord,
+    obs: Observation,
+    now: datetime,
+    rng: random.Random,
+    policy: PollPolicy,
+    counters: Counters,
+) -> Decision:
+    notes: list[str] = []
+    expiry = parse_rfc3339(obs.expires_at)
+    if obs.expires_at is not None and expiry is None:
+        notes.append(f"expires_at {_show(obs.expires_at)} ignored: not an RFC 3339 timestamp")
+    elif expiry is not None and expiry < obs.at:
+        return Stop(
+            EscalationReason.CONTRADICTORY_STATUS,
+            f"running after its own expiry: remote state {_clip(obs.remote_state)} "
+            f"at {isoformat(obs.at)}, expires_at {isoformat(expiry)}",
+            counters,
+        )
+    if record.hinted:
+        notes.append(
+            f"webhook hint not confirmed: the provider still reports {_clip(obs.remote_state)}"
+        )
+    delay = policy.backoff.delay(counters.poll_attempt, rng)
+    return _wait(record, obs, now, counters, delay, notes, hints=True)
+
+
+def _wait(
+    record: PollRecord,
+    obs: Observation,
+    now: datetime,
+    counters: Counters,
+    delay_seconds: float,
+    notes: list[str],
+    *,
+    hints: bool,
+) -> Decision:
+    # Stop now rather than schedule a read that before_request would refuse:
+    # the record then shows the response that ended the run (seed 003 audit).
+    if now >= record.deadline_at:
+        return Stop(
+            EscalationReason.DEADLINE_EXCEEDED,
+            f"deadline {isoformat(record.deadline_at)} passed; last response: {_describe(obs)}",
+            counters,
+        )
+    if record.status_requests_used >= record.max_status_requests:
+        return Stop(
+            EscalationReason.REQUEST_BUDGET_EXHAUSTED,
+            f"{record.status_requests_used} of {record.max_status_requests} status requests "
+            f"used; last response: {_describe(obs)}",
+            counters,
+        )
+    room = record.deadline_at - now
+    # Anything beyond the deadline is capped below; bounding first keeps timedelta in range.
+    offset = timedelta(seconds=min(delay_seconds, room.total_seconds() + 1.0))
+    source = DelaySource.LOCAL_BACKOFF
+    if hints:
+        hint = _provider_hint(obs, now, room, notes)
+        if hint is not None:
+            offset, source = hint, DelaySource.PROVIDER_POLL_HINT
+    minimum = _retry_after(obs.retry_after, now, notes)
+    if minimum is not None and minimum >= offset:
+        offset, source = minimum, DelaySource.PROVIDER_RETRY_AFTER
+        if minimum > room:
+            notes.append(
+                f"Retry-After {_show(obs.retry_after)} reaches past the deadline: waiting until "
+                "the deadline, which then stops without a request"
+            )
+    if offset > room:
+        if source is not DelaySource.PROVIDER_RETRY_AFTER:
+            notes.append(f"next read capped at the deadline {isoformat(record.deadline_at)}")
+        return Wait(record.deadline_at, source, tuple(notes), counters)
+    return Wait(now + max(offset, timedelta(0)), source, tuple(notes), counters)
+
+
+def _provider_hint(
+    obs: Observation, now: datetime, room: timedelta, notes: list[str]
+) -> timedelta | None:
+    """The later of the valid provider hints (both are guidance to wait at least that long)."""
+    found = [
+        h
+        for h in (
+            _poll_after(obs.poll_after_seconds, room, notes),
+            _next_check(obs.next_check_at, now, room, notes),
+        )
+        if h is not None
+    ]
+    return max(found) if found else None
+
+
+def _poll_after(value: Any, room: timedelta, notes: list[str]) -> timedelta | None:
+    if value is None:
+        return None
+    problem = None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        problem = "not a number"
+    elif isinstance(value, float) and not math.isfinite(value):
+        problem = "not a finite number"
+    elif value < 0:
+        problem = "negative"
+    elif value > room.total_seconds():
+        problem = "past the deadline"
+    if problem is not None:
+        notes.append(f"poll_after_seconds {_show(value)} ignored: {problem}")
+        return None
+    return timedelta(seconds=value)
+
+
+def _next_check(value: Any, now: datetime, room: timedelta, notes: list[str]) -> timedelta | None:
+    if value is None:
+        return None
+    when = parse_rfc3339(value)
+    problem = None
+    if when is None:
+        problem = "not an RFC 3339 timestamp"
+    elif when <= now:
+        problem = "in the past"
+    elif when - now > room:
+        problem = "past the deadline"
+    if problem is not None or when is None:
+        notes.append(f"next_check_at {_show(value)} ignored: {problem}")
+        return None
+    return when - now
+
+
+def _retry_after(value: str | None, now: datetime, notes: list[str]) -> timedelta | None:
+    if value is None:
+        return None
+    parsed = parse_retry_after(value, now)
+    if parsed is None:
+        notes.append(f"Retry-After {_show(value)} ignored: unparsable")
+    return parsed
+
+
+def parse_rfc3339(value: Any) -> datetime | None:
+    """An RFC 3339 date-time with an explicit offset, as aware UTC; None when invalid."""
+    if not isinstance(value, str) or not _RFC3339.match(value):
+        return None
+    text = value.upper().replace(" ", "T")
+    # fromisoformat takes at most microseconds; finer digits carry no meaning here.
+    text = re.sub(r"(\.\d{6})\d+", r"\1", text)
+    try:
+        return utc(datetime.fromisoformat(text))
+    except ValueError:
+        return None
+
+
+def _describe(obs: Observation) -> str:
+    if obs.transport_error is not None:
+        return f"no response ({obs.transport_error.value})"
+    if obs.remote_state is not None:
+        return f"HTTP {obs.http_status}, remote state {_clip(obs.remote_state)}"
+    return f"HTTP {obs.http_status}"
+
+
+def _clip(text: str | None) -> str:
+    if text is None:
+        return "(none)"
+    flat = " ".join(text.split())
+    return repr(flat if len(flat) <= _CLIP else flat[: _CLIP - 1] + "…")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return _clip(value)
+    shown = repr(value)
+    return shown if len(shown) <= _CLIP else shown[: _CLIP - 1] + "…"
+
+
+# --- create phase: establishing the provider's job id (create_pending / create_unknown) ---
+
+
+@dataclass(frozen=True)
+class CreateObservation:
+    """Outcome of one create call or idempotency-key lookup."""
+
+    at: datetime
+    http_status: int | None = None
+    transport_error: TransportError | None = None
+    job_id: str | None = None
+    retry_after: str | None = None
+    error: Any = None  # the provider's error body, kept verbatim on rejection
+
+
+@dataclass(frozen=True)
+class Accepted:
+    job_id: str
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A definitive refusal: the operation fails with the provider's error preserved."""
+
+    http_status: int
+    error: Any
+
+
+@dataclass(frozen=True)
+class Ambiguous:
+    """The job may or may not exist: stay in create_unknown; look up or resend at ``retry_at``."""
+
+    retry_at: datetime
+    source: DelaySource
+    detail: str
+
+
+CreateDecision = Accepted | Rejected | Ambiguous | Stop
+
+
+def before_create(create_deadline_at: datetime, now: datetime) -> Stop | None:
+    """Checked before every create call or lookup, so a late wake cannot exceed the deadline."""
+    if now >= create_deadline_at:
+        return Stop(
+            EscalationReason.PROVIDER_FAILURE,
+            f"job id not established before the create deadline {isoformat(create_deadline_at)}",
+        )
+    return None
+
+
+def decide_create(
+    create_deadline_at: datetime,
+    attempts: int,
+    observation: CreateObservation,
+    now: datetime,
+    rng: random.Random,
+    backoff: BackoffPolicy,
+) -> CreateDecision:
+    """Decide one create/lookup outcome; ``attempts`` counts calls made, this one included.
+
+    A job id always wins, even late: the job exists and must be tracked. A
+    retry that would fall past the create deadline is scheduled at the
+    deadline (a webhook for the orphan job may still resolve it meanwhile);
+    ``before_create`` then stops at that wake.
+    """
+    obs = observation
+    status = obs.http_status
+    if obs.transport_error is None and status is not None:
+        if 200 <= status < 300 and obs.job_id:
+            return Accepted(obs.job_id)
+        if 400 <= status < 500 and status not in RETRYABLE_CREATE_4XX:
+            return Rejected(status, obs.error)
+    detail = _create_detail(obs)
+    if now >= create_deadline_at:
+        return Stop(
+            EscalationReason.PROVIDER_FAILURE,
+            f"job id not established before the create deadline "
+            f"{isoformat(create_deadline_at)}; last result: {detail}",
+        )
+    offset = timedelta(seconds=backoff.delay(attempts, rng))
+    source = DelaySource.LOCAL_BACKOFF
+    minimum = parse_retry_after(obs.retry_after, now)
+    if minimum is not None and minimum >= offset:
+        offset, source = minimum, DelaySource.PROVIDER_RETRY_AFTER
+    retry_at = create_deadline_at if offset > create_deadline_at - now else now + offset
+    return Ambiguous(retry_at, source, detail)
+
+
+def _create_detail(obs: CreateObservation) -> str:
+    if obs.transport_error is not None:
+        return f"no response ({obs.transport_error.value})"
+    if obs.http_status is None:
+        raise InvalidObservation("a create observation needs an HTTP status or a transport error")
+    if 200 <= obs.http_status < 300:
+        return f"HTTP {obs.http_status} without a job id"
+    return f"HTTP {obs.http_status}"

@@ -1,0 +1,118 @@
+"""An operation's history told as the audit sequence of seed 003, one line per entry.
+
+10:20:05 polled, state queued, next poll 10:20:14 from local backoff
+10:20:31 received 503, Retry-After 120, next poll 10:22:31 from provider guidance
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from reconciler.core.clock import utc
+from reconciler.core.vocabulary import DelaySource, HistoryKind
+from reconciler.storage.models import HistoryEntry
+
+SOURCE_WORDS = {
+    DelaySource.PROVIDER_RETRY_AFTER.value: "provider guidance",
+    DelaySource.PROVIDER_POLL_HINT.value: "provider hint",
+    DelaySource.LOCAL_BACKOFF.value: "local backoff",
+    DelaySource.MANUAL_EXTENSION.value: "manual extension",
+    DelaySource.WEBHOOK_HINT.value: "webhook hint",
+}
+
+
+def _clock(value: Any) -> str:
+    if isinstance(value, datetime):
+        return utc(value).strftime("%H:%M:%S")
+    if isinstance(value, str):
+        try:
+            return utc(datetime.fromisoformat(value.replace("Z", "+00:00"))).strftime("%H:%M:%S")
+        except ValueError:
+            return value
+    return "?"
+
+
+def _result(detail: dict[str, Any]) -> str:
+    if "transport_error" in detail:
+        return f"no response ({detail['transport_error']})"
+    status = detail.get("http_status")
+    return f"HTTP {status}" if status is not None else "no answer"
+
+
+def _next(detail: dict[str, Any], source: str | None) -> str:
+    at = detail.get("next_poll_at")
+    if not at:
+        return ""
+    words = SOURCE_WORDS.get(source or "", source or "schedule")
+    return f", next poll {_clock(at)} from {words}"
+
+
+def _status_read(detail: dict[str, Any], source: str | None) -> str:
+    status = detail.get("http_status")
+    decision = detail.get("decision", "")
+    if status is not None and 200 <= status < 300 and "remote_state" in detail:
+        text = f"polled, state {detail['remote_state']}"
+    else:
+        text = f"received {_result(detail).removeprefix('HTTP ')}"
+        if detail.get("retry_after"):
+            text += f", Retry-After {detail['retry_after']}"
+    if decision == "collect":
+        return text + ", collecting the result"
+    if decision in ("stop", "finish"):
+        return text
+    return text + _next(detail, source)
+
+
+def _transition(entry: HistoryEntry, detail: dict[str, Any]) -> str:
+    if entry.from_state is None:
+        deadline = detail.get("deadline_at")
+        budget = detail.get("max_status_requests")
+        extra = f", deadline {_clock(deadline)}, budget {budget}" if deadline else ""
+        return f"operation created{extra}"
+    if entry.to_state == "accepted":
+        return (
+            f"submitted job {detail.get('job_id', '?')} ({_result(detail)} via {detail.get('via')})"
+        )
+    return f"{entry.from_state} -> {entry.to_state} ({entry.cause})"
+
+
+def line(entry: HistoryEntry) -> str:
+    detail: dict[str, Any] = dict(entry.detail or {})
+    kind = entry.kind
+    if kind == HistoryKind.TRANSITION:
+        text = _transition(entry, detail)
+    elif kind == HistoryKind.OBSERVATION and entry.cause == "status_read":
+        text = _status_read(detail, entry.delay_source)
+    elif kind == HistoryKind.OBSERVATION:
+        text = f"{entry.cause.replace('_', ' ')}: {_result(detail)}"
+        if detail.get("job_id"):
+            text += f", job {detail['job_id']}"
+    elif kind == HistoryKind.HINT:
+        text = f"webhook {detail.get('event_id', '?')} received: look now"
+    elif kind == HistoryKind.ESCALATION:
+        text = f"escalated: {detail.get('reason')} — {detail.get('detail', '')}".rstrip(" —")
+    elif kind == HistoryKind.DECISION:
+        extra = ""
+        if detail.get("extra_seconds"):
+            extra = (
+                f" (+{detail['extra_seconds']:g} s, "
+                f"+{detail.get('extra_status_requests', 0)} status requests)"
+            )
+        text = f"{entry.actor} decided {detail.get('action')}{extra}"
+    elif kind == HistoryKind.STEP:
+        step = detail.get("step", "?")
+        if entry.cause.startswith("step_done"):
+            text = f"{step} done (attempt {detail.get('attempt')})"
+        else:
+            text = f"{step} failed: {detail.get('error', '')}"
+    else:
+        text = entry.cause.replace("_", " ")
+        if detail.get("note"):
+            text += f": {detail['note']}"
+    return f"{_clock(entry.at)} {text}"
+
+
+def tell(entries: Iterable[HistoryEntry]) -> list[str]:
+    return [line(e) for e in entries]

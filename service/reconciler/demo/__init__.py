@@ -1,0 +1,1 @@
+"""The demo: fifty mixed operations against the simulated provider, and its report."""

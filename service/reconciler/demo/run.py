@@ -1,0 +1,739 @@
+"""``reconciler demo``: the whole system on loopback, with a mixed batch of operations.
+
+The simulated provider (``fixtures/provider_sim``, found in a clone of the
+repository) runs as a subprocess. The service runs in this process on a fresh
+SQLite file in the demo directory, next to a callback receiver that verifies
+and counts every delivery. The batch goes through the real agent API; the run
+exits 0 only when every operation ended or escalated with a reason within the
+time bound, each finished operation's callback arrived exactly once and
+``audit verify`` passes. The summary is drawn by ``demo_report``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import dataclasses
+import logging
+import os
+import random
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+import reconciler
+from reconciler import logs
+from reconciler.api.app import create_app
+from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.core.clock import SystemClock
+from reconciler.core.signatures import StandardWebhooksVerifier
+from reconciler.demo.report import (
+    OpOutcome,
+    ProgressView,
+    RunReport,
+    Snapshot,
+    make_view,
+    render_report,
+    settled,
+)
+from reconciler.errors import ReconcilerError, SignatureInvalid
+from reconciler.runtime import Runtime
+from reconciler.storage import audit, migrate
+from reconciler.storage.database import Database
+from reconciler.storage.tokens import create_token
+
+HOST = "127.0.0.1"
+PROVIDER = "sim"
+MARKER = ".reconciler-demo"
+WATCH_INTERVAL = 0.5
+START_TIMEOUT = 15.0
+# The demo's own polling values: short enough for a one-minute run, long enough that
+# webhooks (not the fallback poller) bring most answers.
+DEMO_POLLING = {
+    "base_delay_seconds": 1.0,
+    "max_delay_seconds": 10.0,
+    "jitter_floor": 0.5,
+    "deadline_seconds": 60,
+    "max_status_requests": 30,
+    "max_transport_failures": 5,
+    "max_rate_limited": 4,
+    "rate_limit_delay_seconds": 2.0,
+}
+
+
+class DemoError(ReconcilerError):
+    """The demo could not set itself up or talk to its own parts."""
+
+    code = "demo_failed"
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    operations: int = 50
+    seed: int = 7
+    timeout: float = 75.0
+    keep: bool = False
+    sim_root: Path | None = None
+    directory: Path = Path("demo-run")
+
+
+# --- the scenario mix (pure) ----------------------------------------------------------
+
+
+def _secs(rng: random.Random, low: float, high: float) -> float:
+    return round(rng.uniform(low, high), 1)
+
+
+def _job(scenario: str, rng: random.Random, low: float, high: float, **knobs: Any) -> Any:
+    return {"scenario": scenario, "duration": _secs(rng, low, high), "webhooks": "normal", **knobs}
+
+
+# Each builds a create body for the simulated provider (see fixtures/provider_sim).
+KINDS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
+    "webhooks_delivered": lambda r: _job("success", r, 1, 20),
+    "webhooks_lost": lambda r: _job("success", r, 1, 20, webhooks="never"),
+    "webhooks_duplicated": lambda r: _job("success", r, 1, 20, webhooks="duplicate"),
+    "webhooks_lying": lambda r: _job("success", r, 4, 20, webhooks="early_lie"),
+    "webhooks_out_of_order": lambda r: _job("success", r, 1, 15, webhooks="out_of_order"),
+    "webhooks_delayed": lambda r: _job("success", r, 1, 15, webhooks="delayed"),
+    "slow_job": lambda r: _job("slow_success", r, 14, 20),
+    "late_failure": lambda r: _job("late_failure", r, 5, 10),
+    "partial_results": lambda r: _job("partial", r, 2, 8, failed_items=r.randint(1, 5)),
+    "rate_limit_burst": lambda r: _job(
+        "success", r, 3, 8, status_fault=429, status_fault_count=3, retry_after=1
+    ),
+    "rate_limit_storm": lambda r: _job(
+        "success", r, 15, 20, webhooks="never", status_fault=429, retry_after=1
+    ),
+    "unknown_state": lambda r: _job("unknown_state", r, 2, 6),
+    "cancelled": lambda r: _job("slow_success", r, 30, 30),
+}
+CANCEL_AFTER = {"cancelled": (2.0, 5.0)}
+# Every scenario once (the cancellation twice) before the random fill; a small batch
+# takes a prefix.
+REQUIRED = (
+    "webhooks_delivered",
+    "webhooks_lost",
+    "webhooks_duplicated",
+    "webhooks_lying",
+    "late_failure",
+    "partial_results",
+    "rate_limit_storm",
+    "unknown_state",
+    "cancelled",
+    "rate_limit_burst",
+    "slow_job",
+    "webhooks_out_of_order",
+    "webhooks_delayed",
+    "cancelled",
+)
+FILL_WEIGHTS = {
+    "webhooks_delivered": 4,
+    "webhooks_lost": 3,
+    "webhooks_duplicated": 2,
+    "slow_job": 2,
+    "webhooks_lying": 1,
+    "webhooks_out_of_order": 1,
+    "webhooks_delayed": 1,
+    "partial_results": 1,
+}
+
+
+@dataclass(frozen=True)
+class Planned:
+    index: int
+    kind: str
+    request: dict[str, Any]
+    key: str
+    cancel_after: float | None = None
+
+
+def plan_batch(count: int, rng: random.Random, seed: int) -> list[Planned]:
+    """``count`` operations across the scenarios, in a seeded random order."""
+    kinds = list(REQUIRED[:count])
+    names, weights = zip(*FILL_WEIGHTS.items(), strict=True)
+    kinds += rng.choices(names, weights=weights, k=count - len(kinds))
+    rng.shuffle(kinds)
+    planned = []
+    for index, kind in enumerate(kinds):
+        request = {**KINDS[kind](rng), "item": f"demo-{index:03d}"}
+        window = CANCEL_AFTER.get(kind)
+        cancel_after = _secs(rng, *window) if window else None
+        key = f"demo-{seed}-{index:03d}"
+        planned.append(Planned(index, kind, request, key, cancel_after))
+    return planned
+
+
+def pick_repeats(planned: list[Planned], rng: random.Random) -> list[Planned]:
+    """A few submissions to send again, same key and request: each must get its operation."""
+    candidates = [p for p in planned if p.cancel_after is None]
+    return rng.sample(candidates, min(len(candidates), max(1, len(planned) // 16)))
+
+
+# --- where things live -----------------------------------------------------------------
+
+
+def locate_sim_root(explicit: Path | None) -> Path:
+    root = explicit or Path(reconciler.__file__).resolve().parents[2]
+    if not (root / "fixtures" / "provider_sim" / "__main__.py").is_file():
+        raise DemoError(
+            f"the simulated provider (fixtures/provider_sim) is not under {root}; "
+            "run from a clone of the repository or pass --sim-root"
+        )
+    return root
+
+
+def prepare_directory(path: Path) -> Path:
+    """A fresh demo directory; an existing one is wiped only if an earlier demo made it."""
+    path = path.resolve()
+    if path.exists():
+        if not (path / MARKER).exists() and any(path.iterdir()):
+            raise DemoError(f"{path} exists and was not made by the demo; refusing to wipe it")
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    (path / MARKER).write_text("made by reconciler demo; wiped at every run\n")
+    (path / "providers").mkdir()
+    return path
+
+
+def _whsec() -> str:
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+# --- servers ---------------------------------------------------------------------------
+
+
+def bound_socket() -> socket.socket:
+    """A socket bound to a free loopback port; uvicorn listens on it when it starts."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((HOST, 0))
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    return f"http://{HOST}:{sock.getsockname()[1]}"
+
+
+@contextmanager
+def serve_in_thread(app: Any, name: str, sock: socket.socket | None = None) -> Iterator[str]:
+    """Run ``app`` on uvicorn in a thread (no signal handlers there); yields its base URL."""
+    sock = sock or bound_socket()
+    config = uvicorn.Config(
+        app, log_config=None, access_log=False, ws="none", timeout_graceful_shutdown=2
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=name)
+    thread.daemon = True
+    thread.start()
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise DemoError(f"the {name} did not start; see service.log")
+            time.sleep(0.02)
+        yield url_of(sock)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+@contextmanager
+def run_sim(root: Path, log_path: Path, env: dict[str, str], webhook_url: str) -> Iterator[str]:
+    """Start the simulated provider as a subprocess; stop it by its PID on the way out."""
+    with log_path.open("ab") as log:
+        for _ in range(3):
+            port = _free_port()
+            command = [sys.executable, "-m", "fixtures.provider_sim", "--host", HOST]
+            command += ["--port", str(port), "--webhook-url", webhook_url]
+            # Token and webhook secret go through the environment, not argv (visible in ps).
+            proc = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=log)
+            try:
+                url = f"http://{HOST}:{port}"
+                if _wait_for_sim(proc, url):
+                    yield url
+                    return
+            finally:
+                _stop(proc)
+    raise DemoError(f"the simulated provider did not start; see {log_path}")
+
+
+def _wait_for_sim(proc: subprocess.Popen[bytes], url: str) -> bool:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{url}/_sim/stats", timeout=1.0, trust_env=False).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+class CallbackReceiver:
+    """The agent's side: verifies each callback's signature and counts it per webhook-id."""
+
+    def __init__(self, secret: str) -> None:
+        self._verifier = StandardWebhooksVerifier([secret], clock=SystemClock())
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._rejected = 0
+        self.app = Starlette(routes=[Route("/callbacks", self._receive, methods=["POST"])])
+
+    async def _receive(self, request: Request) -> Response:
+        body = await request.body()
+        try:
+            verified = self._verifier.verify(request.headers, body)
+        except SignatureInvalid:
+            with self._lock:
+                self._rejected += 1
+            return Response(status_code=401)
+        with self._lock:
+            self._counts[verified.event_id or ""] += 1
+        return Response(status_code=204)
+
+    def counts(self) -> tuple[Counter[str], int]:
+        with self._lock:
+            return Counter(self._counts), self._rejected
+
+
+# --- the service -----------------------------------------------------------------------
+
+
+def demo_settings(base: Settings, workdir: Path, sim_root: Path, sim_url: str) -> Settings:
+    with (sim_root / "fixtures" / "providers" / "sim.toml").open("rb") as fh:
+        table = copy.deepcopy(tomllib.load(fh)["providers"][PROVIDER])
+    table["base_url"] = sim_url
+    table["polling"] = {**table.get("polling", {}), **DEMO_POLLING}
+    return dataclasses.replace(
+        base,
+        database_url=f"sqlite:///{workdir / 'reconciler.db'}",
+        providers_dir=str(workdir / "providers"),
+        providers={PROVIDER: table},
+        hooks=(),
+        server=ServerSettings(wait_max_seconds=30.0),
+        scheduler=SchedulerSettings(tick_seconds=0.5, lease_seconds=10.0),
+        callbacks=CallbackSettings(
+            allow_hosts=(HOST,),
+            max_attempts=5,
+            timeout_seconds=5.0,
+            base_delay_seconds=0.5,
+            max_delay_seconds=5.0,
+        ),
+    )
+
+
+@contextmanager
+def service_logs(path: Path, level: str) -> Iterator[None]:
+    """The service's log lines go to a file in the demo directory, not the terminal."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logs.JsonFormatter())
+    root = logging.getLogger()
+    handlers_before, level_before = root.handlers[:], root.level
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for name in ("httpx", "apscheduler"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers_before
+        root.setLevel(level_before)
+        handler.close()
+
+
+def _make_tokens(runtime: Runtime) -> tuple[str, str]:
+    now = runtime.clock.now()
+    with runtime.db.write() as conn:
+        agent = create_token(conn, "demo-agent", "agent", now)
+        operator = create_token(conn, "demo-operator", "operator", now)
+    return agent, operator
+
+
+# --- driving the batch -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Submitted:
+    planned: Planned
+    op_id: str
+    at: float  # epoch seconds
+
+
+def _epoch(value: Any) -> float | None:
+    return datetime.fromisoformat(value).timestamp() if isinstance(value, str) else None
+
+
+def _refusal(response: httpx.Response) -> str:
+    try:
+        error = response.json().get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+    except (ValueError, AttributeError):
+        message = None
+    return f"HTTP {response.status_code}" + (f": {message}" if message else "")
+
+
+class Driver:
+    """Submits, cancels and watches the batch through the agent API."""
+
+    def __init__(
+        self,
+        service: httpx.AsyncClient,
+        sim: httpx.AsyncClient,
+        tokens: tuple[str, str],
+        callback_url: str,
+        receiver: CallbackReceiver,
+    ) -> None:
+        self.service, self.sim = service, sim
+        self.agent = {"Authorization": f"Bearer {tokens[0]}"}
+        self.operator = {"Authorization": f"Bearer {tokens[1]}"}
+        self.callback_url = callback_url
+        self.receiver = receiver
+        self.submitted: dict[int, Submitted] = {}
+        self.repeats: list[tuple[str, str | None]] = []
+        self.cancels: list[asyncio.Task[None]] = []
+
+    async def post(self, planned: Planned) -> tuple[str, float, int]:
+        body = {
+            "provider": PROVIDER,
+            "request": planned.request,
+            "idempotency_key": planned.key,
+            "callback_url": self.callback_url,
+            "metadata": {"demo_scenario": planned.kind},
+        }
+        at = time.time()
+        response = await self.service.post("/v1/operations", json=body, headers=self.agent)
+        if response.status_code not in (200, 202):
+            raise DemoError(f"submitting {planned.kind} was refused: {_refusal(response)}")
+        op_id: str = response.json()["id"]
+        return op_id, at, response.status_code
+
+    async def submit_all(self, planned: list[Planned], repeats: list[Planned]) -> None:
+        """Submit the batch (a few at a time), schedule its cancels, then send the repeats."""
+        limit = asyncio.Semaphore(8)
+
+        async def one(p: Planned) -> None:
+            async with limit:
+                op_id, at, _ = await self.post(p)
+            sub = self.submitted[p.index] = Submitted(p, op_id, at)
+            if p.cancel_after is not None:
+                self.cancels.append(asyncio.create_task(self.cancel_later(sub, p.cancel_after)))
+
+        await asyncio.gather(*(one(p) for p in planned))
+        for p in repeats:
+            op_id, _, status = await self.post(p)
+            self.repeats.append((self.submitted[p.index].op_id, op_id if status == 200 else None))
+
+    async def cancel_later(self, sub: Submitted, after: float) -> None:
+        await asyncio.sleep(max(0.0, sub.at + after - time.time()))
+        response = await self.service.post(
+            f"/v1/operations/{sub.op_id}/cancel",
+            json={"reason": "demo: the agent no longer needs this result"},
+            headers=self.agent,
+        )
+        # 409: it ended first, which the summary shows as its end state.
+        if response.status_code not in (202, 409):
+            raise DemoError(f"cancelling {sub.op_id} was refused: {_refusal(response)}")
+
+    async def operations(self) -> dict[str, dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        params: dict[str, Any] = {"limit": 200}
+        while True:
+            response = await self.service.get(
+                "/v1/operations", params=params, headers=self.operator
+            )
+            if response.status_code != 200:
+                raise DemoError(f"listing operations failed: {_refusal(response)}")
+            page = response.json()
+            found.update((op["id"], op) for op in page["operations"])
+            if not page.get("next_cursor"):
+                return found
+            params["cursor"] = page["next_cursor"]
+
+    async def status_requests(self) -> int:
+        response = await self.sim.get("/_sim/stats")
+        counts = response.json().get("requests", {}).get("status", {})
+        return int(sum(counts.values()))
+
+    async def sim_jobs(self) -> dict[str, dict[str, Any]]:
+        response = await self.sim.get("/_sim/jobs")
+        return {job["job_id"]: job for job in response.json()["jobs"]}
+
+    def states(self, planned: list[Planned], ops: dict[str, dict[str, Any]]) -> list[str]:
+        """Each planned operation's state now ("submitting" until it has an id)."""
+        result = []
+        for p in planned:
+            sub = self.submitted.get(p.index)
+            result.append(
+                ops.get(sub.op_id, {}).get("state", "submitting") if sub else "submitting"
+            )
+        return result
+
+    def answered(self, planned: list[Planned], ops: dict[str, dict[str, Any]]) -> bool:
+        """Every operation settled, and every finished one's callback arrived."""
+        cbs, _ = self.receiver.counts()
+        for p in planned:
+            sub = self.submitted.get(p.index)
+            op = ops.get(sub.op_id) if sub else None
+            if op is None or not settled(op["state"]) or (op["done"] and cbs[op["id"]] < 1):
+                return False
+        return True
+
+
+def _snapshot(
+    elapsed: float, planned: list[Planned], states: list[str], requests: int, cbs: int
+) -> Snapshot:
+    by_kind: dict[str, Counter[str]] = {}
+    for p, state in zip(planned, states, strict=True):
+        by_kind.setdefault(p.kind, Counter())[state] += 1
+    return Snapshot(elapsed, len(planned), Counter(states), by_kind, requests, cbs)
+
+
+async def drive(
+    driver: Driver,
+    plan: tuple[list[Planned], list[Planned]],
+    view: ProgressView,
+    started: float,
+    deadline: float,
+) -> dict[str, dict[str, Any]]:
+    """Run the batch until everything is answered or the deadline; the last operations seen."""
+    planned, repeats = plan
+    submitting = asyncio.create_task(driver.submit_all(planned, repeats))
+    try:
+        while True:
+            ops = await driver.operations()
+            cbs, _ = driver.receiver.counts()
+            requests = await driver.status_requests()
+            elapsed = time.monotonic() - started
+            states = driver.states(planned, ops)
+            view.update(_snapshot(elapsed, planned, states, requests, sum(cbs.values())))
+            if submitting.done():
+                submitting.result()  # a refused submission ends the run here
+                if driver.answered(planned, ops):
+                    break
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(WATCH_INTERVAL)
+    finally:
+        for task in [submitting, *driver.cancels]:
+            task.cancel()
+        await asyncio.gather(submitting, *driver.cancels, return_exceptions=True)
+    # A late duplicate callback would show up in this pause rather than go unseen.
+    await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    return await driver.operations()
+
+
+def _final_at(job: dict[str, Any] | None) -> float | None:
+    if job is None:
+        return None
+    for step in job.get("timeline", []):
+        if step["state"] not in ("queued", "running", "cancelling"):
+            return float(step["at"])
+    return None
+
+
+def outcomes(
+    subs: list[Submitted],
+    ops: dict[str, dict[str, Any]],
+    jobs: dict[str, dict[str, Any]],
+    cbs: Counter[str],
+) -> list[OpOutcome]:
+    result = []
+    for sub in subs:
+        op = ops.get(sub.op_id, {})
+        job = jobs.get(op.get("remote_job_id") or "")
+        escalation = op.get("escalation") or {}
+        result.append(
+            OpOutcome(
+                op_id=sub.op_id,
+                kind=sub.planned.kind,
+                state=op.get("state", "unknown"),
+                submitted_at=sub.at,
+                done_at=_epoch(op.get("done_at")),
+                provider_final_at=_final_at(job),
+                status_requests=job["counts"]["status"] if job else None,
+                callbacks=cbs[sub.op_id],
+                escalation_reason=escalation.get("reason"),
+                escalation_message=escalation.get("message"),
+            )
+        )
+    return result
+
+
+# --- the whole run ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    outcomes: list[OpOutcome]
+    repeats: list[tuple[str, str | None]]
+    rejected_callbacks: int
+    problems: list[str]
+
+
+async def run_batch(
+    urls: tuple[str, str, str],
+    tokens: tuple[str, str],
+    receiver: CallbackReceiver,
+    plan: tuple[list[Planned], list[Planned]],
+    started: float,
+    deadline: float,
+) -> BatchResult:
+    service_url, sim_url, callback_url = urls
+    async with (
+        httpx.AsyncClient(base_url=service_url, timeout=30.0, trust_env=False) as service,
+        httpx.AsyncClient(base_url=sim_url, timeout=30.0, trust_env=False) as sim,
+    ):
+        driver = Driver(service, sim, tokens, callback_url, receiver)
+        with make_view() as view:
+            ops = await drive(driver, plan, view, started, deadline)
+        jobs = await driver.sim_jobs()
+    cbs, rejected = receiver.counts()
+    subs = [driver.submitted[i] for i in sorted(driver.submitted)]
+    problems = []
+    missing = len(plan[0]) - len(subs) + len(plan[1]) - len(driver.repeats)
+    if missing:
+        problems.append(f"{missing} submission(s) were not answered before the time bound")
+    return BatchResult(outcomes(subs, ops, jobs, cbs), driver.repeats, rejected, problems)
+
+
+def _audit(url: str, key: bytes | None) -> tuple[bool, str]:
+    db = Database(url)
+    try:
+        report = audit.verify(db, key)
+    finally:
+        db.dispose()
+    if report.fault is not None:
+        return False, f"audit FAILED: {report.fault.describe()}"
+    entries = f"{report.operations} operations, {report.entries} history entries intact"
+    return True, f"audit ok: {entries}"
+
+
+@dataclass(frozen=True)
+class DemoSecrets:
+    webhook: str = dataclasses.field(default_factory=_whsec, repr=False)
+    callback: str = dataclasses.field(default_factory=_whsec, repr=False)
+    sim_token: str = dataclasses.field(
+        default_factory=lambda: secrets.token_urlsafe(24), repr=False
+    )
+
+    def service_env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "SIM_TOKEN": self.sim_token,
+            "SIM_WEBHOOK_SECRETS": self.webhook,
+            "RECONCILER_CALLBACK_SECRET": self.callback,
+        }
+
+    def sim_env(self) -> dict[str, str]:
+        return {**os.environ, "SIM_TOKEN": self.sim_token, "SIM_WEBHOOK_SECRET": self.webhook}
+
+
+def _run(options: DemoOptions, base: Settings, workdir: Path, started: float) -> RunReport:
+    rng = random.Random(options.seed)
+    planned = plan_batch(options.operations, rng, options.seed)
+    repeats = pick_repeats(planned, rng)
+    keys = DemoSecrets()
+    environ = keys.service_env()
+    sim_root = locate_sim_root(options.sim_root)
+    print(f"reconciler demo: {len(planned)} operations, seed {options.seed}, files in {workdir}")
+    with ExitStack() as stack:
+        stack.enter_context(service_logs(workdir / "service.log", base.log_level))
+        receiver = CallbackReceiver(keys.callback)
+        receiver_url = stack.enter_context(serve_in_thread(receiver.app, "callback receiver"))
+        # The sim needs the service's URL (webhooks) and the service the sim's (base_url):
+        # bind the service's socket first.
+        service_sock = bound_socket()
+        stack.callback(service_sock.close)
+        webhook_url = f"{url_of(service_sock)}/webhooks/{PROVIDER}"
+        sim_url = stack.enter_context(
+            run_sim(sim_root, workdir / "sim.log", keys.sim_env(), webhook_url)
+        )
+        settings = demo_settings(base, workdir, sim_root, sim_url)
+        runtime = Runtime.build(settings, environ=environ)
+        migrate.upgrade(runtime.db)
+        tokens = _make_tokens(runtime)
+        service_url = stack.enter_context(
+            serve_in_thread(create_app(runtime), "service", service_sock)
+        )
+        print(f"service {service_url}, simulated provider {sim_url}, callbacks {receiver_url}")
+        urls = (service_url, sim_url, f"{receiver_url}/callbacks")
+        deadline = started + options.timeout
+        batch = asyncio.run(
+            run_batch(urls, tokens, receiver, (planned, repeats), started, deadline)
+        )
+    key = settings.audit_key(environ)
+    audit_ok, audit_text = _audit(settings.database_url, key.reveal().encode() if key else None)
+    report = RunReport(
+        seed=options.seed,
+        timeout=options.timeout,
+        elapsed=time.monotonic() - started,
+        outcomes=batch.outcomes,
+        repeats=batch.repeats,
+        rejected_callbacks=batch.rejected_callbacks,
+        problems=batch.problems,
+        audit_text=audit_text,
+        audit_ok=audit_ok,
+    )
+    return report
+
+
+def run_demo(options: DemoOptions, base: Settings) -> int:
+    """Run the demo end to end; 0 only when the run met every check (see the module doc)."""
+    if options.operations < 1 or options.timeout <= 0:
+        raise DemoError("--operations must be at least 1 and --timeout greater than 0")
+    started = time.monotonic()
+    locate_sim_root(options.sim_root)
+    workdir = prepare_directory(options.directory)
+    try:
+        report = _run(options, base, workdir, started)
+    except DemoError as exc:
+        raise DemoError(f"{exc.message} (logs in {workdir})") from None
+    except KeyboardInterrupt:
+        print(f"interrupted; the simulated provider is stopped, files kept in {workdir}")
+        raise
+    print(render_report(report), flush=True)
+    failed = bool(report.failures())
+    if failed or options.keep:
+        print(f"demo files kept in {workdir} (service.log, sim.log, reconciler.db)")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if failed else 0

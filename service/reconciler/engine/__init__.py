@@ -1,0 +1,1 @@
+"""The background half: the worker, the ticker, wake-ups and the steps."""

@@ -1,0 +1,84 @@
+"""The background half of a replica: flows, worker, scheduler and the notification listener."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime, timedelta
+
+from reconciler.core.states import State
+from reconciler.engine.context import FlowContext
+from reconciler.engine.hooks import load_hooks
+from reconciler.engine.steps.cancel import CancelFlow
+from reconciler.engine.steps.collect import CollectFlow
+from reconciler.engine.steps.complete import Completion
+from reconciler.engine.steps.create import CreateFlow
+from reconciler.engine.steps.poll import PollFlow
+from reconciler.engine.ticker import Scheduler
+from reconciler.engine.worker import Step, Worker
+from reconciler.outbound.callbacks import CallbackClient
+from reconciler.runtime import Runtime
+
+log = logging.getLogger("reconciler.engine.background")
+
+
+class Background:
+    def __init__(self, runtime: Runtime, *, run_scheduler: bool = True) -> None:
+        self.runtime = runtime
+        self.ctx = FlowContext(runtime)
+        settings = runtime.settings
+        hooks = load_hooks(settings.hooks, settings.source)
+        self.callbacks = (
+            CallbackClient(
+                signing_key=runtime.callback_key,
+                allow_hosts=settings.callbacks.allow_hosts,
+                clock=runtime.clock,
+                timeout_seconds=settings.callbacks.timeout_seconds,
+                max_response_bytes=settings.callbacks.max_response_bytes,
+            )
+            if runtime.callback_key is not None
+            else None
+        )
+        create = CreateFlow(self.ctx)
+        poll = PollFlow(self.ctx)
+        steps: dict[State, Step] = {
+            State.CREATE_PENDING: create,
+            State.CREATE_UNKNOWN: create,
+            State.OBSERVING: poll,
+            State.CANCELLING: poll,
+            State.CANCEL_REQUESTED: CancelFlow(self.ctx),
+            State.RESULT_COLLECTING: CollectFlow(self.ctx),
+        }
+        self.worker = Worker(
+            runtime,
+            steps,
+            Completion(self.ctx, hooks, self.callbacks),
+            on_next_due=self._next_due,
+        )
+        self.scheduler = Scheduler(self.worker, settings.scheduler.tick_seconds)
+        self.run_scheduler = run_scheduler and settings.scheduler.enabled
+        runtime.notifier.on_wake(self._wake)
+
+    def _wake(self) -> None:
+        if self.run_scheduler:
+            self.scheduler.wake()
+
+    def _next_due(self, when: datetime) -> None:
+        # Due times are in the runtime's clock; the scheduler runs on the wall clock.
+        delay = (when - self.runtime.clock.now()).total_seconds()
+        self.scheduler.wake_at(datetime.now(tz=when.tzinfo) + timedelta(seconds=max(0.0, delay)))
+
+    async def start(self) -> None:
+        rt = self.runtime
+        rt.notifier.bind(asyncio.get_running_loop())
+        if not rt.db.sqlite:
+            rt.notifier.start_listener(rt.db.url)
+        if self.run_scheduler:
+            self.scheduler.start()
+
+    async def stop(self) -> None:
+        self.scheduler.shutdown()
+        await self.worker.drain()
+        await self.runtime.notifier.stop()
+        if self.callbacks is not None:
+            await self.callbacks.aclose()

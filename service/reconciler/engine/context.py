@@ -1,0 +1,185 @@
+"""What every worker step shares: the runtime, the lease, bounded provider calls, guarded writes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+from sqlalchemy.engine import Connection
+
+from reconciler.core.backoff import BackoffPolicy
+from reconciler.core.poll import PollPolicy
+from reconciler.core.states import END_STATES, State
+from reconciler.core.vocabulary import EscalationReason, TransportError
+from reconciler.errors import StaleWrite
+from reconciler.metrics import status_label
+from reconciler.providers.adapter import CallResult, ProviderAdapter
+from reconciler.providers.spec import ProviderSpec
+from reconciler.runtime import Runtime
+from reconciler.storage.journal import Entry, Lease
+from reconciler.storage.models import Operation
+
+T = TypeVar("T")
+APPLY_ATTEMPTS = 3
+
+
+@dataclass
+class FlowContext:
+    runtime: Runtime
+    _limits: dict[str, asyncio.Semaphore] = field(default_factory=dict)
+
+    @property
+    def lease(self) -> Lease:
+        return Lease(self.runtime.worker_id)
+
+    @property
+    def actor(self) -> str:
+        return f"worker:{self.runtime.worker_id}"
+
+    def now(self) -> datetime:
+        return self.runtime.clock.now()
+
+    def holds_lease(self, op: Operation) -> bool:
+        expires = op.lease_expires_at
+        return (
+            op.lease_owner == self.runtime.worker_id
+            and expires is not None
+            and (expires > self.now())
+        )
+
+    async def reload(self, op_id: str) -> Operation | None:
+        from reconciler.storage import operations as store
+
+        def load() -> Operation | None:
+            with self.runtime.db.read() as conn:
+                return store.get_operation(conn, op_id)
+
+        return await self.runtime.db.run(load)
+
+    def spec(self, op: Operation) -> ProviderSpec:
+        return self.runtime.providers[op.provider]
+
+    def adapter(self, op: Operation) -> ProviderAdapter:
+        return self.runtime.adapter(op.provider)
+
+    def backoff(self, spec: ProviderSpec) -> BackoffPolicy:
+        p = spec.polling
+        return BackoffPolicy(p.base_delay_seconds, p.max_delay_seconds, p.jitter_floor)
+
+    def poll_policy(self, spec: ProviderSpec) -> PollPolicy:
+        return PollPolicy(
+            backoff=self.backoff(spec),
+            max_rate_limited=spec.polling.max_rate_limited,
+            rate_limit_delay_seconds=spec.polling.rate_limit_delay_seconds,
+            not_found_grace_seconds=spec.status.not_found_grace_seconds,
+        )
+
+    async def call(self, op: Operation, name: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """One provider call, bounded per provider so one slow provider cannot starve others."""
+        limit = self._limits.get(op.provider)
+        if limit is None:
+            limit = self._limits[op.provider] = asyncio.Semaphore(
+                self.runtime.settings.scheduler.provider_concurrency
+            )
+        async with limit:
+            result = await fn()
+        call = getattr(result, "call", result)
+        if isinstance(call, CallResult):
+            self.count_call(op, name, call)
+        return result
+
+    async def write(self, op: Operation, fn: Callable[[Connection], Operation]) -> Operation:
+        """Run ``fn`` in one write transaction off the loop, then signal the change."""
+        rt = self.runtime
+
+        def run() -> Operation:
+            with rt.db.write() as conn:
+                return fn(conn)
+
+        after = await rt.db.run(run)
+        if after.state != op.state:
+            rt.notifier.changed(op.id)
+            if State(after.state) in END_STATES:
+                rt.metrics.completions.labels(after.state).inc()
+        if after.escalation_id != op.escalation_id and after.escalation_id is not None:
+            rt.metrics.escalations.labels(await rt.db.run(self._reason, after)).inc()
+        return after
+
+    async def apply(
+        self, op: Operation, build: Callable[[Connection, Operation], Operation]
+    ) -> Operation:
+        """Write what a provider call taught us onto the freshest row we still lease.
+
+        While the call was in flight an agent's cancel, a webhook hint or an operator may
+        have written the row; their writes stand, and ``build`` decides again on the row
+        as it is now, so the provider's answer is recorded instead of being lost to the
+        version guard. Losing the lease still stops the write.
+        """
+        journal = self.runtime.journal
+
+        def fresh(conn: Connection) -> Operation:
+            current = journal.load(conn, op.id)
+            if not self.holds_lease(current):
+                raise StaleWrite(f"operation {op.id}: the lease was lost")
+            return build(conn, current)
+
+        for attempt in range(APPLY_ATTEMPTS):
+            try:
+                return await self.write(op, fresh)
+            except StaleWrite:
+                # PostgreSQL (read committed) can still interleave a write between our read
+                # and our update; the next attempt reads again.
+                if attempt == APPLY_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def escalate(
+        self,
+        op: Operation,
+        reason: EscalationReason,
+        detail: str,
+        *,
+        before: Sequence[Entry] = (),
+        changes: Mapping[str, Any] | None = None,
+        transport_error: TransportError | None = None,
+    ) -> Operation:
+        """Stop automatic work on ``op`` and ask a person (on the fresh row, under the lease)."""
+        from reconciler.storage.escalations import escalate
+
+        now = self.now()
+        return await self.apply(
+            op,
+            lambda conn, fresh: escalate(
+                conn,
+                self.runtime.journal,
+                fresh,
+                self.runtime.providers.get(op.provider),
+                reason,
+                detail,
+                now=now,
+                actor=self.actor,
+                lease=self.lease,
+                before=before,
+                changes=changes,
+                transport_error=transport_error,
+            ),
+        )
+
+    def _reason(self, op: Operation) -> str:
+        from reconciler.storage.escalations import open_escalation
+
+        with self.runtime.db.read() as conn:
+            esc = open_escalation(conn, op)
+        return esc.reason if esc is not None else "unknown"
+
+    def count_call(self, op: Operation, call_name: str, call: CallResult) -> None:
+        label = status_label(
+            call.http_status, call.transport_error.value if call.transport_error else None
+        )
+        if call_name == "status":
+            self.runtime.metrics.status_requests.labels(op.provider, label).inc()
+        else:
+            self.runtime.metrics.provider_calls.labels(op.provider, call_name, label).inc()

@@ -1,0 +1,1 @@
+"""One step per local state: create, poll, cancel, collect, complete."""

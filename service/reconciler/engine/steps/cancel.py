@@ -1,0 +1,95 @@
+"""Sending the provider's cancel call once (``cancel_requested`` -> ``cancelling``).
+
+The send is recorded before it happens (``cancel_sent_at``), so a worker
+that crashed after sending does not send again; observation continues and
+only the provider's own terminal state decides the outcome — a success or
+failure that won the race is reported as it happened.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy.engine import Connection
+
+from reconciler.core.states import State
+from reconciler.core.vocabulary import DelaySource, HistoryKind
+from reconciler.engine.context import FlowContext
+from reconciler.engine.steps.create import call_detail
+from reconciler.storage.journal import Entry
+from reconciler.storage.models import Operation
+
+
+class CancelFlow:
+    def __init__(self, ctx: FlowContext) -> None:
+        self.ctx = ctx
+
+    async def __call__(self, op: Operation) -> None:
+        ctx = self.ctx
+        spec = ctx.spec(op)
+        journal = ctx.runtime.journal
+        now = ctx.now()
+        first_read = now + timedelta(seconds=spec.polling.base_delay_seconds)
+        watch = {"next_poll_at": first_read, "delay_source": DelaySource.LOCAL_BACKOFF.value}
+        if op.retry_not_before is not None and op.retry_not_before > first_read:
+            # The last status answer's Retry-After still holds for the next status read.
+            watch = {
+                "next_poll_at": op.retry_not_before,
+                "delay_source": DelaySource.PROVIDER_RETRY_AFTER.value,
+            }
+        if op.cancel_sent_at is not None or spec.cancel is None or op.remote_job_id is None:
+            # Already sent by an earlier owner (at most once), or nothing we can send.
+            note = (
+                "cancel call already sent earlier"
+                if op.cancel_sent_at
+                else ("the provider has no cancel action; watching for its own outcome")
+            )
+            await ctx.write(
+                op,
+                lambda conn: journal.transition(
+                    conn,
+                    op,
+                    State.CANCELLING,
+                    actor=ctx.actor,
+                    cause="cancel_watch",
+                    now=now,
+                    detail={"note": note},
+                    changes=watch,
+                    lease=ctx.lease,
+                ),
+            )
+            return
+        job_id = op.remote_job_id
+        sent = await ctx.write(
+            op,
+            lambda conn: journal.write(
+                conn, op, now=now, lease=ctx.lease, changes={"cancel_sent_at": now}
+            ),
+        )
+        call = await ctx.call(op, "cancel", lambda: ctx.adapter(op).cancel(job_id, op.trace_id))
+        now = ctx.now()
+        entry = Entry(
+            kind=HistoryKind.OBSERVATION,
+            actor=ctx.actor,
+            cause="cancel_call",
+            detail=call_detail(call),
+        )
+        changes = {**watch, "last_http_status": call.http_status, "last_http_at": call.sent_at}
+
+        def record(conn: Connection, fresh: Operation) -> Operation:
+            if State(fresh.state) is not State.CANCEL_REQUESTED:
+                return journal.write(conn, fresh, now=now, entries=[entry], lease=ctx.lease)
+            return journal.transition(
+                conn,
+                fresh,
+                State.CANCELLING,
+                actor=ctx.actor,
+                cause="cancel_sent",
+                now=now,
+                detail={"http_status": call.http_status},
+                changes=changes,
+                before=[entry],
+                lease=ctx.lease,
+            )
+
+        await ctx.apply(sent, record)

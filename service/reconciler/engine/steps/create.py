@@ -1,0 +1,336 @@
+"""Establishing the provider's job id exactly once (``create_pending`` / ``create_unknown``).
+
+The create call carries the stored idempotency token, and the attempt is
+counted and persisted *before* sending, so a cancel that arrives first
+stops the call and a crash after sending leaves evidence that a job may
+exist. An ambiguous outcome (timeout, reset, 5xx without a job id) moves to
+``create_unknown`` and is reconciled with the provider's lookup by
+idempotency key when the provider file has one, else by resending with the
+same token, until the create deadline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from reconciler.core import poll as decisions
+from reconciler.core.states import State
+from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind
+from reconciler.engine.context import FlowContext
+from reconciler.engine.wakeups import WAKE_CHANNEL, notify_in_transaction
+from reconciler.providers.adapter import CallResult, CreateOutcome, LookupOutcome, LookupVerdict
+from reconciler.storage.journal import Entry
+from reconciler.storage.models import Operation
+from reconciler.storage.webhook_events import EVENTS, lock_jobs
+
+
+def call_detail(call: CallResult) -> dict[str, Any]:
+    """What a history entry keeps of a provider call: metadata, never credentials."""
+    detail: dict[str, Any] = {"method": call.method, "target": call.target}
+    if call.http_status is not None:
+        detail["http_status"] = call.http_status
+    if call.transport_error is not None:
+        detail["transport_error"] = call.transport_error.value
+    if call.refused:
+        detail["refused"] = call.refused
+    if call.provider_request_id:
+        detail["provider_request_id"] = call.provider_request_id
+    if call.retry_after:
+        detail["retry_after"] = call.retry_after
+    detail["elapsed_ms"] = round(call.elapsed_ms, 1)
+    return detail
+
+
+def _observation(call: CallResult, job_id: str | None) -> decisions.CreateObservation:
+    error = call.body if call.http_status is not None and call.http_status >= 400 else None
+    return decisions.CreateObservation(
+        at=call.sent_at,
+        http_status=call.http_status,
+        transport_error=call.transport_error,
+        job_id=job_id,
+        retry_after=call.retry_after,
+        error=error,
+    )
+
+
+def _attach_orphans(conn: Connection, op: Operation, job_id: str) -> list[str]:
+    """Events that arrived before we knew the job id become this operation's hint."""
+    lock_jobs(conn, [(op.provider, job_id)])  # an event committing meanwhile is seen here
+    rows = conn.execute(
+        sa.update(EVENTS)
+        .where(
+            EVENTS.c.provider == op.provider,
+            EVENTS.c.remote_job_id == job_id,
+            EVENTS.c.operation_id.is_(None),
+        )
+        .values(operation_id=op.id)
+        .returning(EVENTS.c.event_id)
+    )
+    return [r.event_id for r in rows]
+
+
+class CreateFlow:
+    def __init__(self, ctx: FlowContext) -> None:
+        self.ctx = ctx
+
+    async def __call__(self, op: Operation) -> None:
+        ctx = self.ctx
+        spec = ctx.spec(op)
+        now = ctx.now()
+        stop = decisions.before_create(op.create_deadline_at, now)
+        if stop is not None:
+            await self._escalate(op, stop.reason, stop.detail, [])
+            return
+        # A create may already have reached the provider: in create_unknown, and also in
+        # create_pending after a restart with an attempt on record. Look before resending.
+        maybe_sent = State(op.state) is State.CREATE_UNKNOWN or op.create_attempts > 0
+        if maybe_sent and spec.lookup is not None:
+            found = await ctx.call(
+                op, "lookup", lambda: ctx.adapter(op).lookup(op.idempotency_token, op.trace_id)
+            )
+            if found.verdict is LookupVerdict.FOUND and found.job_id:
+                await self._accept(op, found.job_id, None, found.call, "lookup")
+                return
+            if found.verdict is LookupVerdict.UNKNOWN:
+                await self._ambiguous_or_stop(op, found.call, None, "lookup")
+                return
+            # Not found: the create never landed, so resending with the same token is safe.
+            # The lookup is recorded: it is the evidence behind the resend.
+            seen = Entry(
+                kind=HistoryKind.OBSERVATION,
+                actor=ctx.actor,
+                cause="lookup_response",
+                detail={**call_detail(found.call), "job_id": None, "decision": "resend"},
+            )
+            await self._send(op, [seen])
+            return
+        await self._send(op)
+
+    async def _send(self, op: Operation, before: list[Entry] | None = None) -> None:
+        ctx = self.ctx
+        now = ctx.now()
+        charged = await ctx.write(
+            op,
+            lambda conn: ctx.runtime.journal.write(
+                conn,
+                op,
+                now=now,
+                lease=ctx.lease,
+                changes={"create_attempts": op.create_attempts + 1},
+                entries=before or [],
+            ),
+        )
+        outcome = await ctx.call(
+            op,
+            "create",
+            lambda: ctx.adapter(op).create(op.request, op.idempotency_token, op.trace_id),
+        )
+        if outcome.job_id:
+            if charged.create_attempts > 1 and ctx.spec(op).lookup is not None:
+                # A resend answered: make sure the provider did not start a second job for
+                # the same token (seed 001: an unfamiliar job id is a contract violation).
+                check = await ctx.call(
+                    op, "lookup", lambda: ctx.adapter(op).lookup(op.idempotency_token, op.trace_id)
+                )
+                if (
+                    check.verdict is LookupVerdict.FOUND
+                    and check.job_id
+                    and check.job_id != outcome.job_id
+                ):
+                    await self._violation(charged, outcome, check)
+                    return
+            await self._accept(charged, outcome.job_id, outcome, outcome.call, "create")
+            return
+        await self._ambiguous_or_stop(charged, outcome.call, outcome, "create")
+
+    async def _ambiguous_or_stop(
+        self, op: Operation, call: CallResult, outcome: CreateOutcome | None, via: str
+    ) -> None:
+        ctx = self.ctx
+        now = ctx.now()
+        decision = decisions.decide_create(
+            op.create_deadline_at,
+            max(op.create_attempts, 1),
+            _observation(call, None),
+            now,
+            ctx.runtime.rng,
+            ctx.backoff(ctx.spec(op)),
+        )
+        entry = Entry(
+            kind=HistoryKind.OBSERVATION,
+            actor=ctx.actor,
+            cause=f"{via}_response",
+            detail={
+                **call_detail(call),
+                "job_id_problem": outcome.job_id_problem if outcome else None,
+                "decision": type(decision).__name__.lower(),
+            },
+        )
+        if isinstance(decision, decisions.Rejected):
+            error = {
+                "code": "provider_rejected",
+                "http_status": decision.http_status,
+                "provider_error": decision.error,
+            }
+            await ctx.apply(
+                op,
+                lambda conn, fresh: ctx.runtime.journal.transition(
+                    conn,
+                    fresh,
+                    State.FAILED,
+                    actor=ctx.actor,
+                    cause=f"{via}_rejected",
+                    now=now,
+                    detail={"http_status": decision.http_status},
+                    changes={"error": error},
+                    before=[entry],
+                    lease=ctx.lease,
+                ),
+            )
+        elif isinstance(decision, decisions.Stop):
+            await self._escalate(op, decision.reason, decision.detail, [entry])
+        elif isinstance(decision, decisions.Ambiguous):
+            await self._retry_later(op, decision, entry, call)
+        else:  # Accepted is handled by the callers, which hold the job id
+            raise AssertionError(decision)
+
+    async def _retry_later(
+        self, op: Operation, decision: decisions.Ambiguous, entry: Entry, call: CallResult
+    ) -> None:
+        ctx = self.ctx
+        now = ctx.now()
+        changes = {
+            "next_poll_at": decision.retry_at,
+            "delay_source": decision.source.value,
+            "last_http_status": call.http_status,
+            "last_http_at": call.sent_at,
+        }
+        journal = ctx.runtime.journal
+
+        def later(conn: Connection, fresh: Operation) -> Operation:
+            if State(fresh.state) is State.CREATE_PENDING and call.maybe_delivered:
+                return journal.transition(
+                    conn,
+                    fresh,
+                    State.CREATE_UNKNOWN,
+                    actor=ctx.actor,
+                    cause="create_ambiguous",
+                    now=now,
+                    detail={"detail": decision.detail},
+                    changes=changes,
+                    before=[entry],
+                    lease=ctx.lease,
+                )
+            return journal.write(
+                conn, fresh, now=now, changes=changes, entries=[entry], lease=ctx.lease
+            )
+
+        await ctx.apply(op, later)
+
+    async def _accept(
+        self, op: Operation, job_id: str, outcome: CreateOutcome | None, call: CallResult, via: str
+    ) -> None:
+        ctx = self.ctx
+        spec = ctx.spec(op)
+        now = ctx.now()
+        first = decisions.first_poll_at(now, op.deadline_at, ctx.runtime.rng, ctx.poll_policy(spec))
+
+        def accept(conn: Connection, fresh: Operation) -> Operation:
+            journal = ctx.runtime.journal
+            evidence = {**call_detail(call), "job_id": job_id, "via": via}
+            changes: dict[str, Any] = {
+                "remote_job_id": job_id,
+                "remote_state": outcome.remote_state if outcome else None,
+                "accepted_at": now,
+                "last_http_status": call.http_status,
+                "last_http_at": call.sent_at,
+                "last_provider_request_id": call.provider_request_id,
+            }
+            after = journal.transition(
+                conn,
+                fresh,
+                State.ACCEPTED,
+                actor=ctx.actor,
+                cause=f"{via}_confirmed_job",
+                now=now,
+                detail=evidence,
+                changes=changes,
+                lease=ctx.lease,
+            )
+            orphans = _attach_orphans(conn, after, job_id)
+            hints = [
+                Entry(
+                    kind=HistoryKind.HINT,
+                    actor=f"provider:{op.provider}",
+                    cause=f"webhook:{event_id}",
+                    detail={"event_id": event_id, "orphan": True},
+                    delay_source=DelaySource.WEBHOOK_HINT,
+                )
+                for event_id in orphans
+            ]
+            if after.cancel_requested_at is not None:
+                # A cancel arrived before the job id: apply it now that there is a job.
+                return journal.transition(
+                    conn,
+                    after,
+                    State.CANCEL_REQUESTED,
+                    actor=ctx.actor,
+                    cause="held_cancel_applied",
+                    now=now,
+                    changes={"next_poll_at": now},
+                    entries=hints,
+                    lease=ctx.lease,
+                )
+            nxt: dict[str, Any] = {
+                "next_poll_at": first,
+                "delay_source": DelaySource.LOCAL_BACKOFF.value,
+            }
+            if orphans:
+                nxt = {
+                    "next_poll_at": now,
+                    "delay_source": DelaySource.WEBHOOK_HINT.value,
+                    "hinted_at": now,
+                }
+                notify_in_transaction(conn, WAKE_CHANNEL)
+            return journal.transition(
+                conn,
+                after,
+                State.OBSERVING,
+                actor=ctx.actor,
+                cause="observing",
+                now=now,
+                changes=nxt,
+                entries=hints,
+                lease=ctx.lease,
+            )
+
+        await ctx.apply(op, accept)
+
+    async def _violation(self, op: Operation, outcome: CreateOutcome, check: LookupOutcome) -> None:
+        detail = (
+            f"the same idempotency token was answered with job {outcome.job_id} by the "
+            f"create call and {check.job_id} by the lookup; neither is chosen"
+        )
+        entries = [
+            Entry(
+                kind=HistoryKind.OBSERVATION,
+                actor=self.ctx.actor,
+                cause="create_response",
+                detail={**call_detail(outcome.call), "job_id": outcome.job_id},
+            ),
+            Entry(
+                kind=HistoryKind.OBSERVATION,
+                actor=self.ctx.actor,
+                cause="lookup_response",
+                detail={**call_detail(check.call), "job_id": check.job_id},
+            ),
+        ]
+        await self._escalate(op, EscalationReason.CONTRACT_VIOLATION, detail, entries)
+
+    async def _escalate(
+        self, op: Operation, reason: EscalationReason, detail: str, before: list[Entry]
+    ) -> None:
+        await self.ctx.escalate(op, reason, detail, before=before)

@@ -1,0 +1,330 @@
+"""One status read, in seed 003's order (``observing`` and ``cancelling``).
+
+Deadline and budget are checked before the request; the request is
+charged and persisted before it is sent (a crash in between leaves an
+unused reservation, never an invisible extra request); the response
+metadata is persisted with the decision it led to.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from reconciler.core import poll as decisions
+from reconciler.core.backoff import parse_retry_after
+from reconciler.core.clock import isoformat
+from reconciler.core.states import State
+from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind, RemoteCategory
+from reconciler.engine.context import FlowContext
+from reconciler.engine.steps.create import call_detail
+from reconciler.errors import StaleWrite
+from reconciler.providers.adapter import StatusOutcome
+from reconciler.storage.journal import Entry
+from reconciler.storage.models import Operation
+
+MAX_KEPT_STATUS_BYTES = 65_536
+APPLY_ATTEMPTS = 3
+# States in which a status answer may still be applied after a concurrent write.
+READ_STATES = frozenset({State.OBSERVING, State.CANCELLING, State.CANCEL_REQUESTED})
+
+
+def record_of(op: Operation) -> decisions.PollRecord:
+    deadline = op.deadline_at
+    if op.state == State.CANCELLING.value and op.cancel_deadline_at is not None:
+        # A cancellation is watched until its own window closes, even past the job's
+        # deadline: a timed-out operation may still be cancelled.
+        deadline = op.cancel_deadline_at
+    return decisions.PollRecord(
+        deadline_at=deadline,
+        accepted_at=op.accepted_at,
+        max_status_requests=op.max_status_requests,
+        status_requests_used=op.status_requests_used,
+        max_transport_failures=op.max_transport_failures,
+        transport_failures_used=op.transport_failures_used,
+        rate_limited_count=op.rate_limited_count,
+        poll_attempt=op.poll_attempt,
+        hinted=op.hinted_at is not None,
+    )
+
+
+def observation_of(outcome: StatusOutcome) -> decisions.Observation:
+    call, view = outcome.call, outcome.view
+    parse_error = call.parse_error
+    if call.refused:
+        parse_error = call.refused
+    return decisions.Observation(
+        at=call.sent_at,
+        http_status=call.http_status,
+        transport_error=call.transport_error,
+        retry_after=call.retry_after,
+        category=view.category if view else None,
+        remote_state=view.remote_state if view else None,
+        poll_after_seconds=view.poll_after if view else None,
+        next_check_at=view.next_check_at if view else None,
+        expires_at=view.expires_at if view else None,
+        required_fields_ok=view.required_fields_ok if view else False,
+        parse_error=parse_error,
+    )
+
+
+def _hinted_since(op: Operation, outcome: StatusOutcome) -> bool:
+    """A webhook hint arrived after this status request was sent: our answer may predate it."""
+    return op.hinted_at is not None and op.hinted_at > outcome.call.sent_at
+
+
+def _retry_floor(outcome: StatusOutcome, now: datetime) -> datetime | None:
+    """The answer's Retry-After as a moment, counted from when the answer was in hand."""
+    wait = parse_retry_after(outcome.call.retry_after, now)
+    return now + wait if wait is not None else None
+
+
+def _hinted_wait(
+    at: datetime, source: DelaySource, floor: datetime | None, now: datetime
+) -> tuple[datetime, DelaySource]:
+    """A hint came after our question: look again now, but not before the Retry-After."""
+    if floor is None or floor <= now:
+        return now, DelaySource.WEBHOOK_HINT
+    if floor < at:
+        return floor, DelaySource.PROVIDER_RETRY_AFTER
+    return at, source
+
+
+def _progress(value: Any) -> Any:
+    return value if isinstance(value, dict | list | int | float) else None
+
+
+class PollFlow:
+    def __init__(self, ctx: FlowContext) -> None:
+        self.ctx = ctx
+
+    async def __call__(self, op: Operation) -> None:
+        ctx = self.ctx
+        now = ctx.now()
+        state = State(op.state)
+        if (
+            state is State.CANCELLING
+            and op.cancel_deadline_at is not None
+            and now >= op.cancel_deadline_at
+        ):
+            await self._escalate(
+                op,
+                EscalationReason.CANCELLATION_UNCONFIRMED,
+                f"no cancelled state by {isoformat(op.cancel_deadline_at)}",
+                [],
+            )
+            return
+        stop = decisions.before_request(record_of(op), now)
+        if stop is not None:
+            await self._escalate(op, stop.reason, stop.detail, [])
+            return
+        assert op.remote_job_id is not None
+        job_id = op.remote_job_id
+        charged = await ctx.write(
+            op,
+            lambda conn: ctx.runtime.journal.write(
+                conn,
+                op,
+                now=now,
+                lease=ctx.lease,
+                changes={"status_requests_used": op.status_requests_used + 1},
+            ),
+        )
+        deadline = record_of(charged).deadline_at
+
+        async def send() -> StatusOutcome | None:
+            # Persisting the charge and waiting for a free provider slot take time: the
+            # deadline is checked again just before transmission (an unused reservation).
+            if ctx.now() >= deadline:
+                return None
+            return await ctx.adapter(op).status(job_id, op.trace_id)
+
+        outcome = await ctx.call(op, "status", send)
+        if outcome is None:
+            detail = f"deadline {isoformat(deadline)} reached before the status request was sent"
+            await self._escalate(charged, EscalationReason.DEADLINE_EXCEEDED, detail, [])
+            return
+        for _ in range(APPLY_ATTEMPTS):
+            try:
+                await self._apply(charged, outcome)
+                return
+            except StaleWrite:
+                # A hint, a cancel or a decision was written while we asked: the answer is
+                # still a fact, so apply it to the fresh record rather than lose it.
+                fresh = await ctx.reload(charged.id)
+                if fresh is None or not ctx.holds_lease(fresh):
+                    return
+                if State(fresh.state) not in READ_STATES:
+                    return
+                charged = fresh
+
+    async def _apply(self, op: Operation, outcome: StatusOutcome) -> None:
+        ctx = self.ctx
+        spec = ctx.spec(op)
+        now = ctx.now()
+        obs = observation_of(outcome)
+        view = outcome.view
+        decision: decisions.Decision
+        if view is not None and view.job_id_matches is False:
+            decision = decisions.Stop(
+                EscalationReason.CONTRADICTORY_STATUS,
+                f"status answer names job {view.job_id}, not {op.remote_job_id}",
+            )
+        else:
+            decision = decisions.decide(
+                record_of(op), obs, now, ctx.runtime.rng, ctx.poll_policy(spec)
+            )
+        changes, detail, delay_source = self._record(op, outcome, decision, now)
+        entry = Entry(
+            kind=HistoryKind.OBSERVATION,
+            actor=ctx.actor,
+            cause="status_read",
+            detail=detail,
+            delay_source=delay_source,
+        )
+        journal = ctx.runtime.journal
+
+        if isinstance(decision, decisions.Wait):
+            await ctx.write(
+                op,
+                lambda conn: journal.write(
+                    conn, op, now=now, changes=changes, entries=[entry], lease=ctx.lease
+                ),
+            )
+        elif isinstance(decision, decisions.Collect):
+            body = outcome.call.body
+            size = len(outcome.call.body_bytes or b"")
+            changes.update(
+                status_body=body if size <= MAX_KEPT_STATUS_BYTES else None,
+                next_poll_at=now,
+                delay_source=None,
+                result_attempts=0,
+            )
+            await ctx.write(
+                op,
+                lambda conn: journal.transition(
+                    conn,
+                    op,
+                    State.RESULT_COLLECTING,
+                    actor=ctx.actor,
+                    cause="status_confirmed_done",
+                    now=now,
+                    detail={"remote_state": obs.remote_state},
+                    changes=changes,
+                    before=[entry],
+                    lease=ctx.lease,
+                ),
+            )
+        elif isinstance(decision, decisions.Finish):
+            await ctx.write(
+                op, lambda conn: self._finish(conn, op, decision, view, changes, entry, now)
+            )
+        else:
+            await self._escalate(
+                op, decision.reason, decision.detail, [entry], changes, obs.transport_error
+            )
+
+    def _record(
+        self,
+        op: Operation,
+        outcome: StatusOutcome,
+        decision: decisions.Decision,
+        now: datetime,
+    ) -> tuple[dict[str, Any], dict[str, Any], DelaySource | None]:
+        """The row changes and the observation's detail for one status answer."""
+        view = outcome.view
+        changes: dict[str, Any] = {
+            "last_http_status": outcome.call.http_status,
+            "last_http_at": outcome.call.sent_at,
+            "last_provider_request_id": outcome.call.provider_request_id,
+        }
+        floor = _retry_floor(outcome, now)
+        changes["retry_not_before"] = floor
+        detail: dict[str, Any] = {**call_detail(outcome.call)}
+        if view is not None:
+            changes["remote_state"] = view.remote_state
+            if view.progress is not None:
+                changes["progress"] = _progress(view.progress)
+            detail.update(remote_state=view.remote_state, category=view.category.value)
+        counters = decision.counters
+        if counters is not None:
+            changes.update(
+                transport_failures_used=counters.transport_failures_used,
+                rate_limited_count=counters.rate_limited_count,
+                poll_attempt=counters.poll_attempt,
+            )
+            if counters.hint_consumed and not _hinted_since(op, outcome):
+                changes["hinted_at"] = None
+        if not isinstance(decision, decisions.Wait):
+            detail["decision"] = type(decision).__name__.lower()
+            return changes, detail, None
+        at, source = decision.at, decision.source
+        if op.cancel_deadline_at is not None and State(op.state) is State.CANCELLING:
+            at = min(at, op.cancel_deadline_at)
+        if _hinted_since(op, outcome):
+            at, source = _hinted_wait(at, source, floor, now)
+        elif State(op.state) is State.CANCEL_REQUESTED and op.cancel_sent_at is None:
+            at = now  # a cancel arrived while we asked: send it now
+        changes.update(
+            next_poll_at=at,
+            delay_source=source.value,
+            poll_after_seconds=(at - now).total_seconds(),
+        )
+        detail.update(decision="wait", next_poll_at=isoformat(at))
+        if decision.notes:
+            detail["notes"] = list(decision.notes)
+        return changes, detail, source
+
+    def _finish(
+        self,
+        conn: Connection,
+        op: Operation,
+        decision: decisions.Finish,
+        view: Any,
+        changes: dict[str, Any],
+        entry: Entry,
+        now: datetime,
+    ) -> Operation:
+        ctx = self.ctx
+        provider_error = getattr(view, "error", None)
+        if decision.category is RemoteCategory.CANCELLED:
+            target = State.CANCELLED
+        else:
+            target = State.FAILED
+            code = "expired" if decision.category is RemoteCategory.EXPIRED else "provider_failed"
+            changes["error"] = {
+                "code": code,
+                "remote_state": getattr(view, "remote_state", None),
+                "provider_error": provider_error,
+            }
+        return ctx.runtime.journal.transition(
+            conn,
+            op,
+            target,
+            actor=ctx.actor,
+            cause="status_confirmed_end",
+            now=now,
+            detail={"remote_state": getattr(view, "remote_state", None)},
+            changes=changes,
+            before=[entry],
+            lease=ctx.lease,
+        )
+
+    async def _escalate(
+        self,
+        op: Operation,
+        reason: EscalationReason,
+        detail: str,
+        before: list[Entry],
+        changes: dict[str, Any] | None = None,
+        transport_error: Any = None,
+    ) -> None:
+        ctx = self.ctx
+        if reason is EscalationReason.DEADLINE_EXCEEDED and State(op.state) is State.CANCELLING:
+            # In a cancellation watch the window that ran out is the cancel window.
+            reason = EscalationReason.CANCELLATION_UNCONFIRMED
+        await ctx.escalate(
+            op, reason, detail, before=before, changes=changes, transport_error=transport_error
+        )

@@ -1,0 +1,68 @@
+"""The APScheduler 3.x loop that tells the worker when to look.
+
+One interval job ticks every ``tick_seconds``; a wake-up (a webhook hint, a
+new operation, a finished step that knows its next due time) moves that
+job's next run forward instead of adding jobs, so bursts of wake-ups
+coalesce into one tick.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from reconciler.engine.worker import Worker
+
+log = logging.getLogger("reconciler.engine.ticker")
+
+JOB_ID = "reconciler-tick"
+# Wake-ups closer together than this are merged; it bounds tick rate under hint floods.
+MIN_GAP = timedelta(milliseconds=2)
+
+
+class Scheduler:
+    def __init__(self, worker: Worker, tick_seconds: float) -> None:
+        self.worker = worker
+        self.tick_seconds = tick_seconds
+        self._scheduler: AsyncIOScheduler | None = None
+
+    def start(self) -> None:
+        scheduler = AsyncIOScheduler(timezone=UTC)
+        scheduler.add_job(
+            self.worker.tick,
+            "interval",
+            seconds=self.tick_seconds,
+            id=JOB_ID,
+            max_instances=4,  # tick() guards itself; overlapping calls only set a flag
+            coalesce=True,
+            misfire_grace_time=None,
+            next_run_time=datetime.now(UTC),
+        )
+        scheduler.start()
+        self._scheduler = scheduler
+
+    def wake(self) -> None:
+        """Run a tick now."""
+        self.wake_at(datetime.now(UTC))
+
+    def wake_at(self, when: datetime) -> None:
+        """Make sure a tick runs no later than ``when`` (real time)."""
+        scheduler = self._scheduler
+        if scheduler is None or not scheduler.running:
+            return
+        job = scheduler.get_job(JOB_ID)
+        if job is None:
+            return
+        now = datetime.now(UTC)
+        when = max(when, now)
+        current = job.next_run_time
+        if current is not None and current <= when + MIN_GAP:
+            return
+        job.modify(next_run_time=when)
+
+    def shutdown(self) -> None:
+        if self._scheduler is not None and self._scheduler.running:
+            self._scheduler.shutdown(wait=False)
+        self._scheduler = None

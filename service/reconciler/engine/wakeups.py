@@ -1,0 +1,132 @@
+"""Wake-ups for the worker and change signals for waiters, in-process and across replicas.
+
+In-process: the worker's wake callback runs on the event loop, and waiters
+on one operation share an ``asyncio.Event`` per operation id (thousands of
+waiters cost a dict entry and a future each, no polling).
+
+Across replicas (PostgreSQL): writers send ``pg_notify`` in the same
+transaction as the change, so a notification is delivered exactly when the
+change is committed and never for a change that rolled back; each replica
+LISTENs on one dedicated connection and relays to its local waiters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+log = logging.getLogger("reconciler.engine.wakeups")
+
+WAKE_CHANNEL = "reconciler_wake"
+CHANGE_CHANNEL = "reconciler_change"
+
+
+def notify_in_transaction(conn: Connection, channel: str, payload: str = "") -> None:
+    """Queue a cross-replica notification that fires only if this transaction commits."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_notify(:c, :p)"), {"c": channel, "p": payload})
+
+
+class Notifier:
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiters: dict[str, asyncio.Event] = {}
+        self._counts: dict[str, int] = {}
+        self._wake_handlers: list[Callable[[], None]] = []
+        self._listener: asyncio.Task[None] | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def on_wake(self, handler: Callable[[], None]) -> None:
+        self._wake_handlers.append(handler)
+
+    # Both signals may be raised from worker threads (database code); they hop to the loop.
+    def wake(self) -> None:
+        self._call(self._wake_local)
+
+    def changed(self, operation_id: str) -> None:
+        self._call(self._changed_local, operation_id)
+
+    def _call(self, fn: Callable[..., None], *args: Any) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            fn(*args)
+        else:
+            with contextlib.suppress(RuntimeError):  # loop shutting down
+                loop.call_soon_threadsafe(fn, *args)
+
+    def _wake_local(self) -> None:
+        for handler in self._wake_handlers:
+            handler()
+
+    def _changed_local(self, operation_id: str) -> None:
+        event = self._waiters.pop(operation_id, None)
+        self._counts.pop(operation_id, None)
+        if event is not None:
+            event.set()
+
+    def subscribe(self, operation_id: str) -> asyncio.Event:
+        """An event set at the next change of this operation (shared by all its waiters)."""
+        event = self._waiters.get(operation_id)
+        if event is None:
+            event = self._waiters[operation_id] = asyncio.Event()
+        self._counts[operation_id] = self._counts.get(operation_id, 0) + 1
+        return event
+
+    def unsubscribe(self, operation_id: str, event: asyncio.Event) -> None:
+        if self._waiters.get(operation_id) is not event:
+            return  # already fired and replaced
+        left = self._counts.get(operation_id, 1) - 1
+        if left <= 0:
+            self._waiters.pop(operation_id, None)
+            self._counts.pop(operation_id, None)
+        else:
+            self._counts[operation_id] = left
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def listen(self, dsn: str) -> None:
+        """Relay PostgreSQL notifications to local handlers until cancelled; reconnects."""
+        import psycopg
+
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+                    await aconn.execute(f"LISTEN {WAKE_CHANNEL}")
+                    await aconn.execute(f"LISTEN {CHANGE_CHANNEL}")
+                    async for note in aconn.notifies():
+                        if note.channel == WAKE_CHANNEL:
+                            self._wake_local()
+                        else:
+                            self._changed_local(note.payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the listener must outlive database restarts
+                log.warning("notification listener lost its connection: %s", type(exc).__name__)
+                await asyncio.sleep(1.0)
+
+    def start_listener(self, url: str) -> None:
+        dsn = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self._listener = asyncio.get_running_loop().create_task(self.listen(dsn))
+
+    async def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+            self._listener = None

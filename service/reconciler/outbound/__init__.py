@@ -1,0 +1,1 @@
+"""Calls out to agents: signed callbacks behind the SSRF guard."""

@@ -1,0 +1,1 @@
+"""The database: engines, tables, migrations and one repository module per table."""

@@ -1,0 +1,75 @@
+"""Verify every operation's history chain against its row."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from itertools import groupby
+from typing import Any
+
+import sqlalchemy as sa
+
+from reconciler.core.chain import ChainFault, verify_chain
+from reconciler.storage.database import Database
+from reconciler.storage.journal import HISTORY, OPS
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    operations: int
+    entries: int
+    fault: ChainFault | None
+
+    @property
+    def ok(self) -> bool:
+        return self.fault is None
+
+
+def _counted(rows: Iterator[Mapping[str, Any]], counter: list[int]) -> Iterator[Mapping[str, Any]]:
+    for row in rows:
+        counter[0] += 1
+        yield row
+
+
+def _rows(result: sa.CursorResult[Any]) -> Iterator[Mapping[str, Any]]:
+    for row in result.mappings():
+        yield dict(row)
+
+
+def verify(db: Database, key: bytes | None) -> AuditReport:
+    """Walk all chains; stop at the first bad entry (ordered by operation id, then seq)."""
+    with db.read() as conn:
+        heads = {
+            row.id: (row.history_head, row.history_seq)
+            for row in conn.execute(sa.select(OPS.c.id, OPS.c.history_head, OPS.c.history_seq))
+        }
+        result = conn.execution_options(stream_results=True, yield_per=2000).execute(
+            sa.select(HISTORY).order_by(HISTORY.c.operation_id, HISTORY.c.seq, HISTORY.c.id)
+        )
+        seen: set[str] = set()
+        counter = [0]
+        for op_id, group in groupby(
+            _counted(_rows(result), counter), key=lambda r: r["operation_id"]
+        ):
+            seen.add(op_id)
+            if op_id not in heads:
+                first = next(group)
+                fault = ChainFault(
+                    first["id"],
+                    op_id,
+                    first["seq"],
+                    "belongs to no operation (operation row deleted)",
+                )
+                return AuditReport(len(heads), counter[0], fault)
+            head, count = heads[op_id]
+            chain_fault = verify_chain(op_id, group, head, count, key)
+            if chain_fault is not None:
+                return AuditReport(len(heads), counter[0], chain_fault)
+        for op_id in sorted(heads):
+            head, count = heads[op_id]
+            if op_id not in seen and count != 0:
+                fault = ChainFault(
+                    None, op_id, None, f"the operation records {count} entries but none remain"
+                )
+                return AuditReport(len(heads), counter[0], fault)
+    return AuditReport(len(heads), counter[0], None)

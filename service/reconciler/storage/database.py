@@ -1,0 +1,168 @@
+"""Engines, transactions and the one place storage errors become domain errors.
+
+SQLite gets WAL, a busy timeout and foreign keys, and write transactions
+start with ``BEGIN IMMEDIATE``: a deferred transaction that later upgrades
+to a write lock fails with SQLITE_BUSY without waiting, which would turn
+ordinary contention into errors. Reads use a separate engine with plain
+deferred transactions so they never queue behind writers.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import anyio.to_thread
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from reconciler.errors import Conflict, StorageUnavailable
+from reconciler.storage.fastsql import run
+
+T = TypeVar("T")
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+CHECKPOINT_SECONDS = 1.0
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def _sqlite_engine(url: str, *, immediate: bool, background_checkpoint: bool = False) -> Engine:
+    engine = sa.create_engine(
+        url,
+        connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+        pool_size=8,
+        max_overflow=8,
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
+        # Take transaction control away from the driver so BEGIN is ours.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        # Checkpoints run on a background thread (Database.checkpointer), not inside
+        # whichever commit happens to cross the threshold, which may be on the event loop.
+        cur.execute(f"PRAGMA wal_autocheckpoint={0 if background_checkpoint else 1000}")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        run(conn, "BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+def _postgres_engine(url: str) -> Engine:
+    return sa.create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+@contextmanager
+def translate_errors() -> Iterator[None]:
+    """Map driver errors to the package's errors; constraint names decide the family."""
+    try:
+        yield
+    except sa.exc.IntegrityError as exc:
+        raise Conflict(f"the write conflicts with a stored record ({_constraint(exc)})") from exc
+    except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+        raise StorageUnavailable("the database is unavailable; retry later") from exc
+    except sa.exc.DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise StorageUnavailable("the database connection was lost; retry later") from exc
+        raise
+
+
+def _constraint(exc: sa.exc.IntegrityError) -> str:
+    diag = getattr(exc.orig, "diag", None)
+    name = getattr(diag, "constraint_name", None)
+    return str(name) if name else str(exc.orig).splitlines()[0]
+
+
+def constraint_name(exc: BaseException) -> str | None:
+    """The violated constraint's name, on PostgreSQL directly and on SQLite from the columns."""
+    cause = exc.__cause__ if not isinstance(exc, sa.exc.IntegrityError) else exc
+    if not isinstance(cause, sa.exc.IntegrityError):
+        return None
+    return _constraint(cause)
+
+
+class Database:
+    """The engines and the transaction helpers. Thread-safe; one per process."""
+
+    def __init__(self, url: str, *, background_checkpoint: bool = False) -> None:
+        self.url = url
+        self.sqlite = is_sqlite(url)
+        self._checkpointer: threading.Thread | None = None
+        self._stop = threading.Event()
+        if self.sqlite:
+            bg = background_checkpoint
+            self.engine = _sqlite_engine(url, immediate=True, background_checkpoint=bg)
+            self.read_engine = _sqlite_engine(url, immediate=False, background_checkpoint=bg)
+            if bg:
+                self._checkpointer = threading.Thread(
+                    target=self._checkpoint_loop, name="sqlite-checkpoint", daemon=True
+                )
+                self._checkpointer.start()
+        else:
+            self.engine = _postgres_engine(url)
+            self.read_engine = self.engine
+        self._limiter = anyio.CapacityLimiter(16)
+        # SQLite has one writer at a time. This process's writers queue on a lock, woken
+        # as soon as it is free, instead of polling SQLite's busy handler: its sleeps (up
+        # to 100 ms) and lack of order let some writers starve for seconds under load.
+        # Other processes (the CLI, a second service) still meet the busy timeout.
+        self._write_lock = threading.Lock() if self.sqlite else None
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        lock = self._write_lock
+        if lock is None:
+            with translate_errors(), self.engine.begin() as conn:
+                yield conn
+            return
+        if not lock.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
+            raise StorageUnavailable("the database is busy; retry later")
+        try:
+            with translate_errors(), self.engine.begin() as conn:
+                yield conn
+        finally:
+            lock.release()
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        with translate_errors(), self.read_engine.connect() as conn, conn.begin():
+            yield conn
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking database function off the event loop."""
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+    def _checkpoint_loop(self) -> None:
+        """Copy the WAL back into the database once a second, without blocking writers."""
+        while not self._stop.wait(CHECKPOINT_SECONDS):
+            try:
+                with self.read_engine.connect() as conn:
+                    conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+            except sa.exc.SQLAlchemyError:
+                continue  # busy or closing: the next round will do it
+
+    def dispose(self) -> None:
+        self._stop.set()
+        if self._checkpointer is not None:
+            self._checkpointer.join(timeout=5)
+        self.engine.dispose()
+        if self.read_engine is not self.engine:
+            self.read_engine.dispose()

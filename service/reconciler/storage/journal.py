@@ -1,0 +1,272 @@
+"""The one write path for an operation: conditional row update plus history append.
+
+Every change to an operation row goes through ``Journal.write`` (or its
+``transition`` wrapper) so that, in one transaction:
+
+* the UPDATE matches the version (and, for workers, the lease) that the
+  caller read — a racing writer finds zero rows and gets ``StaleWrite``;
+* the history entries are appended with the hash chain continued from the
+  head the caller read, and the row's head and count move with them.
+
+A transition the table does not allow raises before anything is written.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from reconciler.core.chain import HASHED_FIELDS, entry_hash
+from reconciler.core.states import END_STATES, State, check_transition
+from reconciler.core.vocabulary import DelaySource, HistoryKind
+from reconciler.engine.wakeups import CHANGE_CHANNEL, notify_in_transaction
+from reconciler.errors import NotFound, StaleWrite
+from reconciler.storage.fastsql import insert_many, raw_for, update_many
+from reconciler.storage.models import HistoryEntry, Operation, operation_record
+
+log = logging.getLogger("reconciler.storage.journal")
+
+OPS = Operation.__table__  # type: ignore[attr-defined]
+HISTORY = HistoryEntry.__table__  # type: ignore[attr-defined]
+# Every hashed field is stored, then the two links of the chain.
+HISTORY_COLUMNS = (*HASHED_FIELDS, "prev_hash", "hash")
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: HistoryKind
+    actor: str
+    cause: str
+    detail: Mapping[str, Any] | None = None
+    delay_source: DelaySource | None = None
+    from_state: State | None = None
+    to_state: State | None = None
+    at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Lease:
+    owner: str
+
+
+@dataclass
+class Journal:
+    key: bytes | None = None
+    _columns: frozenset[str] = field(default_factory=lambda: frozenset(c.name for c in OPS.c))
+
+    def load(self, conn: Connection, operation_id: str) -> Operation:
+        row = conn.execute(sa.select(OPS).where(OPS.c.id == operation_id)).mappings().first()
+        if row is None:
+            raise NotFound(f"operation {operation_id} does not exist")
+        return operation_record(row)
+
+    def insert(
+        self,
+        conn: Connection,
+        op: Operation,
+        *,
+        actor: str,
+        cause: str,
+        now: datetime,
+        detail: Mapping[str, Any] | None = None,
+    ) -> Operation:
+        """Store a new operation with its first history entry (``-> create_pending``)."""
+        fields = {
+            "operation_id": op.id,
+            "seq": 1,
+            "at": now,
+            "kind": HistoryKind.TRANSITION.value,
+            "actor": actor,
+            "from_state": None,
+            "to_state": op.state,
+            "cause": cause,
+            "delay_source": None,
+            "detail": dict(detail) if detail is not None else None,
+        }
+        digest = entry_hash(fields, "", self.key)
+        op.history_seq, op.history_head, op.version = 1, digest, 1
+        op.created_at = op.updated_at = now
+        values = {c.name: getattr(op, c.name) for c in OPS.c}
+        conn.execute(sa.insert(OPS).values(**values))
+        conn.execute(sa.insert(HISTORY).values(**fields, prev_hash="", hash=digest))
+        log.info(
+            "operation %s created for provider %s",
+            op.id,
+            op.provider,
+            extra={"operation_id": op.id, "provider": op.provider, "trace_id": op.trace_id},
+        )
+        return op
+
+    def write(
+        self,
+        conn: Connection,
+        op: Operation,
+        *,
+        now: datetime,
+        changes: Mapping[str, Any] | None = None,
+        entries: Sequence[Entry] = (),
+        lease: Lease | None = None,
+    ) -> Operation:
+        """Apply ``changes`` and append ``entries`` if ``op`` is still current; return it."""
+        changes = dict(changes or {})
+        unknown = set(changes) - self._columns
+        if unknown:
+            raise ValueError(f"unknown operation columns: {sorted(unknown)}")
+        rows, head, seq = self._chain(op.id, op.history_head, op.history_seq, entries, now)
+        changes.update(version=op.version + 1, history_head=head, history_seq=seq, updated_at=now)
+        where = [OPS.c.id == op.id, OPS.c.version == op.version, OPS.c.state == op.state]
+        if lease is not None:
+            where += [OPS.c.lease_owner == lease.owner, OPS.c.lease_expires_at > now]
+        result = conn.execute(sa.update(OPS).where(*where).values(**changes))
+        if result.rowcount != 1:
+            raise StaleWrite(
+                f"operation {op.id} changed since version {op.version} was read"
+                + (" or the lease was lost" if lease is not None else "")
+            )
+        if rows:
+            conn.execute(sa.insert(HISTORY), rows)
+        updated = copy.copy(op)
+        for name, value in changes.items():
+            setattr(updated, name, value)
+        return updated
+
+    def _chain(
+        self, op_id: str, head: str, seq: int, entries: Sequence[Entry], now: datetime
+    ) -> tuple[list[dict[str, Any]], str, int]:
+        """History rows for ``entries``, chained on from ``head``; returns the new head and seq."""
+        rows = []
+        for entry in entries:
+            seq += 1
+            fields = {
+                "operation_id": op_id,
+                "seq": seq,
+                "at": entry.at or now,
+                "kind": entry.kind.value,
+                "actor": entry.actor,
+                "from_state": entry.from_state.value if entry.from_state else None,
+                "to_state": entry.to_state.value if entry.to_state else None,
+                "cause": entry.cause,
+                "delay_source": entry.delay_source.value if entry.delay_source else None,
+                "detail": dict(entry.detail) if entry.detail is not None else None,
+            }
+            digest = entry_hash(fields, head, self.key)
+            rows.append({**fields, "prev_hash": head, "hash": digest})
+            head = digest
+        return rows, head, seq
+
+    def write_many(
+        self,
+        conn: Connection,
+        items: Sequence[tuple[Operation, Mapping[str, Any], Sequence[Entry]]],
+        *,
+        now: datetime,
+    ) -> None:
+        """``write`` for many operations at once, all changing the same columns.
+
+        One UPDATE run for every row and one INSERT for all their history, as plain
+        driver statements (see ``fastsql``): this is the webhook batch's hot path. For
+        callers that hold the rows locked; the version guard stays in the statement.
+        """
+        if not items:
+            return
+        raw = raw_for(conn.dialect.name)
+        keys = tuple(sorted(items[0][1]))
+        set_columns = (*keys, "version", "history_head", "history_seq", "updated_at")
+        key_codes = raw.encoders(OPS, keys)
+        encode_history = raw.row_encoder(HISTORY, HISTORY_COLUMNS)
+        stamp = raw.time(now)
+        updates: list[tuple[Any, ...]] = []
+        history: list[tuple[Any, ...]] = []
+        for op, changes, entries in items:
+            if tuple(sorted(changes)) != keys:
+                raise ValueError("write_many needs the same changed columns for every row")
+            rows, head, seq = self._chain(op.id, op.history_head, op.history_seq, entries, now)
+            history.extend([encode_history(row) for row in rows])
+            updates.append(
+                (
+                    *[code(changes[k]) for code, k in zip(key_codes, keys, strict=True)],
+                    op.version + 1,
+                    head,
+                    seq,
+                    stamp,
+                    op.id,
+                    op.version,
+                    op.state,
+                )
+            )
+        changed = update_many(conn, OPS, set_columns, ("id", "version", "state"), updates)
+        if changed is not None and changed != len(items):
+            raise StaleWrite("an operation changed while its webhook batch was written")
+        insert_many(conn, HISTORY, HISTORY_COLUMNS, history)
+
+    def transition(
+        self,
+        conn: Connection,
+        op: Operation,
+        to: State,
+        *,
+        actor: str,
+        cause: str,
+        now: datetime,
+        detail: Mapping[str, Any] | None = None,
+        changes: Mapping[str, Any] | None = None,
+        entries: Sequence[Entry] = (),
+        lease: Lease | None = None,
+        before: Sequence[Entry] = (),
+    ) -> Operation:
+        """Move ``op`` to ``to`` with its evidence; raises ``IllegalTransition`` before writing.
+
+        ``before`` entries (the observation that caused the move) precede the transition in
+        the history; ``entries`` follow it.
+        """
+        frm = State(op.state)
+        check_transition(frm, to)
+        all_changes: dict[str, Any] = {"state": to.value}
+        if to in END_STATES:
+            # Reaching an end state always hands the operation to the completion handler.
+            all_changes.update(
+                done_at=now,
+                completion_round=op.completion_round + 1,
+                completion_pending=True,
+                next_poll_at=now,
+                delay_source=None,
+            )
+        elif frm in END_STATES:
+            all_changes["done_at"] = None
+        all_changes.update(changes or {})
+        entry = Entry(
+            kind=HistoryKind.TRANSITION,
+            actor=actor,
+            cause=cause,
+            detail=detail,
+            from_state=frm,
+            to_state=to,
+            delay_source=DelaySource(ds) if (ds := all_changes.get("delay_source")) else None,
+        )
+        after = self.write(
+            conn, op, now=now, changes=all_changes, entries=[*before, entry, *entries], lease=lease
+        )
+        log.info(
+            "operation %s: %s -> %s (%s)",
+            op.id,
+            frm.value,
+            to.value,
+            cause,
+            extra={
+                "operation_id": op.id,
+                "from_state": frm.value,
+                "to_state": to.value,
+                "actor": actor,
+                "cause": cause,
+            },
+        )
+        # Waiters on other replicas learn of the change when (and only if) it commits.
+        notify_in_transaction(conn, CHANGE_CHANNEL, op.id)
+        return after

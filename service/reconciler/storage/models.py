@@ -1,0 +1,214 @@
+"""Database tables (SQLModel). Created and evolved only by Alembic migrations.
+
+Design notes that the rest of the code relies on:
+
+* ``operations.version`` is bumped by every write to the row; writers pass
+  the version they read and the UPDATE matches only that version, so two
+  racing writers cannot both succeed.
+* ``lease_owner``/``lease_expires_at`` give one worker at a time the right
+  to act on an operation; worker writes also match on the lease.
+* ``next_poll_at`` is "when a worker should next look", whatever the work
+  is (create, status read, cancel, result, completion step); it is NULL when
+  nothing is due, which keeps the due-index small.
+* ``history_seq``/``history_head`` anchor the per-operation hash chain, so
+  deleting the newest history entries is detectable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+from reconciler.storage.types import UTCDateTime
+
+
+def _ts(nullable: bool = True, index: bool = False) -> Any:
+    return Field(default=None, sa_type=UTCDateTime, nullable=nullable, index=index)
+
+
+def _json() -> Any:
+    return Field(default=None, sa_type=sa.JSON, nullable=True)
+
+
+class Operation(SQLModel, table=True):
+    __tablename__ = "operations"
+    __table_args__ = (
+        sa.UniqueConstraint("caller", "idempotency_key", name="uq_operations_caller_key"),
+        sa.UniqueConstraint("idempotency_token", name="uq_operations_idempotency_token"),
+        sa.Index("ix_operations_remote_job", "provider", "remote_job_id"),
+        sa.Index("ix_operations_due", "next_poll_at"),
+        sa.Index("ix_operations_state_id", "state", "id"),
+        sa.Index("ix_operations_caller_id", "caller", "id"),
+    )
+
+    id: str = Field(primary_key=True, max_length=40)
+    provider: str = Field(max_length=100)
+    caller: str = Field(max_length=100)
+    request: Any = Field(sa_type=sa.JSON, nullable=False)
+    request_fingerprint: str = Field(max_length=80)
+    idempotency_key: str | None = Field(default=None, max_length=200)
+    idempotency_token: str = Field(max_length=80)
+    trace_id: str = Field(max_length=80)
+    callback_url: str | None = Field(default=None, max_length=2048)
+    meta: Any = _json()
+
+    state: str = Field(max_length=40)
+    remote_job_id: str | None = Field(default=None, max_length=300)
+    remote_state: str | None = Field(default=None, max_length=200)
+
+    created_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    updated_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    accepted_at: datetime | None = _ts()
+    create_deadline_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    deadline_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    done_at: datetime | None = _ts()
+
+    create_attempts: int = 0
+    max_status_requests: int
+    status_requests_used: int = 0
+    max_transport_failures: int
+    transport_failures_used: int = 0
+    rate_limited_count: int = 0
+    poll_attempt: int = 0
+
+    next_poll_at: datetime | None = _ts()
+    delay_source: str | None = Field(default=None, max_length=40)
+    hinted_at: datetime | None = _ts()
+    lease_owner: str | None = Field(default=None, max_length=120)
+    lease_expires_at: datetime | None = _ts()
+
+    last_http_status: int | None = None
+    last_http_at: datetime | None = _ts()
+    last_provider_request_id: str | None = Field(default=None, max_length=200)
+    poll_after_seconds: float | None = None
+    # The last status answer's Retry-After as a moment: no status read goes out before it,
+    # not even one that a webhook hint or a cancel brings forward.
+    retry_not_before: datetime | None = _ts()
+    provider_expires_at: datetime | None = _ts()
+    progress: Any = _json()
+    status_body: Any = _json()  # the status answer that confirmed success, for collection
+    result_attempts: int = 0
+    result: Any = _json()
+    error: Any = _json()
+
+    cancel_requested_at: datetime | None = _ts()
+    cancel_requested_by: str | None = Field(default=None, max_length=100)
+    cancel_reason: str | None = Field(default=None, max_length=500)
+    cancel_sent_at: datetime | None = _ts()
+    cancel_deadline_at: datetime | None = _ts()
+
+    escalation_id: int | None = None
+    completion_round: int = 0
+    completion_pending: bool = False
+
+    version: int = 1
+    history_seq: int = 0
+    history_head: str = Field(default="", max_length=128)
+
+
+class HistoryEntry(SQLModel, table=True):
+    __tablename__ = "history"
+    __table_args__ = (sa.UniqueConstraint("operation_id", "seq", name="uq_history_operation_seq"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    operation_id: str = Field(foreign_key="operations.id", max_length=40)
+    seq: int
+    at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    kind: str = Field(max_length=20)
+    actor: str = Field(max_length=120)
+    from_state: str | None = Field(default=None, max_length=40)
+    to_state: str | None = Field(default=None, max_length=40)
+    cause: str = Field(max_length=500)
+    delay_source: str | None = Field(default=None, max_length=40)
+    detail: Any = _json()
+    prev_hash: str = Field(max_length=128)
+    hash: str = Field(max_length=128)
+
+
+class ApiToken(SQLModel, table=True):
+    __tablename__ = "api_tokens"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=100, unique=True)
+    scope: str = Field(max_length=20)
+    token_hash: str = Field(max_length=64, unique=True)
+    created_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    revoked_at: datetime | None = _ts()
+
+
+class WebhookEvent(SQLModel, table=True):
+    __tablename__ = "webhook_events"
+    __table_args__ = (
+        sa.UniqueConstraint("provider", "event_id", name="uq_webhook_events_provider_event"),
+        sa.Index("ix_webhook_events_orphans", "provider", "remote_job_id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    provider: str = Field(max_length=100)
+    event_id: str = Field(max_length=300)
+    received_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    remote_job_id: str | None = Field(default=None, max_length=300)
+    operation_id: str | None = Field(default=None, max_length=40)
+    body_sha256: str = Field(max_length=64)
+    body: str | None = None
+    duplicates: int = 0
+    conflicts: int = 0
+
+
+class Escalation(SQLModel, table=True):
+    __tablename__ = "escalations"
+
+    id: int | None = Field(default=None, primary_key=True)
+    operation_id: str = Field(foreign_key="operations.id", max_length=40, index=True)
+    reason: str = Field(max_length=40)
+    message: str
+    options: Any = Field(sa_type=sa.JSON, nullable=False)
+    resume_state: str | None = Field(default=None, max_length=40)
+    created_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    decided_at: datetime | None = _ts()
+    decided_by: str | None = Field(default=None, max_length=100)
+    decision: Any = _json()
+
+
+class CompletionStep(SQLModel, table=True):
+    __tablename__ = "completion_steps"
+    __table_args__ = (
+        sa.UniqueConstraint("operation_id", "round", "step", name="uq_completion_steps"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    operation_id: str = Field(foreign_key="operations.id", max_length=40)
+    round: int
+    step: str = Field(max_length=300)
+    status: str = Field(max_length=20)
+    idempotency_key: str = Field(max_length=120)
+    attempts: int = 0
+    started_at: datetime | None = _ts()
+    finished_at: datetime | None = _ts()
+    next_attempt_at: datetime | None = _ts()
+    last_error: str | None = None
+
+
+TABLES = SQLModel.metadata
+
+# Reading rows into SQLModel instances runs SQLAlchemy's attribute instrumentation for
+# every field (about half a millisecond per row); the worker and the webhook path read
+# many rows, so reads produce a plain slotted record with the same attributes instead.
+if TYPE_CHECKING:
+    OperationRecord = Operation
+else:
+    OperationRecord = dataclasses.make_dataclass(
+        "OperationRecord",
+        [(column.name, Any) for column in Operation.__table__.c],
+        slots=True,
+    )
+
+
+def operation_record(row: Mapping[Any, Any]) -> Operation:
+    """An operation read from the database, as a fast plain record."""
+    return OperationRecord(**row)

@@ -1,0 +1,207 @@
+"""Reads and the few writes that are not state changes: lookup, listing, leases.
+
+Lease claims are single conditional statements (state rules in the write,
+not check-then-act): on PostgreSQL ``FOR UPDATE SKIP LOCKED`` lets replicas
+claim disjoint batches without waiting on each other; on SQLite the claim is
+one ``UPDATE ... WHERE id IN (...) AND <still free>`` inside a write
+transaction, which SQLite serialises.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from reconciler.core.states import State
+from reconciler.errors import InvalidRequest, NotFound
+from reconciler.storage.journal import HISTORY, OPS
+from reconciler.storage.models import Escalation, HistoryEntry, Operation, operation_record
+from reconciler.storage.tokens import Principal
+
+MAX_PAGE = 200
+BAD_CURSOR = "cursor is not valid; pass the next_cursor of a previous page"
+ESCALATIONS = Escalation.__table__  # type: ignore[attr-defined]
+
+
+def get_operation(conn: Connection, operation_id: str) -> Operation | None:
+    row = conn.execute(sa.select(OPS).where(OPS.c.id == operation_id)).mappings().first()
+    return operation_record(row) if row is not None else None
+
+
+def visible_operation(conn: Connection, operation_id: str, principal: Principal) -> Operation:
+    """The operation if this caller may see it; agents see their own only (else 404)."""
+    op = get_operation(conn, operation_id)
+    if op is None or (not principal.is_operator and op.caller != principal.name):
+        raise NotFound(f"operation {operation_id} does not exist")
+    return op
+
+
+def find_by_key(conn: Connection, caller: str, key: str) -> Operation | None:
+    row = (
+        conn.execute(sa.select(OPS).where(OPS.c.caller == caller, OPS.c.idempotency_key == key))
+        .mappings()
+        .first()
+    )
+    return operation_record(row) if row is not None else None
+
+
+def find_by_job(conn: Connection, provider: str, job_id: str) -> Operation | None:
+    row = (
+        conn.execute(
+            sa.select(OPS).where(OPS.c.provider == provider, OPS.c.remote_job_id == job_id)
+        )
+        .mappings()
+        .first()
+    )
+    return operation_record(row) if row is not None else None
+
+
+@dataclass(frozen=True)
+class Page:
+    items: list[Operation]
+    next_cursor: str | None
+
+
+def encode_cursor(operation_id: str) -> str:
+    return base64.urlsafe_b64encode(operation_id.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> str:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        value = base64.urlsafe_b64decode(padded.encode()).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidRequest(BAD_CURSOR) from None
+    if not value.startswith("op_"):
+        raise InvalidRequest(BAD_CURSOR)
+    return value
+
+
+def list_operations(
+    conn: Connection,
+    principal: Principal,
+    *,
+    state: State | None,
+    provider: str | None,
+    limit: int,
+    cursor: str | None,
+) -> Page:
+    """Newest first; the cursor is the last id of the previous page."""
+    query = sa.select(OPS)
+    if not principal.is_operator:
+        query = query.where(OPS.c.caller == principal.name)
+    if state is not None:
+        query = query.where(OPS.c.state == state.value)
+    if provider is not None:
+        query = query.where(OPS.c.provider == provider)
+    if cursor is not None:
+        query = query.where(OPS.c.id < decode_cursor(cursor))
+    rows = conn.execute(query.order_by(OPS.c.id.desc()).limit(limit + 1)).mappings().all()
+    items = [operation_record(r) for r in rows[:limit]]
+    more = len(rows) > limit
+    return Page(items, encode_cursor(items[-1].id) if more and items else None)
+
+
+@dataclass(frozen=True)
+class Claim:
+    operation_id: str
+    taken_over_from: str | None  # a previous holder whose lease expired (it stopped or hung)
+
+
+def claim_due(
+    conn: Connection, owner: str, now: datetime, lease_seconds: float, limit: int
+) -> list[Claim]:
+    """Lease up to ``limit`` due operations to ``owner``, earliest due first.
+
+    The candidates are locked as they are read (PostgreSQL: ``FOR UPDATE SKIP LOCKED``;
+    SQLite: the write transaction is ``BEGIN IMMEDIATE``), and the lease is re-checked in
+    the UPDATE itself, so two claimers can never both win a row.
+    """
+    free = sa.or_(OPS.c.lease_expires_at.is_(None), OPS.c.lease_expires_at <= now)
+    due = (
+        sa.select(OPS.c.id, OPS.c.lease_owner)
+        .where(OPS.c.next_poll_at <= now, free)
+        .order_by(OPS.c.next_poll_at)
+        .limit(limit)
+    )
+    if conn.dialect.name == "postgresql":
+        due = due.with_for_update(skip_locked=True)
+    candidates = {r.id: r.lease_owner for r in conn.execute(due)}
+    if not candidates:
+        return []
+    result = conn.execute(
+        sa.update(OPS)
+        .where(OPS.c.id.in_(list(candidates)), free)
+        .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_seconds))
+        .returning(OPS.c.id, OPS.c.next_poll_at)
+    )
+    rows = sorted(result.all(), key=lambda r: r.next_poll_at)
+    return [Claim(r.id, candidates[r.id]) for r in rows]
+
+
+def release(conn: Connection, operation_ids: Sequence[str], owner: str) -> None:
+    """Give leases back (only those still ours)."""
+    if not operation_ids:
+        return
+    conn.execute(
+        sa.update(OPS)
+        .where(OPS.c.id.in_(list(operation_ids)), OPS.c.lease_owner == owner)
+        .values(lease_owner=None, lease_expires_at=None)
+    )
+
+
+def extend_lease(
+    conn: Connection, operation_id: str, owner: str, now: datetime, lease_seconds: float
+) -> bool:
+    """Push a held, unexpired lease forward; False if it is no longer ours."""
+    result = conn.execute(
+        sa.update(OPS)
+        .where(OPS.c.id == operation_id, OPS.c.lease_owner == owner, OPS.c.lease_expires_at > now)
+        .values(lease_expires_at=now + timedelta(seconds=lease_seconds))
+    )
+    return result.rowcount == 1
+
+
+def next_due_at(conn: Connection) -> datetime | None:
+    value = conn.execute(
+        sa.select(OPS.c.next_poll_at)
+        .where(OPS.c.next_poll_at.is_not(None))
+        .order_by(OPS.c.next_poll_at)
+        .limit(1)
+    ).scalar()
+    return value if isinstance(value, datetime) else None
+
+
+def escalations_for(conn: Connection, escalation_ids: Sequence[int]) -> dict[int, Escalation]:
+    if not escalation_ids:
+        return {}
+    rows = conn.execute(sa.select(ESCALATIONS).where(ESCALATIONS.c.id.in_(list(escalation_ids))))
+    return {r.id: Escalation(**dict(r._mapping)) for r in rows}
+
+
+def history_of(conn: Connection, operation_id: str) -> list[HistoryEntry]:
+    rows = conn.execute(
+        sa.select(HISTORY).where(HISTORY.c.operation_id == operation_id).order_by(HISTORY.c.seq)
+    ).mappings()
+    return [HistoryEntry(**dict(r)) for r in rows]
+
+
+def count_by_state(conn: Connection) -> dict[str, int]:
+    rows = conn.execute(sa.select(OPS.c.state, sa.func.count()).group_by(OPS.c.state))
+    return {str(state): int(count) for state, count in rows}
+
+
+def last_hint_at(conn: Connection, operation_id: str) -> datetime | None:
+    value = conn.execute(
+        sa.select(HISTORY.c.at)
+        .where(HISTORY.c.operation_id == operation_id, HISTORY.c.kind == "hint")
+        .order_by(HISTORY.c.seq.desc())
+        .limit(1)
+    ).scalar()
+    return value if isinstance(value, datetime) else None

@@ -1,0 +1,408 @@
+"""Storing verified webhook events with their effect, many requests per commit.
+
+Each request is answered only after *its* event is committed, but requests
+that arrive while a commit is running share the next one (group commit):
+one writer takes everything queued, writes it in one transaction and
+resolves every waiting request at once. That keeps the per-request cost to
+an enqueue, instead of a thread hop and a commit per request. On PostgreSQL
+the writer is one thread (network waits release the GIL); on SQLite the
+batch is written on the event loop itself, between reads of new requests.
+
+In the transaction, for each event: insert it (unique on provider + event
+id); a new event for a known job marks the operation hinted (hinted time,
+next status read brought forward, delay source ``webhook_hint``, a history
+entry); an event for an unknown job is kept as an orphan; a seen event id
+has no effect (a different body under a seen id is counted as a conflict).
+A webhook never completes an operation: it only says when to look.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from reconciler.core.states import State
+from reconciler.core.vocabulary import DelaySource, HistoryKind
+from reconciler.engine.wakeups import WAKE_CHANNEL, notify_in_transaction
+from reconciler.errors import ReconcilerError, StorageUnavailable
+from reconciler.storage.database import Database
+from reconciler.storage.fastsql import insert_new, raw_for, select_where_in
+from reconciler.storage.journal import OPS, Entry, Journal
+from reconciler.storage.models import Operation, WebhookEvent
+
+log = logging.getLogger("reconciler.webhooks")
+
+EVENTS = WebhookEvent.__table__  # type: ignore[attr-defined]
+MAX_BATCH = 512
+# Loop turns the writer waits before taking a batch: requests whose bytes arrived in the
+# same poll are still being parsed, and joining this commit is cheaper than starting the
+# next (fewer, fuller batches; measured about 15 % more deliveries a second at 16 clients).
+JOIN_TURNS = 4
+INSERT_CHUNK = 256  # rows per multi-row INSERT: well inside SQLite's parameter limit
+# States whose next status read a hint brings forward.
+HINT_POLLS = frozenset({State.OBSERVING, State.CANCELLING})
+HINT_NOTES = frozenset({State.ACCEPTED, State.CANCEL_REQUESTED, State.RESULT_COLLECTING})
+
+
+class Outcome(StrEnum):
+    HINTED = "hinted"
+    ORPHAN = "orphan"
+    RECORDED = "recorded"  # new event for an operation with nothing left to look at
+    DUPLICATE = "duplicate"
+    CONFLICT = "conflict"
+
+
+@dataclass(frozen=True)
+class IncomingEvent:
+    provider: str
+    event_id: str
+    remote_job_id: str | None
+    body_sha256: str
+    body: str | None
+    received_at: datetime
+
+
+EVENT_COLUMNS = (
+    "provider",
+    "event_id",
+    "received_at",
+    "remote_job_id",
+    "operation_id",
+    "body_sha256",
+    "body",
+    "duplicates",
+    "conflicts",
+)
+
+
+def _insert(conn: Connection, rows: list[tuple[Any, ...]]) -> set[tuple[str, str]]:
+    """Insert what is new; the unique key decides, and only inserted rows come back."""
+    inserted: set[tuple[str, str]] = set()
+    for start in range(0, len(rows), INSERT_CHUNK):
+        found = insert_new(
+            conn,
+            EVENTS,
+            EVENT_COLUMNS,
+            rows[start : start + INSERT_CHUNK],
+            unique=("provider", "event_id"),
+            returning=("provider", "event_id"),
+        )
+        inserted.update((str(p), str(e)) for p, e in found)
+    return inserted
+
+
+def _record_repeats(conn: Connection, repeats: list[IncomingEvent]) -> dict[int, Outcome]:
+    out: dict[int, Outcome] = {}
+    for index, event in enumerate(repeats):
+        stored = conn.execute(
+            sa.select(EVENTS.c.body_sha256).where(
+                EVENTS.c.provider == event.provider, EVENTS.c.event_id == event.event_id
+            )
+        ).scalar()
+        conflict = stored is not None and stored != event.body_sha256
+        column = EVENTS.c.conflicts if conflict else EVENTS.c.duplicates
+        conn.execute(
+            sa.update(EVENTS)
+            .where(EVENTS.c.provider == event.provider, EVENTS.c.event_id == event.event_id)
+            .values({column.name: column + 1})
+        )
+        out[index] = Outcome.CONFLICT if conflict else Outcome.DUPLICATE
+    return out
+
+
+# One statement for the whole batch; the sorted subquery fixes the order the locks are taken in.
+_LOCK_JOBS = sa.text(
+    "SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))) "
+    "FROM (SELECT unnest(CAST(:keys AS text[])) AS k ORDER BY 1) AS jobs"
+)
+
+
+def lock_jobs(conn: Connection, jobs: Iterable[tuple[str, str]]) -> None:
+    """Take this transaction's per-job lock for each ``(provider, job id)`` (PostgreSQL).
+
+    Storing a job's events and learning its id (attaching orphans) hold the same lock, so
+    one always sees the other's commit; otherwise an event committed alongside the create
+    answer is missed by both and stays an orphan. SQLite serialises all writes already.
+    """
+    keys = sorted({f"{provider}\x1f{job}" for provider, job in jobs})
+    if keys and conn.dialect.name == "postgresql":
+        conn.execute(_LOCK_JOBS, {"keys": keys})
+
+
+def _operations_for(conn: Connection, provider: str, job_ids: set[str]) -> list[Operation]:
+    # PostgreSQL: lock the rows so the version we read is the one we update.
+    lock = conn.dialect.name == "postgresql"
+    rows = select_where_in(
+        conn, OPS, HEAD_NAMES, ("provider", provider), "remote_job_id", sorted(job_ids), lock=lock
+    )
+    return [cast(Operation, _Head(*row)) for row in rows]
+
+
+@dataclass(slots=True)
+class _Head:
+    """Just what a hint needs of an operation row (reading whole rows costs more)."""
+
+    id: str
+    provider: str
+    remote_job_id: str
+    state: str
+    version: int
+    history_head: str
+    history_seq: int
+    next_poll_at: datetime | None
+    retry_not_before: datetime | None
+
+
+HEAD_NAMES = tuple(f.name for f in dataclasses.fields(_Head))
+
+
+def _hinted_read(op: Operation, now: datetime) -> tuple[datetime, DelaySource]:
+    """Bring the next status read forward to now, but never before the provider's Retry-After."""
+    floor = op.retry_not_before
+    if floor is None or floor <= now:
+        return now, DelaySource.WEBHOOK_HINT
+    at = floor if op.next_poll_at is None else min(floor, op.next_poll_at)
+    return at, DelaySource.PROVIDER_RETRY_AFTER
+
+
+def _hint(
+    op: Operation, events: list[IncomingEvent], now: datetime
+) -> tuple[Outcome, Mapping[str, Any] | None, list[Entry]]:
+    """What a batch of new events means for one operation (values only; no writes)."""
+    state = State(op.state)
+    if state not in HINT_POLLS and state not in HINT_NOTES:
+        return Outcome.RECORDED, None, []
+    polls = state in HINT_POLLS
+    # Operations whose read is not due to a hint keep their schedule unchanged.
+    at, source = _hinted_read(op, now) if polls else (None, None)
+    changes: dict[str, Any] = {
+        "hinted_at": now,
+        "next_poll_at": at,
+        "delay_source": source.value if source is not None else None,
+    }
+    entries = [
+        Entry(
+            kind=HistoryKind.HINT,
+            actor=f"provider:{op.provider}",
+            cause=f"webhook:{event.event_id}",
+            detail={"event_id": event.event_id, "body_sha256": event.body_sha256},
+            delay_source=source,
+            at=event.received_at,
+        )
+        for event in events
+    ]
+    return Outcome.HINTED, changes, entries
+
+
+def _first_sightings(events: Sequence[IncomingEvent]) -> list[int]:
+    """Indexes of each event id's first occurrence in the batch."""
+    first: dict[tuple[str, str], int] = {}
+    for index, event in enumerate(events):
+        first.setdefault((event.provider, event.event_id), index)
+    return sorted(first.values())
+
+
+def _known_operations(
+    conn: Connection, events: Sequence[IncomingEvent], indexes: Sequence[int]
+) -> dict[tuple[str, str], Operation]:
+    """The operations the events' job ids name, locked for this transaction."""
+    by_provider: dict[str, set[str]] = defaultdict(set)
+    for i in indexes:
+        job = events[i].remote_job_id
+        if job is not None:
+            by_provider[events[i].provider].add(job)
+    lock_jobs(conn, [(p, j) for p, jobs in by_provider.items() for j in jobs])
+    found: dict[tuple[str, str], Operation] = {}
+    for provider, jobs in by_provider.items():
+        for op in _operations_for(conn, provider, jobs):
+            found[(provider, op.remote_job_id or "")] = op
+    return found
+
+
+def _hint_writes(
+    events: Sequence[IncomingEvent],
+    new: Sequence[int],
+    ops: Mapping[tuple[str, str], Operation],
+    outcomes: list[Outcome | None],
+    now: datetime,
+) -> tuple[list[tuple[Operation, Mapping[str, Any], Sequence[Entry]]], ...]:
+    """The hint writes for the new events, grouped by operation; sets each new outcome."""
+    by_op: dict[str, list[int]] = defaultdict(list)
+    for i in new:
+        job = events[i].remote_job_id
+        op = ops.get((events[i].provider, job)) if job is not None else None
+        if op is None:
+            outcomes[i] = Outcome.ORPHAN
+        else:
+            by_op[op.id].append(i)
+    polls: list[tuple[Operation, Mapping[str, Any], Sequence[Entry]]] = []
+    notes: list[tuple[Operation, Mapping[str, Any], Sequence[Entry]]] = []
+    by_id = {op.id: op for op in ops.values()}
+    for op_id, indexes in by_op.items():
+        op = by_id[op_id]
+        outcome, changes, entries = _hint(op, [events[i] for i in indexes], now)
+        if changes is not None and changes["next_poll_at"] is not None:
+            polls.append((op, changes, entries))
+        elif changes is not None:
+            notes.append((op, {"hinted_at": changes["hinted_at"]}, entries))
+        for i in indexes:
+            outcomes[i] = outcome
+    return polls, notes
+
+
+def write_batch(
+    conn: Connection, journal: Journal, events: Sequence[IncomingEvent], now: datetime
+) -> list[Outcome]:
+    """Store a batch of verified events and their effects; one outcome per event, in order."""
+    outcomes: list[Outcome | None] = [None] * len(events)
+    firsts = _first_sightings(events)
+    ops = _known_operations(conn, events, firsts)
+    raw = raw_for(conn.dialect.name)
+    rows = []
+    for i in firsts:
+        e = events[i]
+        op = ops.get((e.provider, e.remote_job_id)) if e.remote_job_id is not None else None
+        rows.append(
+            (
+                e.provider,
+                e.event_id,
+                raw.time(e.received_at),
+                e.remote_job_id,
+                op.id if op is not None else None,
+                e.body_sha256,
+                e.body,
+                0,
+                0,
+            )
+        )
+    inserted = _insert(conn, rows)
+    new = [i for i in firsts if (events[i].provider, events[i].event_id) in inserted]
+    repeats = [i for i in range(len(events)) if i not in set(new)]
+    for index, outcome in _record_repeats(conn, [events[i] for i in repeats]).items():
+        outcomes[repeats[index]] = outcome
+    polls, notes = _hint_writes(events, new, ops, outcomes, now)
+    journal.write_many(conn, polls, now=now)
+    journal.write_many(conn, notes, now=now)
+    if polls or notes:
+        notify_in_transaction(conn, WAKE_CHANNEL)
+    return [o if o is not None else Outcome.DUPLICATE for o in outcomes]
+
+
+@dataclass
+class _Pending:
+    event: IncomingEvent
+    future: asyncio.Future[Outcome]
+
+
+class GroupCommitter:
+    """Queues events from many requests and commits them together on one writer thread."""
+
+    def __init__(
+        self,
+        db: Database,
+        journal: Journal,
+        now: Callable[[], datetime],
+        on_hint: Callable[[], None],
+    ) -> None:
+        self.db = db
+        self.journal = journal
+        self.now = now
+        self.on_hint = on_hint
+        self._queue: list[_Pending] = []
+        self._flushing = False
+        self._flusher: asyncio.Task[None] | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook-commit")
+        self._lock = threading.Lock()
+        self.batches = 0
+
+    async def submit(self, event: IncomingEvent) -> Outcome:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Outcome] = loop.create_future()
+        self._queue.append(_Pending(event, future))
+        if not self._flushing:
+            self._flushing = True
+            self._flusher = loop.create_task(self._flush(loop))
+        return await future
+
+    async def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            for _ in range(JOIN_TURNS):
+                await asyncio.sleep(0)
+            while self._queue:
+                batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+                try:
+                    if self.db.sqlite:
+                        # SQLite is a local file: a batch is a few milliseconds of work that
+                        # mostly holds the GIL anyway, and handing it to a thread costs more
+                        # than it saves (the two threads then take turns on the GIL).
+                        outcomes = self._write(batch)
+                    else:
+                        outcomes = await loop.run_in_executor(self._executor, self._write, batch)
+                except Exception as exc:
+                    self._fail(batch, exc)
+                    continue
+                hinted = False
+                for pending, outcome in zip(batch, outcomes, strict=True):
+                    if isinstance(outcome, Exception):
+                        if not pending.future.done():
+                            pending.future.set_exception(outcome)
+                        continue
+                    hinted = hinted or outcome is Outcome.HINTED
+                    if not pending.future.done():
+                        pending.future.set_result(outcome)
+                if hinted:
+                    self.on_hint()
+                # Let the requests that arrived during the write in, so they share the next.
+                await asyncio.sleep(0)
+        finally:
+            self._flushing = False
+
+    def _fail(self, batch: list[_Pending], exc: Exception) -> None:
+        log.error("webhook batch failed: %s", type(exc).__name__)
+        error = (
+            exc
+            if isinstance(exc, ReconcilerError)
+            else StorageUnavailable("the event could not be stored; retry later")
+        )
+        for pending in batch:
+            if not pending.future.done():
+                pending.future.set_exception(error)
+
+    def _write(self, batch: list[_Pending]) -> list[Outcome | Exception]:
+        events = [p.event for p in batch]
+        self.batches += 1
+        try:
+            with self.db.write() as conn:
+                return list(write_batch(conn, self.journal, events, self.now()))
+        except Exception as exc:
+            if len(events) == 1:
+                return [exc]
+            log.warning(
+                "webhook batch of %d failed (%s); storing one by one",
+                len(events),
+                type(exc).__name__,
+            )
+        # One bad event must not cost the others their commit.
+        results: list[Outcome | Exception] = []
+        for event in events:
+            try:
+                with self.db.write() as conn:
+                    results.extend(write_batch(conn, self.journal, [event], self.now()))
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
