@@ -129,9 +129,9 @@ class Tracer:
         setattr(owner, name, wrapper)
 
     def install(self) -> None:
-        from reconciler.engine.steps.collect import CollectFlow
-        from reconciler.engine.steps.complete import Completion
-        from reconciler.engine.steps.poll import PollFlow
+        from reconciler.engine.steps.collect import CollectStep
+        from reconciler.engine.steps.complete import CompleteStep
+        from reconciler.engine.steps.poll import PollStep
         from reconciler.engine.ticker import Scheduler
         from reconciler.engine.worker import Worker
         from reconciler.providers.http_adapter import HttpAdapter
@@ -139,9 +139,9 @@ class Tracer:
         by_op = lambda args: args[0].id  # noqa: E731
         self.wrap(Worker, "tick", "tick")
         self.wrap(Worker, "_process", "process", lambda args: args[0])
-        self.wrap(PollFlow, "__call__", "poll", by_op)
-        self.wrap(CollectFlow, "__call__", "collect", by_op)
-        self.wrap(Completion, "__call__", "completion", by_op)
+        self.wrap(PollStep, "__call__", "poll", by_op)
+        self.wrap(CollectStep, "__call__", "collect", by_op)
+        self.wrap(CompleteStep, "__call__", "completion", by_op)
         self.wrap(HttpAdapter, "status", "status_call", lambda args: args[0])
         self.wrap(HttpAdapter, "fetch_result", "result_call", lambda args: args[0])
         self._time_db_runs()
@@ -243,8 +243,8 @@ class Profiler:
         return run
 
     def install(self) -> None:
+        from reconciler.engine.group_commit import GroupCommitter
         from reconciler.storage.database import Database
-        from reconciler.storage.webhook_events import GroupCommitter
 
         run, write = Database.run, GroupCommitter._write
         profiler = self

@@ -20,15 +20,16 @@ from reconciler.config import Settings, load_settings
 from reconciler.core import story
 from reconciler.core.clock import SystemClock, isoformat
 from reconciler.core.states import State
-from reconciler.core.views import operation_view
 from reconciler.core.vocabulary import DecisionAction, Scope
-from reconciler.engine.wakeups import CHANGE_CHANNEL, WAKE_CHANNEL, notify_in_transaction
 from reconciler.errors import ConfigError, NotFound, ReconcilerError
 from reconciler.storage import audit, migrate
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
+from reconciler.storage.history import history_of
 from reconciler.storage.journal import Journal
+from reconciler.storage.notify import CHANGE_CHANNEL, WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tokens import Principal, create_token, list_tokens, revoke_token
+from reconciler.storage.views import view_of
 
 # The CLI runs without provider credentials; a cancel decided here uses this window.
 DEFAULT_CANCEL_DEADLINE_SECONDS = 120.0
@@ -139,11 +140,7 @@ def _audit_verify(args: argparse.Namespace, settings: Settings) -> int:
 
 def _operator_view(db: Database, op_id: str) -> dict[str, Any]:
     with db.read() as conn:
-        op = store.get_operation(conn, op_id)
-        if op is None:
-            raise NotFound(f"operation {op_id} does not exist")
-        escalations = store.escalations_for(conn, [op.escalation_id] if op.escalation_id else [])
-    return operation_view(op, SystemClock().now(), escalations.get(op.escalation_id or -1))
+        return view_of(conn, store.load_operation(conn, op_id), SystemClock().now())
 
 
 CLI_OPERATOR = Principal(name="cli", scope=Scope.OPERATOR)
@@ -174,9 +171,9 @@ def _ops(args: argparse.Namespace, settings: Settings) -> int:
             print(json.dumps(_operator_view(db, args.operation), indent=2, sort_keys=True))
         else:
             with db.read() as conn:
-                if store.get_operation(conn, args.operation) is None:
-                    raise NotFound(f"operation {args.operation} does not exist")
-                entries = store.history_of(conn, args.operation)
+                op = store.load_operation(conn, args.operation)
+                entries = history_of(conn, args.operation)
+            print(story.header(op))
             for text in story.tell(entries):
                 print(text)
     finally:

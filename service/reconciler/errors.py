@@ -1,10 +1,41 @@
-"""One exception root for the package, with families under it.
+"""Every error the package raises on purpose: one root, families under it.
 
-HTTP handlers map these to status codes in one place (``http_errors``); no
-other module decides how a domain error looks on the wire.
+```text
+ReconcilerError                    root; ``code`` is the stable machine-readable name
+├── ConfigError                    a configuration or provider file is unusable (CLI exit 2)
+│   └── PointerSyntaxError         a JSON pointer in a provider file is not RFC 6901
+├── InvalidRequest                 bad input: the message says what to fix          (400)
+│   ├── PayloadTooLarge            a body over its limit                             (413)
+│   ├── ForbiddenAddress           a callback URL the SSRF guard refuses             (400)
+│   └── UnsafePathValue            a value that cannot be placed in a URL path       (400)
+├── AuthenticationFailed           no, or a bad, bearer token                        (401)
+│   └── SignatureRejected          a webhook that fails verification; nothing stored (401)
+├── PermissionDenied               a valid token without the needed scope            (403)
+├── NotFound                       no such record, or not the caller's               (404)
+├── Conflict                       contradicts what is already recorded              (409)
+│   ├── IdempotencyConflict        the same idempotency key for another request
+│   └── DecisionNotAllowed         an option that was not offered, or a second decision
+├── RemoteError                    a provider or an agent's receiver gave no usable answer
+│   └── ResolutionFailed           a callback host did not resolve (a later try may work)
+├── StorageError                   the database, not the caller                      (503)
+│   ├── StorageUnavailable         unreachable, busy past the bound, disk full, read-only
+│   └── StaleWrite                 another writer moved the row first; nothing was written
+├── DemoFailed                     the demo could not set itself up
+└── Bug                            a defect in this program, never the caller's fault (500)
+    ├── IllegalTransition          a state change the transition table forbids; nothing written
+    └── InvalidObservation         an observation with neither an HTTP status nor an error
+```
+
+HTTP answers are decided in one place (``api.errors``) from this tree. A ``Bug``
+is logged as an error with the operation it concerns and answered 500; a
+client's conflict is decided before any transition is attempted, so a caller
+never sees a bug dressed as a 409.
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
 
 
 class ReconcilerError(Exception):
@@ -23,14 +54,58 @@ class ConfigError(ReconcilerError):
     code = "config_invalid"
 
 
+class PointerSyntaxError(ConfigError):
+    """The pointer text is not an RFC 6901 pointer; the loader names the file and key."""
+
+    code = "invalid_pointer"
+
+
 class InvalidRequest(ReconcilerError):
     """The caller sent something we cannot act on; the message says what to fix."""
 
     code = "invalid_request"
 
 
+class PayloadTooLarge(InvalidRequest):
+    code = "payload_too_large"
+
+
+class ForbiddenAddress(InvalidRequest):
+    """The callback URL leads to an address the SSRF guard refuses."""
+
+    code = "callback_url_forbidden"
+
+    def __init__(self, message: str, verdict: Any) -> None:
+        super().__init__(message)
+        self.verdict = verdict  # an ``outbound.ssrf.Verdict``: which address, and why
+
+
+class UnsafePathValue(InvalidRequest):
+    """A value cannot be placed in a URL path safely (empty, ``.`` or ``..`` segment)."""
+
+
 class AuthenticationFailed(ReconcilerError):
     code = "unauthenticated"
+
+
+class RejectReason(StrEnum):
+    """Why a webhook delivery was refused; safe to use as a metric label."""
+
+    MISSING_HEADER = "missing_header"
+    MALFORMED_HEADER = "malformed_header"
+    TIMESTAMP_OUT_OF_TOLERANCE = "timestamp_out_of_tolerance"
+    NO_USABLE_SIGNATURE = "no_usable_signature"
+    SIGNATURE_MISMATCH = "signature_mismatch"
+
+
+class SignatureRejected(AuthenticationFailed):
+    """A delivery failed verification; ``reason`` is machine-readable, the message short."""
+
+    code = "signature_invalid"
+
+    def __init__(self, reason: RejectReason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class PermissionDenied(ReconcilerError):
@@ -55,27 +130,55 @@ class DecisionNotAllowed(Conflict):
     code = "decision_not_allowed"
 
 
-class IllegalTransition(ReconcilerError):
-    """A state change that the transition table does not allow. Nothing was written."""
+class RemoteError(ReconcilerError):
+    """A provider or an agent's callback receiver could not be used."""
 
-    code = "illegal_transition"
-
-
-class StaleWrite(ReconcilerError):
-    """Another writer changed the record first (version or lease moved). Nothing was written."""
-
-    code = "stale_write"
+    code = "remote_unavailable"
 
 
-class StorageUnavailable(ReconcilerError):
+class ResolutionFailed(RemoteError):
+    """The callback host could not be resolved now; a later attempt may succeed."""
+
+    code = "callback_host_unresolved"
+
+
+class StorageError(ReconcilerError):
+    """The database failed us; the caller did nothing wrong and may retry."""
+
+    code = "storage_error"
+
+
+class StorageUnavailable(StorageError):
     """The database could not be reached or refused the write; callers should retry."""
 
     code = "storage_unavailable"
 
 
-class PayloadTooLarge(InvalidRequest):
-    code = "payload_too_large"
+class StaleWrite(StorageError):
+    """Another writer changed the record first (version or lease moved). Nothing was written."""
+
+    code = "stale_write"
 
 
-class SignatureInvalid(ReconcilerError):
-    code = "signature_invalid"
+class DemoFailed(ReconcilerError):
+    """The demo could not set itself up or talk to its own parts."""
+
+    code = "demo_failed"
+
+
+class Bug(ReconcilerError):
+    """A defect in this program. Logged as an error with the operation id; never a 4xx."""
+
+    code = "internal"
+
+
+class IllegalTransition(Bug):
+    """A state change that the transition table does not allow. Nothing was written."""
+
+    code = "illegal_transition"
+
+
+class InvalidObservation(Bug):
+    """An observation with neither an HTTP status nor a transport error: a shell bug."""
+
+    code = "invalid_observation"

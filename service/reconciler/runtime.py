@@ -19,6 +19,7 @@ from reconciler.config import Secret, Settings
 from reconciler.core.clock import Clock, SystemClock
 from reconciler.core.ids import worker_id
 from reconciler.core.signatures import Verifier, build_verifier, decode_whsec
+from reconciler.engine.group_commit import GroupCommitter
 from reconciler.engine.wakeups import Notifier
 from reconciler.errors import ConfigError, InvalidRequest
 from reconciler.metrics import Metrics
@@ -27,7 +28,6 @@ from reconciler.providers.spec import ProviderSpec, WebhookSpec, load_providers,
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.tokens import Principal
-from reconciler.storage.webhook_events import GroupCommitter
 
 if TYPE_CHECKING:
     from reconciler.providers.adapter import Adapter

@@ -1,4 +1,4 @@
-"""Completion runs every downstream step once, whatever races to finish the operation.
+"""The completion handler runs every downstream step once, whatever races to finish the operation.
 
 Each test counts what really ran: the hook log (one fsynced line per run, per
 idempotency key; see ``tests.support.hooks``), the deliveries a real callback

@@ -48,9 +48,14 @@ def config(tmp_path: Path, db_url: str) -> Path:
 
 
 def story(config: Path, op_id: str) -> list[str]:
+    """The story's lines after its header, which names the operation, provider, job and state."""
     result = cli(config, "ops", "history", op_id)
     assert result.returncode == 0, result.stderr
-    return result.stdout.splitlines()
+    header, *lines = result.stdout.splitlines()
+    assert re.fullmatch(
+        rf"operation {op_id} \(provider sim, job (job_\w+|not known yet)\), state [a-z_]+", header
+    ), header
+    return lines
 
 
 def clock(text: str) -> datetime:

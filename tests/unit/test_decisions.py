@@ -15,29 +15,30 @@ from hypothesis import strategies as st
 
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.clock import isoformat
-from reconciler.core.poll import (
+from reconciler.core.create import (
     Accepted,
     Ambiguous,
+    CreateObservation,
+    Rejected,
+    before_create,
+    decide_create,
+)
+from reconciler.core.poll import (
     Collect,
     Counters,
-    CreateObservation,
     Finish,
-    InvalidObservation,
     Observation,
     PollPolicy,
     PollRecord,
-    Rejected,
     Stop,
     Wait,
-    before_create,
     before_request,
     decide,
-    decide_create,
     first_poll_at,
     parse_rfc3339,
 )
 from reconciler.core.vocabulary import DelaySource, EscalationReason, RemoteCategory, TransportError
-from reconciler.errors import ReconcilerError
+from reconciler.errors import InvalidObservation, ReconcilerError
 
 R = EscalationReason
 T0 = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)

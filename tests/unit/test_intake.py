@@ -14,11 +14,11 @@ from reconciler.api.validation import (
     MAX_METADATA_BYTES,
     CancelRequest,
     CreateRequest,
-    Decision,
     parse_cancel,
     parse_create,
     parse_decision,
 )
+from reconciler.core.operator_decision import DecisionRequest
 from reconciler.core.vocabulary import DecisionAction
 from reconciler.errors import InvalidRequest
 
@@ -285,11 +285,17 @@ def test_cancel_errors_say_what_to_fix(body: Any, message: str) -> None:
 
 
 def test_decisions() -> None:
-    assert parse_decision({"action": "cancel"}) == Decision(DecisionAction.CANCEL, None, None)
-    assert parse_decision({"action": "abandon"}) == Decision(DecisionAction.ABANDON, None, None)
-    assert parse_decision({"action": "extend"}) == Decision(DecisionAction.EXTEND, None, None)
+    assert parse_decision({"action": "cancel"}) == DecisionRequest(
+        DecisionAction.CANCEL, None, None
+    )
+    assert parse_decision({"action": "abandon"}) == DecisionRequest(
+        DecisionAction.ABANDON, None, None
+    )
+    assert parse_decision({"action": "extend"}) == DecisionRequest(
+        DecisionAction.EXTEND, None, None
+    )
     extend = parse_decision({"action": "extend", "extra_seconds": 600, "extra_status_requests": 6})
-    assert extend == Decision(DecisionAction.EXTEND, 600.0, 6)
+    assert extend == DecisionRequest(DecisionAction.EXTEND, 600.0, 6)
     assert isinstance(extend.extra_seconds, float)
     assert isinstance(extend.extra_status_requests, int)
     whole = parse_decision({"action": "extend", "extra_status_requests": 4.0})

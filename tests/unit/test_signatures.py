@@ -24,8 +24,6 @@ from reconciler.core.clock import ManualClock
 from reconciler.core.signatures import (
     GitHubVerifier,
     HmacSha256Verifier,
-    RejectReason,
-    SignatureRejected,
     StandardWebhooksVerifier,
     StripeVerifier,
     Verified,
@@ -34,7 +32,7 @@ from reconciler.core.signatures import (
     decode_whsec,
     sign_standard_webhook,
 )
-from reconciler.errors import ConfigError, SignatureInvalid
+from reconciler.errors import ConfigError, RejectReason, SignatureRejected
 
 # The published Standard Webhooks test vector.
 SW_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -88,7 +86,7 @@ def sw_verifier(*secrets: str, now: int = SW_TS) -> StandardWebhooksVerifier:
 
 
 def reject(verifier: Verifier, headers: Mapping[str, str], body: bytes) -> SignatureRejected:
-    with pytest.raises(SignatureInvalid) as info:
+    with pytest.raises(SignatureRejected) as info:
         verifier.verify(headers, body)
     assert type(info.value) is SignatureRejected
     return info.value

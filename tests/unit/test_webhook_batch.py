@@ -14,10 +14,15 @@ import pytest
 import sqlalchemy as sa
 
 from reconciler.core.states import State
-from reconciler.engine.steps.create import _attach_orphans as attach_orphans
 from reconciler.storage.database import Database
 from reconciler.storage.journal import HISTORY, OPS, Journal
-from reconciler.storage.webhook_events import EVENTS, IncomingEvent, Outcome, write_batch
+from reconciler.storage.webhook_events import (
+    EVENTS,
+    IncomingEvent,
+    Outcome,
+    attach_orphans,
+    write_batch,
+)
 from tests.support.factories import insert_operation
 
 NOW = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)
@@ -265,7 +270,7 @@ def test_event_racing_the_create_answer_is_not_left_an_orphan(
                 now=NOW,
                 changes={"remote_job_id": "job_race"},
             )
-            attach_orphans(conn, after, "job_race")
+            attach_orphans(conn, after.provider, "job_race", after.id)
             accepted_open.set()
             event_done.wait(1.0)  # give the event every chance to commit in between
 

@@ -1,4 +1,8 @@
-"""Every error answer is JSON ``{"error": {"code", "message"}}``; status codes are decided here."""
+"""Error answers: every one is JSON ``{"error": {"code", "message"}}``, status decided here.
+
+Guarantee: bad input gets a 4xx that says what to fix, never a 500; a bug is
+a 500 with no internals, logged as an error with the operation it concerns.
+"""
 
 from __future__ import annotations
 
@@ -12,17 +16,18 @@ from reconciler import errors
 
 log = logging.getLogger("reconciler.http")
 
+# By family (see the tree in ``reconciler.errors``); the most specific class wins.
 STATUS: dict[type[errors.ReconcilerError], int] = {
     errors.PayloadTooLarge: 413,
     errors.InvalidRequest: 400,
     errors.AuthenticationFailed: 401,
-    errors.SignatureInvalid: 401,
     errors.PermissionDenied: 403,
     errors.NotFound: 404,
     errors.Conflict: 409,
-    errors.IllegalTransition: 409,
-    errors.StaleWrite: 409,
-    errors.StorageUnavailable: 503,
+    # Contention that outlasted the retries is the database's state, not the caller's.
+    errors.StorageError: 503,
+    errors.RemoteError: 503,
+    errors.Bug: 500,
 }
 
 
@@ -44,9 +49,19 @@ def status_for(exc: errors.ReconcilerError) -> int:
 async def on_domain_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, errors.ReconcilerError)
     status = status_for(exc)
+    if isinstance(exc, errors.Bug):
+        log.error(
+            "bug: %s",
+            exc.message,
+            extra={"path": request.url.path, "operation_id": request.path_params.get("op_id")},
+            exc_info=exc,
+        )
+        return error_response(500, "internal", "internal error; the details are in the server log")
     if status >= 500:
         log.warning("request failed: %s", exc.message, extra={"path": request.url.path})
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers = None
+    if status == 401 and not isinstance(exc, errors.SignatureRejected):
+        headers = {"WWW-Authenticate": "Bearer"}
     if status == 503:
         headers = {"Retry-After": "1"}
     return error_response(status, exc.code, exc.message, headers)

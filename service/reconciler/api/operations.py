@@ -17,12 +17,14 @@ from reconciler.api.validation import parse_cancel, parse_create, parse_decision
 from reconciler.commands import create as operations
 from reconciler.commands.decide import apply_decision
 from reconciler.core.states import END_STATES, State
-from reconciler.core.views import history_entry_view, operation_view
+from reconciler.core.views import history_entry_view
 from reconciler.errors import InvalidRequest, StaleWrite
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
+from reconciler.storage.history import history_of
 from reconciler.storage.models import Operation
 from reconciler.storage.tokens import Principal, require_operator
+from reconciler.storage.views import operation_views, view_of
 
 MAX_LIMIT = store.MAX_PAGE
 STALE_RETRIES = 5
@@ -37,10 +39,7 @@ def _rt(request: Request) -> Runtime:
 async def _view(rt: Runtime, op: Operation) -> dict[str, Any]:
     def load() -> dict[str, Any]:
         with rt.db.read() as conn:
-            escalations = store.escalations_for(
-                conn, [op.escalation_id] if op.escalation_id else []
-            )
-        return operation_view(op, rt.clock.now(), escalations.get(op.escalation_id or -1))
+            return view_of(conn, op, rt.clock.now())
 
     return await rt.db.run(load)
 
@@ -170,17 +169,8 @@ async def list_all(request: Request) -> Response:
                 limit=int(raw_limit),
                 cursor=params.get("cursor"),
             )
-            escalations = store.escalations_for(
-                conn, [op.escalation_id for op in page.items if op.escalation_id]
-            )
-        now = rt.clock.now()
-        return {
-            "operations": [
-                operation_view(op, now, escalations.get(op.escalation_id or -1))
-                for op in page.items
-            ],
-            "next_cursor": page.next_cursor,
-        }
+            views = operation_views(conn, page.items, rt.clock.now())
+        return {"operations": views, "next_cursor": page.next_cursor}
 
     return JSONResponse(await rt.db.run(load))
 
@@ -258,7 +248,7 @@ async def history(request: Request) -> Response:
     def load() -> list[dict[str, Any]]:
         with rt.db.read() as conn:
             store.visible_operation(conn, op_id, who)
-            return [history_entry_view(e) for e in store.history_of(conn, op_id)]
+            return [history_entry_view(e) for e in history_of(conn, op_id)]
 
     return JSONResponse({"operation_id": op_id, "entries": await rt.db.run(load)})
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reconciler.core.canonical import canonical_json
+from reconciler.core.operator_decision import DecisionRequest
 from reconciler.core.vocabulary import DecisionAction
 from reconciler.errors import InvalidRequest
 
@@ -144,14 +145,7 @@ def parse_cancel(body: Any) -> CancelRequest:
     return CancelRequest(reason=_string(data, "reason", required=False, max_len=MAX_CANCEL_REASON))
 
 
-@dataclass(frozen=True)
-class Decision:
-    action: DecisionAction
-    extra_seconds: float | None
-    extra_status_requests: int | None
-
-
-def parse_decision(body: Any) -> Decision:
+def parse_decision(body: Any) -> DecisionRequest:
     data = _object(body, "the request body")
     _unknown(data, {"action", "extra_seconds", "extra_status_requests"})
     action_text = _string(data, "action", required=True, max_len=20) or ""
@@ -164,7 +158,7 @@ def parse_decision(body: Any) -> Decision:
     extra_requests = _positive_number(data, "extra_status_requests", integer=True)
     if action is not DecisionAction.EXTEND and (extra_seconds or extra_requests):
         raise InvalidRequest("'extra_seconds' and 'extra_status_requests' apply only to 'extend'")
-    return Decision(
+    return DecisionRequest(
         action=action,
         extra_seconds=float(extra_seconds) if extra_seconds is not None else None,
         extra_status_requests=int(extra_requests) if extra_requests is not None else None,

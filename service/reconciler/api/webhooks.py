@@ -17,12 +17,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from reconciler.api.bodies import parse_json, read_limited
-from reconciler.core.signatures import SignatureRejected, Verifier
+from reconciler.core.signatures import Verifier
 from reconciler.errors import (
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
     ReconcilerError,
+    SignatureRejected,
     StorageUnavailable,
 )
 from reconciler.providers.pointer import MISSING

@@ -16,12 +16,12 @@ from reconciler.core import ids
 from reconciler.core.canonical import request_fingerprint
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import HistoryKind
-from reconciler.engine.wakeups import WAKE_CHANNEL, notify_in_transaction
 from reconciler.errors import Conflict, IdempotencyConflict, InvalidRequest
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Entry, Journal
 from reconciler.storage.models import Operation
+from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tokens import Principal
 
 

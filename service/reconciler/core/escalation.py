@@ -1,4 +1,4 @@
-"""Escalation options and the seed-003 message a person decides from. Pure text, no I/O.
+"""Escalations: bounded options, the seed-003 message, and where stopping and resuming lead.
 
 An escalation asks for a decision, not "continue?": every option is bounded
 and states its cost (seed 003, "Escalation should ask for a decision").
@@ -14,6 +14,8 @@ from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.clock import utc
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DecisionAction, EscalationReason, TransportError
+from reconciler.providers.spec import ProviderSpec
+from reconciler.storage.models import Operation
 
 A = DecisionAction
 R = EscalationReason
@@ -212,3 +214,59 @@ def _one_line(text: str | None, limit: int) -> str:
         return ""
     flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+# Where an escalation leaves the operation, when it is not simply `escalated`.
+_STOP_STATES = {
+    EscalationReason.DEADLINE_EXCEEDED: State.RESULT_TIMED_OUT,
+    EscalationReason.CANCELLATION_UNCONFIRMED: State.CANCELLATION_UNCONFIRMED,
+}
+
+
+def resume_state(op: Operation, reason: EscalationReason) -> State:
+    """Where an operator's ``extend`` takes the operation back to."""
+    state = State(op.state)
+    if op.remote_job_id is None:
+        return State.CREATE_UNKNOWN
+    if reason is EscalationReason.CANCELLATION_UNCONFIRMED or state in (
+        State.CANCELLING,
+        State.CANCELLATION_UNCONFIRMED,
+    ):
+        return State.CANCELLING
+    if state is State.CANCEL_REQUESTED:
+        return State.CANCEL_REQUESTED
+    return State.OBSERVING
+
+
+def facts_for(
+    op: Operation,
+    spec: ProviderSpec | None,
+    reason: EscalationReason,
+    detail: str,
+    now: datetime,
+    transport_error: TransportError | None = None,
+) -> EscalationFacts:
+    backoff = spec.polling.backoff() if spec is not None else BackoffPolicy()
+    extra_seconds, extra_requests = proposed_extension(backoff)
+    return EscalationFacts(
+        operation_id=op.id,
+        provider=op.provider,
+        reason=reason,
+        detail=detail,
+        started_at=op.created_at,
+        now=now,
+        status_requests_used=op.status_requests_used,
+        max_status_requests=op.max_status_requests,
+        provider_job_id=op.remote_job_id,
+        last_remote_state=op.remote_state,
+        last_http_status=op.last_http_status,
+        last_http_at=op.last_http_at,
+        last_transport_error=transport_error,
+        extra_seconds=extra_seconds,
+        extra_status_requests=extra_requests,
+    )
+
+
+def stop_state(reason: EscalationReason) -> State:
+    """Where an escalation leaves an operation that is not yet in an end state."""
+    return _STOP_STATES.get(reason, State.ESCALATED)

@@ -33,14 +33,12 @@ from typing import Any
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.clock import isoformat, utc
 from reconciler.core.vocabulary import DelaySource, EscalationReason, RemoteCategory, TransportError
-from reconciler.errors import ReconcilerError
+from reconciler.errors import InvalidObservation
 
 # A 429 or 503 without Retry-After means the provider is under pressure: the
 # next read waits at least four normal backoff steps or the policy's floor,
 # whichever is longer.
 SHARP_BACKOFF_FACTOR = 4.0
-
-RETRYABLE_CREATE_4XX = frozenset({408, 409, 425, 429})
 
 _RFC3339 = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
@@ -48,12 +46,6 @@ _RFC3339 = re.compile(
 _TERMINAL = frozenset({RemoteCategory.FAILURE, RemoteCategory.CANCELLED, RemoteCategory.EXPIRED})
 _COLLECTABLE = frozenset({RemoteCategory.SUCCESS, RemoteCategory.PARTIAL})
 _CLIP = 120
-
-
-class InvalidObservation(ReconcilerError):
-    """An observation with neither an HTTP status nor a transport error: a shell bug."""
-
-    code = "invalid_observation"
 
 
 @dataclass(frozen=True)
@@ -515,101 +507,3 @@ def _show(value: Any) -> str:
         return _clip(value)
     shown = repr(value)
     return shown if len(shown) <= _CLIP else shown[: _CLIP - 1] + "…"
-
-
-# --- create phase: establishing the provider's job id (create_pending / create_unknown) ---
-
-
-@dataclass(frozen=True)
-class CreateObservation:
-    """Outcome of one create call or idempotency-key lookup."""
-
-    at: datetime
-    http_status: int | None = None
-    transport_error: TransportError | None = None
-    job_id: str | None = None
-    retry_after: str | None = None
-    error: Any = None  # the provider's error body, kept verbatim on rejection
-
-
-@dataclass(frozen=True)
-class Accepted:
-    job_id: str
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """A definitive refusal: the operation fails with the provider's error preserved."""
-
-    http_status: int
-    error: Any
-
-
-@dataclass(frozen=True)
-class Ambiguous:
-    """The job may or may not exist: stay in create_unknown; look up or resend at ``retry_at``."""
-
-    retry_at: datetime
-    source: DelaySource
-    detail: str
-
-
-CreateDecision = Accepted | Rejected | Ambiguous | Stop
-
-
-def before_create(create_deadline_at: datetime, now: datetime) -> Stop | None:
-    """Checked before every create call or lookup, so a late wake cannot exceed the deadline."""
-    if now >= create_deadline_at:
-        return Stop(
-            EscalationReason.PROVIDER_FAILURE,
-            f"job id not established before the create deadline {isoformat(create_deadline_at)}",
-        )
-    return None
-
-
-def decide_create(
-    create_deadline_at: datetime,
-    attempts: int,
-    observation: CreateObservation,
-    now: datetime,
-    rng: random.Random,
-    backoff: BackoffPolicy,
-) -> CreateDecision:
-    """Decide one create/lookup outcome; ``attempts`` counts calls made, this one included.
-
-    A job id always wins, even late: the job exists and must be tracked. A
-    retry that would fall past the create deadline is scheduled at the
-    deadline (a webhook for the orphan job may still resolve it meanwhile);
-    ``before_create`` then stops at that wake.
-    """
-    obs = observation
-    status = obs.http_status
-    if obs.transport_error is None and status is not None:
-        if 200 <= status < 300 and obs.job_id:
-            return Accepted(obs.job_id)
-        if 400 <= status < 500 and status not in RETRYABLE_CREATE_4XX:
-            return Rejected(status, obs.error)
-    detail = _create_detail(obs)
-    if now >= create_deadline_at:
-        return Stop(
-            EscalationReason.PROVIDER_FAILURE,
-            f"job id not established before the create deadline "
-            f"{isoformat(create_deadline_at)}; last result: {detail}",
-        )
-    offset = timedelta(seconds=backoff.delay(attempts, rng))
-    source = DelaySource.LOCAL_BACKOFF
-    minimum = parse_retry_after(obs.retry_after, now)
-    if minimum is not None and minimum >= offset:
-        offset, source = minimum, DelaySource.PROVIDER_RETRY_AFTER
-    retry_at = create_deadline_at if offset > create_deadline_at - now else now + offset
-    return Ambiguous(retry_at, source, detail)
-
-
-def _create_detail(obs: CreateObservation) -> str:
-    if obs.transport_error is not None:
-        return f"no response ({obs.transport_error.value})"
-    if obs.http_status is None:
-        raise InvalidObservation("a create observation needs an HTTP status or a transport error")
-    if 200 <= obs.http_status < 300:
-        return f"HTTP {obs.http_status} without a job id"
-    return f"HTTP {obs.http_status}"

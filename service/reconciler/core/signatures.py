@@ -20,7 +20,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from reconciler.core.clock import Clock
-from reconciler.errors import ConfigError, SignatureInvalid
+from reconciler.errors import ConfigError, RejectReason, SignatureRejected
 
 WHSEC_PREFIX = "whsec_"
 
@@ -77,24 +77,6 @@ class WebhookScheme(StrEnum):
     STRIPE = "stripe"
     GITHUB = "github"
     HMAC_SHA256 = "hmac-sha256"
-
-
-class RejectReason(StrEnum):
-    """Why a delivery was refused; safe to use as a metric label."""
-
-    MISSING_HEADER = "missing_header"
-    MALFORMED_HEADER = "malformed_header"
-    TIMESTAMP_OUT_OF_TOLERANCE = "timestamp_out_of_tolerance"
-    NO_USABLE_SIGNATURE = "no_usable_signature"
-    SIGNATURE_MISMATCH = "signature_mismatch"
-
-
-class SignatureRejected(SignatureInvalid):
-    """A delivery failed verification; ``reason`` is machine-readable, the message short."""
-
-    def __init__(self, reason: RejectReason, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)

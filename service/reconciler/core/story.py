@@ -12,7 +12,7 @@ from typing import Any
 
 from reconciler.core.clock import utc
 from reconciler.core.vocabulary import DelaySource, HistoryKind
-from reconciler.storage.models import HistoryEntry
+from reconciler.storage.models import HistoryEntry, Operation
 
 SOURCE_WORDS = {
     DelaySource.PROVIDER_RETRY_AFTER.value: "provider guidance",
@@ -116,3 +116,9 @@ def line(entry: HistoryEntry) -> str:
 
 def tell(entries: Iterable[HistoryEntry]) -> list[str]:
     return [line(e) for e in entries]
+
+
+def header(op: Operation) -> str:
+    """The line that names what the story is about, before its first entry."""
+    job = op.remote_job_id or "not known yet"
+    return f"operation {op.id} (provider {op.provider}, job {job}), state {op.state}"

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+# 4xx answers that say "not now" rather than "never": a later attempt may succeed.
+RETRYABLE_4XX = frozenset({408, 425, 429})
+
 
 class DelaySource(StrEnum):
     PROVIDER_RETRY_AFTER = "provider_retry_after"

@@ -56,7 +56,7 @@ from reconciler.demo.report import (
     render_report,
     settled,
 )
-from reconciler.errors import ReconcilerError, SignatureInvalid
+from reconciler.errors import DemoFailed, SignatureRejected
 from reconciler.runtime import Runtime
 from reconciler.storage import audit, migrate
 from reconciler.storage.database import Database
@@ -79,12 +79,6 @@ DEMO_POLLING = {
     "max_rate_limited": 4,
     "rate_limit_delay_seconds": 2.0,
 }
-
-
-class DemoError(ReconcilerError):
-    """The demo could not set itself up or talk to its own parts."""
-
-    code = "demo_failed"
 
 
 @dataclass(frozen=True)
@@ -196,7 +190,7 @@ def pick_repeats(planned: list[Planned], rng: random.Random) -> list[Planned]:
 def locate_sim_root(explicit: Path | None) -> Path:
     root = explicit or Path(reconciler.__file__).resolve().parents[2]
     if not (root / "fixtures" / "provider_sim" / "__main__.py").is_file():
-        raise DemoError(
+        raise DemoFailed(
             f"the simulated provider (fixtures/provider_sim) is not under {root}; "
             "run from a clone of the repository or pass --sim-root"
         )
@@ -208,7 +202,7 @@ def prepare_directory(path: Path) -> Path:
     path = path.resolve()
     if path.exists():
         if not (path / MARKER).exists() and any(path.iterdir()):
-            raise DemoError(f"{path} exists and was not made by the demo; refusing to wipe it")
+            raise DemoFailed(f"{path} exists and was not made by the demo; refusing to wipe it")
         shutil.rmtree(path)
     path.mkdir(parents=True)
     (path / MARKER).write_text("made by reconciler demo; wiped at every run\n")
@@ -257,7 +251,7 @@ def serve_in_thread(app: Any, name: str, sock: socket.socket | None = None) -> I
         deadline = time.monotonic() + START_TIMEOUT
         while not server.started:
             if not thread.is_alive() or time.monotonic() > deadline:
-                raise DemoError(f"the {name} did not start; see service.log")
+                raise DemoFailed(f"the {name} did not start; see service.log")
             time.sleep(0.02)
         yield url_of(sock)
     finally:
@@ -283,7 +277,7 @@ def run_sim(root: Path, log_path: Path, env: dict[str, str], webhook_url: str) -
                     return
             finally:
                 _stop(proc)
-    raise DemoError(f"the simulated provider did not start; see {log_path}")
+    raise DemoFailed(f"the simulated provider did not start; see {log_path}")
 
 
 def _wait_for_sim(proc: subprocess.Popen[bytes], url: str) -> bool:
@@ -322,7 +316,7 @@ class CallbackReceiver:
         body = await request.body()
         try:
             verified = self._verifier.verify(request.headers, body)
-        except SignatureInvalid:
+        except SignatureRejected:
             with self._lock:
                 self._rejected += 1
             return Response(status_code=401)
@@ -442,7 +436,7 @@ class Driver:
         at = time.time()
         response = await self.service.post("/v1/operations", json=body, headers=self.agent)
         if response.status_code not in (200, 202):
-            raise DemoError(f"submitting {planned.kind} was refused: {_refusal(response)}")
+            raise DemoFailed(f"submitting {planned.kind} was refused: {_refusal(response)}")
         op_id: str = response.json()["id"]
         return op_id, at, response.status_code
 
@@ -471,7 +465,7 @@ class Driver:
         )
         # 409: it ended first, which the summary shows as its end state.
         if response.status_code not in (202, 409):
-            raise DemoError(f"cancelling {sub.op_id} was refused: {_refusal(response)}")
+            raise DemoFailed(f"cancelling {sub.op_id} was refused: {_refusal(response)}")
 
     async def operations(self) -> dict[str, dict[str, Any]]:
         found: dict[str, dict[str, Any]] = {}
@@ -481,7 +475,7 @@ class Driver:
                 "/v1/operations", params=params, headers=self.operator
             )
             if response.status_code != 200:
-                raise DemoError(f"listing operations failed: {_refusal(response)}")
+                raise DemoFailed(f"listing operations failed: {_refusal(response)}")
             page = response.json()
             found.update((op["id"], op) for op in page["operations"])
             if not page.get("next_cursor"):
@@ -719,14 +713,14 @@ def _run(options: DemoOptions, base: Settings, workdir: Path, started: float) ->
 def run_demo(options: DemoOptions, base: Settings) -> int:
     """Run the demo end to end; 0 only when the run met every check (see the module doc)."""
     if options.operations < 1 or options.timeout <= 0:
-        raise DemoError("--operations must be at least 1 and --timeout greater than 0")
+        raise DemoFailed("--operations must be at least 1 and --timeout greater than 0")
     started = time.monotonic()
     locate_sim_root(options.sim_root)
     workdir = prepare_directory(options.directory)
     try:
         report = _run(options, base, workdir, started)
-    except DemoError as exc:
-        raise DemoError(f"{exc.message} (logs in {workdir})") from None
+    except DemoFailed as exc:
+        raise DemoFailed(f"{exc.message} (logs in {workdir})") from None
     except KeyboardInterrupt:
         print(f"interrupted; the simulated provider is stopped, files kept in {workdir}")
         raise

@@ -6,16 +6,15 @@ import asyncio
 import logging
 from datetime import datetime, timedelta
 
-from reconciler.core.states import State
-from reconciler.engine.context import FlowContext
+from reconciler.engine.context import StepContext
 from reconciler.engine.hooks import load_hooks
-from reconciler.engine.steps.cancel import CancelFlow
-from reconciler.engine.steps.collect import CollectFlow
-from reconciler.engine.steps.complete import Completion
-from reconciler.engine.steps.create import CreateFlow
-from reconciler.engine.steps.poll import PollFlow
+from reconciler.engine.steps.cancel import CancelStep
+from reconciler.engine.steps.collect import CollectStep
+from reconciler.engine.steps.complete import CompleteStep
+from reconciler.engine.steps.create import CreateStep
+from reconciler.engine.steps.poll import PollStep
 from reconciler.engine.ticker import Scheduler
-from reconciler.engine.worker import Step, Worker
+from reconciler.engine.worker import Steps, Worker
 from reconciler.outbound.callbacks import CallbackClient
 from reconciler.runtime import Runtime
 
@@ -25,7 +24,7 @@ log = logging.getLogger("reconciler.engine.background")
 class Background:
     def __init__(self, runtime: Runtime, *, run_scheduler: bool = True) -> None:
         self.runtime = runtime
-        self.ctx = FlowContext(runtime)
+        self.ctx = StepContext(runtime)
         settings = runtime.settings
         hooks = load_hooks(settings.hooks, settings.source)
         self.callbacks = (
@@ -39,22 +38,14 @@ class Background:
             if runtime.callback_key is not None
             else None
         )
-        create = CreateFlow(self.ctx)
-        poll = PollFlow(self.ctx)
-        steps: dict[State, Step] = {
-            State.CREATE_PENDING: create,
-            State.CREATE_UNKNOWN: create,
-            State.OBSERVING: poll,
-            State.CANCELLING: poll,
-            State.CANCEL_REQUESTED: CancelFlow(self.ctx),
-            State.RESULT_COLLECTING: CollectFlow(self.ctx),
-        }
-        self.worker = Worker(
-            runtime,
-            steps,
-            Completion(self.ctx, hooks, self.callbacks),
-            on_next_due=self._next_due,
+        steps = Steps(
+            create=CreateStep(self.ctx),
+            poll=PollStep(self.ctx),
+            cancel=CancelStep(self.ctx),
+            collect=CollectStep(self.ctx),
+            complete=CompleteStep(self.ctx, hooks, self.callbacks),
         )
+        self.worker = Worker(self.ctx, steps, on_next_due=self._next_due)
         self.scheduler = Scheduler(self.worker, settings.scheduler.tick_seconds)
         self.run_scheduler = run_scheduler and settings.scheduler.enabled
         runtime.notifier.on_wake(self._wake)

@@ -1,4 +1,9 @@
-"""What every worker step shares: the runtime, the lease, bounded provider calls, guarded writes."""
+"""What every step shares: the runtime, the lease, bounded provider calls and guarded writes.
+
+Guarantee: one owner per operation. Every write a step makes goes through
+``apply``: it reads the row afresh inside the transaction, refuses to write
+without the lease, and decides again on the fresh row after a lost race.
+"""
 
 from __future__ import annotations
 
@@ -19,15 +24,19 @@ from reconciler.metrics import status_label
 from reconciler.providers.adapter import CallResult, ProviderAdapter
 from reconciler.providers.spec import ProviderSpec
 from reconciler.runtime import Runtime
-from reconciler.storage.journal import Entry, Lease
+from reconciler.storage import operations as store
+from reconciler.storage.escalations import escalate, open_escalation
+from reconciler.storage.journal import Entry, Lease, retry_stale
 from reconciler.storage.models import Operation
 
 T = TypeVar("T")
+# A step's write after a provider call is retried a few times on a lost race (another
+# writer was first on the same row: an agent's cancel, a webhook hint, an operator).
 APPLY_ATTEMPTS = 3
 
 
 @dataclass
-class FlowContext:
+class StepContext:
     runtime: Runtime
     _limits: dict[str, asyncio.Semaphore] = field(default_factory=dict)
 
@@ -51,7 +60,7 @@ class FlowContext:
         )
 
     async def reload(self, op_id: str) -> Operation | None:
-        from reconciler.storage import operations as store
+        """The operation as stored now (the one way the engine reads a row)."""
 
         def load() -> Operation | None:
             with self.runtime.db.read() as conn:
@@ -66,8 +75,7 @@ class FlowContext:
         return self.runtime.adapter(op.provider)
 
     def backoff(self, spec: ProviderSpec) -> BackoffPolicy:
-        p = spec.polling
-        return BackoffPolicy(p.base_delay_seconds, p.max_delay_seconds, p.jitter_floor)
+        return spec.polling.backoff()
 
     def poll_policy(self, spec: ProviderSpec) -> PollPolicy:
         return PollPolicy(
@@ -100,13 +108,17 @@ class FlowContext:
                 return fn(conn)
 
         after = await rt.db.run(run)
+        await self._changed(op, after)
+        return after
+
+    async def _changed(self, op: Operation, after: Operation) -> None:
+        rt = self.runtime
         if after.state != op.state:
             rt.notifier.changed(op.id)
             if State(after.state) in END_STATES:
                 rt.metrics.completions.labels(after.state).inc()
         if after.escalation_id != op.escalation_id and after.escalation_id is not None:
             rt.metrics.escalations.labels(await rt.db.run(self._reason, after)).inc()
-        return after
 
     async def apply(
         self, op: Operation, build: Callable[[Connection, Operation], Operation]
@@ -118,23 +130,45 @@ class FlowContext:
         as it is now, so the provider's answer is recorded instead of being lost to the
         version guard. Losing the lease still stops the write.
         """
-        journal = self.runtime.journal
+        rt = self.runtime
 
-        def fresh(conn: Connection) -> Operation:
-            current = journal.load(conn, op.id)
-            if not self.holds_lease(current):
-                raise StaleWrite(f"operation {op.id}: the lease was lost")
-            return build(conn, current)
+        def fresh() -> Operation:
+            with rt.db.write() as conn:
+                current = store.load_operation(conn, op.id)
+                if not self.holds_lease(current):
+                    raise StaleWrite(f"operation {op.id}: the lease was lost")
+                return build(conn, current)
 
-        for attempt in range(APPLY_ATTEMPTS):
-            try:
-                return await self.write(op, fresh)
-            except StaleWrite:
-                # PostgreSQL (read committed) can still interleave a write between our read
-                # and our update; the next attempt reads again.
-                if attempt == APPLY_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
+        after = await rt.db.run(lambda: retry_stale(fresh, APPLY_ATTEMPTS))
+        await self._changed(op, after)
+        return after
+
+    def escalate_in(
+        self,
+        conn: Connection,
+        op: Operation,
+        reason: EscalationReason,
+        detail: str,
+        *,
+        before: Sequence[Entry] = (),
+        changes: Mapping[str, Any] | None = None,
+        transport_error: TransportError | None = None,
+    ) -> Operation:
+        """Stop automatic work on ``op`` and ask a person, inside the caller's transaction."""
+        return escalate(
+            conn,
+            self.runtime.journal,
+            op,
+            self.runtime.providers.get(op.provider),
+            reason,
+            detail,
+            now=self.now(),
+            actor=self.actor,
+            lease=self.lease,
+            before=before,
+            changes=changes,
+            transport_error=transport_error,
+        )
 
     async def escalate(
         self,
@@ -147,21 +181,13 @@ class FlowContext:
         transport_error: TransportError | None = None,
     ) -> Operation:
         """Stop automatic work on ``op`` and ask a person (on the fresh row, under the lease)."""
-        from reconciler.storage.escalations import escalate
-
-        now = self.now()
         return await self.apply(
             op,
-            lambda conn, fresh: escalate(
+            lambda conn, fresh: self.escalate_in(
                 conn,
-                self.runtime.journal,
                 fresh,
-                self.runtime.providers.get(op.provider),
                 reason,
                 detail,
-                now=now,
-                actor=self.actor,
-                lease=self.lease,
                 before=before,
                 changes=changes,
                 transport_error=transport_error,
@@ -169,8 +195,6 @@ class FlowContext:
         )
 
     def _reason(self, op: Operation) -> str:
-        from reconciler.storage.escalations import open_escalation
-
         with self.runtime.db.read() as conn:
             esc = open_escalation(conn, op)
         return esc.reason if esc is not None else "unknown"

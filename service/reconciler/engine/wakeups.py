@@ -19,18 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+
+from reconciler.storage.notify import WAKE_CHANNEL, notifications
 
 log = logging.getLogger("reconciler.engine.wakeups")
-
-WAKE_CHANNEL = "reconciler_wake"
-CHANGE_CHANNEL = "reconciler_change"
-
-
-def notify_in_transaction(conn: Connection, channel: str, payload: str = "") -> None:
-    """Queue a cross-replica notification that fires only if this transaction commits."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(sa.text("SELECT pg_notify(:c, :p)"), {"c": channel, "p": payload})
 
 
 class Notifier:
@@ -102,18 +94,13 @@ class Notifier:
 
     async def listen(self, dsn: str) -> None:
         """Relay PostgreSQL notifications to local handlers until cancelled; reconnects."""
-        import psycopg
-
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
-                    await aconn.execute(f"LISTEN {WAKE_CHANNEL}")
-                    await aconn.execute(f"LISTEN {CHANGE_CHANNEL}")
-                    async for note in aconn.notifies():
-                        if note.channel == WAKE_CHANNEL:
-                            self._wake_local()
-                        else:
-                            self._changed_local(note.payload)
+                async for channel, payload in notifications(dsn):
+                    if channel == WAKE_CHANNEL:
+                        self._wake_local()
+                    else:
+                        self._changed_local(payload)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the listener must outlive database restarts

@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from datetime import datetime
+from typing import NamedTuple
 
 from reconciler.core.states import END_STATES, State
-from reconciler.errors import ReconcilerError, StaleWrite, StorageUnavailable
+from reconciler.engine.context import StepContext
+from reconciler.errors import Bug, ReconcilerError, StaleWrite, StorageUnavailable
 from reconciler.logs import operation_id_var, trace_id_var
-from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.models import Operation
 
@@ -27,6 +28,33 @@ log = logging.getLogger("reconciler.engine.worker")
 
 # A step does one unit of work on a leased, freshly loaded operation and writes its outcome.
 Step = Callable[[Operation], Awaitable[None]]
+
+
+class Steps(NamedTuple):
+    """The steps a worker runs; which one runs is decided by ``step_table``."""
+
+    create: Step
+    poll: Step
+    cancel: Step
+    collect: Step
+    complete: Step | None
+
+
+def step_table(steps: Steps) -> dict[State, Step]:
+    """The state-to-step table: what a worker does with an operation in each local state.
+
+    States without a step (``accepted`` only passes by, ``escalated`` waits for a person,
+    the end states are only completed) are parked until something changes them.
+    """
+    return {
+        State.CREATE_PENDING: steps.create,
+        State.CREATE_UNKNOWN: steps.create,
+        State.OBSERVING: steps.poll,
+        State.CANCELLING: steps.poll,
+        State.CANCEL_REQUESTED: steps.cancel,
+        State.RESULT_COLLECTING: steps.collect,
+    }
+
 
 # Steps per claim: enough to go from a confirmed success through result collection to the
 # completion handler without waiting for another tick, few enough that one operation cannot
@@ -39,16 +67,16 @@ MAX_HELD_SECONDS = 600.0
 class Worker:
     def __init__(
         self,
-        runtime: Runtime,
-        steps: Mapping[State, Step],
-        completion: Step | None = None,
+        ctx: StepContext,
+        steps: Steps,
         *,
         max_in_flight: int = 256,
         on_next_due: Callable[[datetime], None] | None = None,
     ) -> None:
-        self.runtime = runtime
-        self.steps = dict(steps)
-        self.completion = completion
+        self.ctx = ctx
+        self.runtime = ctx.runtime
+        self.steps = step_table(steps)
+        self.completion = steps.complete
         self.max_in_flight = max_in_flight
         self.on_next_due = on_next_due
         self._tasks: set[asyncio.Task[None]] = set()
@@ -145,15 +173,6 @@ class Worker:
             return self.completion
         return self.steps.get(state)
 
-    async def _load(self, op_id: str) -> Operation | None:
-        rt = self.runtime
-
-        def load() -> Operation | None:
-            with rt.db.read() as conn:
-                return store.get_operation(conn, op_id)
-
-        return await rt.db.run(load)
-
     async def _process(self, op_id: str) -> None:
         rt = self.runtime
         operation_id_var.set(op_id)
@@ -162,7 +181,7 @@ class Worker:
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(op_id))
         try:
             for _ in range(MAX_STEPS_PER_CLAIM):
-                op = await self._load(op_id)  # reload after the claim, before anything is sent
+                op = await self.ctx.reload(op_id)  # reload after the claim, before anything is sent
                 if op is None or op.lease_owner != self.owner:
                     return
                 last = op
@@ -184,6 +203,8 @@ class Worker:
                     # Someone else wrote first (an agent's cancel, a webhook hint, an operator):
                     # reload and look again rather than act on an old picture.
                     continue
+        except Bug as exc:
+            log.error("bug in the step for operation %s: %s", op_id, exc.message, exc_info=exc)
         except ReconcilerError as exc:
             log.warning("step failed: %s", exc.message)
         finally:

@@ -39,7 +39,7 @@ from reconciler.core.canonical import canonical_json
 from reconciler.core.clock import Clock
 from reconciler.core.signatures import sign_standard_webhook
 from reconciler.core.vocabulary import TransportError
-from reconciler.errors import InvalidRequest
+from reconciler.errors import InvalidRequest, ResolutionFailed
 from reconciler.outbound import ssrf
 
 EVENT_OPERATION_COMPLETED = "operation.completed"
@@ -257,7 +257,7 @@ class CallbackClient:
         try:
             checked = ssrf.check_url(url, self._allow)
             addresses = await ssrf.resolve_checked(checked, self._allow, self._resolver)
-        except ssrf.ResolutionFailed as exc:
+        except ResolutionFailed as exc:
             return replace(_failure(TransportError.DNS, None), error=exc.message)
         except InvalidRequest as exc:
             return DeliveryOutcome(delivered=False, permanent=True, refused=exc.message)

@@ -36,7 +36,7 @@ from enum import StrEnum
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from reconciler.errors import ConfigError, InvalidRequest, ReconcilerError
+from reconciler.errors import ConfigError, ForbiddenAddress, InvalidRequest, ResolutionFailed
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -178,22 +178,6 @@ class Verdict:
         if self.embedded is not None:
             text += f", the {self.embedding} form of IPv4 {self.embedded}"
         return text + ")"
-
-
-class ForbiddenAddress(InvalidRequest):
-    """The callback URL leads to an address the guard refuses."""
-
-    code = "callback_url_forbidden"
-
-    def __init__(self, message: str, verdict: Verdict) -> None:
-        super().__init__(message)
-        self.verdict = verdict
-
-
-class ResolutionFailed(ReconcilerError):
-    """The callback host could not be resolved now; a later attempt may succeed."""
-
-    code = "callback_host_unresolved"
 
 
 def _first_match(rules: tuple[Rule, ...], address: IPAddress) -> AddressClass | None:

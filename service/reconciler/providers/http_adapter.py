@@ -37,7 +37,7 @@ from reconciler.api.bodies import parse_json
 from reconciler.config import Secret
 from reconciler.core.clock import Clock, SystemClock
 from reconciler.core.vocabulary import TransportError
-from reconciler.errors import ConfigError, InvalidRequest
+from reconciler.errors import ConfigError, InvalidRequest, UnsafePathValue
 from reconciler.providers.adapter import (
     PROTOCOL_METHODS,
     CallResult,
@@ -76,10 +76,6 @@ REQUEST_ID_HEADERS = (
 )
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
-
-
-class UnsafePathValue(InvalidRequest):
-    """A value cannot be placed in a URL path safely (empty, ``.`` or ``..`` segment)."""
 
 
 def _segment(value: str, what: str) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final
 
-from reconciler.errors import ReconcilerError
+from reconciler.errors import PointerSyntaxError
 
 
 class _Missing(Enum):
@@ -27,12 +27,6 @@ class _Missing(Enum):
 
 
 MISSING: Final = _Missing.MISSING
-
-
-class PointerSyntaxError(ReconcilerError):
-    """The pointer text is not an RFC 6901 pointer; the loader turns this into a ConfigError."""
-
-    code = "invalid_pointer"
 
 
 def _unescape(token: str, text: str) -> str:

@@ -54,8 +54,8 @@ from urllib.parse import urlsplit
 from reconciler.config import Secret
 from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.signatures import WebhookScheme
-from reconciler.errors import ConfigError
-from reconciler.providers.pointer import MISSING, Pointer, PointerSyntaxError
+from reconciler.errors import ConfigError, PointerSyntaxError
+from reconciler.providers.pointer import MISSING, Pointer
 from reconciler.providers.state_table import (
     Classification,
     StateRule,

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.core.vocabulary import RemoteCategory
-from reconciler.errors import ConfigError
-from reconciler.providers.pointer import MISSING, Pointer, PointerSyntaxError
+from reconciler.errors import ConfigError, PointerSyntaxError
+from reconciler.providers.pointer import MISSING, Pointer
 
 # The categories a provider file may list words under; everything else is unknown.
 LISTABLE: tuple[RemoteCategory, ...] = tuple(c for c in RemoteCategory if c != "unknown")

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -26,12 +27,14 @@ from sqlalchemy.engine import Connection
 from reconciler.core.chain import HASHED_FIELDS, entry_hash
 from reconciler.core.states import END_STATES, State, check_transition
 from reconciler.core.vocabulary import DelaySource, HistoryKind
-from reconciler.engine.wakeups import CHANGE_CHANNEL, notify_in_transaction
-from reconciler.errors import NotFound, StaleWrite
+from reconciler.errors import StaleWrite
 from reconciler.storage.fastsql import insert_many, raw_for, update_many
-from reconciler.storage.models import HistoryEntry, Operation, operation_record
+from reconciler.storage.models import HistoryEntry, Operation
+from reconciler.storage.notify import CHANGE_CHANNEL, notify_in_transaction
 
 log = logging.getLogger("reconciler.storage.journal")
+
+T = TypeVar("T")
 
 OPS = Operation.__table__  # type: ignore[attr-defined]
 HISTORY = HistoryEntry.__table__  # type: ignore[attr-defined]
@@ -56,16 +59,30 @@ class Lease:
     owner: str
 
 
+# A lost race is retried on fresh data this many times before StaleWrite reaches the caller.
+STALE_ATTEMPTS = 5
+
+
+def retry_stale(fn: Callable[[], T], attempts: int = STALE_ATTEMPTS) -> T:
+    """Run ``fn`` (one whole transaction that reads what it writes) again after a lost race.
+
+    Every write is conditional on the version it read (``StaleWrite`` when another
+    writer was first); a retry reads again and decides again on the fresh row.
+    """
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except StaleWrite:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.002 * (attempt + 1))  # let the winner's commit land first
+    raise AssertionError("unreachable")
+
+
 @dataclass
 class Journal:
     key: bytes | None = None
     _columns: frozenset[str] = field(default_factory=lambda: frozenset(c.name for c in OPS.c))
-
-    def load(self, conn: Connection, operation_id: str) -> Operation:
-        row = conn.execute(sa.select(OPS).where(OPS.c.id == operation_id)).mappings().first()
-        if row is None:
-            raise NotFound(f"operation {operation_id} does not exist")
-        return operation_record(row)
 
     def insert(
         self,

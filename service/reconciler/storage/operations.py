@@ -1,4 +1,7 @@
-"""Reads and the few writes that are not state changes: lookup, listing, leases.
+"""The operations table: reads, listing, and the lease columns (claims, release, renewal).
+
+Guarantee: each operation has one owner at a time. State changes are not
+written here but through the journal (``storage.journal``), the one write path.
 
 Lease claims are single conditional statements (state rules in the write,
 not check-then-act): on PostgreSQL ``FOR UPDATE SKIP LOCKED`` lets replicas
@@ -20,18 +23,25 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.states import State
 from reconciler.errors import InvalidRequest, NotFound
-from reconciler.storage.journal import HISTORY, OPS
-from reconciler.storage.models import Escalation, HistoryEntry, Operation, operation_record
+from reconciler.storage.journal import OPS
+from reconciler.storage.models import Operation, operation_record
 from reconciler.storage.tokens import Principal
 
 MAX_PAGE = 200
 BAD_CURSOR = "cursor is not valid; pass the next_cursor of a previous page"
-ESCALATIONS = Escalation.__table__  # type: ignore[attr-defined]
 
 
 def get_operation(conn: Connection, operation_id: str) -> Operation | None:
     row = conn.execute(sa.select(OPS).where(OPS.c.id == operation_id)).mappings().first()
     return operation_record(row) if row is not None else None
+
+
+def load_operation(conn: Connection, operation_id: str) -> Operation:
+    """The operation, or ``NotFound``."""
+    op = get_operation(conn, operation_id)
+    if op is None:
+        raise NotFound(f"operation {operation_id} does not exist")
+    return op
 
 
 def visible_operation(conn: Connection, operation_id: str, principal: Principal) -> Operation:
@@ -45,17 +55,6 @@ def visible_operation(conn: Connection, operation_id: str, principal: Principal)
 def find_by_key(conn: Connection, caller: str, key: str) -> Operation | None:
     row = (
         conn.execute(sa.select(OPS).where(OPS.c.caller == caller, OPS.c.idempotency_key == key))
-        .mappings()
-        .first()
-    )
-    return operation_record(row) if row is not None else None
-
-
-def find_by_job(conn: Connection, provider: str, job_id: str) -> Operation | None:
-    row = (
-        conn.execute(
-            sa.select(OPS).where(OPS.c.provider == provider, OPS.c.remote_job_id == job_id)
-        )
         .mappings()
         .first()
     )
@@ -168,40 +167,6 @@ def extend_lease(
     return result.rowcount == 1
 
 
-def next_due_at(conn: Connection) -> datetime | None:
-    value = conn.execute(
-        sa.select(OPS.c.next_poll_at)
-        .where(OPS.c.next_poll_at.is_not(None))
-        .order_by(OPS.c.next_poll_at)
-        .limit(1)
-    ).scalar()
-    return value if isinstance(value, datetime) else None
-
-
-def escalations_for(conn: Connection, escalation_ids: Sequence[int]) -> dict[int, Escalation]:
-    if not escalation_ids:
-        return {}
-    rows = conn.execute(sa.select(ESCALATIONS).where(ESCALATIONS.c.id.in_(list(escalation_ids))))
-    return {r.id: Escalation(**dict(r._mapping)) for r in rows}
-
-
-def history_of(conn: Connection, operation_id: str) -> list[HistoryEntry]:
-    rows = conn.execute(
-        sa.select(HISTORY).where(HISTORY.c.operation_id == operation_id).order_by(HISTORY.c.seq)
-    ).mappings()
-    return [HistoryEntry(**dict(r)) for r in rows]
-
-
 def count_by_state(conn: Connection) -> dict[str, int]:
     rows = conn.execute(sa.select(OPS.c.state, sa.func.count()).group_by(OPS.c.state))
     return {str(state): int(count) for state, count in rows}
-
-
-def last_hint_at(conn: Connection, operation_id: str) -> datetime | None:
-    value = conn.execute(
-        sa.select(HISTORY.c.at)
-        .where(HISTORY.c.operation_id == operation_id, HISTORY.c.kind == "hint")
-        .order_by(HISTORY.c.seq.desc())
-        .limit(1)
-    ).scalar()
-    return value if isinstance(value, datetime) else None

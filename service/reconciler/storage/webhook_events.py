@@ -1,30 +1,20 @@
-"""Storing verified webhook events with their effect, many requests per commit.
+"""The webhook_events table: verified events stored with their effect, one batch per commit.
 
-Each request is answered only after *its* event is committed, but requests
-that arrive while a commit is running share the next one (group commit):
-one writer takes everything queued, writes it in one transaction and
-resolves every waiting request at once. That keeps the per-request cost to
-an enqueue, instead of a thread hop and a commit per request. On PostgreSQL
-the writer is one thread (network waits release the GIL); on SQLite the
-batch is written on the event loop itself, between reads of new requests.
-
-In the transaction, for each event: insert it (unique on provider + event
-id); a new event for a known job marks the operation hinted (hinted time,
-next status read brought forward, delay source ``webhook_hint``, a history
-entry); an event for an unknown job is kept as an orphan; a seen event id
-has no effect (a different body under a seen id is counted as a conflict).
-A webhook never completes an operation: it only says when to look.
+Guarantee: a webhook only says when to look. In one transaction, for each event:
+insert it (unique on provider + event id); a new event for a known job marks the
+operation hinted (hinted time, next status read brought forward, delay source
+``webhook_hint``, a history entry); an event for an unknown job is kept as an
+orphan, attached when the job id is learned; a seen event id has no effect (a
+different body under a seen id is counted as a conflict). Batching many requests
+into one commit is ``engine.group_commit``'s job.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
-import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -35,21 +25,14 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, HistoryKind
-from reconciler.engine.wakeups import WAKE_CHANNEL, notify_in_transaction
-from reconciler.errors import ReconcilerError, StorageUnavailable
-from reconciler.storage.database import Database
 from reconciler.storage.fastsql import insert_new, raw_for, select_where_in
 from reconciler.storage.journal import OPS, Entry, Journal
 from reconciler.storage.models import Operation, WebhookEvent
+from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 
 log = logging.getLogger("reconciler.webhooks")
 
 EVENTS = WebhookEvent.__table__  # type: ignore[attr-defined]
-MAX_BATCH = 512
-# Loop turns the writer waits before taking a batch: requests whose bytes arrived in the
-# same poll are still being parsed, and joining this commit is cheaper than starting the
-# next (fewer, fuller batches; measured about 15 % more deliveries a second at 16 clients).
-JOIN_TURNS = 4
 INSERT_CHUNK = 256  # rows per multi-row INSERT: well inside SQLite's parameter limit
 # States whose next status read a hint brings forward.
 HINT_POLLS = frozenset({State.OBSERVING, State.CANCELLING})
@@ -300,109 +283,17 @@ def write_batch(
     return [o if o is not None else Outcome.DUPLICATE for o in outcomes]
 
 
-@dataclass
-class _Pending:
-    event: IncomingEvent
-    future: asyncio.Future[Outcome]
-
-
-class GroupCommitter:
-    """Queues events from many requests and commits them together on one writer thread."""
-
-    def __init__(
-        self,
-        db: Database,
-        journal: Journal,
-        now: Callable[[], datetime],
-        on_hint: Callable[[], None],
-    ) -> None:
-        self.db = db
-        self.journal = journal
-        self.now = now
-        self.on_hint = on_hint
-        self._queue: list[_Pending] = []
-        self._flushing = False
-        self._flusher: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook-commit")
-        self._lock = threading.Lock()
-        self.batches = 0
-
-    async def submit(self, event: IncomingEvent) -> Outcome:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Outcome] = loop.create_future()
-        self._queue.append(_Pending(event, future))
-        if not self._flushing:
-            self._flushing = True
-            self._flusher = loop.create_task(self._flush(loop))
-        return await future
-
-    async def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        try:
-            for _ in range(JOIN_TURNS):
-                await asyncio.sleep(0)
-            while self._queue:
-                batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
-                try:
-                    if self.db.sqlite:
-                        # SQLite is a local file: a batch is a few milliseconds of work that
-                        # mostly holds the GIL anyway, and handing it to a thread costs more
-                        # than it saves (the two threads then take turns on the GIL).
-                        outcomes = self._write(batch)
-                    else:
-                        outcomes = await loop.run_in_executor(self._executor, self._write, batch)
-                except Exception as exc:
-                    self._fail(batch, exc)
-                    continue
-                hinted = False
-                for pending, outcome in zip(batch, outcomes, strict=True):
-                    if isinstance(outcome, Exception):
-                        if not pending.future.done():
-                            pending.future.set_exception(outcome)
-                        continue
-                    hinted = hinted or outcome is Outcome.HINTED
-                    if not pending.future.done():
-                        pending.future.set_result(outcome)
-                if hinted:
-                    self.on_hint()
-                # Let the requests that arrived during the write in, so they share the next.
-                await asyncio.sleep(0)
-        finally:
-            self._flushing = False
-
-    def _fail(self, batch: list[_Pending], exc: Exception) -> None:
-        log.error("webhook batch failed: %s", type(exc).__name__)
-        error = (
-            exc
-            if isinstance(exc, ReconcilerError)
-            else StorageUnavailable("the event could not be stored; retry later")
+def attach_orphans(conn: Connection, provider: str, job_id: str, operation_id: str) -> list[str]:
+    """Events that arrived before the job id was known become this operation's hint."""
+    lock_jobs(conn, [(provider, job_id)])  # an event committing meanwhile is seen here
+    rows = conn.execute(
+        sa.update(EVENTS)
+        .where(
+            EVENTS.c.provider == provider,
+            EVENTS.c.remote_job_id == job_id,
+            EVENTS.c.operation_id.is_(None),
         )
-        for pending in batch:
-            if not pending.future.done():
-                pending.future.set_exception(error)
-
-    def _write(self, batch: list[_Pending]) -> list[Outcome | Exception]:
-        events = [p.event for p in batch]
-        self.batches += 1
-        try:
-            with self.db.write() as conn:
-                return list(write_batch(conn, self.journal, events, self.now()))
-        except Exception as exc:
-            if len(events) == 1:
-                return [exc]
-            log.warning(
-                "webhook batch of %d failed (%s); storing one by one",
-                len(events),
-                type(exc).__name__,
-            )
-        # One bad event must not cost the others their commit.
-        results: list[Outcome | Exception] = []
-        for event in events:
-            try:
-                with self.db.write() as conn:
-                    results.extend(write_batch(conn, self.journal, [event], self.now()))
-            except Exception as exc:
-                results.append(exc)
-        return results
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        .values(operation_id=operation_id)
+        .returning(EVENTS.c.event_id)
+    )
+    return [r.event_id for r in rows]

@@ -14,14 +14,14 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, HistoryKind
-from reconciler.engine.context import FlowContext
+from reconciler.engine.context import StepContext
 from reconciler.engine.steps.create import call_detail
 from reconciler.storage.journal import Entry
 from reconciler.storage.models import Operation
 
 
-class CancelFlow:
-    def __init__(self, ctx: FlowContext) -> None:
+class CancelStep:
+    def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
 
     async def __call__(self, op: Operation) -> None:

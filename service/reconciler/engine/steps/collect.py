@@ -13,27 +13,17 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from reconciler.core.collect import Invalid, RetryFetch, Unavailable, Verified, decide_collect
 from reconciler.core.states import State
-from reconciler.core.vocabulary import HistoryKind, RemoteCategory
-from reconciler.engine.context import FlowContext
+from reconciler.core.vocabulary import HistoryKind
+from reconciler.engine.context import StepContext
 from reconciler.engine.steps.create import call_detail
-from reconciler.providers.adapter import CallResult, ResultCheck, check_result
+from reconciler.providers.adapter import check_result
 from reconciler.storage.journal import Entry
 from reconciler.storage.models import Operation
 
-INLINE_RESULT_BYTES = 65_536
-MAX_FAILED_ITEMS = 50
-RETRYABLE_FETCH = frozenset({408, 425, 429})
 
-
-def _retryable(call: CallResult) -> bool:
-    if call.transport_error is not None:
-        return True
-    status = call.http_status
-    return status is not None and (status >= 500 or status in RETRYABLE_FETCH)
-
-
-def _ref(op: Operation, ctx: FlowContext) -> str | None:
+def _ref(op: Operation, ctx: StepContext) -> str | None:
     spec = ctx.spec(op)
     pointer = spec.status.result_ref
     if pointer is None or op.status_body is None:
@@ -42,28 +32,8 @@ def _ref(op: Operation, ctx: FlowContext) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def result_record(check: ResultCheck, ref: str | None, call: CallResult) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "ref": ref,
-        "sha256": check.sha256,
-        "size": check.size if check.size is not None else len(call.body_bytes or b""),
-        "content_type": call.content_type,
-        "summary": check.summary or None,
-    }
-    if check.failed_items:
-        record["failed_items"] = list(check.failed_items[:MAX_FAILED_ITEMS])
-        record["failed_items_truncated"] = len(check.failed_items) > MAX_FAILED_ITEMS
-    if record["size"] is not None and record["size"] <= INLINE_RESULT_BYTES:
-        record["data"] = check.document
-    return record
-
-
-class CollectFlow:
-    def __init__(self, ctx: FlowContext) -> None:
+class CollectStep:
+    def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
 
     async def __call__(self, op: Operation) -> None:
@@ -110,12 +80,20 @@ class CollectFlow:
             cause="result_fetch",
             detail=call_detail(call),
         )
-        if (
-            call.refused is None
-            and _retryable(call)
-            and charged.result_attempts < charged.max_transport_failures
-        ):
-            delay = ctx.backoff(spec).delay(charged.result_attempts, ctx.runtime.rng)
+        check = check_result(spec, call, op.status_body) if call.ok and not call.refused else None
+        decision = decide_collect(
+            call,
+            check,
+            ref=ref,
+            category=spec.states.category_of(op.remote_state),
+            attempts=charged.result_attempts,
+            max_failures=charged.max_transport_failures,
+            detail=dict(entry.detail or {}),
+            backoff=ctx.backoff(spec),
+            rng=ctx.runtime.rng,
+        )
+        if isinstance(decision, RetryFetch):
+            retry_at = now + timedelta(seconds=decision.delay_seconds)
             await ctx.apply(
                 charged,
                 lambda conn, fresh: journal.write(
@@ -124,55 +102,11 @@ class CollectFlow:
                     now=now,
                     lease=ctx.lease,
                     entries=[entry],
-                    changes={"next_poll_at": now + timedelta(seconds=delay)},
+                    changes={"next_poll_at": retry_at},
                 ),
             )
             return
-        if call.refused is not None or not call.ok:
-            unavailable: dict[str, Any] = {
-                "code": "result_unavailable",
-                "detail": entry.detail,
-                "attempts": charged.result_attempts,
-            }
-            await ctx.apply(
-                charged,
-                lambda conn, fresh: journal.transition(
-                    conn,
-                    fresh,
-                    State.RESULT_UNAVAILABLE,
-                    actor=ctx.actor,
-                    cause="result_fetch_failed",
-                    now=now,
-                    changes={"error": unavailable},
-                    before=[entry],
-                    lease=ctx.lease,
-                ),
-            )
-            return
-        check = check_result(spec, call, op.status_body)
-        if not check.ok:
-            error: dict[str, Any] = {"code": "result_invalid", "problems": list(check.problems)}
-            await ctx.apply(
-                charged,
-                lambda conn, fresh: journal.transition(
-                    conn,
-                    fresh,
-                    State.RESULT_VALIDATION_FAILED,
-                    actor=ctx.actor,
-                    cause="result_validation_failed",
-                    now=now,
-                    changes={"error": error},
-                    detail={"problems": list(check.problems)},
-                    before=[entry],
-                    lease=ctx.lease,
-                ),
-            )
-            return
-        record = result_record(check, ref, call)
-        category = spec.states.category_of(op.remote_state)
-        failed = _count(check.summary.get("failed")) if check.summary else None
-        partial = category is RemoteCategory.PARTIAL or bool(failed) or bool(check.failed_items)
-        target = State.COMPLETED_WITH_ERRORS if partial else State.SUCCEEDED
+        target, cause, changes, detail = self._ending(decision)
         await ctx.apply(
             charged,
             lambda conn, fresh: journal.transition(
@@ -180,15 +114,29 @@ class CollectFlow:
                 fresh,
                 target,
                 actor=ctx.actor,
-                cause="result_verified",
+                cause=cause,
                 now=now,
-                detail={
-                    "sha256": record["sha256"],
-                    "size": record["size"],
-                    "summary": record["summary"],
-                },
-                changes={"result": record},
+                changes=changes,
+                detail=detail,
                 before=[entry],
                 lease=ctx.lease,
             ),
         )
+
+    @staticmethod
+    def _ending(
+        decision: Unavailable | Invalid | Verified,
+    ) -> tuple[State, str, dict[str, Any], dict[str, Any] | None]:
+        """The end state, cause, row changes and transition detail of a final decision."""
+        if isinstance(decision, Unavailable):
+            return State.RESULT_UNAVAILABLE, "result_fetch_failed", {"error": decision.error}, None
+        if isinstance(decision, Invalid):
+            return (
+                State.RESULT_VALIDATION_FAILED,
+                "result_validation_failed",
+                {"error": decision.error},
+                {"problems": list(decision.problems)},
+            )
+        record = decision.record
+        detail = {"sha256": record["sha256"], "size": record["size"], "summary": record["summary"]}
+        return decision.state, "result_verified", {"result": record}, detail

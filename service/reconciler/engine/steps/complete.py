@@ -13,52 +13,29 @@ idempotency key, so hooks can make their own side effects idempotent.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import anyio.to_thread
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.states import END_STATES, State
-from reconciler.core.views import operation_view
 from reconciler.core.vocabulary import EscalationReason, HistoryKind
-from reconciler.engine.context import FlowContext
+from reconciler.engine.context import StepContext
 from reconciler.engine.hooks import Hook
 from reconciler.outbound.callbacks import CallbackClient, next_attempt_delay
+from reconciler.storage import completion_steps as steps
 from reconciler.storage import operations as store
-from reconciler.storage.escalations import escalate
+from reconciler.storage.completion_steps import StepRow
+from reconciler.storage.history import last_hint_at
 from reconciler.storage.journal import Entry
-from reconciler.storage.models import CompletionStep, Operation
+from reconciler.storage.models import Operation
+from reconciler.storage.views import view_of
 
 log = logging.getLogger("reconciler.engine.steps.complete")
 
-STEPS = CompletionStep.__table__  # type: ignore[attr-defined]
 CALLBACK_STEP = "callback"
-
-
-class StepStatus:
-    PENDING = "pending"
-    RUNNING = "running"
-    DONE = "done"
-    GAVE_UP = "gave_up"
-
-
-@dataclass(frozen=True)
-class StepRow:
-    step: str
-    status: str
-    attempts: int
-    next_attempt_at: datetime | None
-    idempotency_key: str
-
-
-def step_key(op: Operation, step: str) -> str:
-    """Stable per operation, round and step: what hooks use for their own side effects."""
-    return f"{op.id}:{op.completion_round}:{step}"
 
 
 def webhook_id(op: Operation) -> str:
@@ -66,46 +43,9 @@ def webhook_id(op: Operation) -> str:
     return op.id if op.completion_round <= 1 else f"{op.id}_r{op.completion_round}"
 
 
-def _this_step(op: Operation, step: str) -> tuple[sa.ColumnElement[bool], ...]:
-    """The WHERE clause naming one step of this operation's current completion round."""
-    return (
-        STEPS.c.operation_id == op.id,
-        STEPS.c.round == op.completion_round,
-        STEPS.c.step == step,
-    )
-
-
-def _ensure(conn: Connection, op: Operation, step: str) -> StepRow:
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    conn.execute(
-        dialect.insert(STEPS)
-        .values(
-            operation_id=op.id,
-            round=op.completion_round,
-            step=step,
-            status=StepStatus.PENDING,
-            idempotency_key=step_key(op, step),
-            attempts=0,
-        )
-        .on_conflict_do_nothing(index_elements=["operation_id", "round", "step"])
-    )
-    row = (
-        conn.execute(
-            sa.select(STEPS).where(
-                *_this_step(op, step),
-            )
-        )
-        .mappings()
-        .one()
-    )
-    return StepRow(
-        row["step"], row["status"], row["attempts"], row["next_attempt_at"], row["idempotency_key"]
-    )
-
-
-class Completion:
+class CompleteStep:
     def __init__(
-        self, ctx: FlowContext, hooks: tuple[Hook, ...], callbacks: CallbackClient | None
+        self, ctx: StepContext, hooks: tuple[Hook, ...], callbacks: CallbackClient | None
     ) -> None:
         self.ctx = ctx
         self.hooks = {h.name: h for h in hooks}
@@ -115,7 +55,7 @@ class Completion:
 
     def _last_hint(self, op_id: str) -> datetime | None:
         with self.ctx.runtime.db.read() as conn:
-            return store.last_hint_at(conn, op_id)
+            return last_hint_at(conn, op_id)
 
     def steps_for(self, op: Operation) -> list[str]:
         steps = [f"hook:{name}" for name in self.hooks]
@@ -134,7 +74,7 @@ class Completion:
                 rt.metrics.lag.observe(max(0.0, (ctx.now() - hinted).total_seconds()))
         for step in self.steps_for(op):
             row = await rt.db.run(self._ensure, op, step)
-            if row.status in (StepStatus.DONE, StepStatus.GAVE_UP):
+            if row.status in steps.FINISHED:
                 continue
             now = ctx.now()
             if row.next_attempt_at is not None and row.next_attempt_at > now:
@@ -158,7 +98,7 @@ class Completion:
 
     def _ensure(self, op: Operation, step: str) -> StepRow:
         with self.ctx.runtime.db.write() as conn:
-            return _ensure(conn, op, step)
+            return steps.ensure(conn, op, step)
 
     async def _start(self, op: Operation, row: StepRow) -> Operation:
         """Mark the step running before it runs: a crash now means "may have run"."""
@@ -166,13 +106,7 @@ class Completion:
         now = ctx.now()
 
         def start(conn: Connection, fresh: Operation) -> Operation:
-            conn.execute(
-                sa.update(STEPS)
-                .where(
-                    *_this_step(op, row.step),
-                )
-                .values(status=StepStatus.RUNNING, attempts=row.attempts + 1, started_at=now)
-            )
+            steps.mark_running(conn, op, row, now)
             # Touch the row under the lease so a worker that lost it cannot start a step.
             return ctx.runtime.journal.write(conn, fresh, now=now, lease=ctx.lease)
 
@@ -186,11 +120,7 @@ class Completion:
 
     def _outcome(self, op: Operation) -> dict[str, Any]:
         with self.ctx.runtime.db.read() as conn:
-            fresh = store.get_operation(conn, op.id) or op
-            escalations = store.escalations_for(
-                conn, [fresh.escalation_id] if fresh.escalation_id else []
-            )
-        return operation_view(fresh, self.ctx.now(), escalations.get(fresh.escalation_id or -1))
+            return view_of(conn, store.get_operation(conn, op.id) or op, self.ctx.now())
 
     async def _hook(self, op: Operation, row: StepRow) -> bool:
         ctx = self.ctx
@@ -247,14 +177,7 @@ class Completion:
         now = ctx.now()
 
         def done(conn: Connection, fresh: Operation) -> Operation:
-            conn.execute(
-                sa.update(STEPS)
-                .where(
-                    *_this_step(op, row.step),
-                    STEPS.c.status == StepStatus.RUNNING,
-                )
-                .values(status=StepStatus.DONE, finished_at=now, last_error=None)
-            )
+            steps.mark_done(conn, op, row.step, now)
             entry = Entry(
                 kind=HistoryKind.STEP,
                 actor=ctx.actor,
@@ -290,17 +213,7 @@ class Completion:
         retry_at = now + delay
 
         def failed(conn: Connection, fresh: Operation) -> Operation:
-            conn.execute(
-                sa.update(STEPS)
-                .where(
-                    *_this_step(op, row.step),
-                )
-                .values(
-                    status=StepStatus.GAVE_UP if give_up else StepStatus.PENDING,
-                    last_error=reason[:500],
-                    next_attempt_at=None if give_up else retry_at,
-                )
-            )
+            steps.mark_failed(conn, op, row.step, reason[:500], give_up=give_up, retry_at=retry_at)
             entry = Entry(
                 kind=HistoryKind.STEP,
                 actor=ctx.actor,
@@ -324,17 +237,8 @@ class Completion:
                     lease=ctx.lease,
                 )
             detail = f"{row.step} failed after {attempts} attempt(s): {reason}"
-            return escalate(
-                conn,
-                ctx.runtime.journal,
-                fresh,
-                ctx.runtime.providers.get(op.provider),
-                EscalationReason.CALLBACK_UNDELIVERABLE,
-                detail,
-                now=now,
-                actor=ctx.actor,
-                lease=ctx.lease,
-                before=[entry],
+            return ctx.escalate_in(
+                conn, fresh, EscalationReason.CALLBACK_UNDELIVERABLE, detail, before=[entry]
             )
 
         await ctx.apply(op, failed)
@@ -344,7 +248,7 @@ class Completion:
     async def _close(self, op: Operation) -> None:
         ctx = self.ctx
         now = ctx.now()
-        fresh = await ctx.runtime.db.run(self._reload, op.id)
+        fresh = await ctx.reload(op.id)
         if fresh is None or State(fresh.state) not in END_STATES:
             return  # reopened meanwhile by a decision: keep the schedule its flow set
         entry = Entry(
@@ -364,7 +268,3 @@ class Completion:
                 changes={"completion_pending": False, "next_poll_at": None, "delay_source": None},
             ),
         )
-
-    def _reload(self, op_id: str) -> Operation | None:
-        with self.ctx.runtime.db.read() as conn:
-            return store.get_operation(conn, op_id)

@@ -13,18 +13,24 @@ from __future__ import annotations
 
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from reconciler.core import poll as decisions
+from reconciler.core.create import (
+    Ambiguous,
+    CreateObservation,
+    Rejected,
+    before_create,
+    decide_create,
+)
+from reconciler.core.poll import Stop, first_poll_at
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind
-from reconciler.engine.context import FlowContext
-from reconciler.engine.wakeups import WAKE_CHANNEL, notify_in_transaction
+from reconciler.engine.context import StepContext
 from reconciler.providers.adapter import CallResult, CreateOutcome, LookupOutcome, LookupVerdict
 from reconciler.storage.journal import Entry
 from reconciler.storage.models import Operation
-from reconciler.storage.webhook_events import EVENTS, lock_jobs
+from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
+from reconciler.storage.webhook_events import attach_orphans
 
 
 def call_detail(call: CallResult) -> dict[str, Any]:
@@ -44,9 +50,9 @@ def call_detail(call: CallResult) -> dict[str, Any]:
     return detail
 
 
-def _observation(call: CallResult, job_id: str | None) -> decisions.CreateObservation:
+def _observation(call: CallResult, job_id: str | None) -> CreateObservation:
     error = call.body if call.http_status is not None and call.http_status >= 400 else None
-    return decisions.CreateObservation(
+    return CreateObservation(
         at=call.sent_at,
         http_status=call.http_status,
         transport_error=call.transport_error,
@@ -56,31 +62,15 @@ def _observation(call: CallResult, job_id: str | None) -> decisions.CreateObserv
     )
 
 
-def _attach_orphans(conn: Connection, op: Operation, job_id: str) -> list[str]:
-    """Events that arrived before we knew the job id become this operation's hint."""
-    lock_jobs(conn, [(op.provider, job_id)])  # an event committing meanwhile is seen here
-    rows = conn.execute(
-        sa.update(EVENTS)
-        .where(
-            EVENTS.c.provider == op.provider,
-            EVENTS.c.remote_job_id == job_id,
-            EVENTS.c.operation_id.is_(None),
-        )
-        .values(operation_id=op.id)
-        .returning(EVENTS.c.event_id)
-    )
-    return [r.event_id for r in rows]
-
-
-class CreateFlow:
-    def __init__(self, ctx: FlowContext) -> None:
+class CreateStep:
+    def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
 
     async def __call__(self, op: Operation) -> None:
         ctx = self.ctx
         spec = ctx.spec(op)
         now = ctx.now()
-        stop = decisions.before_create(op.create_deadline_at, now)
+        stop = before_create(op.create_deadline_at, now)
         if stop is not None:
             await self._escalate(op, stop.reason, stop.detail, [])
             return
@@ -151,7 +141,7 @@ class CreateFlow:
     ) -> None:
         ctx = self.ctx
         now = ctx.now()
-        decision = decisions.decide_create(
+        decision = decide_create(
             op.create_deadline_at,
             max(op.create_attempts, 1),
             _observation(call, None),
@@ -169,7 +159,7 @@ class CreateFlow:
                 "decision": type(decision).__name__.lower(),
             },
         )
-        if isinstance(decision, decisions.Rejected):
+        if isinstance(decision, Rejected):
             error = {
                 "code": "provider_rejected",
                 "http_status": decision.http_status,
@@ -190,15 +180,15 @@ class CreateFlow:
                     lease=ctx.lease,
                 ),
             )
-        elif isinstance(decision, decisions.Stop):
+        elif isinstance(decision, Stop):
             await self._escalate(op, decision.reason, decision.detail, [entry])
-        elif isinstance(decision, decisions.Ambiguous):
+        elif isinstance(decision, Ambiguous):
             await self._retry_later(op, decision, entry, call)
         else:  # Accepted is handled by the callers, which hold the job id
             raise AssertionError(decision)
 
     async def _retry_later(
-        self, op: Operation, decision: decisions.Ambiguous, entry: Entry, call: CallResult
+        self, op: Operation, decision: Ambiguous, entry: Entry, call: CallResult
     ) -> None:
         ctx = self.ctx
         now = ctx.now()
@@ -236,7 +226,7 @@ class CreateFlow:
         ctx = self.ctx
         spec = ctx.spec(op)
         now = ctx.now()
-        first = decisions.first_poll_at(now, op.deadline_at, ctx.runtime.rng, ctx.poll_policy(spec))
+        first = first_poll_at(now, op.deadline_at, ctx.runtime.rng, ctx.poll_policy(spec))
 
         def accept(conn: Connection, fresh: Operation) -> Operation:
             journal = ctx.runtime.journal
@@ -260,7 +250,7 @@ class CreateFlow:
                 changes=changes,
                 lease=ctx.lease,
             )
-            orphans = _attach_orphans(conn, after, job_id)
+            orphans = attach_orphans(conn, op.provider, job_id, op.id)
             hints = [
                 Entry(
                     kind=HistoryKind.HINT,

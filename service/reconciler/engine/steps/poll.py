@@ -8,6 +8,7 @@ metadata is persisted with the decision it led to.
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +19,7 @@ from reconciler.core.backoff import parse_retry_after
 from reconciler.core.clock import isoformat
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind, RemoteCategory
-from reconciler.engine.context import FlowContext
+from reconciler.engine.context import StepContext
 from reconciler.engine.steps.create import call_detail
 from reconciler.errors import StaleWrite
 from reconciler.providers.adapter import StatusOutcome
@@ -26,7 +27,6 @@ from reconciler.storage.journal import Entry
 from reconciler.storage.models import Operation
 
 MAX_KEPT_STATUS_BYTES = 65_536
-APPLY_ATTEMPTS = 3
 # States in which a status answer may still be applied after a concurrent write.
 READ_STATES = frozenset({State.OBSERVING, State.CANCELLING, State.CANCEL_REQUESTED})
 
@@ -96,8 +96,8 @@ def _progress(value: Any) -> Any:
     return value if isinstance(value, dict | list | int | float) else None
 
 
-class PollFlow:
-    def __init__(self, ctx: FlowContext) -> None:
+class PollStep:
+    def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
 
     async def __call__(self, op: Operation) -> None:
@@ -146,21 +146,16 @@ class PollFlow:
             detail = f"deadline {isoformat(deadline)} reached before the status request was sent"
             await self._escalate(charged, EscalationReason.DEADLINE_EXCEEDED, detail, [])
             return
-        for _ in range(APPLY_ATTEMPTS):
-            try:
-                await self._apply(charged, outcome)
-                return
-            except StaleWrite:
-                # A hint, a cancel or a decision was written while we asked: the answer is
-                # still a fact, so apply it to the fresh record rather than lose it.
-                fresh = await ctx.reload(charged.id)
-                if fresh is None or not ctx.holds_lease(fresh):
-                    return
-                if State(fresh.state) not in READ_STATES:
-                    return
-                charged = fresh
+        # A hint, a cancel or a decision may be written while we ask: the answer is still a
+        # fact, so it is decided and applied on the fresh record rather than lost.
+        with contextlib.suppress(StaleWrite):
+            # Lost every race, or the lease: the next claim reads afresh and decides again.
+            await ctx.apply(charged, lambda conn, fresh: self._apply(conn, fresh, outcome))
 
-    async def _apply(self, op: Operation, outcome: StatusOutcome) -> None:
+    def _apply(self, conn: Connection, op: Operation, outcome: StatusOutcome) -> Operation:
+        """Decide what the answer means for the row as it is now, and write it."""
+        if State(op.state) not in READ_STATES:
+            return op  # moved on meanwhile (an operator's decision): the answer is moot
         ctx = self.ctx
         spec = ctx.spec(op)
         now = ctx.now()
@@ -185,15 +180,11 @@ class PollFlow:
             delay_source=delay_source,
         )
         journal = ctx.runtime.journal
-
         if isinstance(decision, decisions.Wait):
-            await ctx.write(
-                op,
-                lambda conn: journal.write(
-                    conn, op, now=now, changes=changes, entries=[entry], lease=ctx.lease
-                ),
+            return journal.write(
+                conn, op, now=now, changes=changes, entries=[entry], lease=ctx.lease
             )
-        elif isinstance(decision, decisions.Collect):
+        if isinstance(decision, decisions.Collect):
             body = outcome.call.body
             size = len(outcome.call.body_bytes or b"")
             changes.update(
@@ -202,29 +193,29 @@ class PollFlow:
                 delay_source=None,
                 result_attempts=0,
             )
-            await ctx.write(
+            return journal.transition(
+                conn,
                 op,
-                lambda conn: journal.transition(
-                    conn,
-                    op,
-                    State.RESULT_COLLECTING,
-                    actor=ctx.actor,
-                    cause="status_confirmed_done",
-                    now=now,
-                    detail={"remote_state": obs.remote_state},
-                    changes=changes,
-                    before=[entry],
-                    lease=ctx.lease,
-                ),
+                State.RESULT_COLLECTING,
+                actor=ctx.actor,
+                cause="status_confirmed_done",
+                now=now,
+                detail={"remote_state": obs.remote_state},
+                changes=changes,
+                before=[entry],
+                lease=ctx.lease,
             )
-        elif isinstance(decision, decisions.Finish):
-            await ctx.write(
-                op, lambda conn: self._finish(conn, op, decision, view, changes, entry, now)
-            )
-        else:
-            await self._escalate(
-                op, decision.reason, decision.detail, [entry], changes, obs.transport_error
-            )
+        if isinstance(decision, decisions.Finish):
+            return self._finish(conn, op, decision, view, changes, entry, now)
+        return ctx.escalate_in(
+            conn,
+            op,
+            _stop_reason(op, decision.reason),
+            decision.detail,
+            before=[entry],
+            changes=changes,
+            transport_error=obs.transport_error,
+        )
 
     def _record(
         self,
@@ -313,18 +304,13 @@ class PollFlow:
         )
 
     async def _escalate(
-        self,
-        op: Operation,
-        reason: EscalationReason,
-        detail: str,
-        before: list[Entry],
-        changes: dict[str, Any] | None = None,
-        transport_error: Any = None,
+        self, op: Operation, reason: EscalationReason, detail: str, before: list[Entry]
     ) -> None:
-        ctx = self.ctx
-        if reason is EscalationReason.DEADLINE_EXCEEDED and State(op.state) is State.CANCELLING:
-            # In a cancellation watch the window that ran out is the cancel window.
-            reason = EscalationReason.CANCELLATION_UNCONFIRMED
-        await ctx.escalate(
-            op, reason, detail, before=before, changes=changes, transport_error=transport_error
-        )
+        await self.ctx.escalate(op, _stop_reason(op, reason), detail, before=before)
+
+
+def _stop_reason(op: Operation, reason: EscalationReason) -> EscalationReason:
+    if reason is EscalationReason.DEADLINE_EXCEEDED and State(op.state) is State.CANCELLING:
+        # In a cancellation watch the window that ran out is the cancel window.
+        return EscalationReason.CANCELLATION_UNCONFIRMED
+    return reason

@@ -1,0 +1,113 @@
+"""What one result fetch means (``result_collecting``): retry, unavailable, invalid or verified.
+
+Guarantee: success is declared only for a result that was fetched and
+validated (required fields; content type, size and checksum where the
+provider gives them). Pure: the fetch's outcome and the record's counters in,
+a decision out; ``engine.steps.collect`` sends the fetch and writes it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from reconciler.core.backoff import BackoffPolicy
+from reconciler.core.states import State
+from reconciler.core.vocabulary import RETRYABLE_4XX, RemoteCategory
+from reconciler.providers.adapter import CallResult, ResultCheck
+
+INLINE_RESULT_BYTES = 65_536
+MAX_FAILED_ITEMS = 50
+
+
+@dataclass(frozen=True)
+class RetryFetch:
+    """A failure a later fetch may cure, within the failure budget: fetch again after a delay."""
+
+    delay_seconds: float
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """The result could not be fetched (refused, or failures past the budget)."""
+
+    error: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """The result arrived and failed validation."""
+
+    error: dict[str, Any]
+    problems: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Verified:
+    """The result is valid: the operation ends in ``state`` with ``record`` as its result."""
+
+    state: State
+    record: dict[str, Any]
+
+
+CollectDecision = RetryFetch | Unavailable | Invalid | Verified
+
+
+def retryable(call: CallResult) -> bool:
+    """A network failure, a 5xx or a "not now" 4xx: worth another fetch."""
+    if call.transport_error is not None:
+        return True
+    status = call.http_status
+    return status is not None and (status >= 500 or status in RETRYABLE_4XX)
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def result_record(check: ResultCheck, ref: str | None, call: CallResult) -> dict[str, Any]:
+    """What the operation keeps of a valid result: a reference, digest, size and summary."""
+    record: dict[str, Any] = {
+        "ref": ref,
+        "sha256": check.sha256,
+        "size": check.size if check.size is not None else len(call.body_bytes or b""),
+        "content_type": call.content_type,
+        "summary": check.summary or None,
+    }
+    if check.failed_items:
+        record["failed_items"] = list(check.failed_items[:MAX_FAILED_ITEMS])
+        record["failed_items_truncated"] = len(check.failed_items) > MAX_FAILED_ITEMS
+    if record["size"] is not None and record["size"] <= INLINE_RESULT_BYTES:
+        record["data"] = check.document
+    return record
+
+
+def decide_collect(
+    call: CallResult,
+    check: ResultCheck | None,
+    *,
+    ref: str | None,
+    category: RemoteCategory,
+    attempts: int,
+    max_failures: int,
+    detail: dict[str, Any],
+    backoff: BackoffPolicy,
+    rng: random.Random,
+) -> CollectDecision:
+    """Decide one fetch; ``attempts`` counts fetches made, this one included.
+
+    ``check`` is the validation of an answered fetch (None when it was not answered
+    with a 2xx); ``detail`` is the call's history detail, kept in the error.
+    """
+    if call.refused is None and retryable(call) and attempts < max_failures:
+        return RetryFetch(backoff.delay(attempts, rng))
+    if call.refused is not None or not call.ok or check is None:
+        return Unavailable({"code": "result_unavailable", "detail": detail, "attempts": attempts})
+    if not check.ok:
+        problems = tuple(check.problems)
+        return Invalid({"code": "result_invalid", "problems": list(problems)}, problems)
+    record = result_record(check, ref, call)
+    failed = _count(check.summary.get("failed")) if check.summary else None
+    partial = category is RemoteCategory.PARTIAL or bool(failed) or bool(check.failed_items)
+    return Verified(State.COMPLETED_WITH_ERRORS if partial else State.SUCCEEDED, record)

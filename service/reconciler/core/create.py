@@ -1,0 +1,117 @@
+"""Establishing the provider's job id (``create_pending`` / ``create_unknown``): pure decisions.
+
+Guarantee: one remote job per operation. A create or lookup outcome is decided
+here as a value (accepted, rejected, ambiguous, stop); the shell in
+``engine.steps.create`` sends the calls and writes what is decided.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from reconciler.core.backoff import BackoffPolicy, parse_retry_after
+from reconciler.core.clock import isoformat
+from reconciler.core.poll import Stop
+from reconciler.core.vocabulary import RETRYABLE_4XX, DelaySource, EscalationReason, TransportError
+from reconciler.errors import InvalidObservation
+
+# 409: the provider is still working on a request with the same idempotency key.
+RETRYABLE_CREATE_4XX = RETRYABLE_4XX | {409}
+
+
+@dataclass(frozen=True)
+class CreateObservation:
+    """Outcome of one create call or idempotency-key lookup."""
+
+    at: datetime
+    http_status: int | None = None
+    transport_error: TransportError | None = None
+    job_id: str | None = None
+    retry_after: str | None = None
+    error: Any = None  # the provider's error body, kept verbatim on rejection
+
+
+@dataclass(frozen=True)
+class Accepted:
+    job_id: str
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A definitive refusal: the operation fails with the provider's error preserved."""
+
+    http_status: int
+    error: Any
+
+
+@dataclass(frozen=True)
+class Ambiguous:
+    """The job may or may not exist: stay in create_unknown; look up or resend at ``retry_at``."""
+
+    retry_at: datetime
+    source: DelaySource
+    detail: str
+
+
+CreateDecision = Accepted | Rejected | Ambiguous | Stop
+
+
+def before_create(create_deadline_at: datetime, now: datetime) -> Stop | None:
+    """Checked before every create call or lookup, so a late wake cannot exceed the deadline."""
+    if now >= create_deadline_at:
+        return Stop(
+            EscalationReason.PROVIDER_FAILURE,
+            f"job id not established before the create deadline {isoformat(create_deadline_at)}",
+        )
+    return None
+
+
+def decide_create(
+    create_deadline_at: datetime,
+    attempts: int,
+    observation: CreateObservation,
+    now: datetime,
+    rng: random.Random,
+    backoff: BackoffPolicy,
+) -> CreateDecision:
+    """Decide one create/lookup outcome; ``attempts`` counts calls made, this one included.
+
+    A job id always wins, even late: the job exists and must be tracked. A
+    retry that would fall past the create deadline is scheduled at the
+    deadline (a webhook for the orphan job may still resolve it meanwhile);
+    ``before_create`` then stops at that wake.
+    """
+    obs = observation
+    status = obs.http_status
+    if obs.transport_error is None and status is not None:
+        if 200 <= status < 300 and obs.job_id:
+            return Accepted(obs.job_id)
+        if 400 <= status < 500 and status not in RETRYABLE_CREATE_4XX:
+            return Rejected(status, obs.error)
+    detail = _create_detail(obs)
+    if now >= create_deadline_at:
+        return Stop(
+            EscalationReason.PROVIDER_FAILURE,
+            f"job id not established before the create deadline "
+            f"{isoformat(create_deadline_at)}; last result: {detail}",
+        )
+    offset = timedelta(seconds=backoff.delay(attempts, rng))
+    source = DelaySource.LOCAL_BACKOFF
+    minimum = parse_retry_after(obs.retry_after, now)
+    if minimum is not None and minimum >= offset:
+        offset, source = minimum, DelaySource.PROVIDER_RETRY_AFTER
+    retry_at = create_deadline_at if offset > create_deadline_at - now else now + offset
+    return Ambiguous(retry_at, source, detail)
+
+
+def _create_detail(obs: CreateObservation) -> str:
+    if obs.transport_error is not None:
+        return f"no response ({obs.transport_error.value})"
+    if obs.http_status is None:
+        raise InvalidObservation("a create observation needs an HTTP status or a transport error")
+    if 200 <= obs.http_status < 300:
+        return f"HTTP {obs.http_status} without a job id"
+    return f"HTTP {obs.http_status}"

@@ -1,0 +1,146 @@
+"""Planning an operator's decision on an escalation: only what was offered, once.
+
+Guarantee: an escalation asks for a bounded decision (seed 003). An extension
+is a new authorization with a new deadline and extra status requests (delay
+source ``manual_extension``); the failure and rate-limit counters start again
+because the operator accepted the risk anew. Pure: the operation, its open
+escalation and the request in, a plan out (or ``DecisionNotAllowed``, decided
+before anything is written); ``commands.decide`` writes the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from reconciler.core import escalation
+from reconciler.core.states import END_STATES, State, allowed
+from reconciler.core.vocabulary import DecisionAction, DelaySource, EscalationReason
+from reconciler.errors import DecisionNotAllowed
+from reconciler.storage.models import Escalation, Operation
+
+
+@dataclass(frozen=True)
+class DecisionRequest:
+    """What an operator asked for; amounts only for ``extend``."""
+
+    action: DecisionAction
+    extra_seconds: float | None = None
+    extra_status_requests: int | None = None
+
+
+@dataclass(frozen=True)
+class DecisionPlan:
+    """Everything the decision writes, in one transaction."""
+
+    action: DecisionAction
+    escalation_id: int
+    target: State | None  # None: the state stays (an end state keeps its outcome)
+    changes: dict[str, Any]
+    record: dict[str, Any]  # stored on the escalation as the decision
+    detail: dict[str, Any]  # the history entries' detail
+    reopen_given_up_steps: bool = False
+    delay_source: DelaySource | None = field(default=None)
+
+
+def _offered(esc: Escalation) -> dict[str, dict[str, Any]]:
+    return {str(o["action"]): o for o in esc.options}
+
+
+def plan_decision(
+    op: Operation,
+    esc: Escalation | None,
+    request: DecisionRequest,
+    who: str,
+    now: datetime,
+    cancel_deadline_seconds: float,
+) -> DecisionPlan:
+    if esc is None:
+        raise DecisionNotAllowed(
+            f"operation {op.id} has no open escalation to decide"
+            + (" (it was already decided)" if op.escalation_id is not None else "")
+        )
+    offered = _offered(esc)
+    action = request.action
+    if action.value not in offered:
+        raise DecisionNotAllowed(
+            f"'{action.value}' was not offered for this escalation ({esc.reason}); "
+            f"offered: {', '.join(offered)}"
+        )
+    reason = EscalationReason(esc.reason)
+    state = State(op.state)
+    record: dict[str, Any] = {"action": action.value}
+    changes: dict[str, Any] = {}
+    target: State | None = None
+    reopen = False
+    if action is DecisionAction.EXTEND:
+        option = offered[action.value]
+        extra_seconds = request.extra_seconds or float(option.get("extra_seconds", 900))
+        extra_requests = request.extra_status_requests or int(
+            option.get("extra_status_requests", 4)
+        )
+        record.update(extra_seconds=extra_seconds, extra_status_requests=extra_requests)
+        if reason is EscalationReason.CALLBACK_UNDELIVERABLE:
+            changes.update(completion_pending=True, next_poll_at=now)
+            reopen = True
+        else:
+            changes.update(
+                deadline_at=max(op.deadline_at, now) + timedelta(seconds=extra_seconds),
+                max_status_requests=op.max_status_requests + extra_requests,
+                transport_failures_used=0,
+                rate_limited_count=0,
+                next_poll_at=now,
+                delay_source=DelaySource.MANUAL_EXTENSION.value,
+            )
+            if op.remote_job_id is None:
+                changes["create_deadline_at"] = now + timedelta(seconds=extra_seconds)
+            if state in (State.CANCELLATION_UNCONFIRMED, State.CANCELLING) or (
+                esc.resume_state == State.CANCELLING.value
+            ):
+                changes["cancel_deadline_at"] = now + timedelta(seconds=extra_seconds)
+            target = State(esc.resume_state or State.OBSERVING.value)
+    elif action is DecisionAction.CANCEL:
+        # Cancelling authorizes the cancel call and the few reads that confirm it (the
+        # budget may be spent, which is often why we are here), with fresh failure counts.
+        confirm = int(
+            offered.get(DecisionAction.EXTEND.value, {}).get(
+                "extra_status_requests", escalation.DEFAULT_EXTRA_STATUS_REQUESTS
+            )
+        )
+        changes.update(
+            max_status_requests=max(op.max_status_requests, op.status_requests_used + confirm),
+            transport_failures_used=0,
+            rate_limited_count=0,
+            cancel_requested_at=now,
+            cancel_requested_by=who,
+            cancel_reason=f"operator decision on {reason.value}",
+            cancel_deadline_at=now + timedelta(seconds=cancel_deadline_seconds),
+            cancel_sent_at=None,
+            next_poll_at=now,
+            delay_source=None,
+        )
+        target = State.CANCEL_REQUESTED
+    elif state not in END_STATES:  # abandon
+        target = escalation.abandon_state(reason)
+    if target is state:
+        target = None
+    if target is not None and not allowed(state, target):
+        raise DecisionNotAllowed(
+            f"'{action.value}' cannot be applied while the operation is {state.value}"
+        )
+    if target in END_STATES and op.error is None:
+        changes["error"] = {
+            "code": f"abandoned_{reason.value}",
+            "message": f"an operator abandoned the operation after {reason.value}",
+        }
+    return DecisionPlan(
+        action=action,
+        escalation_id=esc.id or 0,
+        target=target,
+        changes=changes,
+        record=record,
+        detail={"escalation_id": esc.id, "reason": reason.value},
+        reopen_given_up_steps=reopen,
+        delay_source=DelaySource.MANUAL_EXTENSION if action is DecisionAction.EXTEND else None,
+    )

@@ -1,0 +1,33 @@
+"""The history table as read: an operation's entries oldest first, and its last hint.
+
+Guarantee: the history is append-only and hash-chained; entries are appended only
+by the journal (``storage.journal``), in the transaction of the change they record.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from reconciler.core.vocabulary import HistoryKind
+from reconciler.storage.journal import HISTORY
+from reconciler.storage.models import HistoryEntry
+
+
+def history_of(conn: Connection, operation_id: str) -> list[HistoryEntry]:
+    rows = conn.execute(
+        sa.select(HISTORY).where(HISTORY.c.operation_id == operation_id).order_by(HISTORY.c.seq)
+    ).mappings()
+    return [HistoryEntry(**dict(r)) for r in rows]
+
+
+def last_hint_at(conn: Connection, operation_id: str) -> datetime | None:
+    value = conn.execute(
+        sa.select(HISTORY.c.at)
+        .where(HISTORY.c.operation_id == operation_id, HISTORY.c.kind == HistoryKind.HINT.value)
+        .order_by(HISTORY.c.seq.desc())
+        .limit(1)
+    ).scalar()
+    return value if isinstance(value, datetime) else None

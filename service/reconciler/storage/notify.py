@@ -1,0 +1,33 @@
+"""Notifications that travel with a commit (PostgreSQL ``NOTIFY``/``LISTEN``).
+
+Guarantee: a replica hears of a change exactly when it commits, never for one that
+rolled back: writers notify inside the change's own transaction. SQLite has one
+process, whose wake-ups stay in memory (``engine.wakeups``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+WAKE_CHANNEL = "reconciler_wake"
+CHANGE_CHANNEL = "reconciler_change"
+
+
+def notify_in_transaction(conn: Connection, channel: str, payload: str = "") -> None:
+    """Queue a cross-replica notification that fires only if this transaction commits."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_notify(:c, :p)"), {"c": channel, "p": payload})
+
+
+async def notifications(dsn: str) -> AsyncIterator[tuple[str, str]]:
+    """``(channel, payload)`` for every notification on one dedicated connection."""
+    import psycopg  # the PostgreSQL extra; never imported on SQLite
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+        await aconn.execute(f"LISTEN {WAKE_CHANNEL}")
+        await aconn.execute(f"LISTEN {CHANGE_CHANNEL}")
+        async for note in aconn.notifies():
+            yield note.channel, note.payload
