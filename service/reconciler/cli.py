@@ -15,29 +15,27 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from reconciler.api.validation import parse_decision
-from reconciler.commands.decide import apply_decision
-from reconciler.config import Settings, load_settings
+from reconciler.commands.decide import decide
+from reconciler.config import DEFAULT_PROVIDERS_DIR, Settings, load_settings
 from reconciler.core import story
 from reconciler.core.clock import SystemClock, isoformat
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DecisionAction, Scope
-from reconciler.errors import ConfigError, NotFound, ReconcilerError
+from reconciler.errors import ConfigError, ReconcilerError
+from reconciler.providers.loader import load_providers
 from reconciler.storage import audit, migrate
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
 from reconciler.storage.journal import Journal
-from reconciler.storage.notify import CHANGE_CHANNEL, WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tokens import Principal, create_token, list_tokens, revoke_token
 from reconciler.storage.views import view_of
-
-# The CLI runs without provider credentials; a cancel decided here uses this window.
-DEFAULT_CANCEL_DEADLINE_SECONDS = 120.0
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    # Imported on use, here and in _demo: the other commands start without the web stack.
     from reconciler.api.server import serve
 
     return serve(settings, migrate_first=not args.no_migrate)
@@ -191,23 +189,18 @@ def _decide(args: argparse.Namespace, settings: Settings) -> int:
     )
     key = settings.audit_key()
     journal = Journal(key=key.reveal().encode("utf-8") if key else None)
+    # The provider files give the cancel window; the CLI needs none of their credentials.
+    providers = load_providers(
+        settings.providers_path(),
+        settings.providers,
+        os.environ,
+        missing_ok=settings.providers_dir == DEFAULT_PROVIDERS_DIR,
+        check_secrets=False,
+    )
+    who = Principal(name=args.by, scope=Scope.OPERATOR)
     db = _current_database(settings)
     try:
-        with db.write() as conn:
-            op = store.get_operation(conn, args.operation)
-            if op is None:
-                raise NotFound(f"operation {args.operation} does not exist")
-            after = apply_decision(
-                conn,
-                journal,
-                op,
-                decision,
-                f"operator:{args.by}",
-                SystemClock().now(),
-                DEFAULT_CANCEL_DEADLINE_SECONDS,
-            )
-            notify_in_transaction(conn, WAKE_CHANNEL)
-            notify_in_transaction(conn, CHANGE_CHANNEL, after.id)
+        after = decide(db, journal, providers, args.operation, who, decision, SystemClock().now())
     finally:
         db.dispose()
     print(f"{after.id}: {args.action} recorded; state {after.state}")

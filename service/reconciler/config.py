@@ -24,6 +24,8 @@ ENV_PREFIX = "RECONCILER_"
 CONFIG_ENV = "RECONCILER_CONFIG"
 AUDIT_KEY_ENV = "RECONCILER_AUDIT_KEY"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# Nobody has to create the default providers directory; a configured one must exist.
+DEFAULT_PROVIDERS_DIR = "providers"
 
 
 class Secret:
@@ -82,13 +84,13 @@ class CallbackSettings:
 @dataclass(frozen=True)
 class Settings:
     database_url: str = "sqlite:///reconciler.db"
-    providers_dir: str = "providers"
+    providers_dir: str = DEFAULT_PROVIDERS_DIR
     hooks: tuple[str, ...] = ()
     log_level: str = "INFO"
     server: ServerSettings = field(default_factory=ServerSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     callbacks: CallbackSettings = field(default_factory=CallbackSettings)
-    # Inline [providers.NAME] tables, validated by reconciler.providers.files.
+    # Inline [providers.NAME] tables, validated by reconciler.providers.loader.
     providers: Mapping[str, Any] = field(default_factory=dict)
     # Where the settings came from, for messages and for relative paths.
     source: str = "<defaults>"

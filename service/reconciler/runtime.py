@@ -12,10 +12,10 @@ import random
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from reconciler.commands.create import ProviderLimits
-from reconciler.config import Secret, Settings
+from reconciler.config import DEFAULT_PROVIDERS_DIR, Secret, Settings
 from reconciler.core.clock import Clock, SystemClock
 from reconciler.core.ids import worker_id
 from reconciler.core.signatures import Verifier, build_verifier, decode_whsec
@@ -24,13 +24,14 @@ from reconciler.engine.wakeups import Notifier
 from reconciler.errors import ConfigError, InvalidRequest
 from reconciler.metrics import Metrics
 from reconciler.outbound import ssrf
-from reconciler.providers.spec import ProviderSpec, WebhookSpec, load_providers, webhook_secrets
+from reconciler.providers.adapter import ProviderAdapter
+from reconciler.providers.http_adapter import build_adapter
+from reconciler.providers.loader import load_providers
+from reconciler.providers.spec import ProviderSpec, WebhookSpec, webhook_secrets
+from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.tokens import Principal
-
-if TYPE_CHECKING:
-    from reconciler.providers.adapter import Adapter
 
 
 @dataclass
@@ -45,7 +46,7 @@ class Runtime:
     worker_id: str = field(default_factory=lambda: worker_id(socket.gethostname(), os.getpid()))
     notifier: Notifier = field(default_factory=Notifier)
     webhook_intakes: dict[str, tuple[WebhookSpec, Verifier]] = field(default_factory=dict)
-    adapters: dict[str, Adapter] = field(default_factory=dict)
+    adapters: dict[str, ProviderAdapter] = field(default_factory=dict)
     callback_key: bytes | None = None
     allow_hosts: ssrf.AllowList = field(default_factory=lambda: ssrf.as_allow_list(()))
     transport: Any = None  # an httpx transport for provider calls (tests); None = network
@@ -61,7 +62,6 @@ class Runtime:
         self.metrics.watch_states(self._state_counts)
 
     def _state_counts(self) -> dict[str, int]:
-        from reconciler.storage import operations as store
 
         with self.db.read() as conn:
             return store.count_by_state(conn)
@@ -83,7 +83,7 @@ class Runtime:
             settings.providers_path(),
             settings.providers,
             env,
-            missing_ok=settings.providers_dir == "providers",
+            missing_ok=settings.providers_dir == DEFAULT_PROVIDERS_DIR,
         )
         ssrf.validate_allow_hosts(settings.callbacks.allow_hosts)
         runtime = cls(
@@ -111,11 +111,9 @@ class Runtime:
                 runtime.webhook_intakes[name] = (spec.webhook, verifier)
         return runtime
 
-    def adapter(self, provider: str) -> Adapter:
+    def adapter(self, provider: str) -> ProviderAdapter:
         adapter = self.adapters.get(provider)
         if adapter is None:
-            from reconciler.providers.http_adapter import build_adapter
-
             adapter = build_adapter(self.providers[provider], self.environ, self.transport)
             self.adapters[provider] = adapter
         return adapter
@@ -128,12 +126,6 @@ class Runtime:
             max_transport_failures=spec.polling.max_transport_failures,
             create_deadline_seconds=spec.create.create_deadline_seconds,
         )
-
-    def cancel_deadline_for(self, provider: str) -> float:
-        spec = self.providers.get(provider)
-        if spec is None or spec.cancel is None:
-            return 120.0
-        return spec.cancel.cancel_deadline_seconds
 
     def check_callback_url(self, url: str) -> None:
         if self.callback_key is None:

@@ -51,7 +51,8 @@ from reconciler.providers.http_adapter import (
     classify_transport_error,
     render_path,
 )
-from reconciler.providers.spec import ProviderSpec, parse_provider
+from reconciler.providers.loader import parse_provider
+from reconciler.providers.spec import ProviderSpec
 from tests.support.servers import serve_asgi, serve_tcp, unused_port
 
 T = TypeVar("T")

@@ -25,7 +25,7 @@ import pytest
 
 from reconciler import config
 from reconciler.config import LOG_LEVELS, CallbackSettings, Settings, load_settings
-from reconciler.providers.spec import load_providers
+from reconciler.providers.loader import load_providers
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -13,14 +13,13 @@ from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.signatures import WebhookScheme
 from reconciler.core.vocabulary import RemoteCategory
 from reconciler.errors import ConfigError
+from reconciler.providers.loader import load_providers, parse_provider
 from reconciler.providers.pointer import MISSING
 from reconciler.providers.spec import (
     INLINE_SOURCE,
     AuthType,
     ProviderSpec,
     auth_secret,
-    load_providers,
-    parse_provider,
     webhook_secrets,
 )
 

@@ -19,7 +19,8 @@ from reconciler.providers.adapter import (
     lookup_outcome,
     status_view,
 )
-from reconciler.providers.spec import ProviderSpec, load_providers, parse_provider
+from reconciler.providers.loader import load_providers, parse_provider
+from reconciler.providers.spec import ProviderSpec
 
 ROOT = Path(__file__).resolve().parents[2] / "fixtures"
 ENV = {

@@ -1,8 +1,7 @@
-"""The Starlette application factory."""
+"""The Starlette application: every route, the error handlers, and the engine in its lifespan."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -20,7 +19,6 @@ def create_app(runtime: Runtime, *, background: bool = True) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        runtime.notifier.bind(asyncio.get_running_loop())
         await worker.start()
         try:
             yield

@@ -1,21 +1,15 @@
-"""Reading request bodies with a hard limit, and parsing JSON strictly.
+"""Reading request bodies with a hard limit, enforced while the body streams in.
 
-The limit is enforced while the body streams in, so a client that lies in
-``Content-Length`` (or sends none) is cut off at the limit instead of being
-buffered in full.
+Guarantee: an oversized body is refused (413) without being buffered in full,
+even from a client that lies in ``Content-Length`` or sends none. Parsing is
+``core.strict_json``.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from starlette.requests import Request
 
 from reconciler.errors import InvalidRequest, PayloadTooLarge
-
-MAX_JSON_DEPTH = 64
-MAX_INT_DIGITS = 40
 
 
 async def read_limited(request: Request, limit: int) -> bytes:
@@ -35,57 +29,3 @@ async def read_limited(request: Request, limit: int) -> bytes:
             raise PayloadTooLarge(f"body is larger than the limit of {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _parse_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise ValueError(f"integer with more than {MAX_INT_DIGITS} digits")
-    return int(text)
-
-
-def _depth_ok(raw: str) -> bool:
-    """Cheap pre-check so absurd nesting is refused before the parser recurses."""
-    depth = 0
-    in_string = False
-    escaped = False
-    for ch in raw:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
-                return False
-        elif ch in "]}":
-            depth -= 1
-    return True
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-# One decoder for every call: json.loads with hooks builds a new decoder each time.
-_DECODER = json.JSONDecoder(parse_int=_parse_int, parse_constant=_reject_constant)
-
-
-def parse_json(body: bytes, what: str = "body") -> Any:
-    """Decode UTF-8 JSON with bounded depth and integer size; errors say what is wrong."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidRequest(f"{what} is not valid UTF-8") from None
-    if not text.strip():
-        raise InvalidRequest(f"{what} is empty; send a JSON object")
-    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and not _depth_ok(text):
-        raise InvalidRequest(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
-    try:
-        return _DECODER.decode(text)
-    except (ValueError, RecursionError) as exc:
-        raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None

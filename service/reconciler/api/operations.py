@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -12,13 +11,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reconciler.api.auth import principal as authenticate
-from reconciler.api.bodies import parse_json, read_limited
+from reconciler.api.bodies import read_limited
 from reconciler.api.validation import parse_cancel, parse_create, parse_decision
 from reconciler.commands import create as operations
-from reconciler.commands.decide import apply_decision
+from reconciler.commands.cancel import cancel as commands_cancel
+from reconciler.commands.decide import decide as commands_decide
 from reconciler.core.states import END_STATES, State
+from reconciler.core.strict_json import parse_json
 from reconciler.core.views import history_entry_view
-from reconciler.errors import InvalidRequest, StaleWrite
+from reconciler.errors import InvalidRequest
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.history import history_of
@@ -80,16 +81,6 @@ async def _wait_for(
             rt.notifier.unsubscribe(op.id, event)
         op = await _load_visible(rt, op.id, who)
     return op
-
-
-async def _retry_stale(rt: Runtime, fn: Callable[[], Operation]) -> Operation:
-    """Agent and operator writes race with the worker; a lost race is retried on fresh data."""
-    for _ in range(STALE_RETRIES - 1):
-        try:
-            return await rt.db.run(fn)
-        except StaleWrite:
-            await asyncio.sleep(0.01)
-    return await rt.db.run(fn)
 
 
 async def create(request: Request) -> Response:
@@ -182,22 +173,9 @@ async def cancel(request: Request) -> Response:
     intent = parse_cancel(parse_json(raw) if raw.strip() else None)
     op_id = request.path_params["op_id"]
 
-    def record() -> Operation:
-        with rt.db.write() as conn:
-            op = store.visible_operation(conn, op_id, who)
-            spec = rt.providers.get(op.provider)
-            return operations.request_cancel(
-                conn,
-                rt.journal,
-                op,
-                f"{who.scope.value}:{who.name}",
-                intent.reason,
-                rt.clock.now(),
-                rt.cancel_deadline_for(op.provider),
-                can_cancel=spec is None or spec.cancel is not None,
-            )
-
-    op = await _retry_stale(rt, record)
+    op = await rt.db.run(
+        commands_cancel, rt.db, rt.journal, rt.providers, op_id, who, intent.reason, rt.clock.now()
+    )
     rt.notifier.changed(op.id)
     rt.notifier.wake()
     return JSONResponse(await _view(rt, op), status_code=202)
@@ -215,26 +193,15 @@ ROUTES = [
 async def decide(request: Request) -> Response:
     rt = _rt(request)
     who = await authenticate(request)
-    require_operator(who)
+    require_operator(who)  # before the body: an agent learns nothing from its parsing
     decision = parse_decision(
         parse_json(await read_limited(request, rt.settings.server.max_body_bytes))
     )
     op_id = request.path_params["op_id"]
 
-    def record() -> Operation:
-        with rt.db.write() as conn:
-            op = store.visible_operation(conn, op_id, who)
-            return apply_decision(
-                conn,
-                rt.journal,
-                op,
-                decision,
-                f"operator:{who.name}",
-                rt.clock.now(),
-                rt.cancel_deadline_for(op.provider),
-            )
-
-    op = await _retry_stale(rt, record)
+    op = await rt.db.run(
+        commands_decide, rt.db, rt.journal, rt.providers, op_id, who, decision, rt.clock.now()
+    )
     rt.notifier.changed(op.id)
     rt.notifier.wake()
     return JSONResponse(await _view(rt, op))

@@ -16,8 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from reconciler.api.bodies import parse_json, read_limited
+from reconciler.api.bodies import read_limited
 from reconciler.core.signatures import Verifier
+from reconciler.core.strict_json import parse_json
 from reconciler.errors import (
     InvalidRequest,
     NotFound,

@@ -1,7 +1,8 @@
-"""Agent-facing actions on operations: create (idempotently) and record cancel intent.
+"""Starting an operation (API, MCP): stored durably, idempotently, before any provider call.
 
-Each function is one transaction on a connection handed in by the caller;
-the API layer runs them off the event loop.
+Guarantee: no duplicate submissions. The same idempotency key with the same
+request returns the stored operation; with another request it is a conflict.
+One transaction; the caller runs it off the event loop.
 """
 
 from __future__ import annotations
@@ -9,17 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy.engine import Connection
-
 from reconciler.api.validation import CreateRequest
 from reconciler.core import ids
 from reconciler.core.canonical import request_fingerprint
-from reconciler.core.states import END_STATES, State
-from reconciler.core.vocabulary import HistoryKind
+from reconciler.core.states import State
 from reconciler.errors import Conflict, IdempotencyConflict, InvalidRequest
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
-from reconciler.storage.journal import Entry, Journal
+from reconciler.storage.journal import Journal
 from reconciler.storage.models import Operation
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tokens import Principal
@@ -143,74 +141,3 @@ def create_operation(
             raise
         return _same_request(existing, fingerprint, key), False
     return op, True
-
-
-def request_cancel(
-    conn: Connection,
-    journal: Journal,
-    op: Operation,
-    who: str,
-    reason: str | None,
-    now: datetime,
-    cancel_deadline_seconds: float,
-    can_cancel: bool = True,
-) -> Operation:
-    """Record the intent to cancel. Never claims ``cancelled``: only the provider can.
-
-    * job running (accepted/observing) → ``cancel_requested``; a worker sends the call once;
-    * create not yet sent → ``cancelled`` at once (nothing exists remotely);
-    * create sent but job id unknown → the intent is held and applied when the id arrives;
-    * already asked, or already done → unchanged (idempotent).
-    """
-    state = State(op.state)
-    if state in END_STATES or op.cancel_requested_at is not None:
-        return op
-    if not can_cancel:
-        raise Conflict(
-            f"provider '{op.provider}' has no cancel action in its provider file; the job "
-            "cannot be stopped from here"
-        )
-    intent = {
-        "cancel_requested_at": now,
-        "cancel_requested_by": who,
-        "cancel_reason": reason,
-        "cancel_deadline_at": now + timedelta(seconds=cancel_deadline_seconds),
-    }
-    cause = f"cancel_request:{who}"
-    detail = {"reason": reason}
-    if state in (State.ACCEPTED, State.OBSERVING, State.RESULT_TIMED_OUT):
-        op = journal.transition(
-            conn,
-            op,
-            State.CANCEL_REQUESTED,
-            actor=who,
-            cause=cause,
-            now=now,
-            detail=detail,
-            changes={**intent, "next_poll_at": now, "delay_source": None},
-        )
-    elif state is State.CREATE_PENDING and op.create_attempts == 0:
-        op = journal.transition(
-            conn,
-            op,
-            State.CANCELLED,
-            actor=who,
-            cause=cause,
-            now=now,
-            detail={**detail, "note": "cancelled before the create call was sent"},
-            changes=intent,
-        )
-    else:
-        note = Entry(
-            kind=HistoryKind.NOTE,
-            actor=who,
-            cause=cause,
-            detail={
-                **detail,
-                "note": f"cancel held: state {state.value} has no job id to cancel "
-                "yet; it is applied once the job id is known",
-            },
-        )
-        op = journal.write(conn, op, now=now, changes=intent, entries=[note])
-    notify_in_transaction(conn, WAKE_CHANNEL)
-    return op

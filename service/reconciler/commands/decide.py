@@ -7,16 +7,51 @@ the operation's move are written together, retried on a lost race.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 from sqlalchemy.engine import Connection
 
 from reconciler.core.operator_decision import DecisionRequest, plan_decision
 from reconciler.core.vocabulary import HistoryKind
+from reconciler.providers.spec import ProviderSpec, cancel_deadline_seconds
+from reconciler.storage import operations as store
 from reconciler.storage.completion_steps import reopen_given_up
+from reconciler.storage.database import Database
 from reconciler.storage.escalations import mark_decided, open_escalation
-from reconciler.storage.journal import Entry, Journal
+from reconciler.storage.journal import Entry, Journal, retry_stale
 from reconciler.storage.models import Operation
+from reconciler.storage.notify import CHANGE_CHANNEL, WAKE_CHANNEL, notify_in_transaction
+from reconciler.storage.tokens import Principal, require_operator
+
+
+def decide(
+    db: Database,
+    journal: Journal,
+    providers: Mapping[str, ProviderSpec],
+    operation_id: str,
+    who: Principal,
+    request: DecisionRequest,
+    now: datetime,
+) -> Operation:
+    """An operator's decision on an operation's open escalation, retried on a race."""
+    require_operator(who)
+
+    def once() -> Operation:
+        with db.write() as conn:
+            op = store.load_operation(conn, operation_id)
+            spec = providers.get(op.provider)
+            return apply_decision(
+                conn,
+                journal,
+                op,
+                request,
+                f"operator:{who.name}",
+                now,
+                cancel_deadline_seconds(spec),
+            )
+
+    return retry_stale(once)
 
 
 def apply_decision(
@@ -40,8 +75,12 @@ def apply_decision(
         detail={**plan.detail, **plan.record},
         delay_source=plan.delay_source,
     )
+    # Workers and waiters on every replica learn of it when (and only if) it commits.
+    notify_in_transaction(conn, WAKE_CHANNEL)
     if plan.target is None:
-        return journal.write(conn, op, now=now, changes=plan.changes, entries=[entry])
+        after = journal.write(conn, op, now=now, changes=plan.changes, entries=[entry])
+        notify_in_transaction(conn, CHANGE_CHANNEL, op.id)
+        return after
     return journal.transition(
         conn,
         op,

@@ -1,8 +1,8 @@
 """Local operation states and the only transitions allowed between them.
 
-The table is the rule: ``check_transition`` is consulted by the single write
-path in ``transitions.py``, so a transition that is not listed here cannot be
-stored. Remote states are the provider's words and live elsewhere
+Guarantee: a transition that is not in the table cannot be stored. The single
+write path (``storage.journal``) consults ``check_transition`` before writing.
+Remote states are the provider's words and live elsewhere
 (``providers.state_table``); these are our own facts.
 """
 
@@ -121,10 +121,6 @@ REOPENING: frozenset[tuple[State, State]] = frozenset(
 )
 
 
-def is_done(state: State) -> bool:
-    return state in END_STATES
-
-
 def allowed(frm: State, to: State) -> bool:
     return to in TRANSITIONS[frm]
 
@@ -132,17 +128,3 @@ def allowed(frm: State, to: State) -> bool:
 def check_transition(frm: State, to: State) -> None:
     if not allowed(frm, to):
         raise IllegalTransition(f"transition {frm.value} -> {to.value} is not allowed")
-
-
-# States in which the operation still has remote work to watch.
-ACTIVE_STATES: frozenset[State] = frozenset(
-    {
-        S.CREATE_PENDING,
-        S.CREATE_UNKNOWN,
-        S.ACCEPTED,
-        S.OBSERVING,
-        S.CANCEL_REQUESTED,
-        S.CANCELLING,
-        S.RESULT_COLLECTING,
-    }
-)

@@ -41,6 +41,7 @@ from reconciler.core.signatures import sign_standard_webhook
 from reconciler.core.vocabulary import TransportError
 from reconciler.errors import InvalidRequest, ResolutionFailed
 from reconciler.outbound import ssrf
+from reconciler.providers.transport import classify_transport_error
 
 EVENT_OPERATION_COMPLETED = "operation.completed"
 USER_AGENT = "reconciler-callbacks/1"
@@ -106,33 +107,6 @@ def _excerpt(body: bytes) -> str:
     text = "".join(ch if ch.isprintable() else " " for ch in text)
     text = " ".join(text.split())
     return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 3] + "..."
-
-
-def _causes(exc: BaseException) -> list[BaseException]:
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and len(chain) < 16:
-        chain.append(current)
-        current = current.__cause__ or current.__context__
-    return chain
-
-
-def transport_error_of(exc: BaseException) -> TransportError:
-    """Name the network failure behind an exception, from its cause chain."""
-    if isinstance(exc, httpx.TimeoutException | TimeoutError):
-        return TransportError.TIMEOUT
-    if isinstance(exc, httpx.RemoteProtocolError | httpx.LocalProtocolError):
-        return TransportError.PROTOCOL
-    for cause in _causes(exc):
-        if isinstance(cause, ssl.SSLError | ssl.CertificateError):
-            return TransportError.TLS
-        if isinstance(cause, ConnectionRefusedError):
-            return TransportError.CONNECTION_REFUSED
-        if isinstance(cause, ConnectionResetError | BrokenPipeError):
-            return TransportError.CONNECTION_RESET
-    if isinstance(exc, httpx.ReadError | httpx.WriteError):
-        return TransportError.CONNECTION_RESET
-    return TransportError.OTHER
 
 
 def _failure(kind: TransportError, address: str | None, detail: str = "") -> DeliveryOutcome:
@@ -294,9 +268,9 @@ class CallbackClient:
         try:
             response = await self._client.send(request, stream=True, follow_redirects=False)
         except httpx.ConnectError as exc:
-            return _failure(transport_error_of(exc), address), False
+            return _failure(classify_transport_error(exc)[0], address), False
         except (httpx.HTTPError, OSError) as exc:
-            return _failure(transport_error_of(exc), address), True
+            return _failure(classify_transport_error(exc)[0], address), True
         status = response.status_code
         delivered, permanent = status_verdict(status)
         progress.answer = DeliveryOutcome(

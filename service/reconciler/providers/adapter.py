@@ -162,8 +162,6 @@ class ProviderAdapter(Protocol):
     async def aclose(self) -> None: ...
 
 
-Adapter = ProviderAdapter  # the short name other modules use
-
 PROTOCOL_METHODS = ("create", "lookup", "status", "cancel", "fetch_result", "aclose")
 
 
