@@ -240,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     tokens_sub = tokens.add_subparsers(dest="tokens_command", required=True, metavar="ACTION")
     create = tokens_sub.add_parser("create", parents=[common], help="make a token (printed once)")
     create.add_argument("--name", required=True)
-    create.add_argument("--scope", required=True, choices=["agent", "operator"])
+    create.add_argument("--scope", required=True, choices=[s.value for s in Scope])
     create.set_defaults(handler=_tokens_create)
     tokens_sub.add_parser(
         "list", parents=[common], help="names, scopes and whether revoked (never the tokens)"

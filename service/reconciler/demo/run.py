@@ -47,6 +47,7 @@ from reconciler.api.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.core.clock import SystemClock
 from reconciler.core.signatures import StandardWebhooksVerifier
+from reconciler.core.vocabulary import Scope
 from reconciler.demo.report import (
     OpOutcome,
     ProgressView,
@@ -377,8 +378,8 @@ def service_logs(path: Path, level: str) -> Iterator[None]:
 def _make_tokens(runtime: Runtime) -> tuple[str, str]:
     now = runtime.clock.now()
     with runtime.db.write() as conn:
-        agent = create_token(conn, "demo-agent", "agent", now)
-        operator = create_token(conn, "demo-operator", "operator", now)
+        agent = create_token(conn, "demo-agent", Scope.AGENT.value, now)
+        operator = create_token(conn, "demo-operator", Scope.OPERATOR.value, now)
     return agent, operator
 
 
