@@ -29,7 +29,7 @@ class Row:
     cause: str
     http: str = ""
     remote_state: str = ""
-    next_poll: str = ""
+    next_poll: datetime | None = None
     delay_source: str = ""
     transition: str = ""  # "from -> to" for a transition
 
@@ -39,6 +39,17 @@ def _http(detail: dict[str, Any]) -> str:
         return f"no response ({detail['transport_error']})"
     status = detail.get("http_status")
     return f"HTTP {status}" if status is not None else ""
+
+
+def _moment(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    return None
 
 
 def _transition(entry: HistoryEntry) -> str:
@@ -58,7 +69,7 @@ def row_of(entry: HistoryEntry) -> Row:
         cause=entry.cause,
         http=_http(detail) if entry.kind in (HistoryKind.OBSERVATION, HistoryKind.STEP) else "",
         remote_state=str(detail.get("remote_state") or ""),
-        next_poll=str(detail.get("next_poll_at") or ""),
+        next_poll=_moment(detail.get("next_poll_at")),
         delay_source=entry.delay_source or "",
         transition=_transition(entry),
     )
