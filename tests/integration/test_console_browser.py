@@ -50,9 +50,7 @@ def browser() -> Iterator[Any]:
         pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
     playwright.expect.set_options(timeout=WAIT_MS)
     with playwright.sync_playwright() as p:
-        chromium = p.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=LAUNCH_ARGS
-        )
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=LAUNCH_ARGS)
         try:
             yield chromium
         finally:
@@ -154,13 +152,11 @@ def test_operator_decides_extend_and_the_operation_resumes(
     extend.click()
     expect(page.locator("h1")).to_have_text("Confirm: extend")
     offered = op["escalation"]["options"][0]
-    expect(page.locator(".confirm .fields")).to_contain_text(
-        str(offered["extra_status_requests"])
-    )
+    expect(page.locator(".confirm .fields")).to_contain_text(str(offered["extra_status_requests"]))
     page.click("#confirm")
     expect(page.locator("#decided")).to_have_text("Decision recorded: extend.")
     expect(page.locator("#timeline")).to_contain_text("operator:ops-1 decided extend")
-    expect(page.locator("#timeline")).to_contain_text("escalated → observing")
+    expect(page.locator("#timeline")).to_contain_text("escalated -> observing (decision:extend)")
 
     finished = stack.wait(op["id"], timeout=20)
     assert finished["state"] == State.SUCCEEDED.value
