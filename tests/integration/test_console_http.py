@@ -88,6 +88,8 @@ def test_pages_need_a_session_and_send_you_to_sign_in(stack: Stack) -> None:
             assert answer.status_code == 303
             assert answer.headers["location"].startswith("/console/sign-in?why=none&next=")
         assert anonymous.get("/console/inbox/stamp").status_code == 303
+        slash = anonymous.get("/console/")
+        assert (slash.status_code, slash.headers["location"]) == (308, "/console")
 
 
 def test_the_session_cookie_is_httponly_strict_and_expires(stack: Stack) -> None:

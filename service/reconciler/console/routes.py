@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -21,8 +21,13 @@ async def not_found(request: Request) -> Response:
     raise errors.NotFound(f"there is no console page at {request.url.path}")
 
 
+async def to_inbox(request: Request) -> Response:
+    return RedirectResponse(PREFIX, status_code=308)
+
+
 ROUTES: list[BaseRoute] = [
     Route(PREFIX, inbox, methods=["GET"]),
+    Route(f"{PREFIX}/", to_inbox, methods=["GET"]),
     Route(f"{PREFIX}/inbox/stamp", inbox_stamp, methods=["GET"]),
     Route(f"{PREFIX}/sign-in", sign_in_form, methods=["GET"]),
     Route(f"{PREFIX}/sign-in", sign_in, methods=["POST"]),
