@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
-from reconciler.api import docs, health, operations, webhooks
+from reconciler.api import docs, health, operations, providers, webhooks
 from reconciler.api.errors import HANDLERS
 from reconciler.console.routes import ROUTES as CONSOLE_ROUTES
 from reconciler.console.web import ConsoleState
@@ -32,6 +32,7 @@ def create_app(runtime: Runtime, *, background: bool = True) -> Starlette:
     routes: list[BaseRoute] = [
         *webhooks.ROUTES,
         *operations.ROUTES,
+        *providers.ROUTES,
         *health.ROUTES,
         *docs.ROUTES,
         *CONSOLE_ROUTES,

@@ -1,4 +1,5 @@
-"""Bearer-token authentication for the agent API, and the token cache the console shares.
+"""Bearer-token authentication for the agent API and ``/mcp`` (one check for both), and the
+token cache the console shares.
 
 Verified tokens are remembered for a few seconds (by digest, never the token
 itself) so that a busy agent does not cost a database read per request;
@@ -48,6 +49,10 @@ async def cached_principal(
 
 async def principal(request: Request) -> Principal:
     runtime: Runtime = request.app.state.runtime
-    header = request.headers.get("authorization")
+    return await principal_for(runtime, request.headers.get("authorization"))
+
+
+async def principal_for(runtime: Runtime, header: str | None) -> Principal:
+    """Who sends this ``Authorization`` header, or ``AuthenticationFailed``."""
     key = digest(header) if header else None
     return await cached_principal(runtime, key, lambda conn: authenticate(conn, header))
