@@ -58,6 +58,12 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     return run_demo(options, settings)
 
 
+def _mcp(args: argparse.Namespace, settings: Settings) -> int:
+    from reconciler.agent_tools.stdio import serve_stdio
+
+    return serve_stdio(args.url, os.environ)
+
+
 def _db_upgrade(args: argparse.Namespace, settings: Settings) -> int:
     db = Database(settings.database_url)
     try:
@@ -235,6 +241,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="after the summary, keep the service up for the operator console until Ctrl-C",
     )
     demo.set_defaults(handler=_demo)
+
+    mcp = sub.add_parser(
+        "mcp", parents=[common], help="the agent tools over stdio, for a running service"
+    )
+    mcp.add_argument(
+        "--url",
+        help="the service (default: $RECONCILER_URL, else http://127.0.0.1:8080); "
+        "the token is read from $RECONCILER_TOKEN",
+    )
+    mcp.set_defaults(handler=_mcp)
 
     db = sub.add_parser("db", parents=[common], help="database schema")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")

@@ -1,4 +1,5 @@
-"""The Starlette application: every route, the error handlers, and the engine in its lifespan."""
+"""The Starlette application: every route, MCP at ``/mcp``, the error handlers, and the
+engine and the MCP transport in its lifespan."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
+from reconciler.agent_tools.http import McpEndpoint
 from reconciler.api import docs, health, operations, providers, webhooks
 from reconciler.api.errors import HANDLERS
 from reconciler.console.routes import ROUTES as CONSOLE_ROUTES
@@ -18,12 +20,14 @@ from reconciler.runtime import Runtime
 
 def create_app(runtime: Runtime, *, background: bool = True) -> Starlette:
     worker = Background(runtime, run_scheduler=background)
+    mcp = McpEndpoint(runtime)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await worker.start()
         try:
-            yield
+            async with mcp.running():
+                yield
         finally:
             await worker.stop()
             await runtime.close()
@@ -33,6 +37,7 @@ def create_app(runtime: Runtime, *, background: bool = True) -> Starlette:
         *webhooks.ROUTES,
         *operations.ROUTES,
         *providers.ROUTES,
+        *mcp.routes(),
         *health.ROUTES,
         *docs.ROUTES,
         *CONSOLE_ROUTES,

@@ -207,6 +207,7 @@ class Provider:
     max_status_requests: int | None
     webhook: Mapping[str, Any] | None = None
     webhook_trust: Mapping[str, Any] | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Provider:
@@ -219,6 +220,7 @@ class Provider:
             max_status_requests=data.get("max_status_requests"),
             webhook=data.get("webhook"),
             webhook_trust=data.get("webhook_trust"),
+            raw=dict(data),
         )
 
 
