@@ -9,7 +9,9 @@ How a replay is told from a retry: the service signs every delivery attempt
 afresh, with the current time in ``webhook-timestamp``, while ``webhook-id``
 stays the same for every attempt about one operation. A *replay* is a delivery
 presented again as it was, so its ``(webhook-id, webhook-timestamp)`` pair has
-been seen already; a *retry* has a new timestamp and passes. Pairs are
+been seen already; a *retry* has a new timestamp and passes. (A retry signed in
+the same second as the attempt before it is byte for byte that attempt, and is
+refused as one; the service tries again later, with a later timestamp.) Pairs are
 remembered for as long as their timestamp is inside the tolerance (after that
 the timestamp check refuses them anyway), so the memory stays bounded. Use the
 ``webhook-id`` (it is ``event.webhook_id``) to process each operation's outcome
