@@ -47,7 +47,11 @@ def test_demo_runs_a_mixed_batch_to_a_clean_summary(tmp_path: Path):
         assert section in out, section
     assert "\x1b[" not in out  # not a terminal: plain lines only
     assert re.search(r"^\[\s*\d+\.\ds\] \d+/12 settled", out, re.MULTILINE)
-    assert re.search(r"^  audit ok: 12 operations, \d+ history entries intact$", out, re.MULTILINE)
+    # The batch and the one job started through MCP at the end.
+    assert re.search(r"^  audit ok: 13 operations, \d+ history entries intact$", out, re.MULTILINE)
+    mcp = out[out.index("One job through MCP") :]
+    assert "  start_job {" in mcp and "  wait_job {" in mcp
+    assert "NOT complete" in mcp and "-> succeeded, done=true" in mcp
     once = re.search(r"exactly once each: (\d+) of (\d+)  -> ok", out)
     assert once is not None and once.group(1) == once.group(2) and int(once.group(1)) >= 8
     # Both bounded stops of the mix, each with its seed-003 message.

@@ -209,6 +209,7 @@ class RunReport:
     audit_text: str
     audit_ok: bool
     problems: Sequence[str] = field(default_factory=tuple)
+    mcp_lines: Sequence[str] = field(default_factory=tuple)  # one job through MCP, last
 
     @property
     def unsettled(self) -> list[OpOutcome]:
@@ -388,6 +389,11 @@ def render_report(report: RunReport) -> str:
         *_idempotency(report),
         *_section("Audit"),
         f"  {report.audit_text}",
+        *(
+            _section("One job through MCP (start_job, then wait_job)") + list(report.mcp_lines)
+            if report.mcp_lines
+            else []
+        ),
         "",
     ]
     failures = report.failures()

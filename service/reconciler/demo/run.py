@@ -48,6 +48,7 @@ from reconciler.config import CallbackSettings, SchedulerSettings, ServerSetting
 from reconciler.core.clock import SystemClock
 from reconciler.core.signatures import StandardWebhooksVerifier
 from reconciler.core.vocabulary import Scope
+from reconciler.demo.mcp_walk import McpWalk, walk
 from reconciler.demo.report import (
     OpOutcome,
     ProgressView,
@@ -697,6 +698,7 @@ def _run(options: DemoOptions, base: Settings, workdir: Path, started: float) ->
         batch = asyncio.run(
             run_batch(urls, tokens, receiver, (planned, repeats), started, deadline)
         )
+        mcp = _walk_mcp(service_url, tokens[0])
         key = settings.audit_key(environ)
         audit_ok, audit_text = _audit(settings.database_url, key.reveal().encode() if key else None)
         report = RunReport(
@@ -706,15 +708,24 @@ def _run(options: DemoOptions, base: Settings, workdir: Path, started: float) ->
             outcomes=batch.outcomes,
             repeats=batch.repeats,
             rejected_callbacks=batch.rejected_callbacks,
-            problems=batch.problems,
+            problems=[*batch.problems, *mcp.problems],
             audit_text=audit_text,
             audit_ok=audit_ok,
+            mcp_lines=mcp.lines,
         )
         # Printed while the service still runs: --keep-serving leaves it up after this.
         print(render_report(report), flush=True)
         if options.keep_serving:
             serve_until_interrupted(f"{service_url}/console", tokens[1])
     return report
+
+
+def _walk_mcp(service_url: str, token: str) -> McpWalk:
+    """One job through the agent tools, after the batch; a failure is reported, not raised."""
+    try:
+        return asyncio.run(walk(service_url, token, PROVIDER))
+    except Exception as exc:  # the SDK raises its own (and grouped) errors
+        return McpWalk((), (f"the MCP walk-through failed: {exc!r}",))
 
 
 def serve_until_interrupted(console_url: str, operator_token: str) -> None:
