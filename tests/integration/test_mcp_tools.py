@@ -169,52 +169,51 @@ def first_id(stack: Stack) -> str:
         return str(conn.execute(sa.text("SELECT id FROM operations")).scalar_one())
 
 
-@pytest.mark.parametrize(
-    ("tool", "arguments", "fragment"),
-    [
-        ("start_job", {"provider": "nope", "request": {"scenario": "x"}}, "unknown provider"),
-        ("start_job", {"provider": "sim", "request": "go"}, "'request': 'go' is not of type"),
-        ("start_job", {"provider": "sim"}, "'request' is a required property"),
-        ("start_job", {"provider": "sim", "request": {}}, "'request' does not match"),
-        (
-            "start_job",
-            {"provider": "sim", "request": {"scenario": "success", "duration": "long"}},
-            "'request.duration' does not match the request_schema",
-        ),
-        (
-            "start_job",
-            {"provider": "sim", "request": {"scenario": "s"}, "callback_url": "http://x"},
-            "'callback_url' was unexpected",
-        ),
-        (
-            "start_job",
-            {"provider": "sim", "request": {"scenario": "s"}, "deadline_seconds": 999999},
-            "'deadline_seconds' may be at most",
-        ),
-        ("start_job", {"provider": "sim", "request": {"scenario": "s"}, "wait_seconds": 21}, "21"),
-        ("get_job", {"id": "op_doesnotexist"}, "does not exist"),
-        ("get_job", {"id": 5}, "'id': 5 is not of type 'string'"),
-        ("wait_job", {"id": "op_x", "timeout_seconds": 500}, "greater than the maximum of 20"),
-        ("wait_job", {"id": "op_x", "timeout_seconds": -1}, "less than the minimum of 0"),
-        ("cancel_job", {}, "'id' is a required property"),
-        ("list_jobs", {"limit": 0}, "less than the minimum of 1"),
-        ("list_jobs", {"state": "running"}, "'state': 'running' is not one of"),
-        ("list_jobs", {"cursor": "garbage!"}, "cursor is not valid"),
-        ("no_such_tool", {}, "there is no tool 'no_such_tool'"),
-    ],
-)
-def test_bad_arguments_are_tool_errors_that_say_what_to_fix(
-    stack: Stack, tool: str, arguments: dict[str, Any], fragment: str
-) -> None:
+BAD_CALLS: list[tuple[str, dict[str, Any], str]] = [
+    ("start_job", {"provider": "nope", "request": {"scenario": "x"}}, "unknown provider"),
+    ("start_job", {"provider": "sim", "request": "go"}, "'request': 'go' is not of type"),
+    ("start_job", {"provider": "sim"}, "'request' is a required property"),
+    ("start_job", {"provider": "sim", "request": {}}, "'request' does not match"),
+    (
+        "start_job",
+        {"provider": "sim", "request": {"scenario": "success", "duration": "long"}},
+        "'request.duration' does not match the request_schema",
+    ),
+    (
+        "start_job",
+        {"provider": "sim", "request": {"scenario": "s"}, "callback_url": "http://x"},
+        "'callback_url' was unexpected",
+    ),
+    (
+        "start_job",
+        {"provider": "sim", "request": {"scenario": "s"}, "deadline_seconds": 999999},
+        "'deadline_seconds' may be at most",
+    ),
+    ("start_job", {"provider": "sim", "request": {"scenario": "s"}, "wait_seconds": 21}, "21"),
+    ("get_job", {"id": "op_doesnotexist"}, "does not exist"),
+    ("get_job", {"id": 5}, "'id': 5 is not of type 'string'"),
+    ("wait_job", {"id": "op_x", "timeout_seconds": 500}, "greater than the maximum of 20"),
+    ("wait_job", {"id": "op_x", "timeout_seconds": -1}, "less than the minimum of 0"),
+    ("cancel_job", {}, "'id' is a required property"),
+    ("list_jobs", {"limit": 0}, "less than the minimum of 1"),
+    ("list_jobs", {"state": "running"}, "'state': 'running' is not one of"),
+    ("list_jobs", {"cursor": "garbage!"}, "cursor is not valid"),
+    ("no_such_tool", {}, "there is no tool 'no_such_tool'"),
+]
+
+
+def test_bad_arguments_are_tool_errors_that_say_what_to_fix(stack: Stack) -> None:
     before = rows(stack)
 
-    async def main() -> Any:
+    async def main() -> list[tuple[str, Any]]:
         async with connect(stack.url, stack.agent_token) as client:
-            return await client.call_tool(tool, arguments)
+            return [
+                (fragment, await client.call_tool(tool, args)) for tool, args, fragment in BAD_CALLS
+            ]
 
-    result = run(main)
-    assert result.is_error is True
-    assert fragment in text_of(result)
+    for fragment, result in run(main):
+        assert result.is_error is True, fragment
+        assert fragment in text_of(result), (fragment, text_of(result))
     assert rows(stack) == before  # nothing stored, not even half
 
 
