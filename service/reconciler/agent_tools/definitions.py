@@ -57,7 +57,8 @@ def _descriptions(cap: float) -> dict[ToolName, str]:
         ),
         ToolName.GET_JOB: (
             "Read one of your jobs by `id`, without waiting. " + NOT_DONE + " To wait for "
-            "the job, call wait_job rather than calling get_job again and again."
+            "the job, call wait_job rather than calling get_job again and again; if you do "
+            "check with get_job, leave at least `poll_after_seconds` between calls."
         ),
         ToolName.WAIT_JOB: (
             "Wait on the server for one of your jobs to finish, for up to `timeout_seconds` "

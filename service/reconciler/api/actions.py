@@ -34,16 +34,6 @@ def is_done(op: Operation) -> bool:
     return State(op.state) in END_STATES
 
 
-def done_or_escalation_changed(start: Operation) -> Settled:
-    """Done, or entered (or left) ``escalated`` since ``start``: a person's turn is news too."""
-    was_escalated = start.state == State.ESCALATED
-
-    def settled(op: Operation) -> bool:
-        return is_done(op) or (op.state == State.ESCALATED) != was_escalated
-
-    return settled
-
-
 async def render(rt: Runtime, op: Operation) -> dict[str, Any]:
     def load() -> dict[str, Any]:
         with rt.db.read() as conn:
