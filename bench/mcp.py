@@ -1,6 +1,6 @@
 """The agent tools over MCP against the HTTP API: the same jobs, the same service, one run.
 
-    python bench/mcp.py [--jobs 200] [--concurrency 8] [--rounds 2]
+    python bench/mcp.py [--jobs 200] [--concurrency 8] [--rounds 4] [--reads 200]
 
 The service (uvicorn, one process, SQLite) and the simulated provider run as
 subprocesses on 127.0.0.1; this process is the agent. Each job is started and
@@ -9,7 +9,9 @@ then awaited until done: over HTTP with ``POST /v1/operations`` and
 and ``wait_job`` (streamable HTTP at ``/mcp``). Rounds alternate HTTP and MCP so
 both see the same machine. Prints, per call, p50/p99 for each path, the latency
 MCP adds, the ratio of their p99s (target: at most 1.5) and the ratio of
-throughputs (jobs/s, MCP over HTTP).
+throughputs (jobs/s, MCP over HTTP). Then, one call at a time, ``get_job``
+against ``GET /v1/operations/{id}`` on a finished job: the protocol's own cost,
+without the job's wait around it.
 """
 
 from __future__ import annotations
@@ -244,6 +246,33 @@ def report(http: Sample, mcp: Sample) -> bool:
     return ok
 
 
+async def read_costs(url: str, token: str, reads: int) -> tuple[list[float], list[float]]:
+    """Sequential reads of one finished job: GET /v1/operations/{id} against get_job."""
+    import httpx
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"Authorization": f"Bearer {token}"}
+    http_times: list[float] = []
+    mcp_times: list[float] = []
+    async with httpx.AsyncClient(base_url=url, headers=headers, trust_env=False) as http:
+        body = {"provider": "sim", "request": JOB, "idempotency_key": "read-probe"}
+        op = (await http.post("/v1/operations", json=body)).raise_for_status().json()
+        params = {"timeout_seconds": WAIT_SECONDS}
+        await http.get(f"/v1/operations/{op['id']}/wait", params=params)
+        for _ in range(reads):
+            await _timed(http_times, http.get(f"/v1/operations/{op['id']}"))
+    async with (
+        httpx2.AsyncClient(headers=headers, trust_env=False) as raw,
+        Client(streamable_http_client(f"{url}/mcp", http_client=raw)) as client,
+    ):
+        await client.list_tools()
+        for _ in range(reads):
+            await _timed(mcp_times, client.call_tool("get_job", {"id": op["id"]}))
+    return http_times, mcp_times
+
+
 async def measure(url: str, token: str, args: argparse.Namespace) -> tuple[Sample, Sample]:
     # Warm both paths (connections, caches, the service's first queries) before measuring.
     await http_round(url, token, "warm-http", 10, args.concurrency)
@@ -273,7 +302,8 @@ def main() -> int:
     srv.add_argument("--sim-url", required=True)
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--reads", type=int, default=200)
     args = parser.parse_args()
     if args.command == "serve":
         serve(args.db, args.port, args.sim_url)
@@ -315,11 +345,19 @@ def main() -> int:
             f"{args.concurrency} at a time; SQLite; logs in {workdir}"
         )
         http, mcp = asyncio.run(measure(url, token, args))
+        http_reads, mcp_reads = asyncio.run(read_costs(url, token, args.reads))
     finally:
         if service is not None:
             stop(service)
         stop(sim)
-    return 0 if report(http, mcp) else 1
+    ok = report(http, mcp)
+    print(
+        f"one read at a time ({args.reads}): GET p50 {_ms(http_reads, 50):.1f} ms p99 "
+        f"{_ms(http_reads, 99):.1f} ms; get_job p50 {_ms(mcp_reads, 50):.1f} ms p99 "
+        f"{_ms(mcp_reads, 99):.1f} ms; added by MCP p50 "
+        f"{_ms(mcp_reads, 50) - _ms(http_reads, 50):+.1f} ms"
+    )
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ class McpEndpoint:
         self.server = build_server(self.toolset, self._backend)
         # Only the Content-Type check: requests carry bearer tokens, not cookies, so
         # another site's page cannot make an authenticated call through a browser.
+        # SSE mode answers plain JSON for calls under 15 s, and pings a longer wait_job
+        # so that a proxy's idle timeout does not cut it (a disconnect cancels the wait).
         self.manager = StreamableHTTPSessionManager(
             app=self.server, json_response=False, stateless=True, security_settings=None
         )
