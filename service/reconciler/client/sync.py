@@ -33,9 +33,13 @@ def settled_for_run(op: Operation) -> bool:
 
 
 def unreachable(base_url: str, exc: Exception, idempotent: bool) -> ServiceError:
-    note = "" if idempotent else " (the request may have been applied; resend it with the same "
-    note += "" if idempotent else "idempotency_key to find out safely)"
-    return ServiceError(f"could not reach the service at {base_url}: {exc!r}{note}")
+    message = f"could not reach the service at {base_url}: {exc!r}"
+    if not idempotent:
+        message += (
+            " (the request may have been applied; resend it with an idempotency_key to find "
+            "out safely)"
+        )
+    return ServiceError(message)
 
 
 class Client:
