@@ -17,6 +17,7 @@ from typing import Any
 from reconciler.api.validation import ListQuery, parse_cancel, parse_create
 from reconciler.commands import create as creating
 from reconciler.commands.cancel import cancel as commands_cancel
+from reconciler.console.providers import webhook_trust
 from reconciler.core.states import END_STATES, State
 from reconciler.core.views import history_entry_view
 from reconciler.providers.views import provider_view
@@ -138,19 +139,11 @@ async def history(rt: Runtime, who: Principal, op_id: str) -> dict[str, Any]:
     return {"operation_id": op_id, "entries": await rt.db.run(load)}
 
 
-async def webhook_trust_view(rt: Runtime, provider: str) -> dict[str, Any] | None:
-    """The provider's webhook trust as operators see it (SPEC "Webhook trust").
-
-    The one place the operator view of ``GET /v1/providers`` and ``list_providers``
-    takes it from (async, so it may read the database); ``None`` until trust is tracked.
-    """
-    return None
-
-
 async def providers(rt: Runtime, who: Principal) -> dict[str, Any]:
     views = []
     for name in sorted(rt.providers):
         spec = rt.providers[name]
-        trust = await webhook_trust_view(rt, name) if who.is_operator else None
+        # One slot for webhook trust, shared with the console's providers page.
+        trust = webhook_trust(rt, name) if who.is_operator else None
         views.append(provider_view(spec, rt.environ, operator=who.is_operator, trust=trust))
     return {"providers": views}
