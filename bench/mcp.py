@@ -333,13 +333,13 @@ def main() -> int:
     )
     service = None
     try:
-        wait_ready(f"{sim_url}/_sim/stats")
+        wait_ready(f"{sim_url}/_sim/stats", timeout=60.0)
         service = start(
             [__file__, "serve", "--db", db_url, "--port", str(port), "--sim-url", sim_url],
             env,
             workdir / "service.log",
         )
-        wait_ready(f"{url}/healthz")
+        wait_ready(f"{url}/healthz", timeout=60.0)
         print(
             f"{args.jobs} jobs per path in {args.rounds} alternating rounds, "
             f"{args.concurrency} at a time; SQLite; logs in {workdir}"
