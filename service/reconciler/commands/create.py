@@ -18,7 +18,7 @@ from reconciler.errors import Conflict, IdempotencyConflict, InvalidRequest
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
-from reconciler.storage.models import Operation
+from reconciler.storage.models import Operation, new_record
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tokens import Principal
 
@@ -84,7 +84,7 @@ def create_operation(
             existing = store.find_by_key(conn, principal.name, key)
         if existing is not None:
             return _same_request(existing, fingerprint, key), False
-    op = Operation(
+    op = new_record(
         id=ids.operation_id(now),
         provider=req.provider,
         caller=principal.name,

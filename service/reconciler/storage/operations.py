@@ -17,12 +17,14 @@ import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core.states import State
 from reconciler.errors import InvalidRequest, NotFound
+from reconciler.storage import payloads
 from reconciler.storage.journal import OPS
 from reconciler.storage.models import Operation, operation_record
 from reconciler.storage.tokens import Principal
@@ -31,9 +33,15 @@ MAX_PAGE = 200
 BAD_CURSOR = "cursor is not valid; pass the next_cursor of a previous page"
 
 
+def _with_parts(conn: Connection, rows: Sequence[Any]) -> list[Operation]:
+    """Records from rows, with the parts read beside the row (all but the request)."""
+    parts = payloads.load(conn, [r["id"] for r in rows])
+    return [operation_record(r, parts.get(r["id"])) for r in rows]
+
+
 def get_operation(conn: Connection, operation_id: str) -> Operation | None:
     row = conn.execute(sa.select(OPS).where(OPS.c.id == operation_id)).mappings().first()
-    return operation_record(row) if row is not None else None
+    return _with_parts(conn, [row])[0] if row is not None else None
 
 
 def load_operation(conn: Connection, operation_id: str) -> Operation:
@@ -58,7 +66,7 @@ def find_by_key(conn: Connection, caller: str, key: str) -> Operation | None:
         .mappings()
         .first()
     )
-    return operation_record(row) if row is not None else None
+    return _with_parts(conn, [row])[0] if row is not None else None
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,7 @@ def list_operations(
     if cursor is not None:
         query = query.where(OPS.c.id < decode_cursor(cursor))
     rows = conn.execute(query.order_by(OPS.c.id.desc()).limit(limit + 1)).mappings().all()
-    items = [operation_record(r) for r in rows[:limit]]
+    items = _with_parts(conn, rows[:limit])
     more = len(rows) > limit
     return Page(items, encode_cursor(items[-1].id) if more and items else None)
 
