@@ -183,8 +183,12 @@ def _decide(args: argparse.Namespace, settings: Settings) -> int:
     decision = parse_decision(
         {
             "action": args.action,
-            **({"extra_seconds": args.extra_seconds} if args.extra_seconds else {}),
-            **({"extra_status_requests": args.extra_requests} if args.extra_requests else {}),
+            **({"extra_seconds": args.extra_seconds} if args.extra_seconds is not None else {}),
+            **(
+                {"extra_status_requests": args.extra_requests}
+                if args.extra_requests is not None
+                else {}
+            ),
         }
     )
     key = settings.audit_key()

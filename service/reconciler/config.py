@@ -59,6 +59,8 @@ class ServerSettings:
     create_wait_seconds: float = 0.5  # how long POST /v1/operations waits for the job id
     wait_max_seconds: float = 60.0  # cap on /wait long-polls
     trust_proxy_headers: bool = False
+    # The variable holding the bearer token /metrics asks for; empty: /metrics is open.
+    metrics_token_env: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,16 @@ class CallbackSettings:
 
 
 @dataclass(frozen=True)
+class LimitSettings:
+    """Per-agent quotas; 0 switches a count limit off."""
+
+    min_deadline_seconds: float = 1.0  # shorter deadlines would only escalate at once
+    max_operations_in_flight: int = 10_000  # per agent: not yet in an end state
+    max_creates_per_minute: int = 1_200  # per agent, over a sliding minute
+    max_history_page: int = 1_000  # entries per /history page at most
+
+
+@dataclass(frozen=True)
 class Settings:
     database_url: str = "sqlite:///reconciler.db"
     providers_dir: str = DEFAULT_PROVIDERS_DIR
@@ -90,6 +102,7 @@ class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     callbacks: CallbackSettings = field(default_factory=CallbackSettings)
+    limits: LimitSettings = field(default_factory=LimitSettings)
     # Inline [providers.NAME] tables, validated by reconciler.providers.loader.
     providers: Mapping[str, Any] = field(default_factory=dict)
     # Where the settings came from, for messages and for relative paths.
@@ -109,6 +122,7 @@ _SECTIONS = {
     "server": ServerSettings,
     "scheduler": SchedulerSettings,
     "callbacks": CallbackSettings,
+    "limits": LimitSettings,
 }
 _TOP_LEVEL = {"database_url", "providers_dir", "hooks", "log_level"}
 
@@ -192,10 +206,18 @@ def _positive(settings: Settings) -> None:
         ("scheduler.provider_concurrency", settings.scheduler.provider_concurrency),
         ("callbacks.max_attempts", settings.callbacks.max_attempts),
         ("callbacks.timeout_seconds", settings.callbacks.timeout_seconds),
+        ("limits.min_deadline_seconds", settings.limits.min_deadline_seconds),
+        ("limits.max_history_page", settings.limits.max_history_page),
     ]
     for key, value in checks:
         if value <= 0:
             raise ConfigError(f"{settings.source}: {key}: must be greater than 0, got {value}")
+    for key, count in (
+        ("limits.max_operations_in_flight", settings.limits.max_operations_in_flight),
+        ("limits.max_creates_per_minute", settings.limits.max_creates_per_minute),
+    ):
+        if count < 0:
+            raise ConfigError(f"{settings.source}: {key}: must be 0 (no limit) or more")
     if settings.server.port > 65535:
         raise ConfigError(f"{settings.source}: server.port: must be at most 65535")
     if settings.log_level.upper() not in LOG_LEVELS:

@@ -18,6 +18,7 @@ from reconciler.commands.create import ProviderLimits
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Secret, Settings
 from reconciler.core.clock import Clock, SystemClock
 from reconciler.core.ids import worker_id
+from reconciler.core.quotas import Quota
 from reconciler.core.signatures import Verifier, build_verifier, decode_whsec
 from reconciler.engine.group_commit import GroupCommitter
 from reconciler.engine.wakeups import Notifier
@@ -120,11 +121,14 @@ class Runtime:
 
     def limits_for(self, provider: str) -> ProviderLimits:
         spec = self.providers[provider]
+        limits = self.settings.limits
         return ProviderLimits(
             deadline_seconds=spec.polling.deadline_seconds,
             max_status_requests=spec.polling.max_status_requests,
             max_transport_failures=spec.polling.max_transport_failures,
             create_deadline_seconds=spec.create.create_deadline_seconds,
+            min_deadline_seconds=limits.min_deadline_seconds,
+            quota=Quota(limits.max_operations_in_flight, limits.max_creates_per_minute),
         )
 
     def check_callback_url(self, url: str) -> None:

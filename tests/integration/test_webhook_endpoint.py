@@ -34,6 +34,7 @@ from reconciler.core.clock import Clock, ManualClock, SystemClock
 from reconciler.core.states import State
 from reconciler.runtime import Runtime
 from reconciler.storage.journal import HISTORY, OPS
+from reconciler.storage.operations import get_operation
 from reconciler.storage.webhook_events import EVENTS
 from tests.support.factories import insert_operation
 from tests.support.servers import serve_asgi, unused_port
@@ -670,7 +671,9 @@ def test_success_webhook_only_hints(ep: Endpoint) -> None:
     assert response.json()["status"] == "hinted"
     op = ep.operation()
     assert (op["state"], op["remote_state"], op["done_at"]) == ("observing", "running", None)
-    assert op["result"] is None and not op["completion_pending"]
+    with ep.runtime.db.read() as conn:
+        stored = get_operation(conn, ep.op_id)
+    assert stored is not None and stored.result is None and not op["completion_pending"]
 
 
 # --- a 2xx only after the commit ----------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any
 
 from reconciler.core.canonical import canonical_json
 from reconciler.core.operator_decision import DecisionRequest
+from reconciler.core.strict_json import require_text
 from reconciler.core.vocabulary import DecisionAction
 from reconciler.errors import InvalidRequest
 
@@ -101,6 +102,7 @@ def parse_create(
     body: Any, known_providers: Mapping[str, object], check_callback: Callable[[str], object]
 ) -> CreateRequest:
     data = _object(body, "the request body")
+    require_text(data)
     _unknown(data, CREATE_FIELDS)
     provider = _string(data, "provider", required=True, max_len=100)
     assert provider is not None
@@ -141,12 +143,14 @@ def parse_cancel(body: Any) -> CancelRequest:
     if body is None:
         return CancelRequest(reason=None)
     data = _object(body, "the request body")
+    require_text(data)
     _unknown(data, {"reason"})
     return CancelRequest(reason=_string(data, "reason", required=False, max_len=MAX_CANCEL_REASON))
 
 
 def parse_decision(body: Any) -> DecisionRequest:
     data = _object(body, "the request body")
+    require_text(data)
     _unknown(data, {"action", "extra_seconds", "extra_status_requests"})
     action_text = _string(data, "action", required=True, max_len=20) or ""
     try:

@@ -22,7 +22,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from reconciler.core.states import State
+from reconciler.core import ids
+from reconciler.core.states import END_STATES, State
 from reconciler.errors import InvalidRequest, NotFound
 from reconciler.storage import payloads
 from reconciler.storage.journal import OPS
@@ -178,3 +179,39 @@ def extend_lease(
 def count_by_state(conn: Connection) -> dict[str, int]:
     rows = conn.execute(sa.select(OPS.c.state, sa.func.count()).group_by(OPS.c.state))
     return {str(state): int(count) for state, count in rows}
+
+
+_LOCK_CALLER = sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
+IN_FLIGHT = tuple(s.value for s in State if s not in END_STATES)
+
+
+def lock_caller(conn: Connection, caller: str) -> None:
+    """Serialise one agent's creates for this transaction, so its quotas are exact.
+
+    PostgreSQL: a transaction-scoped advisory lock on the caller; SQLite serialises every
+    write transaction already.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(_LOCK_CALLER, {"key": f"quota\x1f{caller}"})
+
+
+def count_in_flight(conn: Connection, caller: str) -> int:
+    """The caller's operations not yet in an end state (an index range per state)."""
+    query = (
+        sa.select(sa.func.count())
+        .select_from(OPS)
+        .where(OPS.c.caller == caller, OPS.c.state.in_(IN_FLIGHT))
+    )
+    return int(conn.execute(query).scalar_one())
+
+
+def created_since(conn: Connection, caller: str, since: datetime, limit: int) -> list[datetime]:
+    """Creation times of the caller's operations from ``since`` on, oldest first (at most
+    ``limit``). Operation ids sort by creation time, so this is a range of the caller index."""
+    query = (
+        sa.select(OPS.c.created_at)
+        .where(OPS.c.caller == caller, OPS.c.id >= ids.operation_id_floor(since))
+        .order_by(OPS.c.id.desc())
+        .limit(limit)
+    )
+    return sorted(conn.execute(query).scalars())
