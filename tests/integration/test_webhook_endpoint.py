@@ -372,7 +372,9 @@ def assert_stored_and_hinted(ep: Endpoint, before: Snapshot, event_ids: list[str
         row = ep.event_row(event_id)
         assert row is not None and row["operation_id"] == ep.op_id
     hints = [h for h in ep.history()[before.history :] if h["kind"] == "hint"]
-    assert [h["cause"] for h in hints] == [f"webhook:{e}" for e in event_ids]
+    # Nothing reads the status here, so the first hint stays pending and the rest coalesce.
+    pending = before.operation["hinted_at"] is not None
+    assert [h["cause"] for h in hints] == ([] if pending else [f"webhook:{event_ids[0]}"])
 
 
 def test_one_valid_signature_among_several_is_accepted(ep: Endpoint) -> None:

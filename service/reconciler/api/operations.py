@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 from typing import Any
 
@@ -22,7 +24,7 @@ from reconciler.core.views import history_entry_view
 from reconciler.errors import InvalidRequest
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
-from reconciler.storage.history import history_of
+from reconciler.storage.history import history_page
 from reconciler.storage.models import Operation
 from reconciler.storage.tokens import Principal, require_operator
 from reconciler.storage.views import operation_views, view_of
@@ -207,17 +209,55 @@ async def decide(request: Request) -> Response:
     return JSONResponse(await _view(rt, op))
 
 
+HISTORY_CURSOR = "seq:"
+BAD_HISTORY_CURSOR = "cursor is not valid; pass the next_cursor of a previous history page"
+
+
+def _history_cursor(raw: str | None) -> int:
+    if raw is None:
+        return 0
+    try:
+        text = base64.urlsafe_b64decode((raw + "=" * (-len(raw) % 4)).encode()).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidRequest(BAD_HISTORY_CURSOR) from None
+    number = text.removeprefix(HISTORY_CURSOR)
+    if not text.startswith(HISTORY_CURSOR) or not (number.isascii() and number.isdigit()):
+        raise InvalidRequest(BAD_HISTORY_CURSOR)
+    return int(number[:18])
+
+
+def _next_history_cursor(seq: int | None) -> str | None:
+    if seq is None:
+        return None
+    return base64.urlsafe_b64encode(f"{HISTORY_CURSOR}{seq}".encode()).decode().rstrip("=")
+
+
 async def history(request: Request) -> Response:
+    """One page of the history, oldest first; ``next_cursor`` continues it (null at the end)."""
     rt = _rt(request)
     who = await authenticate(request)
     op_id = request.path_params["op_id"]
+    params = request.query_params
+    extra = sorted(set(params) - {"limit", "cursor"})
+    if extra:
+        raise InvalidRequest(f"unknown query parameter(s): {', '.join(extra)}")
+    most = rt.settings.limits.max_history_page
+    raw_limit = params.get("limit", str(most))
+    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit[:9]) <= most:
+        raise InvalidRequest(f"'limit' must be a whole number from 1 to {most}")
+    after = _history_cursor(params.get("cursor"))
 
-    def load() -> list[dict[str, Any]]:
+    def load() -> dict[str, Any]:
         with rt.db.read() as conn:
             store.visible_operation(conn, op_id, who)
-            return [history_entry_view(e) for e in history_of(conn, op_id)]
+            entries, last = history_page(conn, op_id, after, int(raw_limit))
+        return {
+            "operation_id": op_id,
+            "entries": [history_entry_view(e) for e in entries],
+            "next_cursor": _next_history_cursor(last),
+        }
 
-    return JSONResponse({"operation_id": op_id, "entries": await rt.db.run(load)})
+    return JSONResponse(await rt.db.run(load))
 
 
 ROUTES += [
