@@ -117,6 +117,24 @@ class Settings:
         value = (os.environ if environ is None else environ).get(AUDIT_KEY_ENV)
         return Secret(value) if value else None
 
+    def callback_secret(self, environ: Mapping[str, str] | None = None) -> Secret | None:
+        """The service's callback signing key (``whsec_``), from which agents' are derived."""
+        value = (os.environ if environ is None else environ).get(self.callbacks.signing_secret_env)
+        return Secret(value) if value else None
+
+    def metrics_token(self, environ: Mapping[str, str] | None = None) -> Secret | None:
+        """The bearer token /metrics asks for, when ``server.metrics_token_env`` names one."""
+        variable = self.server.metrics_token_env
+        if not variable:
+            return None
+        value = (os.environ if environ is None else environ).get(variable)
+        if not value:
+            raise ConfigError(
+                f"{self.source}: server.metrics_token_env: {variable} is not set; set it, or "
+                "leave metrics_token_env empty for an open /metrics"
+            )
+        return Secret(value)
+
 
 _SECTIONS = {
     "server": ServerSettings,

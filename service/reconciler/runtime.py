@@ -55,6 +55,8 @@ class Runtime:
     metrics: Metrics = field(default_factory=Metrics)
     # Authenticated principals by digest of the Authorization header, with their expiry.
     token_cache: dict[str, tuple[Principal, float]] = field(default_factory=dict)
+    # The bearer token /metrics asks for ([server] metrics_token_env); None: /metrics is open.
+    metrics_token: Secret | None = None
 
     def __post_init__(self) -> None:
         self.webhooks = GroupCommitter(
@@ -98,6 +100,7 @@ class Runtime:
             callback_key=_callback_key(settings, env),
             allow_hosts=ssrf.as_allow_list(settings.callbacks.allow_hosts),
             transport=transport,
+            metrics_token=settings.metrics_token(env),
         )
         for name, spec in providers.items():
             if spec.webhook is not None:

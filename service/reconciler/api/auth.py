@@ -2,7 +2,8 @@
 
 Verified tokens are remembered for a few seconds (by digest, never the token
 itself) so that a busy agent does not cost a database read per request;
-a token revoked in the database stops working within that window.
+a token revoked in the database stops working within that window, and an
+expired one at its expiry, cached or not.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import time
 
 from starlette.requests import Request
 
+from reconciler.errors import AuthenticationFailed
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import Principal, authenticate, digest
 
@@ -26,11 +28,14 @@ async def principal(request: Request) -> Principal:
     if key is not None:
         hit = cache.get(key)
         if hit is not None and hit[1] > time.monotonic():
+            expires = hit[0].expires_at
+            if expires is not None and expires <= runtime.clock.now():
+                raise AuthenticationFailed("the bearer token has expired")
             return hit[0]
 
     def _lookup() -> Principal:
         with runtime.db.read() as conn:
-            return authenticate(conn, header)
+            return authenticate(conn, header, runtime.clock.now())
 
     found = await runtime.db.run(_lookup)
     if key is not None:
