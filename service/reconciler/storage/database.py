@@ -38,6 +38,7 @@ CHECKPOINT_SECONDS = 1.0
 # size limit after any other reset.
 WAL_TRUNCATE_BYTES = 16 * 1024 * 1024
 JOURNAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+CHECKPOINT_WAIT_MS = 50
 
 
 def is_sqlite(url: str) -> bool:
@@ -180,10 +181,29 @@ class Database:
         while not self._stop.wait(CHECKPOINT_SECONDS):
             mode = "TRUNCATE" if self.wal_bytes() > WAL_TRUNCATE_BYTES else "PASSIVE"
             try:
-                with self.read_engine.connect() as conn:
-                    conn.exec_driver_sql(f"PRAGMA wal_checkpoint({mode})")
-            except sa.exc.SQLAlchemyError:
+                self.checkpoint(mode)
+            except (sa.exc.SQLAlchemyError, sqlite3.Error):
                 continue  # busy or closing: the next round will do it
+
+    def checkpoint(self, mode: str = "PASSIVE") -> None:
+        """One SQLite checkpoint, outside any transaction (inside one it could not complete)."""
+        if mode not in ("PASSIVE", "FULL", "RESTART", "TRUNCATE"):
+            raise ValueError(f"unknown checkpoint mode {mode!r}")
+        with self.read_engine.connect() as conn:
+            # The driver connection is in autocommit (see _on_connect): no BEGIN precedes it.
+            raw = conn.connection.driver_connection
+            assert raw is not None
+            if mode == "PASSIVE":
+                raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                return
+            # A resetting checkpoint holds the write lock while it waits for older readers:
+            # it may wait only briefly, so writers are never held up for long; a busy
+            # answer just means the next round tries again.
+            raw.execute(f"PRAGMA busy_timeout={CHECKPOINT_WAIT_MS}")
+            try:
+                raw.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
+            finally:
+                raw.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
 
     def dispose(self) -> None:
         self._stop.set()
