@@ -63,6 +63,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
         keep=args.keep,
         sim_root=Path(args.sim_root) if args.sim_root else None,
         directory=Path(args.dir),
+        keep_serving=args.keep_serving,
     )
     return run_demo(options, settings)
 
@@ -337,6 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", action="store_true", help="keep the demo directory afterwards")
     demo.add_argument("--sim-root", help="the repository clone holding fixtures/provider_sim")
     demo.add_argument("--dir", default="demo-run", help="demo directory, wiped at start")
+    demo.add_argument(
+        "--keep-serving",
+        action="store_true",
+        help="after the summary, keep the service up for the operator console until Ctrl-C",
+    )
     demo.set_defaults(handler=_demo)
 
     db = sub.add_parser("db", parents=[common], help="database schema")
@@ -349,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     tokens_sub = tokens.add_subparsers(dest="tokens_command", required=True, metavar="ACTION")
     create = tokens_sub.add_parser("create", parents=[common], help="make a token (printed once)")
     create.add_argument("--name", required=True)
-    create.add_argument("--scope", required=True, choices=["agent", "operator"])
+    create.add_argument("--scope", required=True, choices=[s.value for s in Scope])
     create.add_argument("--expires-in", help="refuse the token after this long (e.g. 90d, 12h)")
     create.set_defaults(handler=_tokens_create)
     rotate = tokens_sub.add_parser(

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from reconciler.errors import ConfigError
 
@@ -61,6 +62,9 @@ class ServerSettings:
     trust_proxy_headers: bool = False
     # The variable holding the bearer token /metrics asks for; empty: /metrics is open.
     metrics_token_env: str = ""
+    # Where operators reach the service ("https://reconciler.example"); empty means
+    # http://host:port. An https URL makes the console's session cookie Secure.
+    public_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,13 @@ class LimitSettings:
 
 
 @dataclass(frozen=True)
+class ConsoleSettings:
+    # The key that signs console sessions; set it to the same value on every replica.
+    session_secret_env: str = "RECONCILER_CONSOLE_SECRET"
+    session_hours: float = 12.0
+
+
+@dataclass(frozen=True)
 class Settings:
     database_url: str = "sqlite:///reconciler.db"
     providers_dir: str = DEFAULT_PROVIDERS_DIR
@@ -103,6 +114,7 @@ class Settings:
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     callbacks: CallbackSettings = field(default_factory=CallbackSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
+    console: ConsoleSettings = field(default_factory=ConsoleSettings)
     # Inline [providers.NAME] tables, validated by reconciler.providers.loader.
     providers: Mapping[str, Any] = field(default_factory=dict)
     # Where the settings came from, for messages and for relative paths.
@@ -112,6 +124,12 @@ class Settings:
     def providers_path(self) -> Path:
         path = Path(self.providers_dir)
         return path if path.is_absolute() else Path(self.base_dir) / path
+
+    def public_url(self) -> str:
+        """The base URL operators use, without a trailing slash."""
+        if self.server.public_url:
+            return self.server.public_url.rstrip("/")
+        return f"http://{self.server.host}:{self.server.port}"
 
     def audit_key(self, environ: Mapping[str, str] | None = None) -> Secret | None:
         value = (os.environ if environ is None else environ).get(AUDIT_KEY_ENV)
@@ -141,6 +159,7 @@ _SECTIONS = {
     "scheduler": SchedulerSettings,
     "callbacks": CallbackSettings,
     "limits": LimitSettings,
+    "console": ConsoleSettings,
 }
 _TOP_LEVEL = {"database_url", "providers_dir", "hooks", "log_level"}
 
@@ -226,6 +245,7 @@ def _positive(settings: Settings) -> None:
         ("callbacks.timeout_seconds", settings.callbacks.timeout_seconds),
         ("limits.min_deadline_seconds", settings.limits.min_deadline_seconds),
         ("limits.max_history_page", settings.limits.max_history_page),
+        ("console.session_hours", settings.console.session_hours),
     ]
     for key, value in checks:
         if value <= 0:
@@ -242,6 +262,12 @@ def _positive(settings: Settings) -> None:
         raise ConfigError(
             f"{settings.source}: log_level: must be one of {', '.join(LOG_LEVELS)}, "
             f"got {settings.log_level!r}"
+        )
+    public = urlsplit(settings.server.public_url)
+    if settings.server.public_url and not (public.scheme in ("http", "https") and public.netloc):
+        raise ConfigError(
+            f"{settings.source}: server.public_url: must be an http:// or https:// URL, "
+            f"got {settings.server.public_url!r}"
         )
     if not settings.database_url.startswith(("sqlite", "postgresql")):
         raise ConfigError(

@@ -6,13 +6,17 @@ import random
 import re
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
+from reconciler.config import Settings
+from reconciler.demo import run
 from reconciler.demo.report import OpOutcome, RunReport, fixed_poller_requests, render_report
 from reconciler.demo.run import plan_batch, prepare_directory
 from reconciler.errors import DemoFailed
+from tests.support.console import operator_client
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = (
@@ -110,3 +114,26 @@ def test_only_a_demo_directory_is_wiped(tmp_path: Path):
     (made / "reconciler.db").write_text("old run")
     again = prepare_directory(made)
     assert not (again / "reconciler.db").exists()
+
+
+@pytest.mark.slow
+def test_keep_serving_leaves_the_escalations_in_the_console(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: dict[str, str] = {}
+
+    def look(console_url: str, operator_token: str) -> None:
+        # What an operator does at the prompt, instead of waiting for Ctrl-C.
+        base = console_url.removesuffix("/console")
+        with closing(operator_client(base, operator_token)) as client:
+            seen["inbox"] = client.get("/console", params={"state": "escalated"}).text
+
+    monkeypatch.setattr(run, "serve_until_interrupted", look)
+    options = run.DemoOptions(
+        operations=8, timeout=60, keep_serving=True, directory=tmp_path / "demo-run"
+    )
+    assert run.run_demo(options, Settings()) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^operator console http://127\.0\.0\.1:\d+/console$", out, re.MULTILINE)
+    assert "Needs a decision" in seen["inbox"]
+    assert seen["inbox"].count('class="escalated-row"') >= 2  # rate_limited, unknown_state

@@ -10,6 +10,8 @@ from starlette.routing import BaseRoute
 
 from reconciler.api import docs, health, operations, webhooks
 from reconciler.api.errors import HANDLERS
+from reconciler.console.routes import ROUTES as CONSOLE_ROUTES
+from reconciler.console.web import ConsoleState
 from reconciler.engine.background import Background
 from reconciler.runtime import Runtime
 
@@ -27,8 +29,15 @@ def create_app(runtime: Runtime, *, background: bool = True) -> Starlette:
             await runtime.close()
 
     # The provider endpoint first: it carries the most traffic.
-    routes: list[BaseRoute] = [*webhooks.ROUTES, *operations.ROUTES, *health.ROUTES, *docs.ROUTES]
+    routes: list[BaseRoute] = [
+        *webhooks.ROUTES,
+        *operations.ROUTES,
+        *health.ROUTES,
+        *docs.ROUTES,
+        *CONSOLE_ROUTES,
+    ]
     app = Starlette(routes=routes, exception_handlers=dict(HANDLERS), lifespan=lifespan)
     app.state.runtime = runtime
     app.state.background = worker
+    app.state.console = ConsoleState.build(runtime)
     return app

@@ -219,3 +219,49 @@ def authenticate(
 def require_operator(principal: Principal) -> None:
     if not principal.is_operator:
         raise PermissionDenied("this action needs an operator token")
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A presented token as the console's sign-in sees it: which row, whose, still valid."""
+
+    token_id: int
+    principal: Principal
+    revoked: bool
+
+
+def standing_of(conn: Connection, token: str, now: datetime | None = None) -> Standing | None:
+    """The token's row (revoked or not), or None for a token this service never made.
+
+    An expired token stands as revoked: it may not sign in.
+    """
+    wanted = digest(token.strip())
+    row = conn.execute(
+        sa.select(
+            TOKENS.c.id,
+            TOKENS.c.name,
+            TOKENS.c.scope,
+            TOKENS.c.token_hash,
+            TOKENS.c.revoked_at,
+            TOKENS.c.expires_at,
+        ).where(TOKENS.c.token_hash == wanted)
+    ).first()
+    if row is None or not hmac.compare_digest(row.token_hash, wanted):
+        return None
+    expired = row.expires_at is not None and now is not None and row.expires_at <= now
+    principal = Principal(row.name, Scope(row.scope), row.expires_at)
+    return Standing(row.id, principal, row.revoked_at is not None or expired)
+
+
+def principal_by_id(conn: Connection, token_id: int, now: datetime | None = None) -> Principal:
+    """The principal of a token that is still valid, by row id (a console session's anchor)."""
+    row = conn.execute(
+        sa.select(TOKENS.c.name, TOKENS.c.scope, TOKENS.c.expires_at).where(
+            TOKENS.c.id == token_id, TOKENS.c.revoked_at.is_(None)
+        )
+    ).first()
+    if row is None:
+        raise AuthenticationFailed("the token behind this session was revoked; sign in again")
+    if row.expires_at is not None and now is not None and row.expires_at <= now:
+        raise AuthenticationFailed("the token behind this session has expired; sign in again")
+    return Principal(name=row.name, scope=Scope(row.scope), expires_at=row.expires_at)
