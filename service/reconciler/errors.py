@@ -7,6 +7,8 @@ ReconcilerError                    root; ``code`` is the stable machine-readable
 ├── InvalidRequest                 bad input: the message says what to fix          (400)
 │   ├── PayloadTooLarge            a body over its limit                             (413)
 │   ├── ForbiddenAddress           a callback URL the SSRF guard refuses             (400)
+│   ├── UnstorableContent          verified content no database can store (a webhook: 400, so
+│   │                              the sender stops retrying what can never succeed)
 │   └── UnsafePathValue            a value that cannot be placed in a URL path       (400)
 ├── AuthenticationFailed           no, or a bad, bearer token                        (401)
 │   └── SignatureRejected          a webhook that fails verification; nothing stored (401)
@@ -15,6 +17,8 @@ ReconcilerError                    root; ``code`` is the stable machine-readable
 ├── Conflict                       contradicts what is already recorded              (409)
 │   ├── IdempotencyConflict        the same idempotency key for another request
 │   └── DecisionNotAllowed         an option that was not offered, or a second decision
+├── QuotaExceeded                  an agent's operations in flight or create rate     (429)
+├── ClientDisconnected             the client went away before its body arrived (logged at info)
 ├── RemoteError                    a provider or an agent's receiver gave no usable answer
 │   └── ResolutionFailed           a callback host did not resolve (a later try may work)
 ├── ServiceError                   reconciler.client: the service answered 5xx or was unreachable
@@ -85,6 +89,12 @@ class ForbiddenAddress(InvalidRequest):
         self.verdict = verdict  # an ``outbound.ssrf.Verdict``: which address, and why
 
 
+class UnstorableContent(InvalidRequest):
+    """Content that cannot be stored as text (a lone surrogate, a NUL character)."""
+
+    code = "content_unstorable"
+
+
 class UnsafePathValue(InvalidRequest):
     """A value cannot be placed in a URL path safely (empty, ``.`` or ``..`` segment)."""
 
@@ -134,6 +144,22 @@ class IdempotencyConflict(Conflict):
 
 class DecisionNotAllowed(Conflict):
     code = "decision_not_allowed"
+
+
+class QuotaExceeded(ReconcilerError):
+    """An agent reached one of its quotas; ``retry_after_seconds`` says when one frees."""
+
+    code = "quota_exceeded"
+
+    def __init__(self, message: str, retry_after_seconds: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
+
+
+class ClientDisconnected(ReconcilerError):
+    """The client closed the connection before its request body was complete: no answer."""
+
+    code = "client_disconnected"
 
 
 class RemoteError(ReconcilerError):

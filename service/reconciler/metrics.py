@@ -88,6 +88,12 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.client_disconnects = Counter(
+            "reconciler_client_disconnects",
+            "Requests whose client went away before the body arrived, by endpoint family.",
+            ["endpoint"],
+            registry=r,
+        )
         self._webhook_children: dict[tuple[str, str], Any] = {}
         self.hook_runs = Counter(
             "reconciler_hook_runs",

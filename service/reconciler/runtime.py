@@ -18,6 +18,7 @@ from reconciler.commands.create import ProviderLimits
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Secret, Settings
 from reconciler.core.clock import Clock, SystemClock
 from reconciler.core.ids import worker_id
+from reconciler.core.quotas import Quota
 from reconciler.core.signatures import Verifier, build_verifier, decode_whsec
 from reconciler.engine.group_commit import GroupCommitter
 from reconciler.engine.wakeups import Notifier
@@ -54,6 +55,8 @@ class Runtime:
     metrics: Metrics = field(default_factory=Metrics)
     # Authenticated principals by digest of the Authorization header, with their expiry.
     token_cache: dict[str, tuple[Principal, float]] = field(default_factory=dict)
+    # The bearer token /metrics asks for ([server] metrics_token_env); None: /metrics is open.
+    metrics_token: Secret | None = None
 
     def __post_init__(self) -> None:
         self.webhooks = GroupCommitter(
@@ -97,6 +100,7 @@ class Runtime:
             callback_key=_callback_key(settings, env),
             allow_hosts=ssrf.as_allow_list(settings.callbacks.allow_hosts),
             transport=transport,
+            metrics_token=settings.metrics_token(env),
         )
         for name, spec in providers.items():
             if spec.webhook is not None:
@@ -120,11 +124,14 @@ class Runtime:
 
     def limits_for(self, provider: str) -> ProviderLimits:
         spec = self.providers[provider]
+        limits = self.settings.limits
         return ProviderLimits(
             deadline_seconds=spec.polling.deadline_seconds,
             max_status_requests=spec.polling.max_status_requests,
             max_transport_failures=spec.polling.max_transport_failures,
             create_deadline_seconds=spec.create.create_deadline_seconds,
+            min_deadline_seconds=limits.min_deadline_seconds,
+            quota=Quota(limits.max_operations_in_flight, limits.max_creates_per_minute),
         )
 
     def check_callback_url(self, url: str) -> None:

@@ -18,7 +18,7 @@ from standardwebhooks import Webhook
 
 from tests.support import hooks
 from tests.support.hooks import CallbackReceiver, Delivery, Reply, serve_receiver, wait_until
-from tests.support.stack import CALLBACK_SECRET, Stack, running_stack
+from tests.support.stack import Stack, running_stack
 
 MAX_ATTEMPTS = 3
 CALLBACKS = {
@@ -49,9 +49,10 @@ def start(stack: Stack, callback_url: str, request: dict[str, Any] | None = None
     return op_id
 
 
-def verified(delivery: Delivery) -> dict[str, Any]:
-    """The event, after the independent library checked its signature."""
-    payload: dict[str, Any] = Webhook(CALLBACK_SECRET).verify(delivery.body, delivery.headers)
+def verified(delivery: Delivery, stack: Stack) -> dict[str, Any]:
+    """The event, after the independent library checked its signature with the agent's secret."""
+    secret = stack.callback_secret()
+    payload: dict[str, Any] = Webhook(secret).verify(delivery.body, delivery.headers)
     return payload
 
 
@@ -79,7 +80,7 @@ def test_callback_is_signed_and_carries_the_finished_operation(tmp_path: Path, d
     with callback_stack(tmp_path, db_url) as (stack, receiver, cb_url):
         op_id = start(stack, f"{cb_url}/cb/ok")
         (delivery,) = deliveries(receiver, "ok", 1)
-        event = verified(delivery)
+        event = verified(delivery, stack)
         assert delivery.headers["content-type"] == "application/json"
         assert delivery.webhook_id == op_id  # stable per operation
         assert event["type"] == "operation.completed"
@@ -100,7 +101,7 @@ def test_retries_keep_the_same_webhook_id(tmp_path: Path, db_url: str):
         wait_until(lambda: hooks.completion_finished(stack.runtime.db, op_id), 10, "closing")
         assert len(receiver.deliveries("flaky")) == 3
         assert {d.webhook_id for d in got} == {op_id}
-        assert all(verified(d)["operation"]["id"] == op_id for d in got)
+        assert all(verified(d, stack)["operation"]["id"] == op_id for d in got)
         assert [f["http_status"] for f in step_failures(stack, op_id)] == [500, 503]
         assert stack.get(op_id, operator=True)["escalation"] is None
 
@@ -196,7 +197,7 @@ def test_failing_receiver_exhausts_attempts_then_extend_redelivers(tmp_path: Pat
         assert decided.status_code == 200, decided.text
         again = deliveries(receiver, "down", MAX_ATTEMPTS + 1)
         assert again[-1].webhook_id == op_id
-        assert verified(again[-1])["operation"]["state"] == "succeeded"
+        assert verified(again[-1], stack)["operation"]["state"] == "succeeded"
         wait_until(lambda: hooks.completion_finished(stack.runtime.db, op_id), 10, "closing")
         steps = hooks.completion_steps(stack.runtime.db, op_id)
         assert (steps["callback"]["status"], steps["callback"]["attempts"]) == ("done", 1)

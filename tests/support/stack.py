@@ -23,8 +23,9 @@ from fixtures.provider_sim import create_app as create_sim
 
 from reconciler.api.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.runtime import Runtime
-from reconciler.storage.tokens import create_token
+from reconciler.storage.tokens import callback_salt, create_token
 from tests.support.servers import serve_asgi
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,6 +125,13 @@ class Stack:
         response.raise_for_status()
         entries: list[dict[str, Any]] = response.json()["entries"]
         return entries
+
+    def callback_secret(self, name: str = "agent-1") -> str:
+        """The agent's own callback secret (what ``tokens create`` shows it once)."""
+        with self.runtime.db.read() as conn:
+            salt = callback_salt(conn, name)
+        assert salt is not None and self.runtime.callback_key is not None
+        return as_whsec(agent_key(self.runtime.callback_key, salt))
 
     def sim_job(self, job_id: str) -> dict[str, Any]:
         response = httpx.get(f"{self.sim_url}/_sim/jobs/{job_id}", timeout=10)

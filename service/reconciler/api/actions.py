@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from reconciler.api.validation import ListQuery, parse_cancel, parse_create
+from reconciler.api.validation import ListQuery, history_cursor, parse_cancel, parse_create
 from reconciler.commands import create as creating
 from reconciler.commands.cancel import cancel as commands_cancel
 from reconciler.console.providers import webhook_trust
@@ -23,7 +23,7 @@ from reconciler.core.views import history_entry_view
 from reconciler.providers.views import provider_view
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
-from reconciler.storage.history import history_of
+from reconciler.storage.history import history_page
 from reconciler.storage.models import Operation
 from reconciler.storage.tokens import Principal
 from reconciler.storage.views import operation_views, view_of
@@ -130,13 +130,22 @@ async def page(rt: Runtime, who: Principal, query: ListQuery) -> dict[str, Any]:
     return await rt.db.run(load)
 
 
-async def history(rt: Runtime, who: Principal, op_id: str) -> dict[str, Any]:
-    def load() -> list[dict[str, Any]]:
+async def history(
+    rt: Runtime, who: Principal, op_id: str, limit: int, after: int = 0
+) -> dict[str, Any]:
+    """One page of the history, oldest first; ``next_cursor`` continues it (null at the end)."""
+
+    def load() -> dict[str, Any]:
         with rt.db.read() as conn:
             store.visible_operation(conn, op_id, who)
-            return [history_entry_view(e) for e in history_of(conn, op_id)]
+            entries, last = history_page(conn, op_id, after, limit)
+        return {
+            "operation_id": op_id,
+            "entries": [history_entry_view(e) for e in entries],
+            "next_cursor": history_cursor(last),
+        }
 
-    return {"operation_id": op_id, "entries": await rt.db.run(load)}
+    return await rt.db.run(load)
 
 
 async def providers(rt: Runtime, who: Principal) -> dict[str, Any]:

@@ -3,8 +3,9 @@ token cache the console shares.
 
 Verified tokens are remembered for a few seconds (by digest, never the token
 itself) so that a busy agent does not cost a database read per request;
-a token revoked in the database stops working within that window. Console
-sessions are remembered by token row in the same cache, with the same window.
+a token revoked in the database stops working within that window, and an
+expired one at its expiry, cached or not. Console sessions are remembered by
+token row in the same cache, with the same window.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from sqlalchemy.engine import Connection
 from starlette.requests import Request
 
+from reconciler.errors import AuthenticationFailed
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import Principal, authenticate, digest
 
@@ -33,6 +35,9 @@ async def cached_principal(
     if key is not None:
         hit = cache.get(key)
         if hit is not None and hit[1] > time.monotonic():
+            expires = hit[0].expires_at
+            if expires is not None and expires <= runtime.clock.now():
+                raise AuthenticationFailed("the bearer token has expired")
             return hit[0]
 
     def _lookup() -> Principal:
@@ -55,4 +60,5 @@ async def principal(request: Request) -> Principal:
 async def principal_for(runtime: Runtime, header: str | None) -> Principal:
     """Who sends this ``Authorization`` header, or ``AuthenticationFailed``."""
     key = digest(header) if header else None
-    return await cached_principal(runtime, key, lambda conn: authenticate(conn, header))
+    now = runtime.clock.now()
+    return await cached_principal(runtime, key, lambda conn: authenticate(conn, header, now))

@@ -192,6 +192,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         404: "Not found (or not yours).",
         409: "Conflicts with what is recorded.",
         413: "Body too large.",
+        429: "A quota of this agent is reached; Retry-After says when to try again.",
         503: "Storage unavailable; retry.",
     }
     return {str(c): {"description": words[c], **_json("Error")} for c in codes}
@@ -201,7 +202,9 @@ def _op_id() -> dict[str, Any]:
     return {"name": "op_id", "in": "path", "required": True, "schema": {"type": "string"}}
 
 
-def document(providers: list[str], wait_max_seconds: float) -> dict[str, Any]:
+def document(
+    providers: list[str], wait_max_seconds: float, history_page_max: int = 1000
+) -> dict[str, Any]:
     """The OpenAPI document for this running service."""
     create = {
         "type": "object",
@@ -242,10 +245,11 @@ def document(providers: list[str], wait_max_seconds: float) -> dict[str, Any]:
     }
     history = {
         "type": "object",
-        "required": ["operation_id", "entries"],
+        "required": ["operation_id", "entries", "next_cursor"],
         "properties": {
             "operation_id": {"type": "string"},
             "entries": {"type": "array", "items": {"$ref": "#/components/schemas/HistoryEntry"}},
+            "next_cursor": _nullable({"type": "string"}),
         },
     }
     secured: list[dict[str, list[str]]] = [{"bearer": []}]
@@ -287,7 +291,7 @@ def document(providers: list[str], wait_max_seconds: float) -> dict[str, Any]:
                             "description": "Same key and request: the stored operation.",
                             **_json("Operation"),
                         },
-                        **_errors(400, 401, 409, 413, 503),
+                        **_errors(400, 401, 409, 413, 429, 503),
                     },
                 },
                 "get": {
@@ -373,12 +377,24 @@ def document(providers: list[str], wait_max_seconds: float) -> dict[str, Any]:
             },
             "/v1/operations/{op_id}/history": {
                 "get": {
-                    "summary": "Transitions and observations, oldest first.",
+                    "summary": "Transitions and observations, oldest first, a page at a time.",
                     "security": secured,
-                    "parameters": [_op_id()],
+                    "parameters": [
+                        _op_id(),
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "schema": {
+                                "type": "integer",
+                                "minimum": 1,
+                                "maximum": history_page_max,
+                            },
+                        },
+                        {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+                    ],
                     "responses": {
-                        "200": {"description": "The history.", **_json("History")},
-                        **_errors(401, 404, 503),
+                        "200": {"description": "One page of the history.", **_json("History")},
+                        **_errors(400, 401, 404, 503),
                     },
                 },
             },

@@ -9,7 +9,7 @@ from starlette.routing import Route
 from reconciler.api import actions
 from reconciler.api.auth import principal as authenticate
 from reconciler.api.bodies import read_limited
-from reconciler.api.validation import parse_decision, parse_list_params
+from reconciler.api.validation import parse_decision, parse_history_params, parse_list_params
 from reconciler.commands.decide import decide as commands_decide
 from reconciler.core.strict_json import parse_json
 from reconciler.errors import InvalidRequest
@@ -104,9 +104,11 @@ async def decide(request: Request) -> Response:
 
 
 async def history(request: Request) -> Response:
+    """One page of the history, oldest first; ``next_cursor`` continues it (null at the end)."""
     rt = _rt(request)
     who = await authenticate(request)
-    return JSONResponse(await actions.history(rt, who, request.path_params["op_id"]))
+    limit, after = parse_history_params(request.query_params, rt.settings.limits.max_history_page)
+    return JSONResponse(await actions.history(rt, who, request.path_params["op_id"], limit, after))
 
 
 ROUTES += [

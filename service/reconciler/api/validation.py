@@ -5,6 +5,8 @@ Pure: a parsed JSON value in, a typed request out (or ``InvalidRequest``).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -13,6 +15,7 @@ from typing import Any
 from reconciler.core.canonical import canonical_json
 from reconciler.core.operator_decision import DecisionRequest
 from reconciler.core.states import State
+from reconciler.core.strict_json import require_text
 from reconciler.core.vocabulary import DecisionAction
 from reconciler.errors import InvalidRequest
 from reconciler.storage.operations import MAX_PAGE
@@ -105,6 +108,7 @@ def parse_create(
     body: Any, known_providers: Mapping[str, object], check_callback: Callable[[str], object]
 ) -> CreateRequest:
     data = _object(body, "the request body")
+    require_text(data)
     _unknown(data, CREATE_FIELDS)
     provider = _string(data, "provider", required=True, max_len=100)
     assert provider is not None
@@ -145,12 +149,14 @@ def parse_cancel(body: Any) -> CancelRequest:
     if body is None:
         return CancelRequest(reason=None)
     data = _object(body, "the request body")
+    require_text(data)
     _unknown(data, {"reason"})
     return CancelRequest(reason=_string(data, "reason", required=False, max_len=MAX_CANCEL_REASON))
 
 
 def parse_decision(body: Any) -> DecisionRequest:
     data = _object(body, "the request body")
+    require_text(data)
     _unknown(data, {"action", "extra_seconds", "extra_status_requests"})
     action_text = _string(data, "action", required=True, max_len=20) or ""
     try:
@@ -226,3 +232,38 @@ def parse_list_params(params: Mapping[str, str]) -> ListQuery:
             raise InvalidRequest("'done' must be true or false")
         values["done"] = words[params["done"]]
     return parse_list(values, "query parameter")
+
+
+HISTORY_CURSOR = "seq:"
+BAD_HISTORY_CURSOR = "cursor is not valid; pass the next_cursor of a previous history page"
+
+
+def history_cursor(seq: int | None) -> str | None:
+    """The cursor that continues a history page after entry ``seq`` (None at the end)."""
+    if seq is None:
+        return None
+    return base64.urlsafe_b64encode(f"{HISTORY_CURSOR}{seq}".encode()).decode().rstrip("=")
+
+
+def _history_after(raw: str | None) -> int:
+    if raw is None:
+        return 0
+    try:
+        text = base64.urlsafe_b64decode((raw + "=" * (-len(raw) % 4)).encode()).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidRequest(BAD_HISTORY_CURSOR) from None
+    number = text.removeprefix(HISTORY_CURSOR)
+    if not text.startswith(HISTORY_CURSOR) or not (number.isascii() and number.isdigit()):
+        raise InvalidRequest(BAD_HISTORY_CURSOR)
+    return int(number[:18])
+
+
+def parse_history_params(params: Mapping[str, str], most: int) -> tuple[int, int]:
+    """``(limit, after_seq)`` from ``?limit=&cursor=`` of a history request."""
+    extra = sorted(set(params) - {"limit", "cursor"})
+    if extra:
+        raise InvalidRequest(f"unknown query parameter(s): {', '.join(extra)}")
+    raw_limit = params.get("limit", str(most))
+    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit[:9]) <= most:
+        raise InvalidRequest(f"'limit' must be a whole number from 1 to {most}")
+    return int(raw_limit), _history_after(params.get("cursor"))

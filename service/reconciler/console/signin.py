@@ -120,7 +120,7 @@ async def sign_in(request: Request) -> Response:
 
     def lookup() -> Standing | None:
         with rt.db.read() as conn:
-            return standing_of(conn, token)
+            return standing_of(conn, token, now)
 
     found = await rt.db.run(lookup)
     refusal = _refusal(found)

@@ -115,7 +115,9 @@ async def operator(request: Request) -> Operator:
         raise SignInNeeded("expired" if SESSION_COOKIE in request.cookies else "none")
     try:
         found = await cached_principal(
-            rt, f"console:{session.token_id}", lambda conn: principal_by_id(conn, session.token_id)
+            rt,
+            f"console:{session.token_id}",
+            lambda conn: principal_by_id(conn, session.token_id, rt.clock.now()),
         )
     except errors.AuthenticationFailed:
         raise SignInNeeded("revoked") from None

@@ -40,12 +40,21 @@ def standard_v1_signature(key: bytes, msg_id: str, timestamp: int, body: bytes) 
     return base64.b64encode(mac.digest()).decode("ascii")
 
 
-def sign_standard_webhook(key: bytes, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
-    """The three headers of a Standard Webhooks delivery."""
+def sign_standard_webhook(
+    key: bytes, msg_id: str, timestamp: int, body: bytes, *more_keys: bytes
+) -> dict[str, str]:
+    """The three headers of a Standard Webhooks delivery, one signature per key.
+
+    Several signatures in one header (space-separated) are how a receiver rotating its
+    secret verifies with either the old or the new one.
+    """
+    signatures = " ".join(
+        "v1," + standard_v1_signature(k, msg_id, timestamp, body) for k in (key, *more_keys)
+    )
     return {
         "webhook-id": msg_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": "v1," + standard_v1_signature(key, msg_id, timestamp, body),
+        "webhook-signature": signatures,
     }
 
 

@@ -45,6 +45,7 @@ import reconciler
 from reconciler import logs
 from reconciler.api.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import SystemClock
 from reconciler.core.signatures import StandardWebhooksVerifier
 from reconciler.core.vocabulary import Scope
@@ -62,7 +63,7 @@ from reconciler.errors import DemoFailed, SignatureRejected
 from reconciler.runtime import Runtime
 from reconciler.storage import audit, migrate
 from reconciler.storage.database import Database
-from reconciler.storage.tokens import create_token
+from reconciler.storage.tokens import callback_salt, create_token
 
 HOST = "127.0.0.1"
 PROVIDER = "sim"
@@ -309,7 +310,7 @@ class CallbackReceiver:
     """The agent's side: verifies each callback's signature and counts it per webhook-id."""
 
     def __init__(self, secret: str) -> None:
-        self._verifier = StandardWebhooksVerifier([secret], clock=SystemClock())
+        self.trust(secret)
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self._rejected = 0
@@ -326,6 +327,10 @@ class CallbackReceiver:
         with self._lock:
             self._counts[verified.event_id or ""] += 1
         return Response(status_code=204)
+
+    def trust(self, secret: str) -> None:
+        """Verify with ``secret`` from now on: the agent's own, once its token exists."""
+        self._verifier = StandardWebhooksVerifier([secret], clock=SystemClock())
 
     def counts(self) -> tuple[Counter[str], int]:
         with self._lock:
@@ -377,12 +382,15 @@ def service_logs(path: Path, level: str) -> Iterator[None]:
         handler.close()
 
 
-def _make_tokens(runtime: Runtime) -> tuple[str, str]:
+def _make_tokens(runtime: Runtime) -> tuple[str, str, str]:
+    """The agent's and the operator's tokens, and the agent's own callback secret."""
     now = runtime.clock.now()
     with runtime.db.write() as conn:
         agent = create_token(conn, "demo-agent", Scope.AGENT.value, now)
         operator = create_token(conn, "demo-operator", Scope.OPERATOR.value, now)
-    return agent, operator
+        salt = callback_salt(conn, "demo-agent")
+    assert runtime.callback_key is not None and salt is not None
+    return agent, operator, as_whsec(agent_key(runtime.callback_key, salt))
 
 
 # --- driving the batch -----------------------------------------------------------------
@@ -687,7 +695,8 @@ def _run(options: DemoOptions, base: Settings, workdir: Path, started: float) ->
         settings = demo_settings(base, workdir, sim_root, sim_url)
         runtime = Runtime.build(settings, environ=environ)
         migrate.upgrade(runtime.db)
-        tokens = _make_tokens(runtime)
+        *tokens, agent_secret = _make_tokens(runtime)
+        receiver.trust(agent_secret)
         service_url = stack.enter_context(
             serve_in_thread(create_app(runtime), "service", service_sock)
         )
@@ -696,7 +705,7 @@ def _run(options: DemoOptions, base: Settings, workdir: Path, started: float) ->
         urls = (service_url, sim_url, f"{receiver_url}/callbacks")
         deadline = started + options.timeout
         batch = asyncio.run(
-            run_batch(urls, tokens, receiver, (planned, repeats), started, deadline)
+            run_batch(urls, (tokens[0], tokens[1]), receiver, (planned, repeats), started, deadline)
         )
         mcp = _walk_mcp(service_url, tokens[0])
         key = settings.audit_key(environ)

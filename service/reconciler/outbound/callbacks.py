@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import random
 import ssl
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -206,15 +206,26 @@ class CallbackClient:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def deliver(self, url: str, webhook_id: str, event: Mapping[str, Any]) -> DeliveryOutcome:
-        """One attempt: check, resolve, sign, POST to the checked address, classify."""
+    async def deliver(
+        self,
+        url: str,
+        webhook_id: str,
+        event: Mapping[str, Any],
+        signing_keys: Sequence[bytes] | None = None,
+    ) -> DeliveryOutcome:
+        """One attempt: check, resolve, sign, POST to the checked address, classify.
+
+        ``signing_keys`` are the receiving agent's own keys (its current one first; in a
+        rotation window the previous one too); without them the client's key signs.
+        """
         _check_webhook_id(webhook_id)
+        keys = tuple(signing_keys) if signing_keys else (self._key,)
         body = canonical_json(event).encode("utf-8")
         started = self._clock.monotonic()
         progress = _Progress()
         try:
             async with asyncio.timeout(self._timeout):
-                outcome = await self._attempt(url, webhook_id, body, progress)
+                outcome = await self._attempt(url, webhook_id, body, progress, keys)
         except TimeoutError:
             # Once the status line has arrived, the receiver has answered; a body
             # still dripping at the deadline does not change that answer.
@@ -225,7 +236,12 @@ class CallbackClient:
         return replace(outcome, elapsed_ms=round(elapsed * 1000))
 
     async def _attempt(
-        self, url: str, webhook_id: str, body: bytes, progress: _Progress
+        self,
+        url: str,
+        webhook_id: str,
+        body: bytes,
+        progress: _Progress,
+        keys: tuple[bytes, ...],
     ) -> DeliveryOutcome:
         try:
             checked = ssrf.check_url(url, self._allow)
@@ -240,7 +256,7 @@ class CallbackClient:
             "Content-Type": "application/json",
             "Accept-Encoding": "identity",
             "User-Agent": USER_AGENT,
-            **sign_standard_webhook(self._key, webhook_id, timestamp, body),
+            **sign_standard_webhook(keys[0], webhook_id, timestamp, body, *keys[1:]),
         }
         extensions: dict[str, Any] = {}
         if checked.scheme == "https" and checked.address is None:
