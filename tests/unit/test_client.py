@@ -370,3 +370,29 @@ def test_the_memory_store_forgets_expired_keys_and_stays_bounded() -> None:
     assert not store.remember("a", 150) and not store.remember("c", 200)
     assert store.remember("e", 300)  # still full of live keys: the least recently seen goes
     assert store.remember("d", 300)
+
+
+def test_history_follows_the_service_pages() -> None:
+    def entry(seq: int) -> dict[str, Any]:
+        return {
+            "seq": seq,
+            "at": "2026-01-01T00:00:00Z",
+            "kind": "note",
+            "actor": "a",
+            "cause": "c",
+        }
+
+    pages = {None: ([1, 2], "c2"), "c2": ([3], "c3"), "c3": ([4], None)}
+    asked: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        cursor = request.url.params.get("cursor")
+        asked.append(cursor)
+        seqs, following = pages[cursor]
+        body = {"operation_id": "op_1", "entries": [entry(s) for s in seqs]}
+        return httpx.Response(200, json={**body, "next_cursor": following})
+
+    with client_with(handler) as api:
+        entries = api.history("op_1")
+    assert [e.seq for e in entries] == [1, 2, 3, 4]
+    assert asked == [None, "c2", "c3"]

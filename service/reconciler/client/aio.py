@@ -151,7 +151,16 @@ class AsyncClient:
         )
 
     async def history(self, op_id: str) -> builtins.list[HistoryEntry]:
-        return await self._send(calls.history(op_id))
+        """Every entry, oldest first (the service pages them; this follows the pages)."""
+        entries: builtins.list[HistoryEntry] = []
+        cursor: str | None = None
+        for _ in range(calls.MAX_HISTORY_PAGES):
+            page = await self._send(calls.history(op_id, cursor))
+            entries.extend(page.entries)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        return entries
 
     async def providers(self) -> builtins.list[Provider]:
         return await self._send(calls.providers())

@@ -17,11 +17,10 @@ from urllib.parse import quote
 
 from reconciler import errors
 from reconciler.client.model import (
-    HistoryEntry,
+    HistoryPage,
     Operation,
     Page,
     Provider,
-    history_from_json,
     providers_from_json,
 )
 
@@ -51,6 +50,10 @@ _STATUSES: dict[int, type[errors.ReconcilerError]] = {
     409: errors.Conflict,
     413: errors.PayloadTooLarge,
 }
+
+
+# A history is paged by the service; a client follows at most this many pages.
+MAX_HISTORY_PAGES = 10_000
 
 
 @dataclass(frozen=True)
@@ -153,8 +156,10 @@ def listing(
     return Call("GET", "/v1/operations", Page.from_json, params=params)
 
 
-def history(op_id: str) -> Call[list[HistoryEntry]]:
-    return Call("GET", f"/v1/operations/{_segment(op_id)}/history", history_from_json)
+def history(op_id: str, cursor: str | None = None) -> Call[HistoryPage]:
+    params = _drop_none({"cursor": cursor})
+    path = f"/v1/operations/{_segment(op_id)}/history"
+    return Call("GET", path, HistoryPage.from_json, params=params)
 
 
 def providers() -> Call[list[Provider]]:

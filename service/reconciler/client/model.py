@@ -190,9 +190,19 @@ class HistoryEntry:
         )
 
 
-def history_from_json(data: Any) -> list[HistoryEntry]:
-    body = _object(data, "a history")
-    return [HistoryEntry.from_json(entry) for entry in body.get("entries", [])]
+@dataclass(frozen=True)
+class HistoryPage:
+    """One page of an operation's history; ``next_cursor`` is None on the last page."""
+
+    entries: list[HistoryEntry]
+    next_cursor: str | None
+
+    @classmethod
+    def from_json(cls, data: Any) -> HistoryPage:
+        body = _object(data, "a history")
+        entries = [HistoryEntry.from_json(entry) for entry in body.get("entries", [])]
+        cursor = body.get("next_cursor")
+        return cls(entries, cursor if isinstance(cursor, str) and cursor else None)
 
 
 @dataclass(frozen=True)

@@ -173,7 +173,16 @@ class Client:
         )
 
     def history(self, op_id: str) -> builtins.list[HistoryEntry]:
-        return self._send(calls.history(op_id))
+        """Every entry, oldest first (the service pages them; this follows the pages)."""
+        entries: builtins.list[HistoryEntry] = []
+        cursor: str | None = None
+        for _ in range(calls.MAX_HISTORY_PAGES):
+            page = self._send(calls.history(op_id, cursor))
+            entries.extend(page.entries)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        return entries
 
     def providers(self) -> builtins.list[Provider]:
         return self._send(calls.providers())
