@@ -19,6 +19,7 @@ from reconciler.config import DEFAULT_PROVIDERS_DIR, Secret, Settings
 from reconciler.core.clock import Clock, SystemClock
 from reconciler.core.ids import worker_id
 from reconciler.core.signatures import Verifier, build_verifier, decode_whsec
+from reconciler.core.trust import TrustView
 from reconciler.engine.group_commit import GroupCommitter
 from reconciler.engine.wakeups import Notifier
 from reconciler.errors import ConfigError, InvalidRequest
@@ -29,6 +30,7 @@ from reconciler.providers.http_adapter import build_adapter
 from reconciler.providers.loader import load_providers
 from reconciler.providers.spec import ProviderSpec, WebhookSpec, webhook_secrets
 from reconciler.storage import operations as store
+from reconciler.storage import trust
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.tokens import Principal
@@ -60,6 +62,13 @@ class Runtime:
             self.db, self.journal, self.clock.now, on_hint=self.notifier.wake
         )
         self.metrics.watch_states(self._state_counts)
+        self.metrics.watch_trust(self.trust_views)
+
+    def trust_views(self) -> dict[str, TrustView]:
+        """Every provider's webhook trust as operators see it (``storage.trust.trust_views``)."""
+        policies = {name: spec.polling.trust() for name, spec in self.providers.items()}
+        with self.db.read() as conn:
+            return trust.trust_views(conn, policies)
 
     def _state_counts(self) -> dict[str, int]:
 
