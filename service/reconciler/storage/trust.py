@@ -23,6 +23,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
+from reconciler.core.states import State
 from reconciler.core.trust import Change, Health, TrustPolicy, TrustState, TrustView, Verdict
 from reconciler.core.trust import count as count_verdict
 from reconciler.core.trust import view as trust_view_of
@@ -230,10 +231,13 @@ def judge(
 
 
 def stretched_operations(conn: Connection, provider: str, limit: int) -> list[Operation]:
-    """Operations of ``provider`` waiting on a stretched schedule, locked (PostgreSQL)."""
+    """Observing operations of ``provider`` on a stretched schedule, locked (PostgreSQL).
+
+    Rows another transaction holds are skipped: the next sweep finds them again.
+    """
     query = (
         sa.select(OPS)
-        .where(OPS.c.provider == provider, STRETCHED)
+        .where(OPS.c.provider == provider, STRETCHED, OPS.c.state == State.OBSERVING.value)
         .order_by(OPS.c.next_poll_at)
         .limit(limit)
     )
@@ -242,10 +246,14 @@ def stretched_operations(conn: Connection, provider: str, limit: int) -> list[Op
     return [operation_record(row) for row in conn.execute(query).mappings()]
 
 
-def stretched_providers(conn: Connection) -> set[str]:
-    """Providers that have any operation on a stretched schedule (a probe of the index)."""
-    rows = conn.execute(sa.select(OPS.c.provider).where(STRETCHED).distinct())
-    return {str(r.provider) for r in rows}
+def has_stretched(conn: Connection, provider: str) -> bool:
+    """Whether any operation of ``provider`` waits on a stretched schedule (an index probe)."""
+    row = conn.execute(
+        sa.select(OPS.c.id)
+        .where(OPS.c.provider == provider, STRETCHED, OPS.c.state == State.OBSERVING.value)
+        .limit(1)
+    ).first()
+    return row is not None
 
 
 def last_webhook_at(conn: Connection, provider: str) -> datetime | None:

@@ -22,7 +22,7 @@ from reconciler.core.create import (
     before_create,
     decide_create,
 )
-from reconciler.core.poll import Stop, first_poll_at
+from reconciler.core.poll import Stop, first_poll
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind
 from reconciler.engine.context import StepContext
@@ -30,6 +30,7 @@ from reconciler.providers.adapter import CallResult, CreateOutcome, LookupOutcom
 from reconciler.storage.journal import Entry
 from reconciler.storage.models import Operation
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
+from reconciler.storage.trust import is_trusted
 from reconciler.storage.webhook_events import attach_orphans
 
 
@@ -226,7 +227,8 @@ class CreateStep:
         ctx = self.ctx
         spec = ctx.spec(op)
         now = ctx.now()
-        first = first_poll_at(now, op.deadline_at, ctx.runtime.rng, ctx.poll_policy(spec))
+        policy = ctx.poll_policy(spec)
+        adaptive = ctx.trust_policy(spec).adaptive
 
         def accept(conn: Connection, fresh: Operation) -> Operation:
             journal = ctx.runtime.journal
@@ -274,10 +276,13 @@ class CreateStep:
                     entries=hints,
                     lease=ctx.lease,
                 )
-            nxt: dict[str, Any] = {
-                "next_poll_at": first,
-                "delay_source": DelaySource.LOCAL_BACKOFF.value,
-            }
+            # The create answer is the first observation: while the provider's webhooks are
+            # trusted, even the first fallback read waits the stretched schedule.
+            trusted = adaptive and is_trusted(conn, op.provider)
+            first, source = first_poll(
+                now, op.deadline_at, ctx.runtime.rng, policy, trusted=trusted
+            )
+            nxt: dict[str, Any] = {"next_poll_at": first, "delay_source": source.value}
             if orphans:
                 nxt = {
                     "next_poll_at": now,
