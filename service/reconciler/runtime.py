@@ -123,7 +123,11 @@ class Runtime:
     def adapter(self, provider: str) -> ProviderAdapter:
         adapter = self.adapters.get(provider)
         if adapter is None:
-            adapter = build_adapter(self.providers[provider], self.environ, self.transport)
+            # The runtime's clock stamps every call: a call's sent_at is compared with times
+            # the service wrote (acceptance, a webhook's arrival), so both need one clock.
+            adapter = build_adapter(
+                self.providers[provider], self.environ, self.transport, clock=self.clock
+            )
             self.adapters[provider] = adapter
         return adapter
 

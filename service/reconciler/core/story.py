@@ -25,6 +25,8 @@ SOURCE_WORDS = {
     DelaySource.WEBHOOK_TRUST.value: "webhook trust",
 }
 
+TRUSTED_WORDS = " (webhooks trusted: this read is only a fallback)"
+
 
 def clock_text(value: Any) -> str:
     """A moment as the story prints it (HH:MM:SS, UTC)."""
@@ -68,7 +70,7 @@ def _status_read(detail: dict[str, Any], source: str | None) -> str:
         return text
     text += _next(detail, source)
     if source == DelaySource.WEBHOOK_TRUST.value:
-        text += " (webhooks trusted: this read is only a fallback)"
+        text += TRUSTED_WORDS
     if detail.get("final_look"):
         text += " (final look before the deadline)"
     return text
@@ -80,6 +82,12 @@ def _transition(entry: HistoryEntry, detail: dict[str, Any]) -> str:
         budget = detail.get("max_status_requests")
         extra = f", deadline {clock_text(deadline)}, budget {budget}" if deadline else ""
         return f"operation created{extra}"
+    if entry.to_state == "observing" and detail.get("next_poll_at"):
+        text = f"{entry.from_state} -> observing, first poll"
+        text += _next(detail, entry.delay_source).removeprefix(", next poll")
+        if entry.delay_source == DelaySource.WEBHOOK_TRUST.value:
+            text += TRUSTED_WORDS
+        return text
     if entry.to_state == "accepted":
         return (
             f"submitted job {detail.get('job_id', '?')} ({_result(detail)} via {detail.get('via')})"

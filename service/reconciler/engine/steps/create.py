@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.clock import isoformat
 from reconciler.core.create import (
     Ambiguous,
     CreateObservation,
@@ -297,6 +298,7 @@ class CreateStep:
                 actor=ctx.actor,
                 cause="observing",
                 now=now,
+                detail={"next_poll_at": isoformat(nxt["next_poll_at"])},
                 changes=nxt,
                 entries=hints,
                 lease=ctx.lease,
