@@ -16,7 +16,7 @@ from reconciler.demo.run import (
     EXPECTED_ENDS,
     WARMUP_COUNT,
     WARMUP_KINDS,
-    DemoError,
+    DemoFailed,
     first_wave,
     plan_batch,
     prepare_directory,
@@ -111,7 +111,7 @@ def test_only_a_demo_directory_is_wiped(tmp_path: Path):
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "notes.txt").write_text("keep me")
-    with pytest.raises(DemoError):
+    with pytest.raises(DemoFailed):
         prepare_directory(precious)
     assert (precious / "notes.txt").exists()
     made = prepare_directory(tmp_path / "demo-run")

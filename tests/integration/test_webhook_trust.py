@@ -58,6 +58,15 @@ def test_trust_is_earned_then_a_job_costs_one_read(tmp_path: Path, db_url: str) 
             lines = rig.story(op_id)
             assert any("from webhook trust" in line for line in lines), lines
             assert rig.view().webhook_first == 4
+            metrics = (await rig.client.get("/metrics")).text
+            assert 'reconciler_webhook_trust_state{provider="sim",state="trusted"} 1.0' in metrics
+            assert 'reconciler_webhook_trust_state{provider="sim",state="learning"} 0.0' in metrics
+            assert 'reconciler_webhook_first_share{provider="sim"} 1.0' in metrics
+            assert 'reconciler_webhook_misses{provider="sim"} 0.0' in metrics
+            assert 'reconciler_status_reads_per_operation_count{provider="sim"} 4.0' in metrics
+            assert 'reconciler_status_reads_per_operation_bucket{le="1.0",provider="sim"} 1.0' in (
+                metrics
+            )
         finally:
             await rig.close()
 
@@ -273,6 +282,23 @@ def test_trust_off_records_nothing_and_never_stretches(tmp_path: Path, db_url: s
             for op_id in ids:
                 sources = {e["delay_source"] for e in await rig.history(op_id)}
                 assert "webhook_trust" not in sources
+        finally:
+            await rig.close()
+
+    run(body)
+
+
+def test_a_failure_is_announced_like_a_success(tmp_path: Path, db_url: str) -> None:
+    async def body() -> None:
+        rig = await open_rig(tmp_path, db_url)
+        try:
+            await earn_trust(rig)
+            op_id = await rig.create(scenario="late_failure", duration=90)
+            await rig.run_until(rig.done(op_id))
+            row = rig.row(op_id)
+            assert (row["state"], row["status_requests_used"]) == ("failed", 1)
+            assert rig.verdicts()[-1]["verdict"] == Verdict.WEBHOOK_FIRST.value
+            assert rig.view().webhook_first == POLLING["trust_after"] + 1
         finally:
             await rig.close()
 

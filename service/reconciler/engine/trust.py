@@ -94,7 +94,7 @@ class TrustKeeper:
         rt = self.runtime
         now = rt.clock.now()
         with rt.db.read() as conn:
-            if not store.due_pending(conn, now, 1):
+            if not store.any_due_pending(conn, now):
                 return
         with rt.db.write() as conn:
             pending = store.due_pending(conn, now, SETTLE_BATCH)

@@ -180,6 +180,16 @@ class PendingVerdict:
     settle_after: datetime
 
 
+def any_due_pending(conn: Connection, now: datetime) -> bool:
+    """Whether any pending completion's grace is over (a probe of the index, no lock)."""
+    row = conn.execute(
+        sa.select(VERDICTS.c.id)
+        .where(VERDICTS.c.verdict == Verdict.PENDING.value, VERDICTS.c.settle_after <= now)
+        .limit(1)
+    ).first()
+    return row is not None
+
+
 def due_pending(conn: Connection, now: datetime, limit: int) -> list[PendingVerdict]:
     """Pending completions whose grace is over, oldest first, locked for this transaction."""
     query = (
