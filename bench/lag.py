@@ -398,7 +398,7 @@ def lag_of(operation_id: str, entries: Sequence[Mapping[str, Any]], step_at: Any
 def load_lags(db_url: str) -> list[Lag]:
     import sqlalchemy as sa
 
-    from reconciler.engine.steps.complete import STEPS
+    from reconciler.storage.completion_steps import STEPS
     from reconciler.storage.database import Database
     from reconciler.storage.journal import HISTORY, OPS
 

@@ -92,11 +92,13 @@ def _ensure_row(conn: Connection, provider: str, now: datetime) -> None:
 
 
 def _locked(conn: Connection, provider: str, now: datetime) -> tuple[Health, int]:
-    _ensure_row(conn, provider, now)
     query = sa.select(HEALTH).where(HEALTH.c.provider == provider)
     if conn.dialect.name == "postgresql":
         query = query.with_for_update()
-    row = conn.execute(query).one()
+    row = conn.execute(query).first()
+    if row is None:  # the provider's first judged completion: make its row (once, any replica)
+        _ensure_row(conn, provider, now)
+        row = conn.execute(query).one()
     return _health(row), int(row.version)
 
 

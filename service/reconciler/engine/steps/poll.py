@@ -182,7 +182,10 @@ class PollStep:
                 now,
                 ctx.runtime.rng,
                 ctx.poll_policy(spec),
-                trusted=self._trust_applies(op) and health.is_trusted(conn, op.provider),
+                # Only a pending answer can wait the stretched schedule: read trust for it.
+                trusted=obs.category is RemoteCategory.PENDING
+                and self._trust_applies(op)
+                and health.is_trusted(conn, op.provider),
             )
         changes, detail, delay_source = self._record(op, outcome, decision, now)
         entry = Entry(
