@@ -222,18 +222,27 @@ def test_counting_from_many_transactions_at_once_loses_no_update(db_url: str) ->
         except BaseException as exc:  # reported below, in the test's thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    def round_of_writers() -> None:
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+
     try:
+        round_of_writers()  # learning, then trusted by the last of them
         assert not errors, errors
         with databases[0].read() as conn:
             health = load_health(conn, "sim")
         assert (health.webhook_first, health.streak) == (writers * each, writers * each)
         assert health.state is TrustState.TRUSTED
         assert transitions == [1]  # exactly one transaction made it trusted
+        round_of_writers()  # trusted: the one-statement increments, all at once
+        assert not errors, errors
+        with databases[0].read() as conn:
+            health = load_health(conn, "sim")
+        assert health.webhook_first == 2 * writers * each
+        assert transitions == [1]
     finally:
         for db in databases:
             db.dispose()

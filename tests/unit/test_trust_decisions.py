@@ -306,3 +306,11 @@ def test_brought_back_reads_are_spread_never_a_burst(n: int, concurrency: int, s
     width = window / n
     for i in range(len(times) - concurrency):
         assert (times[i + concurrency] - times[i]).total_seconds() > (concurrency - 1) * width
+
+
+def test_a_trusted_provider_never_moves_on_a_webhook_first_completion() -> None:
+    """What storage.trust's one-statement fast path relies on."""
+    health = Health(state=TrustState.TRUSTED, streak=40, webhook_first=40)
+    after, change = count(health, Verdict.WEBHOOK_FIRST, "op", T0, POLICY)
+    assert change is None
+    assert after == replace(health, streak=41, webhook_first=41)

@@ -123,6 +123,26 @@ def _store(conn: Connection, provider: str, health: Health, version: int, now: d
         raise StaleWrite(f"provider {provider}: webhook health changed since version {version}")
 
 
+def _trusted_increment(conn: Connection, provider: str, count: int, now: datetime) -> bool:
+    """The steady state in one atomic statement: a trusted provider's webhook-first count.
+
+    The increments are expressions on the row as it is when locked, so concurrent writers
+    add up; the state is untouched (``core.trust.count`` never moves a trusted provider on
+    a webhook-first completion). False when the provider is not trusted: count normally.
+    """
+    result = conn.execute(
+        sa.update(HEALTH)
+        .where(HEALTH.c.provider == provider, HEALTH.c.state == TrustState.TRUSTED.value)
+        .values(
+            streak=HEALTH.c.streak + count,
+            webhook_first=HEALTH.c.webhook_first + count,
+            updated_at=now,
+            version=HEALTH.c.version + 1,
+        )
+    )
+    return result.rowcount == 1
+
+
 def count_completions(
     conn: Connection,
     provider: str,
@@ -137,6 +157,10 @@ def count_completions(
     """
     if not judged:
         return []
+    if all(v is Verdict.WEBHOOK_FIRST for v, _ in judged) and _trusted_increment(
+        conn, provider, len(judged), now
+    ):
+        return []  # already trusted: more webhook-first completions cannot change the state
     health, version = _locked(conn, provider, now)
     changes: list[Change] = []
     for verdict, operation_id in judged:
