@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+# `make demo DEMO_ARGS=--keep-serving` leaves the service up afterwards for the console.
+DEMO_ARGS ?=
 
 .PHONY: test lint typecheck unit serve demo soak bench clean
 
@@ -30,7 +32,7 @@ serve: $(STAMP)
 	$(BIN)/reconciler serve
 
 demo: $(STAMP)
-	$(BIN)/reconciler demo
+	$(BIN)/reconciler demo $(DEMO_ARGS)
 
 soak: $(STAMP)
 	$(BIN)/python bench/soak.py --operations 10000 --kills 20 --postgres --replicas 2

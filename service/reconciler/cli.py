@@ -53,8 +53,15 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
         keep=args.keep,
         sim_root=Path(args.sim_root) if args.sim_root else None,
         directory=Path(args.dir),
+        keep_serving=args.keep_serving,
     )
     return run_demo(options, settings)
+
+
+def _mcp(args: argparse.Namespace, settings: Settings) -> int:
+    from reconciler.agent_tools.stdio import serve_stdio
+
+    return serve_stdio(args.url, os.environ)
 
 
 def _db_upgrade(args: argparse.Namespace, settings: Settings) -> int:
@@ -228,7 +235,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", action="store_true", help="keep the demo directory afterwards")
     demo.add_argument("--sim-root", help="the repository clone holding fixtures/provider_sim")
     demo.add_argument("--dir", default="demo-run", help="demo directory, wiped at start")
+    demo.add_argument(
+        "--keep-serving",
+        action="store_true",
+        help="after the summary, keep the service up for the operator console until Ctrl-C",
+    )
     demo.set_defaults(handler=_demo)
+
+    mcp = sub.add_parser(
+        "mcp", parents=[common], help="the agent tools over stdio, for a running service"
+    )
+    mcp.add_argument(
+        "--url",
+        help="the service (default: $RECONCILER_URL, else http://127.0.0.1:8080); "
+        "the token is read from $RECONCILER_TOKEN",
+    )
+    mcp.set_defaults(handler=_mcp)
 
     db = sub.add_parser("db", parents=[common], help="database schema")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
@@ -240,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     tokens_sub = tokens.add_subparsers(dest="tokens_command", required=True, metavar="ACTION")
     create = tokens_sub.add_parser("create", parents=[common], help="make a token (printed once)")
     create.add_argument("--name", required=True)
-    create.add_argument("--scope", required=True, choices=["agent", "operator"])
+    create.add_argument("--scope", required=True, choices=[s.value for s in Scope])
     create.set_defaults(handler=_tokens_create)
     tokens_sub.add_parser(
         "list", parents=[common], help="names, scopes and whether revoked (never the tokens)"

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from reconciler.errors import ConfigError
 
@@ -59,6 +60,9 @@ class ServerSettings:
     create_wait_seconds: float = 0.5  # how long POST /v1/operations waits for the job id
     wait_max_seconds: float = 60.0  # cap on /wait long-polls
     trust_proxy_headers: bool = False
+    # Where operators reach the service ("https://reconciler.example"); empty means
+    # http://host:port. An https URL makes the console's session cookie Secure.
+    public_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,13 @@ class CallbackSettings:
 
 
 @dataclass(frozen=True)
+class ConsoleSettings:
+    # The key that signs console sessions; set it to the same value on every replica.
+    session_secret_env: str = "RECONCILER_CONSOLE_SECRET"
+    session_hours: float = 12.0
+
+
+@dataclass(frozen=True)
 class Settings:
     database_url: str = "sqlite:///reconciler.db"
     providers_dir: str = DEFAULT_PROVIDERS_DIR
@@ -90,6 +101,7 @@ class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     callbacks: CallbackSettings = field(default_factory=CallbackSettings)
+    console: ConsoleSettings = field(default_factory=ConsoleSettings)
     # Inline [providers.NAME] tables, validated by reconciler.providers.loader.
     providers: Mapping[str, Any] = field(default_factory=dict)
     # Where the settings came from, for messages and for relative paths.
@@ -100,6 +112,12 @@ class Settings:
         path = Path(self.providers_dir)
         return path if path.is_absolute() else Path(self.base_dir) / path
 
+    def public_url(self) -> str:
+        """The base URL operators use, without a trailing slash."""
+        if self.server.public_url:
+            return self.server.public_url.rstrip("/")
+        return f"http://{self.server.host}:{self.server.port}"
+
     def audit_key(self, environ: Mapping[str, str] | None = None) -> Secret | None:
         value = (os.environ if environ is None else environ).get(AUDIT_KEY_ENV)
         return Secret(value) if value else None
@@ -109,6 +127,7 @@ _SECTIONS = {
     "server": ServerSettings,
     "scheduler": SchedulerSettings,
     "callbacks": CallbackSettings,
+    "console": ConsoleSettings,
 }
 _TOP_LEVEL = {"database_url", "providers_dir", "hooks", "log_level"}
 
@@ -192,6 +211,7 @@ def _positive(settings: Settings) -> None:
         ("scheduler.provider_concurrency", settings.scheduler.provider_concurrency),
         ("callbacks.max_attempts", settings.callbacks.max_attempts),
         ("callbacks.timeout_seconds", settings.callbacks.timeout_seconds),
+        ("console.session_hours", settings.console.session_hours),
     ]
     for key, value in checks:
         if value <= 0:
@@ -202,6 +222,12 @@ def _positive(settings: Settings) -> None:
         raise ConfigError(
             f"{settings.source}: log_level: must be one of {', '.join(LOG_LEVELS)}, "
             f"got {settings.log_level!r}"
+        )
+    public = urlsplit(settings.server.public_url)
+    if settings.server.public_url and not (public.scheme in ("http", "https") and public.netloc):
+        raise ConfigError(
+            f"{settings.source}: server.public_url: must be an http:// or https:// URL, "
+            f"got {settings.server.public_url!r}"
         )
     if not settings.database_url.startswith(("sqlite", "postgresql")):
         raise ConfigError(

@@ -17,6 +17,7 @@ ReconcilerError                    root; ``code`` is the stable machine-readable
 │   └── DecisionNotAllowed         an option that was not offered, or a second decision
 ├── RemoteError                    a provider or an agent's receiver gave no usable answer
 │   └── ResolutionFailed           a callback host did not resolve (a later try may work)
+├── ServiceError                   reconciler.client: the service answered 5xx or was unreachable
 ├── StorageError                   the database, not the caller                      (503)
 │   ├── StorageUnavailable         unreachable, busy past the bound, disk full, read-only
 │   └── StaleWrite                 another writer moved the row first; nothing was written
@@ -26,7 +27,11 @@ ReconcilerError                    root; ``code`` is the stable machine-readable
     └── InvalidObservation         an observation with neither an HTTP status nor an error
 ```
 
-HTTP answers are decided in one place (``api.errors``) from this tree. A ``Bug``
+HTTP answers are decided in one place (``api.errors``) from this tree, and
+``reconciler.client`` maps them back: an answer's ``error.code`` raises the class
+of that code here (``InvalidRequest``, ``NotFound``, ``Conflict``,
+``AuthenticationFailed``/``PermissionDenied``), a server failure ``ServiceError``,
+so a caller catches the same families on both sides of the wire. A ``Bug``
 is logged as an error with the operation it concerns and answered 500; a
 client's conflict is decided before any transition is attempted, so a caller
 never sees a bug dressed as a 409.
@@ -96,6 +101,7 @@ class RejectReason(StrEnum):
     TIMESTAMP_OUT_OF_TOLERANCE = "timestamp_out_of_tolerance"
     NO_USABLE_SIGNATURE = "no_usable_signature"
     SIGNATURE_MISMATCH = "signature_mismatch"
+    REPLAYED = "replayed"  # a delivery seen before (agents' callback receivers)
 
 
 class SignatureRejected(AuthenticationFailed):
@@ -140,6 +146,19 @@ class ResolutionFailed(RemoteError):
     """The callback host could not be resolved now; a later attempt may succeed."""
 
     code = "callback_host_unresolved"
+
+
+class ServiceError(ReconcilerError):
+    """The service failed or could not be reached; ``status`` is its HTTP status, if any.
+
+    Raised by ``reconciler.client``; the caller did nothing wrong and may retry later.
+    """
+
+    code = "service_unavailable"
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class StorageError(ReconcilerError):

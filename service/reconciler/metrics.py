@@ -166,3 +166,13 @@ def status_label(http_status: int | None, transport_error: str | None) -> str:
     if http_status is not None:
         return str(http_status)
     return f"no_response_{transport_error or 'other'}"
+
+
+def totals(counter: Counter) -> dict[tuple[str, ...], float]:
+    """A counter's current values by label values (this process only, since it started)."""
+    found: dict[tuple[str, ...], float] = {}
+    for metric in counter.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total"):
+                found[tuple(sample.labels.values())] = sample.value
+    return found

@@ -46,11 +46,13 @@ QUICK_POLLING: dict[str, Any] = {
 
 
 def sim_provider_table(
-    base_url: str, *, drop: tuple[str, ...] = (), **sections: dict[str, Any]
+    base_url: str, *, drop: tuple[str, ...] = (), **sections: Any
 ) -> dict[str, Any]:
     """The sim's provider table from fixtures/providers/sim.toml, pointed at ``base_url``.
 
-    ``drop`` removes whole sections (e.g. ``("lookup",)`` for a provider without one).
+    ``drop`` removes whole sections (e.g. ``("lookup",)`` for a provider without one);
+    a section given as a table is merged into the file's, any other value replaces
+    the key (``description="..."``).
     """
     with SIM_TOML.open("rb") as fh:
         table = copy.deepcopy(tomllib.load(fh)["providers"]["sim"])
@@ -58,7 +60,10 @@ def sim_provider_table(
     for name in drop:
         table.pop(name, None)
     for name, values in sections.items():
-        table.setdefault(name, {}).update(values)
+        if isinstance(values, dict):
+            table.setdefault(name, {}).update(values)
+        else:
+            table[name] = values
     return table
 
 
@@ -146,7 +151,7 @@ def running_stack(
     tmp_path: Path,
     db_url: str,
     *,
-    provider: dict[str, dict[str, Any]] | None = None,
+    provider: dict[str, Any] | None = None,
     sim_config: dict[str, Any] | None = None,
     hooks: tuple[str, ...] = (),
     tick_seconds: float = 0.2,

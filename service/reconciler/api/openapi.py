@@ -11,6 +11,7 @@ from typing import Any
 
 from reconciler import __version__
 from reconciler.api.validation import MAX_CANCEL_REASON, MAX_KEY_LENGTH
+from reconciler.core.signatures import WebhookScheme
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DecisionAction, DelaySource, EscalationReason, HistoryKind
 from reconciler.storage.operations import MAX_PAGE
@@ -128,6 +129,57 @@ HISTORY_ENTRY = {
 }
 
 
+WEBHOOK_SETTINGS = {
+    "type": "object",
+    "required": ["scheme", "tolerance_seconds", "secrets_env", "secrets_set"],
+    "properties": {
+        "scheme": {"type": "string", "enum": [s.value for s in WebhookScheme]},
+        "tolerance_seconds": {"type": "integer"},
+        "max_body_bytes": {"type": "integer"},
+        "event_id": {"type": "string"},
+        "job_id": {"type": "string"},
+        "secrets_env": {"type": "string", "description": "The variable; never its value."},
+        "secrets_set": {"type": "boolean"},
+    },
+}
+
+PROVIDER = {
+    "type": "object",
+    "required": [
+        "name",
+        "description",
+        "request_schema",
+        "can_cancel",
+        "max_deadline_seconds",
+        "max_status_requests",
+    ],
+    "properties": {
+        "name": {"type": "string"},
+        "description": _nullable({"type": "string"}),
+        "request_schema": _nullable(
+            {"type": "object", "description": "A JSON Schema that `request` must match."}
+        ),
+        "can_cancel": {"type": "boolean"},
+        "max_deadline_seconds": {"type": "number"},
+        "max_status_requests": {"type": "integer"},
+        "webhook": {
+            **_nullable(WEBHOOK_SETTINGS),
+            "description": "Operators only: how this provider's webhooks are verified.",
+        },
+        "webhook_trust": {
+            **_nullable({"type": "object"}),
+            "description": "Operators only: the provider's webhook trust.",
+        },
+    },
+}
+
+PROVIDER_LIST = {
+    "type": "object",
+    "required": ["providers"],
+    "properties": {"providers": {"type": "array", "items": PROVIDER}},
+}
+
+
 def _json(schema: str) -> dict[str, Any]:
     return {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
 
@@ -217,6 +269,7 @@ def document(providers: list[str], wait_max_seconds: float) -> dict[str, Any]:
                 "History": history,
                 "HistoryEntry": HISTORY_ENTRY,
                 "Escalation": ESCALATION,
+                "ProviderList": PROVIDER_LIST,
             },
         },
         "paths": {
@@ -247,6 +300,11 @@ def document(providers: list[str], wait_max_seconds: float) -> dict[str, Any]:
                             "schema": {"type": "string", "enum": [s.value for s in State]},
                         },
                         {"name": "provider", "in": "query", "schema": {"type": "string"}},
+                        {
+                            "name": "done",
+                            "in": "query",
+                            "schema": {"type": "string", "enum": ["true", "false"]},
+                        },
                         {
                             "name": "limit",
                             "in": "query",
@@ -321,6 +379,16 @@ def document(providers: list[str], wait_max_seconds: float) -> dict[str, Any]:
                     "responses": {
                         "200": {"description": "The history.", **_json("History")},
                         **_errors(401, 404, 503),
+                    },
+                },
+            },
+            "/v1/providers": {
+                "get": {
+                    "summary": "The providers an operation may be started at, with what to send.",
+                    "security": secured,
+                    "responses": {
+                        "200": {"description": "The providers.", **_json("ProviderList")},
+                        **_errors(401, 503),
                     },
                 },
             },

@@ -12,12 +12,16 @@ from typing import Any
 
 from reconciler.core.canonical import canonical_json
 from reconciler.core.operator_decision import DecisionRequest
+from reconciler.core.states import State
 from reconciler.core.vocabulary import DecisionAction
 from reconciler.errors import InvalidRequest
+from reconciler.storage.operations import MAX_PAGE
 
 MAX_KEY_LENGTH = 200
 MAX_METADATA_BYTES = 16_384
 MAX_CANCEL_REASON = 500
+DEFAULT_PAGE = 50
+LIST_FIELDS = {"state", "provider", "done", "limit", "cursor"}
 
 CREATE_FIELDS = {
     "provider",
@@ -163,3 +167,62 @@ def parse_decision(body: Any) -> DecisionRequest:
         extra_seconds=float(extra_seconds) if extra_seconds is not None else None,
         extra_status_requests=int(extra_requests) if extra_requests is not None else None,
     )
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    state: State | None = None
+    provider: str | None = None
+    done: bool | None = None
+    limit: int = DEFAULT_PAGE
+    cursor: str | None = None
+
+
+def parse_list(values: Mapping[str, Any], what: str = "field") -> ListQuery:
+    """Filters and paging from JSON-typed values (MCP arguments, or converted query text)."""
+    _unknown_list(values, what)
+    state = None
+    if values.get("state") is not None:
+        try:
+            state = State(values["state"])
+        except (ValueError, TypeError):
+            raise InvalidRequest(
+                f"'state' must be one of: {', '.join(s.value for s in State)}"
+            ) from None
+    done = values.get("done")
+    if done is not None and not isinstance(done, bool):
+        raise InvalidRequest(f"'done' must be true or false, got {_kind(done)}")
+    limit = values.get("limit", DEFAULT_PAGE)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+        raise InvalidRequest(f"'limit' must be a whole number from 1 to {MAX_PAGE}")
+    for name in ("provider", "cursor"):
+        if values.get(name) is not None and not isinstance(values[name], str):
+            raise InvalidRequest(f"'{name}' must be a string, got {_kind(values[name])}")
+    return ListQuery(
+        state=state,
+        provider=values.get("provider"),
+        done=done,
+        limit=limit,
+        cursor=values.get("cursor"),
+    )
+
+
+def _unknown_list(values: Mapping[str, Any], what: str) -> None:
+    extra = sorted(set(values) - LIST_FIELDS)
+    if extra:
+        raise InvalidRequest(f"unknown {what}(s): {', '.join(extra)}")
+
+
+def parse_list_params(params: Mapping[str, str]) -> ListQuery:
+    """The same from URL query text: ``limit`` digits, ``done`` true|false."""
+    _unknown_list(params, "query parameter")
+    values: dict[str, Any] = dict(params)
+    if "limit" in params:
+        raw = params["limit"]
+        values["limit"] = int(raw) if raw.isascii() and raw.isdigit() else -1
+    if "done" in params:
+        words = {"true": True, "false": False}
+        if params["done"] not in words:
+            raise InvalidRequest("'done' must be true or false")
+        values["done"] = words[params["done"]]
+    return parse_list(values, "query parameter")

@@ -95,7 +95,8 @@ def _transition(entry: HistoryEntry, detail: dict[str, Any]) -> str:
     return f"{entry.from_state} -> {entry.to_state} ({entry.cause})"
 
 
-def line(entry: HistoryEntry) -> str:
+def text_of(entry: HistoryEntry) -> str:
+    """What happened, in the story's words, without the time."""
     detail: dict[str, Any] = dict(entry.detail or {})
     kind = entry.kind
     if kind == HistoryKind.TRANSITION:
@@ -128,7 +129,11 @@ def line(entry: HistoryEntry) -> str:
         text = entry.cause.replace("_", " ")
         if detail.get("note"):
             text += f": {detail['note']}"
-    return f"{clock_text(entry.at)} {text}"
+    return text
+
+
+def line(entry: HistoryEntry) -> str:
+    return f"{clock_text(entry.at)} {text_of(entry)}"
 
 
 def tell(entries: Iterable[HistoryEntry]) -> list[str]:

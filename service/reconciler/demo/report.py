@@ -218,6 +218,7 @@ class RunReport:
     audit_text: str
     audit_ok: bool
     problems: Sequence[str] = field(default_factory=tuple)
+    mcp_lines: Sequence[str] = field(default_factory=tuple)  # one job through MCP, last
     trust: TrustSummary | None = None
     # Scenario -> "state" or "escalated:reason": how its operations must end.
     expected_ends: Mapping[str, str] = field(default_factory=dict)
@@ -445,6 +446,11 @@ def render_report(report: RunReport) -> str:
         *_idempotency(report),
         *_section("Audit"),
         f"  {report.audit_text}",
+        *(
+            _section("One job through MCP (start_job, then wait_job)") + list(report.mcp_lines)
+            if report.mcp_lines
+            else []
+        ),
         "",
     ]
     failures = report.failures()

@@ -48,6 +48,8 @@ from reconciler.config import CallbackSettings, SchedulerSettings, ServerSetting
 from reconciler.core.clock import SystemClock
 from reconciler.core.signatures import StandardWebhooksVerifier
 from reconciler.core.trust import TrustView
+from reconciler.core.vocabulary import Scope
+from reconciler.demo.mcp_walk import McpWalk, walk
 from reconciler.demo.report import (
     OpOutcome,
     ProgressView,
@@ -108,6 +110,7 @@ class DemoOptions:
     keep: bool = False
     sim_root: Path | None = None
     directory: Path = Path("demo-run")
+    keep_serving: bool = False  # after the summary, serve the console until Ctrl-C
 
 
 # --- the scenario mix (pure) ----------------------------------------------------------
@@ -428,8 +431,8 @@ def service_logs(path: Path, level: str) -> Iterator[None]:
 def _make_tokens(runtime: Runtime) -> tuple[str, str]:
     now = runtime.clock.now()
     with runtime.db.write() as conn:
-        agent = create_token(conn, "demo-agent", "agent", now)
-        operator = create_token(conn, "demo-operator", "operator", now)
+        agent = create_token(conn, "demo-agent", Scope.AGENT.value, now)
+        operator = create_token(conn, "demo-operator", Scope.OPERATOR.value, now)
     return agent, operator
 
 
@@ -779,6 +782,7 @@ def _run(options: DemoOptions, base: Settings, workdir: Path, started: float) ->
             serve_in_thread(create_app(runtime), "service", service_sock)
         )
         print(f"service {service_url}, simulated provider {sim_url}, callbacks {receiver_url}")
+        print(f"operator console {service_url}/console", flush=True)
         urls = (service_url, sim_url, f"{receiver_url}/callbacks")
         deadline = started + options.timeout
         batch = asyncio.run(
@@ -792,22 +796,51 @@ def _run(options: DemoOptions, base: Settings, workdir: Path, started: float) ->
                 lambda: runtime.trust_views()[PROVIDER],
             )
         )
-    key = settings.audit_key(environ)
-    audit_ok, audit_text = _audit(settings.database_url, key.reveal().encode() if key else None)
-    report = RunReport(
-        seed=options.seed,
-        timeout=options.timeout,
-        elapsed=time.monotonic() - started,
-        outcomes=batch.outcomes,
-        repeats=batch.repeats,
-        rejected_callbacks=batch.rejected_callbacks,
-        problems=batch.problems,
-        audit_text=audit_text,
-        audit_ok=audit_ok,
-        trust=batch.trust,
-        expected_ends=EXPECTED_ENDS,
-    )
+        mcp = _walk_mcp(service_url, tokens[0])
+        key = settings.audit_key(environ)
+        audit_ok, audit_text = _audit(settings.database_url, key.reveal().encode() if key else None)
+        report = RunReport(
+            seed=options.seed,
+            timeout=options.timeout,
+            elapsed=time.monotonic() - started,
+            outcomes=batch.outcomes,
+            repeats=batch.repeats,
+            rejected_callbacks=batch.rejected_callbacks,
+            problems=[*batch.problems, *mcp.problems],
+            audit_text=audit_text,
+            audit_ok=audit_ok,
+            mcp_lines=mcp.lines,
+            trust=batch.trust,
+            expected_ends=EXPECTED_ENDS,
+        )
+        # Printed while the service still runs: --keep-serving leaves it up after this.
+        print(render_report(report), flush=True)
+        if options.keep_serving:
+            serve_until_interrupted(f"{service_url}/console", tokens[1])
     return report
+
+
+def _walk_mcp(service_url: str, token: str) -> McpWalk:
+    """One job through the agent tools, after the batch; a failure is reported, not raised."""
+    try:
+        return asyncio.run(walk(service_url, token, PROVIDER))
+    except Exception as exc:  # the SDK raises its own (and grouped) errors
+        return McpWalk((), (f"the MCP walk-through failed: {exc!r}",))
+
+
+def serve_until_interrupted(console_url: str, operator_token: str) -> None:
+    """Keep the demo's service (and its escalated operations) up for the console, until Ctrl-C."""
+    print(
+        f"\nThe service keeps running: open {console_url} and sign in with this operator "
+        f"token (demo-operator):\n  {operator_token}\nPress Ctrl-C to stop.",
+        flush=True,
+    )
+    stop = threading.Event()
+    try:
+        while not stop.wait(3600):
+            pass
+    except KeyboardInterrupt:
+        print("stopping the demo's service and simulated provider", flush=True)
 
 
 def run_demo(options: DemoOptions, base: Settings) -> int:
@@ -824,7 +857,6 @@ def run_demo(options: DemoOptions, base: Settings) -> int:
     except KeyboardInterrupt:
         print(f"interrupted; the simulated provider is stopped, files kept in {workdir}")
         raise
-    print(render_report(report), flush=True)
     failed = bool(report.failures())
     if failed or options.keep:
         print(f"demo files kept in {workdir} (service.log, sim.log, reconciler.db)")

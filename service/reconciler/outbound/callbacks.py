@@ -38,7 +38,7 @@ from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.canonical import canonical_json
 from reconciler.core.clock import Clock
 from reconciler.core.signatures import sign_standard_webhook
-from reconciler.core.vocabulary import TransportError
+from reconciler.core.vocabulary import RETRYABLE_4XX, TransportError
 from reconciler.errors import InvalidRequest, ResolutionFailed
 from reconciler.outbound import ssrf
 from reconciler.providers.transport import classify_transport_error
@@ -47,7 +47,6 @@ EVENT_OPERATION_COMPLETED = "operation.completed"
 USER_AGENT = "reconciler-callbacks/1"
 MAX_WEBHOOK_ID = 256
 EXCERPT_CHARS = 160
-RETRYABLE_4XX = frozenset({408, 425, 429})
 # A receiver may ask for a long pause, but not one that outlives every deadline.
 DEFAULT_RETRY_AFTER_CEILING = timedelta(hours=6)
 

@@ -8,10 +8,13 @@ refused: files name environment variables (``token_env``, ``value_env``,
 
 Keys beyond the SPEC example (each has a default or is optional):
 
-* top level: ``adapter = "pkg.module:Class"`` (a custom adapter instead of the
-  declarative one); ``job_id_slashes = true`` keeps ``/`` in job IDs substituted
-  into paths, for resource names such as ``operations/123`` (``.``/``..`` segments
-  are still refused by the adapter).
+* top level: ``description`` (one paragraph for agents: what the provider does) and
+  ``request_schema`` (a JSON Schema, as a table, that every operation's ``request``
+  must match; checked at load, see ``providers.request_schema``);
+  ``adapter = "pkg.module:Class"`` (a custom adapter instead of the declarative one);
+  ``job_id_slashes = true`` keeps ``/`` in job IDs substituted into paths, for
+  resource names such as ``operations/123`` (``.``/``..`` segments are still
+  refused by the adapter).
 * ``[http]``: ``max_connections`` (20), ``max_keepalive_connections`` (10),
   ``keepalive_expiry_seconds`` (4: below the 5 s idle timeout common to servers, so a
   pooled connection is not reused just as the server closes it), ``max_response_bytes``
@@ -57,6 +60,7 @@ from reconciler.core.signatures import WebhookScheme
 from reconciler.core.trust import TrustMode
 from reconciler.errors import ConfigError, PointerSyntaxError
 from reconciler.providers.pointer import Pointer
+from reconciler.providers.request_schema import RequestSchema, SchemaProblem
 from reconciler.providers.spec import (
     HEADER_PREFIX,
     HTTP_METHODS,
@@ -568,6 +572,25 @@ def _adapter(table: _Table) -> str | None:
     return ref
 
 
+MAX_DESCRIPTION = 2000
+
+
+def _description(table: _Table) -> str | None:
+    text = table.text("description")
+    if text is not None and (not text.strip() or len(text) > MAX_DESCRIPTION):
+        raise table.fail("description", f"expected 1 to {MAX_DESCRIPTION} characters of text")
+    return text
+
+
+def _request_schema(table: _Table, name: str) -> RequestSchema | None:
+    if not table.has("request_schema"):
+        return None
+    try:
+        return RequestSchema.compile(name, table.raw("request_schema"))
+    except SchemaProblem as exc:
+        raise table.fail("request_schema", str(exc)) from None
+
+
 def parse_provider(name: str, data: Any, source: str) -> ProviderSpec:
     """Validate one ``[providers.NAME]`` table; raises ``ConfigError`` on the first problem."""
     dotted = f"providers.{name}"
@@ -600,6 +623,8 @@ def parse_provider(name: str, data: Any, source: str) -> ProviderSpec:
         result=_result(table, status),
         webhook=webhook,
         polling=_polling(table, webhook is not None),
+        description=_description(table),
+        request_schema=_request_schema(table, name),
     )
     table.finish()
     return spec

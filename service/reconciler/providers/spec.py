@@ -27,6 +27,7 @@ from reconciler.core.trust import (
 )
 from reconciler.errors import ConfigError
 from reconciler.providers.pointer import MISSING, Pointer
+from reconciler.providers.request_schema import RequestSchema
 from reconciler.providers.state_table import Classification, StateRule, StateTable, classify
 
 INLINE_SOURCE = "config inline providers"
@@ -226,6 +227,9 @@ class ProviderSpec:
     result: ResultSpec | None = None
     webhook: WebhookSpec | None = None
     polling: PollingSpec = PollingSpec()
+    # What agents are told about the provider (GET /v1/providers, list_providers).
+    description: str | None = None
+    request_schema: RequestSchema | None = None
 
     def where(self, key: str) -> str:
         """Message prefix naming this provider's file and a dotted key."""

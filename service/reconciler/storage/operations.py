@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from reconciler.core.states import State
+from reconciler.core.states import END_STATES, State
 from reconciler.errors import InvalidRequest, NotFound
 from reconciler.storage.journal import OPS
 from reconciler.storage.models import Operation, operation_record
@@ -90,6 +90,7 @@ def list_operations(
     provider: str | None,
     limit: int,
     cursor: str | None,
+    done: bool | None = None,
 ) -> Page:
     """Newest first; the cursor is the last id of the previous page."""
     query = sa.select(OPS)
@@ -97,6 +98,9 @@ def list_operations(
         query = query.where(OPS.c.caller == principal.name)
     if state is not None:
         query = query.where(OPS.c.state == state.value)
+    if done is not None:
+        ends = [s.value for s in END_STATES]
+        query = query.where(OPS.c.state.in_(ends) if done else OPS.c.state.not_in(ends))
     if provider is not None:
         query = query.where(OPS.c.provider == provider)
     if cursor is not None:

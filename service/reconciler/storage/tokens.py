@@ -123,3 +123,37 @@ def authenticate(conn: Connection, authorization: str | None) -> Principal:
 def require_operator(principal: Principal) -> None:
     if not principal.is_operator:
         raise PermissionDenied("this action needs an operator token")
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A presented token as the console's sign-in sees it: which row, whose, still valid."""
+
+    token_id: int
+    principal: Principal
+    revoked: bool
+
+
+def standing_of(conn: Connection, token: str) -> Standing | None:
+    """The token's row (revoked or not), or None for a token this service never made."""
+    wanted = digest(token.strip())
+    row = conn.execute(
+        sa.select(
+            TOKENS.c.id, TOKENS.c.name, TOKENS.c.scope, TOKENS.c.token_hash, TOKENS.c.revoked_at
+        ).where(TOKENS.c.token_hash == wanted)
+    ).first()
+    if row is None or not hmac.compare_digest(row.token_hash, wanted):
+        return None
+    return Standing(row.id, Principal(row.name, Scope(row.scope)), row.revoked_at is not None)
+
+
+def principal_by_id(conn: Connection, token_id: int) -> Principal:
+    """The principal of a token that is still valid, by row id (a console session's anchor)."""
+    row = conn.execute(
+        sa.select(TOKENS.c.name, TOKENS.c.scope).where(
+            TOKENS.c.id == token_id, TOKENS.c.revoked_at.is_(None)
+        )
+    ).first()
+    if row is None:
+        raise AuthenticationFailed("the token behind this session was revoked; sign in again")
+    return Principal(name=row.name, scope=Scope(row.scope))
