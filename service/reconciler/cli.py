@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--operations", type=int, default=50, help="how many (default 50)")
     demo.add_argument("--seed", type=int, default=7, help="scenario mix seed (default 7)")
-    demo.add_argument("--timeout", type=float, default=75.0, help="time bound in s (default 75)")
+    demo.add_argument("--timeout", type=float, default=120.0, help="time bound in s (default 120)")
     demo.add_argument("--keep", action="store_true", help="keep the demo directory afterwards")
     demo.add_argument("--sim-root", help="the repository clone holding fixtures/provider_sim")
     demo.add_argument("--dir", default="demo-run", help="demo directory, wiped at start")

@@ -20,6 +20,7 @@ from reconciler.core.clock import Clock, SystemClock
 from reconciler.core.ids import worker_id
 from reconciler.core.quotas import Quota
 from reconciler.core.signatures import Verifier, build_verifier, decode_whsec
+from reconciler.core.trust import TrustView
 from reconciler.engine.group_commit import GroupCommitter
 from reconciler.engine.wakeups import Notifier
 from reconciler.errors import ConfigError, InvalidRequest
@@ -30,6 +31,7 @@ from reconciler.providers.http_adapter import build_adapter
 from reconciler.providers.loader import load_providers
 from reconciler.providers.spec import ProviderSpec, WebhookSpec, webhook_secrets
 from reconciler.storage import operations as store
+from reconciler.storage import trust
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.tokens import Principal
@@ -63,6 +65,13 @@ class Runtime:
             self.db, self.journal, self.clock.now, on_hint=self.notifier.wake
         )
         self.metrics.watch_states(self._state_counts)
+        self.metrics.watch_trust(self.trust_views)
+
+    def trust_views(self) -> dict[str, TrustView]:
+        """Every provider's webhook trust as operators see it (``storage.trust.trust_views``)."""
+        policies = {name: spec.polling.trust() for name, spec in self.providers.items()}
+        with self.db.read() as conn:
+            return trust.trust_views(conn, policies)
 
     def _state_counts(self) -> dict[str, int]:
 
@@ -118,7 +127,11 @@ class Runtime:
     def adapter(self, provider: str) -> ProviderAdapter:
         adapter = self.adapters.get(provider)
         if adapter is None:
-            adapter = build_adapter(self.providers[provider], self.environ, self.transport)
+            # The runtime's clock stamps every call: a call's sent_at is compared with times
+            # the service wrote (acceptance, a webhook's arrival), so both need one clock.
+            adapter = build_adapter(
+                self.providers[provider], self.environ, self.transport, clock=self.clock
+            )
             self.adapters[provider] = adapter
         return adapter
 

@@ -98,9 +98,7 @@ def test_run_ends_cancelled_when_the_job_is_cancelled_meanwhile(api: Client, sta
 
 def test_the_calls_return_typed_answers(api: Client, stack: Stack) -> None:
     first = api.start("sim", job("success", 0.2), idempotency_key="typed", metadata={"task": "t1"})
-    again = api.start(
-        "sim", job("success", 0.2), idempotency_key="typed", metadata={"task": "t1"}
-    )
+    again = api.start("sim", job("success", 0.2), idempotency_key="typed", metadata={"task": "t1"})
     assert again.id == first.id and first.metadata == {"task": "t1"}
     done = api.wait(first.id, max_wait=20)
     assert done.done and done.state == "succeeded" and done.done_at is not None

@@ -469,7 +469,8 @@ def test_providers_page_counts_webhooks_from_the_database_and_rejections(
     rejected = section.split("Rejected")[1].split("</dl>")[0]
     assert any(reason.value in rejected for reason in RejectReason), rejected
     assert "Status reads per completed operation" in section
-    assert "Not available in this version" in section  # the webhook trust slot
+    trust = section.split("Webhook trust")[1].split("</dl>")[0]
+    assert "<b>learning</b>" in trust and "Webhook-first share" in trust
 
 
 def test_audit_page_names_the_first_bad_entry(stack: Stack, ops: httpx.Client) -> None:

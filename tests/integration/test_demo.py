@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 import subprocess
@@ -14,7 +15,14 @@ import pytest
 from reconciler.config import Settings
 from reconciler.demo import run
 from reconciler.demo.report import OpOutcome, RunReport, fixed_poller_requests, render_report
-from reconciler.demo.run import plan_batch, prepare_directory
+from reconciler.demo.run import (
+    EXPECTED_ENDS,
+    WARMUP_COUNT,
+    WARMUP_KINDS,
+    first_wave,
+    plan_batch,
+    prepare_directory,
+)
 from reconciler.errors import DemoFailed
 from tests.support.console import operator_client
 
@@ -118,6 +126,32 @@ def test_only_a_demo_directory_is_wiped(tmp_path: Path):
     (made / "reconciler.db").write_text("old run")
     again = prepare_directory(made)
     assert not (again / "reconciler.db").exists()
+
+
+def test_an_operation_that_ends_otherwise_than_its_scenario_fails_the_run():
+    lost = OpOutcome("op_a", "webhooks_lost", "result_timed_out", 100.0, 160.0, 104.5, 2, 1)
+    storm = OpOutcome("op_b", "rate_limit_storm", "escalated", 100.0, None, None, 4, 0)
+    report = RunReport(
+        seed=7,
+        timeout=120,
+        elapsed=30,
+        outcomes=[lost, dataclasses.replace(storm, escalation_reason="rate_limited")],
+        repeats=[],
+        rejected_callbacks=0,
+        audit_text="audit ok",
+        audit_ok=True,
+        expected_ends=EXPECTED_ENDS,
+    )
+    assert report.failures() == ["op_a (webhooks_lost) ended result_timed_out, not succeeded"]
+
+
+def test_the_warm_up_wave_earns_trust_before_the_rest():
+    planned = plan_batch(50, random.Random(7), 7)
+    first = first_wave(planned)
+    warm = [p for p in first if p.kind in WARMUP_KINDS]
+    assert len(warm) == WARMUP_COUNT
+    assert {p.kind for p in first} - set(WARMUP_KINDS) == {"rate_limit_storm"}
+    assert set(EXPECTED_ENDS) == {p.kind for p in planned}
 
 
 @pytest.mark.slow

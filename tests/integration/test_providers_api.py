@@ -57,7 +57,9 @@ def test_operators_also_see_webhook_settings_but_never_a_secret(stack: Stack) ->
         "secrets_env": "SIM_WEBHOOK_SECRETS",
         "secrets_set": True,
     }
-    assert sim["webhook_trust"] is None
+    trust = sim["webhook_trust"]
+    assert (trust["mode"], trust["state"], trust["trust_after"]) == ("adaptive", "learning", 20)
+    assert {"webhook_first_share", "misses", "last_verified_webhook_at"} <= set(trust)
     assert WEBHOOK_SECRET not in text and WEBHOOK_SECRET.removeprefix("whsec_") not in text
     assert SIM_TOKEN not in text
 

@@ -21,20 +21,23 @@ from reconciler.metrics import totals
 from reconciler.runtime import Runtime
 from reconciler.storage import provider_stats
 from reconciler.storage.inbox import providers_seen
+from reconciler.storage.trust import trust_view
 from reconciler.storage.webhook_events import Outcome
 
 # Webhook results in the metrics that are not a stored event's outcome.
 _NOT_REJECTED = {o.value for o in Outcome}
 
 
-def webhook_trust(runtime: Runtime, provider: str) -> Any | None:
-    """WEBHOOK TRUST SLOT: the provider's trust state for the page, when the service has one.
+def webhook_trust(runtime: Runtime, provider: str) -> dict[str, Any] | None:
+    """The provider's webhook trust (``storage.trust.trust_view``), for the page and the API.
 
-    Webhook trust (learning / trusted / distrusted, webhook-first share, misses,
-    last verified webhook) is being built separately; until it lands there is
-    nothing to show and the page says so. Fill this one function in then.
+    None for a provider that is no longer configured (its trust keys are unknown).
     """
-    return None
+    spec = runtime.providers.get(provider)
+    if spec is None:
+        return None
+    with runtime.db.read() as conn:
+        return trust_view(conn, provider, spec.polling.trust()).as_dict()
 
 
 @dataclass

@@ -38,7 +38,11 @@ Keys beyond the SPEC example (each has a default or is optional):
   per scheme; ``event_id`` and ``job_id`` take ``header:NAME`` or a pointer.
 * ``[polling]``: ``max_rate_limited`` (3 consecutive 429s before escalating
   ``rate_limited``), ``rate_limit_delay_seconds`` (60, the wait after a 429 or 503
-  without ``Retry-After``).
+  without ``Retry-After``). Webhook trust (SPEC): ``webhook_trust`` ("adaptive" by
+  default when the provider has a ``[webhook]`` table, else "off"; "adaptive" without
+  a ``[webhook]`` table is an error), ``trust_after`` (20), ``trusted_max_delay_seconds``
+  (10 x ``max_delay_seconds``; at least ``max_delay_seconds``),
+  ``distrust_after_misses`` (1), ``webhook_grace_seconds`` (30; 0 allowed).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from reconciler.core.signatures import WebhookScheme
+from reconciler.core.trust import TrustMode
 from reconciler.errors import ConfigError, PointerSyntaxError
 from reconciler.providers.pointer import Pointer
 from reconciler.providers.request_schema import RequestSchema, SchemaProblem
@@ -501,11 +506,32 @@ def _webhook(table: _Table) -> WebhookSpec | None:
     return spec
 
 
-def _polling(table: _Table) -> PollingSpec:
+def _trust_mode(sub: _Table, has_webhook: bool) -> TrustMode:
+    default = TrustMode.ADAPTIVE if has_webhook else TrustMode.OFF
+    text = sub.text("webhook_trust")
+    if text is None:
+        return default
+    try:
+        mode = TrustMode(text)
+    except ValueError:
+        choices = " or ".join(f'"{m.value}"' for m in TrustMode)
+        raise sub.fail("webhook_trust", f"expected {choices}") from None
+    if mode is TrustMode.ADAPTIVE and not has_webhook:
+        raise sub.fail(
+            "webhook_trust",
+            '"adaptive" needs a [webhook] table: trust is earned from verified webhooks',
+        )
+    return mode
+
+
+def _polling(table: _Table, has_webhook: bool) -> PollingSpec:
     sub = table.sub("polling")
     if sub is None:
-        return PollingSpec()
+        return PollingSpec(
+            webhook_trust=TrustMode.ADAPTIVE if has_webhook else TrustMode.OFF,
+        )
     d = PollingSpec()
+    cap = sub.raw("trusted_max_delay_seconds")
     spec = PollingSpec(
         base_delay_seconds=sub.seconds("base_delay_seconds", d.base_delay_seconds),
         max_delay_seconds=sub.seconds("max_delay_seconds", d.max_delay_seconds),
@@ -517,9 +543,24 @@ def _polling(table: _Table) -> PollingSpec:
         rate_limit_delay_seconds=sub.seconds(
             "rate_limit_delay_seconds", d.rate_limit_delay_seconds
         ),
+        webhook_trust=_trust_mode(sub, has_webhook),
+        trust_after=sub.integer("trust_after", d.trust_after),
+        trusted_max_delay_seconds=(
+            None if cap is None else sub.seconds("trusted_max_delay_seconds", 1.0)
+        ),
+        distrust_after_misses=sub.integer("distrust_after_misses", d.distrust_after_misses),
+        webhook_grace_seconds=sub.seconds(
+            "webhook_grace_seconds", d.webhook_grace_seconds, zero_ok=True
+        ),
     )
     if spec.max_delay_seconds < spec.base_delay_seconds:
         raise sub.fail("max_delay_seconds", "must be at least base_delay_seconds")
+    stretched = spec.trusted_max_delay_seconds
+    if stretched is not None and stretched < spec.max_delay_seconds:
+        raise sub.fail(
+            "trusted_max_delay_seconds",
+            "must be at least max_delay_seconds: trust only ever lengthens the wait",
+        )
     sub.finish()
     return spec
 
@@ -564,6 +605,7 @@ def parse_provider(name: str, data: Any, source: str) -> ProviderSpec:
     http = _http(table)
     create = _create(table)
     status = _status(table)
+    webhook = _webhook(table)
     spec = ProviderSpec(
         name=name,
         source=source,
@@ -579,8 +621,8 @@ def parse_provider(name: str, data: Any, source: str) -> ProviderSpec:
         states=_states(table),
         cancel=_cancel(table),
         result=_result(table, status),
-        webhook=_webhook(table),
-        polling=_polling(table),
+        webhook=webhook,
+        polling=_polling(table, webhook is not None),
         description=_description(table),
         request_schema=_request_schema(table, name),
     )

@@ -51,6 +51,14 @@ class Operation(SQLModel, table=True):
         sa.Index("ix_operations_caller_id", "caller", "id"),
         # Operations in flight per agent are counted from here (quotas), end states skipped.
         sa.Index("ix_operations_caller_state", "caller", "state"),
+        # Operations waiting on a stretched (webhook-trust) schedule: the few rows a
+        # withdrawal of trust must bring back, found without scanning the table.
+        sa.Index(
+            "ix_operations_stretched",
+            "provider",
+            sqlite_where=sa.text("delay_source = 'webhook_trust'"),
+            postgresql_where=sa.text("delay_source = 'webhook_trust'"),
+        ),
     )
 
     if TYPE_CHECKING:
@@ -106,6 +114,9 @@ class Operation(SQLModel, table=True):
     # The last status answer's Retry-After as a moment: no status read goes out before it,
     # not even one that a webhook hint or a cancel brings forward.
     retry_not_before: datetime | None = _ts()
+    # The moment a valid provider hint named for the next read, kept while a stretched
+    # (webhook-trust) wait runs, so a schedule brought back from it still honours it.
+    hint_not_before: datetime | None = _ts()
     provider_expires_at: datetime | None = _ts()
     progress: Any = _json()
     result_attempts: int = 0
@@ -175,6 +186,7 @@ class WebhookEvent(SQLModel, table=True):
     __table_args__ = (
         sa.UniqueConstraint("provider", "event_id", name="uq_webhook_events_provider_event"),
         sa.Index("ix_webhook_events_orphans", "provider", "remote_job_id"),
+        sa.Index("ix_webhook_events_provider_received", "provider", "received_at"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -221,6 +233,52 @@ class CompletionStep(SQLModel, table=True):
     finished_at: datetime | None = _ts()
     next_attempt_at: datetime | None = _ts()
     last_error: str | None = None
+
+
+class ProviderHealth(SQLModel, table=True):
+    """One provider's webhook health (``core.trust.Health``), shared by every replica.
+
+    Changed only by a conditional UPDATE on ``version`` in the transaction that records
+    the completion deciding it (``storage.trust``).
+    """
+
+    __tablename__ = "provider_health"
+
+    provider: str = Field(primary_key=True, max_length=100)
+    state: str = Field(max_length=20)
+    streak: int = 0
+    misses: int = 0
+    webhook_first: int = 0
+    late: int = 0
+    missed: int = 0
+    changed_at: datetime | None = _ts()
+    updated_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    last_miss_operation: str | None = Field(default=None, max_length=40)
+    version: int = 1
+
+
+class WebhookVerdict(SQLModel, table=True):
+    """The evidence behind the health: how each completion was first learned of.
+
+    ``asked_at`` is when the status read that confirmed the end was sent, ``seen_at``
+    when its answer was in hand, ``hinted_at`` when the verified webhook was stored (the
+    one before the read, or the late one after it). A ``pending`` row waits for
+    ``settle_after`` (the grace) before it is judged ``late`` or ``miss``.
+    """
+
+    __tablename__ = "webhook_verdicts"
+    __table_args__ = (sa.Index("ix_webhook_verdicts_due", "verdict", "settle_after"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    operation_id: str = Field(foreign_key="operations.id", max_length=40)
+    provider: str = Field(max_length=100)
+    remote_job_id: str | None = Field(default=None, max_length=300)
+    verdict: str = Field(max_length=20)
+    asked_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    seen_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    hinted_at: datetime | None = _ts()
+    settle_after: datetime | None = _ts()
+    judged_at: datetime | None = _ts()
 
 
 TABLES = SQLModel.metadata

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.clock import isoformat
 from reconciler.core.create import (
     Ambiguous,
     CreateObservation,
@@ -25,7 +26,7 @@ from reconciler.core.create import (
     decide_create,
     next_try_at,
 )
-from reconciler.core.poll import Stop, first_poll_at
+from reconciler.core.poll import Stop, first_poll
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind
 from reconciler.engine.context import StepContext
@@ -34,6 +35,7 @@ from reconciler.storage.journal import Entry
 from reconciler.storage.models import Operation
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.payloads import load_request
+from reconciler.storage.trust import is_trusted
 from reconciler.storage.webhook_events import attach_orphans
 
 
@@ -248,7 +250,8 @@ class CreateStep:
         ctx = self.ctx
         spec = ctx.spec(op)
         now = ctx.now()
-        first = first_poll_at(now, op.deadline_at, ctx.runtime.rng, ctx.poll_policy(spec))
+        policy = ctx.poll_policy(spec)
+        adaptive = ctx.trust_policy(spec).adaptive
 
         def accept(conn: Connection, fresh: Operation) -> Operation:
             journal = ctx.runtime.journal
@@ -296,10 +299,13 @@ class CreateStep:
                     entries=hints,
                     lease=ctx.lease,
                 )
-            nxt: dict[str, Any] = {
-                "next_poll_at": first,
-                "delay_source": DelaySource.LOCAL_BACKOFF.value,
-            }
+            # The create answer is the first observation: while the provider's webhooks are
+            # trusted, even the first fallback read waits the stretched schedule.
+            trusted = adaptive and is_trusted(conn, op.provider)
+            first, source = first_poll(
+                now, op.deadline_at, ctx.runtime.rng, policy, trusted=trusted
+            )
+            nxt: dict[str, Any] = {"next_poll_at": first, "delay_source": source.value}
             if orphans:
                 nxt = {
                     "next_poll_at": now,
@@ -314,6 +320,7 @@ class CreateStep:
                 actor=ctx.actor,
                 cause="observing",
                 now=now,
+                detail={"next_poll_at": isoformat(nxt["next_poll_at"])},
                 changes=nxt,
                 entries=hints,
                 lease=ctx.lease,
