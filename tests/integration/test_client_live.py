@@ -15,7 +15,7 @@ from reconciler import errors
 from reconciler.client import AsyncClient, Client, Outcome, ReplayGuard, RunResult, verify_callback
 from reconciler.storage.tokens import create_token
 from tests.support.hooks import Reply, serve_receiver, wait_until
-from tests.support.stack import CALLBACK_SECRET, Stack, running_stack
+from tests.support.stack import Stack, running_stack
 
 FAST_POLLING = {"base_delay_seconds": 0.1, "max_delay_seconds": 0.5}
 # A retry at least a second later carries a new timestamp (one in the same second would be
@@ -150,17 +150,18 @@ def test_verify_callback_on_deliveries_the_service_sent(api: Client, stack: Stac
         got = wait_until(
             lambda: len(found := receiver.deliveries("agent")) >= 2 and found, 20, "2 deliveries"
         )
+    secret = stack.callback_secret()  # this agent's own, as `tokens create` showed it
     guard = ReplayGuard()
-    events = [verify_callback(d.body, d.headers, CALLBACK_SECRET, replay_guard=guard) for d in got]
+    events = [verify_callback(d.body, d.headers, secret, replay_guard=guard) for d in got]
     assert [e.webhook_id for e in events] == [op.id, op.id]  # one id per operation
     assert events[0].timestamp <= events[1].timestamp
     assert all(e.type == "operation.completed" and e.operation.done for e in events)
     assert events[1].operation.state == "succeeded"
     # Presented again as it was, a delivery is a replay.
     with pytest.raises(errors.SignatureRejected) as caught:
-        verify_callback(got[1].body, got[1].headers, CALLBACK_SECRET, replay_guard=guard)
+        verify_callback(got[1].body, got[1].headers, secret, replay_guard=guard)
     assert caught.value.reason is errors.RejectReason.REPLAYED
     # Changed by one byte, it is a bad signature.
     with pytest.raises(errors.SignatureRejected) as caught:
-        verify_callback(got[1].body + b" ", got[1].headers, CALLBACK_SECRET)
+        verify_callback(got[1].body + b" ", got[1].headers, secret)
     assert caught.value.reason is errors.RejectReason.SIGNATURE_MISMATCH
