@@ -88,7 +88,12 @@ class Runtime:
         ssrf.validate_allow_hosts(settings.callbacks.allow_hosts)
         runtime = cls(
             settings=settings,
-            db=Database(settings.database_url, background_checkpoint=True),
+            db=Database(
+                settings.database_url,
+                background_checkpoint=True,
+                write_wait_seconds=settings.server.write_wait_seconds,
+                now=clock.now,
+            ),
             journal=Journal(key=key.reveal().encode("utf-8") if key else None),
             providers=providers,
             environ=env,

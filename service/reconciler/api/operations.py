@@ -89,7 +89,7 @@ async def create(request: Request) -> Response:
     body = parse_json(await read_limited(request, rt.settings.server.max_body_bytes))
     req = parse_create(body, rt.providers, rt.check_callback_url)
     limits = rt.limits_for(req.provider)
-    op, created = await rt.db.run(
+    op, created = await rt.db.run_write(
         operations.create_operation, rt.db, rt.journal, who, req, limits, rt.clock.now()
     )
     if created:
@@ -173,7 +173,7 @@ async def cancel(request: Request) -> Response:
     intent = parse_cancel(parse_json(raw) if raw.strip() else None)
     op_id = request.path_params["op_id"]
 
-    op = await rt.db.run(
+    op = await rt.db.run_write(
         commands_cancel, rt.db, rt.journal, rt.providers, op_id, who, intent.reason, rt.clock.now()
     )
     rt.notifier.changed(op.id)
@@ -199,7 +199,7 @@ async def decide(request: Request) -> Response:
     )
     op_id = request.path_params["op_id"]
 
-    op = await rt.db.run(
+    op = await rt.db.run_write(
         commands_decide, rt.db, rt.journal, rt.providers, op_id, who, decision, rt.clock.now()
     )
     rt.notifier.changed(op.id)

@@ -7,9 +7,8 @@ without the lease, and decides again on the fresh row after a lost race.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -38,7 +37,6 @@ APPLY_ATTEMPTS = 3
 @dataclass
 class StepContext:
     runtime: Runtime
-    _limits: dict[str, asyncio.Semaphore] = field(default_factory=dict)
 
     @property
     def lease(self) -> Lease:
@@ -86,14 +84,10 @@ class StepContext:
         )
 
     async def call(self, op: Operation, name: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """One provider call, bounded per provider so one slow provider cannot starve others."""
-        limit = self._limits.get(op.provider)
-        if limit is None:
-            limit = self._limits[op.provider] = asyncio.Semaphore(
-                self.runtime.settings.scheduler.provider_concurrency
-            )
-        async with limit:
-            result = await fn()
+        """One provider call, counted. Its bound is the provider's share of the worker
+        (``engine.shares``): the claim takes no more of a provider's operations than its
+        share has slots, so a call never queues behind another provider's."""
+        result = await fn()
         call = getattr(result, "call", result)
         if isinstance(call, CallResult):
             self.count_call(op, name, call)
@@ -107,7 +101,7 @@ class StepContext:
             with rt.db.write() as conn:
                 return fn(conn)
 
-        after = await rt.db.run(run)
+        after = await rt.db.run_write(run)
         await self._changed(op, after)
         return after
 
@@ -139,7 +133,7 @@ class StepContext:
                     raise StaleWrite(f"operation {op.id}: the lease was lost")
                 return build(conn, current)
 
-        after = await rt.db.run(lambda: retry_stale(fresh, APPLY_ATTEMPTS))
+        after = await rt.db.run_write(lambda: retry_stale(fresh, APPLY_ATTEMPTS))
         await self._changed(op, after)
         return after
 

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from reconciler.core.states import State
+from reconciler.core.states import END_STATES, State
 from reconciler.errors import InvalidRequest, NotFound
 from reconciler.storage.journal import OPS
 from reconciler.storage.models import Operation, operation_record
@@ -113,14 +113,46 @@ class Claim:
     taken_over_from: str | None  # a previous holder whose lease expired (it stopped or hung)
 
 
+@dataclass(frozen=True)
+class ShareFilter:
+    """Which operations one share of a worker may claim.
+
+    ``completion=True``: operations whose completion handler is due (an end state with
+    ``completion_pending``), whatever their provider; ``completion=False`` excludes them.
+    ``provider`` narrows to one provider.
+    """
+
+    provider: str | None = None
+    completion: bool | None = None
+
+
+def _share_clause(share: ShareFilter) -> sa.ColumnElement[bool]:
+    clauses: list[sa.ColumnElement[bool]] = []
+    if share.provider is not None:
+        clauses.append(OPS.c.provider == share.provider)
+    if share.completion is not None:
+        completing = sa.and_(
+            OPS.c.completion_pending.is_(True),
+            OPS.c.state.in_([s.value for s in END_STATES]),
+        )
+        clauses.append(completing if share.completion else sa.not_(completing))
+    return sa.and_(sa.true(), *clauses)
+
+
 def claim_due(
-    conn: Connection, owner: str, now: datetime, lease_seconds: float, limit: int
+    conn: Connection,
+    owner: str,
+    now: datetime,
+    lease_seconds: float,
+    limit: int,
+    share: ShareFilter | None = None,
 ) -> list[Claim]:
     """Lease up to ``limit`` due operations to ``owner``, earliest due first.
 
     The candidates are locked as they are read (PostgreSQL: ``FOR UPDATE SKIP LOCKED``;
     SQLite: the write transaction is ``BEGIN IMMEDIATE``), and the lease is re-checked in
-    the UPDATE itself, so two claimers can never both win a row.
+    the UPDATE itself, so two claimers can never both win a row. ``share`` limits the
+    claim to what one share of the worker can start now.
     """
     free = sa.or_(OPS.c.lease_expires_at.is_(None), OPS.c.lease_expires_at <= now)
     due = (
@@ -129,6 +161,8 @@ def claim_due(
         .order_by(OPS.c.next_poll_at)
         .limit(limit)
     )
+    if share is not None:
+        due = due.where(_share_clause(share))
     if conn.dialect.name == "postgresql":
         due = due.with_for_update(skip_locked=True)
     candidates = {r.id: r.lease_owner for r in conn.execute(due)}
