@@ -88,6 +88,13 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.front_door_refusals = Counter(
+            "reconciler_front_door_refusals",
+            "Connections the server cut off or refused before the app, by reason "
+            "(too many connections, headers too large or too many, header or body too slow).",
+            ["reason"],
+            registry=r,
+        )
         self._webhook_children: dict[tuple[str, str], Any] = {}
         self.hook_runs = Counter(
             "reconciler_hook_runs",

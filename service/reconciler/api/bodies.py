@@ -7,7 +7,7 @@ even from a client that lies in ``Content-Length`` or sends none. Parsing is
 
 from __future__ import annotations
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from reconciler.errors import InvalidRequest, PayloadTooLarge
 
@@ -23,9 +23,13 @@ async def read_limited(request: Request, limit: int) -> bytes:
             raise PayloadTooLarge(f"body is larger than the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"body is larger than the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"body is larger than the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # The client went away, or the front door cut off a body that arrived too slowly.
+        raise InvalidRequest("the request body did not arrive in full") from None
     return b"".join(chunks)
