@@ -20,6 +20,7 @@ SOURCE_WORDS = {
     DelaySource.LOCAL_BACKOFF.value: "local backoff",
     DelaySource.MANUAL_EXTENSION.value: "manual extension",
     DelaySource.WEBHOOK_HINT.value: "webhook hint",
+    DelaySource.CATCH_UP.value: "catch-up spread",
 }
 
 

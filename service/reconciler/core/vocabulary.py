@@ -14,6 +14,7 @@ class DelaySource(StrEnum):
     LOCAL_BACKOFF = "local_backoff"
     MANUAL_EXTENSION = "manual_extension"
     WEBHOOK_HINT = "webhook_hint"
+    CATCH_UP = "catch_up"  # overdue after a restart or pause: spread out, not burst
 
 
 class EscalationReason(StrEnum):

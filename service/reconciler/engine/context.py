@@ -15,9 +15,10 @@ from typing import Any, TypeVar
 from sqlalchemy.engine import Connection
 
 from reconciler.core.backoff import BackoffPolicy
+from reconciler.core.clock import isoformat
 from reconciler.core.poll import PollPolicy
 from reconciler.core.states import END_STATES, State
-from reconciler.core.vocabulary import EscalationReason, TransportError
+from reconciler.core.vocabulary import EscalationReason, HistoryKind, TransportError
 from reconciler.errors import StaleWrite
 from reconciler.metrics import status_label
 from reconciler.providers.adapter import CallResult, ProviderAdapter
@@ -29,6 +30,20 @@ from reconciler.storage.journal import Entry, Lease, retry_stale
 from reconciler.storage.models import Operation
 
 T = TypeVar("T")
+# The history note that says our own database, not the provider, took part of a window.
+STORAGE_OUTAGE = "storage_outage"
+
+
+@dataclass(frozen=True)
+class OutageNote:
+    """Our database's outages within a window, and the history entry that records them."""
+
+    started_at: datetime
+    ended_at: datetime
+    seconds: float
+    entry: Entry
+
+
 # A step's write after a provider call is retried a few times on a lost race (another
 # writer was first on the same row: an agent's cancel, a webhook hint, an operator).
 APPLY_ATTEMPTS = 3
@@ -136,6 +151,31 @@ class StepContext:
         after = await rt.db.run_write(lambda: retry_stale(fresh, APPLY_ATTEMPTS))
         await self._changed(op, after)
         return after
+
+    def outage_note(self, start: datetime, end: datetime, **detail: Any) -> OutageNote | None:
+        """Record, as ours, any outage of our database that overlapped ``[start, end]``.
+
+        A provider is never blamed for a window this process spent unable to write.
+        """
+        outages = self.runtime.db.availability.outages_between(start, end)
+        if not outages:
+            return None
+        first, last = outages[0], outages[-1]
+        seconds = round(sum(o.seconds for o in outages), 3)
+        entry = Entry(
+            kind=HistoryKind.NOTE,
+            actor=self.actor,
+            cause=STORAGE_OUTAGE,
+            detail={
+                "from": isoformat(first.started_at),
+                "to": isoformat(last.ended_at),
+                "seconds": seconds,
+                "failure": last.failure.value,
+                "meaning": "this service's database was unavailable; not the provider's doing",
+                **detail,
+            },
+        )
+        return OutageNote(first.started_at, last.ended_at, seconds, entry)
 
     def escalate_in(
         self,

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from reconciler.core.states import END_STATES, State
+from reconciler.engine.catch_up import spread_overdue
 from reconciler.engine.context import StepContext
 from reconciler.engine.shares import COMPLETION, Shares, share_of
 from reconciler.errors import Bug, ReconcilerError, StaleWrite, StorageUnavailable
@@ -151,6 +152,7 @@ class Worker:
 
         def claim() -> dict[str, list[store.Claim]]:
             with rt.db.write() as conn:
+                spread_overdue(conn, rt, now, self.ctx.actor)
                 return {
                     key: store.claim_due(conn, self.owner, now, lease, n, _filter(key))
                     for key, n in wants.items()

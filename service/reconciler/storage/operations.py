@@ -178,6 +178,34 @@ def claim_due(
     return [Claim(r.id, candidates[r.id]) for r in rows]
 
 
+STATUS_READ_STATES = (State.OBSERVING, State.CANCELLING)
+
+
+def due_status_reads(
+    conn: Connection, now: datetime, skip_source: str, limit: int
+) -> list[Operation]:
+    """Unleased operations whose next status read is due, except those ``skip_source`` set.
+
+    For the catch-up spread (``engine.catch_up``), which reschedules them in the same
+    transaction; on PostgreSQL rows another replica holds locked are skipped.
+    """
+    free = sa.or_(OPS.c.lease_expires_at.is_(None), OPS.c.lease_expires_at <= now)
+    query = (
+        sa.select(OPS)
+        .where(
+            OPS.c.next_poll_at <= now,
+            OPS.c.state.in_([s.value for s in STATUS_READ_STATES]),
+            free,
+            sa.or_(OPS.c.delay_source.is_(None), OPS.c.delay_source != skip_source),
+        )
+        .order_by(OPS.c.next_poll_at)
+        .limit(limit)
+    )
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    return [operation_record(r) for r in conn.execute(query).mappings()]
+
+
 def release(conn: Connection, operation_ids: Sequence[str], owner: str) -> None:
     """Give leases back (only those still ours)."""
     if not operation_ids:
