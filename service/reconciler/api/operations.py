@@ -13,6 +13,7 @@ from starlette.routing import Route
 from reconciler.api.auth import principal as authenticate
 from reconciler.api.bodies import read_limited
 from reconciler.api.validation import parse_cancel, parse_create, parse_decision
+from reconciler.api.view_batch import ViewBatcher
 from reconciler.commands import create as operations
 from reconciler.commands.cancel import cancel as commands_cancel
 from reconciler.commands.decide import decide as commands_decide
@@ -79,8 +80,20 @@ async def _wait_for(
                 await asyncio.wait_for(event.wait(), timeout=left)
         finally:
             rt.notifier.unsubscribe(op.id, event)
+        if not event.is_set():
+            break  # timed out without a change: the last read stands, no read at the bell
         op = await _load_visible(rt, op.id, who)
+        if rt.notifier.closing:
+            break  # shutting down: answer now rather than be cut off mid-wait
     return op
+
+
+def _views(request: Request) -> ViewBatcher:
+    batcher = getattr(request.app.state, "view_batcher", None)
+    if batcher is None:
+        batcher = request.app.state.view_batcher = ViewBatcher(_rt(request))
+    assert isinstance(batcher, ViewBatcher)
+    return batcher
 
 
 async def create(request: Request) -> Response:
@@ -128,7 +141,7 @@ async def wait(request: Request) -> Response:
     timeout = _query_number(request, "timeout_seconds", min(30.0, cap), cap)
     op = await _load_visible(rt, request.path_params["op_id"], who)
     op = await _wait_for(rt, op, who, timeout)
-    return JSONResponse(await _view(rt, op))
+    return JSONResponse(await _views(request).view(op))
 
 
 async def list_all(request: Request) -> Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -35,8 +36,25 @@ def serve(settings: Settings, *, migrate_first: bool = True) -> int:
         migrate.upgrade(runtime.db)
     app = create_app(runtime)
     tune_process()
-    uvicorn.Server(server_config(app, settings, runtime)).run()
+    Server(server_config(app, settings, runtime), runtime).run()
     return 0
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, telling long-polls to answer as soon as a stop is asked for.
+
+    uvicorn waits ``timeout_graceful_shutdown`` for open requests and then cancels
+    them, which logs a ``CancelledError`` traceback for every ``/wait`` still open;
+    answered at once instead, each agent simply waits again (on another replica).
+    """
+
+    def __init__(self, config: uvicorn.Config, runtime: Runtime) -> None:
+        super().__init__(config)
+        self.runtime = runtime
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.runtime.notifier.close_waits()
+        super().handle_exit(sig, frame)
 
 
 def server_config(app: Any, settings: Settings, runtime: Runtime) -> uvicorn.Config:

@@ -89,12 +89,14 @@ class Writer:
             result: T = await asyncio.wait_for(asyncio.shield(job.future), bound)
         except TimeoutError:
             job.abandoned = True
+            job.future.cancel()  # nobody will read its outcome
             self._timed_out(f"a write waited more than {bound:g} s")
             raise StorageUnavailable(
                 f"the database did not complete the write within {bound:g} s; retry later"
             ) from None
         except asyncio.CancelledError:
             job.abandoned = True
+            job.future.cancel()
             raise
         return result
 
