@@ -203,6 +203,7 @@ class PollStep:
                     decision.counters,
                 )
         changes, detail, delay_source = self._record(op, outcome, decision, now)
+        lead = self._outage(op) if last_look else []
         entry = Entry(
             kind=HistoryKind.OBSERVATION,
             actor=ctx.actor,
@@ -233,17 +234,17 @@ class PollStep:
                 now=now,
                 detail={"remote_state": obs.remote_state},
                 changes=changes,
-                before=[entry],
+                before=[*lead, entry],
                 lease=ctx.lease,
             )
         if isinstance(decision, decisions.Finish):
-            return self._finish(conn, op, decision, view, changes, entry, now)
+            return self._finish(conn, op, decision, view, changes, [*lead, entry], now)
         return ctx.escalate_in(
             conn,
             op,
             _stop_reason(op, decision.reason),
             decision.detail,
-            before=[*(self._outage(op) if last_look else []), entry],
+            before=[*lead, entry],
             changes=changes,
             transport_error=obs.transport_error,
         )
@@ -306,7 +307,7 @@ class PollStep:
         decision: decisions.Finish,
         view: Any,
         changes: dict[str, Any],
-        entry: Entry,
+        evidence: list[Entry],
         now: datetime,
     ) -> Operation:
         ctx = self.ctx
@@ -330,7 +331,7 @@ class PollStep:
             now=now,
             detail={"remote_state": getattr(view, "remote_state", None)},
             changes=changes,
-            before=[entry],
+            before=evidence,
             lease=ctx.lease,
         )
 
