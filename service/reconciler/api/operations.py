@@ -55,37 +55,37 @@ async def _load_visible(rt: Runtime, op_id: str, who: Principal) -> Operation:
 
 
 async def _wait_for(
-    rt: Runtime, op: Operation, who: Principal, timeout: float, until: set[State] | None = None
+    rt: Runtime,
+    op_id: str,
+    who: Principal,
+    deadline: float,
+    until: set[State] | None = None,
 ) -> Operation:
-    """Return as soon as the operation is done (or leaves ``until``), or at ``timeout``."""
+    """The operation as soon as it is done (or leaves ``until``), or at ``deadline``.
+
+    ``deadline`` is on the loop's clock, taken when the request arrived, so time spent
+    queueing for a read counts against the wait. Each round subscribes before it reads
+    (a change in between is not missed) and reads once; the timeout itself costs no read.
+    """
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
 
     def finished(current: Operation) -> bool:
         state = State(current.state)
         return state in END_STATES if until is None else state not in until
 
-    while not finished(op):
-        left = deadline - loop.time()
-        if left <= 0:
-            break
-        event = rt.notifier.subscribe(op.id)
+    while True:
+        event = rt.notifier.subscribe(op_id)
         try:
-            # Re-read after subscribing so a change between the read and the subscription
-            # is not missed.
-            op = await _load_visible(rt, op.id, who)
-            if finished(op):
-                break
+            op = await _load_visible(rt, op_id, who)
+            left = deadline - loop.time()
+            if finished(op) or left <= 0 or rt.notifier.closing:
+                return op  # closing: shutting down, answer now rather than be cut off
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout=left)
         finally:
-            rt.notifier.unsubscribe(op.id, event)
+            rt.notifier.unsubscribe(op_id, event)
         if not event.is_set():
-            break  # timed out without a change: the last read stands, no read at the bell
-        op = await _load_visible(rt, op.id, who)
-        if rt.notifier.closing:
-            break  # shutting down: answer now rather than be cut off mid-wait
-    return op
+            return op  # timed out without a change: the last read stands
 
 
 def _views(request: Request) -> ViewBatcher:
@@ -108,9 +108,8 @@ async def create(request: Request) -> Response:
     if created:
         rt.notifier.wake()
         # A short, bounded wait so the answer usually carries the job id already.
-        op = await _wait_for(
-            rt, op, who, rt.settings.server.create_wait_seconds, until={State.CREATE_PENDING}
-        )
+        deadline = asyncio.get_running_loop().time() + rt.settings.server.create_wait_seconds
+        op = await _wait_for(rt, op.id, who, deadline, until={State.CREATE_PENDING})
     return JSONResponse(await _view(rt, op), status_code=202 if created else 200)
 
 
@@ -135,12 +134,12 @@ def _query_number(request: Request, name: str, default: float, maximum: float) -
 
 
 async def wait(request: Request) -> Response:
+    arrived = asyncio.get_running_loop().time()
     rt = _rt(request)
     who = await authenticate(request)
     cap = rt.settings.server.wait_max_seconds
     timeout = _query_number(request, "timeout_seconds", min(30.0, cap), cap)
-    op = await _load_visible(rt, request.path_params["op_id"], who)
-    op = await _wait_for(rt, op, who, timeout)
+    op = await _wait_for(rt, request.path_params["op_id"], who, arrived + timeout)
     return JSONResponse(await _views(request).view(op))
 
 
