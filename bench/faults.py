@@ -131,7 +131,7 @@ def _db_lock(tmp: Path, hold: float) -> Row:
         outside.close()
         locks._wait_ready(url)
         time.sleep(1.0)
-    health = [took for took, _, s in probes["healthz"].results if s == 200]
+    health = [took for _, took, s in probes["healthz"].results if s == 200]
     failed = sum(1 for _, _, s in probes["healthz"].results if s != 200)
     waited = max(took for name in ("create", "webhook") for _, took, _ in probes[name].results)
     with sqlite3.connect(db_path) as conn:

@@ -32,7 +32,9 @@ from tests.support.process import cli, make_tokens, service_config, service_proc
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
 
-BOUND = 1.0  # server.write_wait_seconds in these tests
+BOUND = 2.0  # server.write_wait_seconds in these tests
+# /healthz takes milliseconds; a loop stalled by a lock would miss this by the bound.
+HEALTHZ_TIMEOUT = BOUND / 4
 SLACK = 2.0  # scheduling on a shared machine; a hang would be many times this
 
 
@@ -170,7 +172,7 @@ def _wait_ready(url: str, timeout: float = 15) -> None:
 
 def _kinds(writes: Writes) -> dict[str, Callable[[httpx.Client], httpx.Response]]:
     return {
-        "healthz": lambda c: c.get("/healthz", timeout=1.0),
+        "healthz": lambda c: c.get("/healthz", timeout=HEALTHZ_TIMEOUT),
         "readyz": lambda c: c.get("/readyz"),
         "create": writes.create,
         "webhook": writes.webhook,
@@ -179,7 +181,7 @@ def _kinds(writes: Writes) -> dict[str, Callable[[httpx.Client], httpx.Response]
 
 def test_an_outside_exclusive_lock_stalls_only_the_writes(tmp_path: Path) -> None:
     db_path = tmp_path / "reconciler.db"
-    hold_seconds = 6 * BOUND
+    hold_seconds = 5 * BOUND
     with service(tmp_path, db_path) as (url, writes), probing(url, _kinds(writes)) as probes:
         time.sleep(1.0)  # some traffic before the lock
         outside = sqlite3.connect(db_path, isolation_level=None, timeout=10)

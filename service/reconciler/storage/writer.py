@@ -16,11 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+import sqlalchemy as sa
 
 from reconciler.errors import StorageUnavailable
 
@@ -35,6 +38,28 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
     abandoned: bool = field(default=False)
+
+
+def _detached(exc: BaseException) -> BaseException:
+    """``exc`` without the tracebacks of a driver error in its chain.
+
+    Those tracebacks hold the driver's cursors. Freed on the event loop, a SQLite cursor
+    resets its statement, which waits for its connection's mutex, and the pool may have
+    handed that connection to the next write, now waiting out the busy timeout: the
+    loop would stall for as long. The message and the error's type are what callers use.
+    """
+    chain: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and link not in chain:
+        chain.append(link)
+        orig = getattr(link, "orig", None)
+        if isinstance(orig, BaseException) and orig not in chain:
+            chain.append(orig)
+        link = link.__cause__ or link.__context__
+    if any(isinstance(e, sqlite3.Error | sa.exc.DBAPIError) for e in chain):
+        for e in chain:
+            e.__traceback__ = None
+    return exc
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -116,7 +141,7 @@ class Writer:
             try:
                 result = job.fn(*job.args)
             except BaseException as exc:  # handed to the awaiting coroutine, which raises it
-                self._post(job, None, exc)
+                self._post(job, None, _detached(exc))
             else:
                 self._post(job, result, None)
             finally:
