@@ -35,9 +35,13 @@ class ViewBatcher:
         return await future
 
     def _load(self, ops: list[Operation]) -> list[dict[str, Any]]:
+        """One view per distinct (operation, version): many may wait on the same one."""
         rt = self.runtime
+        distinct = list({(op.id, op.version): op for op in ops}.values())
         with rt.db.read() as conn:
-            return operation_views(conn, ops, rt.clock.now())
+            views = operation_views(conn, distinct, rt.clock.now())
+        by_key = {(op.id, op.version): v for op, v in zip(distinct, views, strict=True)}
+        return [by_key[(op.id, op.version)] for op in ops]
 
     async def _drain(self) -> None:
         try:
