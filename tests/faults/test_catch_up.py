@@ -23,10 +23,10 @@ from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
 
 OPERATIONS = 300
-INTERVAL = 6.0  # polling base = max delay: reads every 3-6 s (jitter floor 0.5)
-STEADY_WINDOW = 8.0
+INTERVAL = 10.0  # polling base = max delay: reads every 5-10 s (jitter floor 0.5), ~40/s
+STEADY_WINDOW = 10.0
 DOWN = INTERVAL + 4.0
-AFTER_WINDOW = 12.0
+AFTER_WINDOW = 15.0
 
 
 def _status_times(sim: SimState) -> list[float]:
