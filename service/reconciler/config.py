@@ -65,6 +65,15 @@ class ServerSettings:
     # Where operators reach the service ("https://reconciler.example"); empty means
     # http://host:port. An https URL makes the console's session cookie Secure.
     public_url: str = ""
+    # How long a request waits for the database to take its write before a 503.
+    write_wait_seconds: float = 5.0
+    # The front door (enforced by the server's protocol, before the app sees a request).
+    max_connections: int = 4096  # open connections; the excess is refused on accept
+    max_header_bytes: int = 65_536  # request line and headers together
+    max_headers: int = 100
+    header_timeout_seconds: float = 10.0  # to receive the request line and headers
+    body_timeout_seconds: float = 30.0  # to receive the body once the headers are in
+    keep_alive_seconds: float = 5.0  # an idle kept-alive connection is closed after this
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,8 @@ class SchedulerSettings:
     batch_size: int = 100
     provider_concurrency: int = 16  # status/create/cancel calls in flight per provider
     enabled: bool = True
+    # Status reads overdue by more than this (a restart, a pause) are spread out, not burst.
+    catch_up_after_seconds: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,7 @@ class CallbackSettings:
     base_delay_seconds: float = 2.0
     max_delay_seconds: float = 300.0
     max_response_bytes: int = 65_536
+    concurrency: int = 32  # completion handlers (hooks, callback deliveries) in flight
 
 
 @dataclass(frozen=True)
@@ -237,6 +249,13 @@ def _positive(settings: Settings) -> None:
         ("server.port", settings.server.port),
         ("server.max_body_bytes", settings.server.max_body_bytes),
         ("server.wait_max_seconds", settings.server.wait_max_seconds),
+        ("server.write_wait_seconds", settings.server.write_wait_seconds),
+        ("server.max_connections", settings.server.max_connections),
+        ("server.max_header_bytes", settings.server.max_header_bytes),
+        ("server.max_headers", settings.server.max_headers),
+        ("server.header_timeout_seconds", settings.server.header_timeout_seconds),
+        ("server.body_timeout_seconds", settings.server.body_timeout_seconds),
+        ("server.keep_alive_seconds", settings.server.keep_alive_seconds),
         ("scheduler.tick_seconds", settings.scheduler.tick_seconds),
         ("scheduler.lease_seconds", settings.scheduler.lease_seconds),
         ("scheduler.batch_size", settings.scheduler.batch_size),
@@ -246,6 +265,8 @@ def _positive(settings: Settings) -> None:
         ("limits.min_deadline_seconds", settings.limits.min_deadline_seconds),
         ("limits.max_history_page", settings.limits.max_history_page),
         ("console.session_hours", settings.console.session_hours),
+        ("callbacks.concurrency", settings.callbacks.concurrency),
+        ("scheduler.catch_up_after_seconds", settings.scheduler.catch_up_after_seconds),
     ]
     for key, value in checks:
         if value <= 0:

@@ -141,6 +141,13 @@ class Metrics:
             buckets=READS_BUCKETS,
             registry=r,
         )
+        self.front_door_refusals = Counter(
+            "reconciler_front_door_refusals",
+            "Connections the server cut off or refused before the app, by reason "
+            "(too many connections, headers too large or too many, header or body too slow).",
+            ["reason"],
+            registry=r,
+        )
         self._webhook_children: dict[tuple[str, str], Any] = {}
         self.hook_runs = Counter(
             "reconciler_hook_runs",

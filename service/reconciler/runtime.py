@@ -35,6 +35,7 @@ from reconciler.storage import trust
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.tokens import Principal
+from reconciler.storage.views import ViewBatcher
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Runtime:
     allow_hosts: ssrf.AllowList = field(default_factory=lambda: ssrf.as_allow_list(()))
     transport: Any = None  # an httpx transport for provider calls (tests); None = network
     webhooks: GroupCommitter = field(init=False)
+    views: ViewBatcher = field(init=False)
     metrics: Metrics = field(default_factory=Metrics)
     # Authenticated principals by digest of the Authorization header, with their expiry.
     token_cache: dict[str, tuple[Principal, float]] = field(default_factory=dict)
@@ -64,6 +66,7 @@ class Runtime:
         self.webhooks = GroupCommitter(
             self.db, self.journal, self.clock.now, on_hint=self.notifier.wake
         )
+        self.views = ViewBatcher(self.db, self.clock.now)
         self.metrics.watch_states(self._state_counts)
         self.metrics.watch_trust(self.trust_views)
 
@@ -100,7 +103,12 @@ class Runtime:
         ssrf.validate_allow_hosts(settings.callbacks.allow_hosts)
         runtime = cls(
             settings=settings,
-            db=Database(settings.database_url, background_checkpoint=True),
+            db=Database(
+                settings.database_url,
+                background_checkpoint=True,
+                write_wait_seconds=settings.server.write_wait_seconds,
+                now=clock.now,
+            ),
             journal=Journal(key=key.reveal().encode("utf-8") if key else None),
             providers=providers,
             environ=env,

@@ -65,6 +65,7 @@ def service_config(
     scheduler: Mapping[str, Any] | None = None,
     log_level: str = "INFO",
     provider: Mapping[str, Any] | None = None,
+    server: Mapping[str, Any] | None = None,
 ) -> tuple[Path, int]:
     """Write reconciler.toml and the provider file; returns the config path and the port."""
     port = port or unused_port()
@@ -79,6 +80,7 @@ def service_config(
         "[server]",
         'host = "127.0.0.1"',
         f"port = {port}",
+        *(f"{k} = {_toml_value(v)}" for k, v in (server or {}).items()),
         "[scheduler]",
         *(f"{k} = {_toml_value(v)}" for k, v in sched.items()),
         "[callbacks]",

@@ -9,6 +9,7 @@ through ``reconciler.client`` with the token it was started with.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -47,9 +48,9 @@ class LocalBackend:
         return await actions.render(self.rt, await actions.load_visible(self.rt, op_id, self.who))
 
     async def wait(self, op_id: str, timeout: float) -> View:
-        op = await actions.load_visible(self.rt, op_id, self.who)
+        deadline = asyncio.get_running_loop().time() + timeout
         return await actions.render(
-            self.rt, await actions.wait_until(self.rt, op, self.who, timeout)
+            self.rt, await actions.wait_until(self.rt, op_id, self.who, deadline)
         )
 
     async def cancel(self, op_id: str) -> View:

@@ -26,7 +26,7 @@ from reconciler.storage import operations as store
 from reconciler.storage.history import history_page
 from reconciler.storage.models import Operation
 from reconciler.storage.tokens import Principal
-from reconciler.storage.views import operation_views, view_of
+from reconciler.storage.views import operation_views
 
 Settled = Callable[[Operation], bool]
 
@@ -36,11 +36,8 @@ def is_done(op: Operation) -> bool:
 
 
 async def render(rt: Runtime, op: Operation) -> dict[str, Any]:
-    def load() -> dict[str, Any]:
-        with rt.db.read() as conn:
-            return view_of(conn, op, rt.clock.now())
-
-    return await rt.db.run(load)
+    """The Operation view (requests rendering in the same loop turn share one read)."""
+    return await rt.views.view(op)
 
 
 async def load_visible(rt: Runtime, op_id: str, who: Principal) -> Operation:
@@ -52,28 +49,28 @@ async def load_visible(rt: Runtime, op_id: str, who: Principal) -> Operation:
 
 
 async def wait_until(
-    rt: Runtime, op: Operation, who: Principal, timeout: float, settled: Settled = is_done
+    rt: Runtime, op_id: str, who: Principal, deadline: float, settled: Settled = is_done
 ) -> Operation:
-    """Return as soon as ``settled(op)`` holds, or at ``timeout`` with the latest record."""
+    """The operation as soon as ``settled`` holds, or at ``deadline`` with the latest record.
+
+    ``deadline`` is on the loop's clock, taken when the request arrived, so time spent
+    queueing for a read counts against the wait. Each round subscribes before it reads
+    (a change in between is not missed) and reads once; the timeout itself costs no read.
+    """
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not settled(op):
-        left = deadline - loop.time()
-        if left <= 0:
-            break
-        event = rt.notifier.subscribe(op.id)
+    while True:
+        event = rt.notifier.subscribe(op_id)
         try:
-            # Re-read after subscribing so a change between the read and the subscription
-            # is not missed.
-            op = await load_visible(rt, op.id, who)
-            if settled(op):
-                break
+            op = await load_visible(rt, op_id, who)
+            left = deadline - loop.time()
+            if settled(op) or left <= 0 or rt.notifier.closing:
+                return op  # closing: shutting down, answer now rather than be cut off
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout=left)
         finally:
-            rt.notifier.unsubscribe(op.id, event)
-        op = await load_visible(rt, op.id, who)
-    return op
+            rt.notifier.unsubscribe(op_id, event)
+        if not event.is_set():
+            return op  # timed out without a change: the last read stands
 
 
 async def start(rt: Runtime, who: Principal, body: Any) -> tuple[Operation, bool]:
@@ -86,25 +83,22 @@ async def start(rt: Runtime, who: Principal, body: Any) -> tuple[Operation, bool
     if schema is not None:
         schema.check(req.request)
     limits = rt.limits_for(req.provider)
-    op, created = await rt.db.run(
+    op, created = await rt.db.run_write(
         creating.create_operation, rt.db, rt.journal, who, req, limits, rt.clock.now()
     )
     if created:
         rt.notifier.wake()
         # A short, bounded wait so the answer usually carries the job id already.
+        deadline = asyncio.get_running_loop().time() + rt.settings.server.create_wait_seconds
         op = await wait_until(
-            rt,
-            op,
-            who,
-            rt.settings.server.create_wait_seconds,
-            lambda current: current.state != State.CREATE_PENDING,
+            rt, op.id, who, deadline, lambda current: current.state != State.CREATE_PENDING
         )
     return op, created
 
 
 async def cancel(rt: Runtime, who: Principal, op_id: str, body: Any) -> Operation:
     intent = parse_cancel(body)
-    op = await rt.db.run(
+    op = await rt.db.run_write(
         commands_cancel, rt.db, rt.journal, rt.providers, op_id, who, intent.reason, rt.clock.now()
     )
     rt.notifier.changed(op.id)

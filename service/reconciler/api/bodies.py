@@ -31,5 +31,6 @@ async def read_limited(request: Request, limit: int) -> bytes:
                 raise PayloadTooLarge(f"body is larger than the limit of {limit} bytes")
             chunks.append(chunk)
     except ClientDisconnect:
+        # The client went away, or the front door cut off a body that arrived too slowly.
         raise ClientDisconnected(f"the client went away after {size} bytes of the body") from None
     return b"".join(chunks)

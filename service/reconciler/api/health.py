@@ -1,7 +1,14 @@
-"""Liveness, readiness and metrics (behind a bearer token when one is configured)."""
+"""Liveness, readiness and metrics (behind a bearer token when one is configured).
+
+``/healthz`` touches nothing but the event loop, so it answers whatever the
+database does (a liveness probe must not kill a process for its database's
+trouble). ``/readyz`` is 503 while the database cannot be read within a
+bound or while this process's writes fail (``storage.availability``).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 
 import sqlalchemy as sa
@@ -32,9 +39,18 @@ def _ready(runtime: Runtime) -> tuple[bool, str]:
     return True, "ready"
 
 
+# A readiness probe is answered within this, whatever the database does.
+READY_WAIT_SECONDS = 2.0
+
+
 async def readyz(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
-    ok, message = await runtime.db.run(_ready, runtime)
+    try:
+        ok, message = await asyncio.wait_for(runtime.db.run(_ready, runtime), READY_WAIT_SECONDS)
+    except TimeoutError:
+        ok, message = False, f"database did not answer within {READY_WAIT_SECONDS:g} s"
+    if ok:
+        ok, message = runtime.db.availability.readiness()
     return JSONResponse(
         {"status": "ready" if ok else "not_ready", "detail": message},
         status_code=200 if ok else 503,

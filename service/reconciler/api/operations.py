@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -51,12 +53,12 @@ def _query_number(request: Request, name: str, default: float, maximum: float) -
 
 
 async def wait(request: Request) -> Response:
+    arrived = asyncio.get_running_loop().time()
     rt = _rt(request)
     who = await authenticate(request)
     cap = rt.settings.server.wait_max_seconds
     timeout = _query_number(request, "timeout_seconds", min(30.0, cap), cap)
-    op = await actions.load_visible(rt, request.path_params["op_id"], who)
-    op = await actions.wait_until(rt, op, who, timeout)
+    op = await actions.wait_until(rt, request.path_params["op_id"], who, arrived + timeout)
     return JSONResponse(await actions.render(rt, op))
 
 
@@ -95,7 +97,7 @@ async def decide(request: Request) -> Response:
     )
     op_id = request.path_params["op_id"]
 
-    op = await rt.db.run(
+    op = await rt.db.run_write(
         commands_decide, rt.db, rt.journal, rt.providers, op_id, who, decision, rt.clock.now()
     )
     rt.notifier.changed(op.id)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import gc
+from types import FrameType
+from typing import Any
 
 import uvicorn
 
 from reconciler import logs
 from reconciler.api.app import create_app
+from reconciler.api.frontdoor import DoorLimits, Refusal, protocol_class
 from reconciler.config import Settings
 from reconciler.runtime import Runtime
 from reconciler.storage import migrate
@@ -33,14 +36,46 @@ def serve(settings: Settings, *, migrate_first: bool = True) -> int:
         migrate.upgrade(runtime.db)
     app = create_app(runtime)
     tune_process()
-    config = uvicorn.Config(
+    Server(server_config(app, settings, runtime), runtime).run()
+    return 0
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, telling long-polls to answer as soon as a stop is asked for.
+
+    uvicorn waits ``timeout_graceful_shutdown`` for open requests and then cancels
+    them, which logs a ``CancelledError`` traceback for every ``/wait`` still open;
+    answered at once instead, each agent simply waits again (on another replica).
+    """
+
+    def __init__(self, config: uvicorn.Config, runtime: Runtime) -> None:
+        super().__init__(config)
+        self.runtime = runtime
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.runtime.notifier.close_waits()
+        super().handle_exit(sig, frame)
+
+
+def server_config(app: Any, settings: Settings, runtime: Runtime) -> uvicorn.Config:
+    """uvicorn's settings, with the front door's limits in the protocol itself."""
+    refusals = runtime.metrics.front_door_refusals
+
+    def count(refusal: Refusal) -> None:
+        refusals.labels(refusal.value).inc()
+
+    server = settings.server
+    return uvicorn.Config(
         app,
-        host=settings.server.host,
-        port=settings.server.port,
+        host=server.host,
+        port=server.port,
         log_config=None,
         access_log=False,
-        proxy_headers=settings.server.trust_proxy_headers,
+        proxy_headers=server.trust_proxy_headers,
         timeout_graceful_shutdown=5,
+        http=protocol_class(DoorLimits.of(server), count),
+        timeout_keep_alive=max(1, round(server.keep_alive_seconds)),
+        # The protocol refuses connections over max_connections on accept; the kernel's
+        # queue of not yet accepted ones is kept as long as the cap allows.
+        backlog=min(server.max_connections, 4096),
     )
-    uvicorn.Server(config).run()
-    return 0

@@ -188,7 +188,7 @@ async def decide(request: Request) -> Response:
             )
 
     await rt.db.run(check_escalation)
-    op = await rt.db.run(
+    op = await rt.db.run_write(
         commands_decide,
         rt.db,
         rt.journal,

@@ -23,6 +23,7 @@ SOURCE_WORDS = {
     DelaySource.MANUAL_EXTENSION.value: "manual extension",
     DelaySource.WEBHOOK_HINT.value: "webhook hint",
     DelaySource.WEBHOOK_TRUST.value: "webhook trust",
+    DelaySource.CATCH_UP.value: "catch-up spread",
 }
 
 TRUSTED_WORDS = " (webhooks trusted: this read is only a fallback)"

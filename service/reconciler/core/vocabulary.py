@@ -15,6 +15,7 @@ class DelaySource(StrEnum):
     MANUAL_EXTENSION = "manual_extension"
     WEBHOOK_HINT = "webhook_hint"
     WEBHOOK_TRUST = "webhook_trust"
+    CATCH_UP = "catch_up"  # overdue after a restart or pause: spread out, not burst
 
 
 class EscalationReason(StrEnum):

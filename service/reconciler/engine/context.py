@@ -7,19 +7,19 @@ without the lease, and decides again on the fresh row after a lost race.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection
 
 from reconciler.core.backoff import BackoffPolicy
+from reconciler.core.clock import isoformat
 from reconciler.core.poll import PollPolicy
 from reconciler.core.states import END_STATES, State
 from reconciler.core.trust import TrustPolicy
-from reconciler.core.vocabulary import EscalationReason, TransportError
+from reconciler.core.vocabulary import EscalationReason, HistoryKind, TransportError
 from reconciler.errors import StaleWrite
 from reconciler.metrics import status_label
 from reconciler.providers.adapter import CallResult, ProviderAdapter
@@ -35,6 +35,21 @@ T = TypeVar("T")
 # second, so a tick that wakes a little late still sends it in time; at most one normal
 # maximum delay.
 FINAL_LOOK_MIN_SECONDS = 1.0
+
+# The history note that says our own database, not the provider, took part of a window.
+STORAGE_OUTAGE = "storage_outage"
+
+
+@dataclass(frozen=True)
+class OutageNote:
+    """Our database's outages within a window, and the history entry that records them."""
+
+    started_at: datetime
+    ended_at: datetime
+    seconds: float
+    entry: Entry
+
+
 # A step's write after a provider call is retried a few times on a lost race (another
 # writer was first on the same row: an agent's cancel, a webhook hint, an operator).
 APPLY_ATTEMPTS = 3
@@ -48,7 +63,6 @@ def _final_look_seconds(spec: ProviderSpec) -> float:
 @dataclass
 class StepContext:
     runtime: Runtime
-    _limits: dict[str, asyncio.Semaphore] = field(default_factory=dict)
 
     @property
     def lease(self) -> Lease:
@@ -104,14 +118,10 @@ class StepContext:
         return spec.polling.trust()
 
     async def call(self, op: Operation, name: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """One provider call, bounded per provider so one slow provider cannot starve others."""
-        limit = self._limits.get(op.provider)
-        if limit is None:
-            limit = self._limits[op.provider] = asyncio.Semaphore(
-                self.runtime.settings.scheduler.provider_concurrency
-            )
-        async with limit:
-            result = await fn()
+        """One provider call, counted. Its bound is the provider's share of the worker
+        (``engine.shares``): the claim takes no more of a provider's operations than its
+        share has slots, so a call never queues behind another provider's."""
+        result = await fn()
         call = getattr(result, "call", result)
         if isinstance(call, CallResult):
             self.count_call(op, name, call)
@@ -125,7 +135,7 @@ class StepContext:
             with rt.db.write() as conn:
                 return fn(conn)
 
-        after = await rt.db.run(run)
+        after = await rt.db.run_write(run)
         await self._changed(op, after)
         return after
 
@@ -160,9 +170,34 @@ class StepContext:
                     raise StaleWrite(f"operation {op.id}: the lease was lost")
                 return build(conn, current)
 
-        after = await rt.db.run(lambda: retry_stale(fresh, APPLY_ATTEMPTS))
+        after = await rt.db.run_write(lambda: retry_stale(fresh, APPLY_ATTEMPTS))
         await self._changed(op, after)
         return after
+
+    def outage_note(self, start: datetime, end: datetime, **detail: Any) -> OutageNote | None:
+        """Record, as ours, any outage of our database that overlapped ``[start, end]``.
+
+        A provider is never blamed for a window this process spent unable to write.
+        """
+        outages = self.runtime.db.availability.outages_between(start, end)
+        if not outages:
+            return None
+        first, last = outages[0], outages[-1]
+        seconds = round(sum(o.seconds for o in outages), 3)
+        entry = Entry(
+            kind=HistoryKind.NOTE,
+            actor=self.actor,
+            cause=STORAGE_OUTAGE,
+            detail={
+                "from": isoformat(first.started_at),
+                "to": isoformat(last.ended_at),
+                "seconds": seconds,
+                "failure": last.failure.value,
+                "meaning": "this service's database was unavailable; not the provider's doing",
+                **detail,
+            },
+        )
+        return OutageNote(first.started_at, last.ended_at, seconds, entry)
 
     def escalate_in(
         self,

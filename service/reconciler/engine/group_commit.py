@@ -4,18 +4,18 @@ Guarantee: a provider gets 2xx only after its event is committed. Requests that
 arrive while a commit is running share the next one: one writer takes everything
 queued, writes it in one transaction (``storage.webhook_events.write_batch``) and
 resolves every waiting request at once. That keeps the per-request cost to an
-enqueue, instead of a thread hop and a commit per request. On PostgreSQL the
-writer is one thread (network waits release the GIL); on SQLite the batch is
-written on the event loop itself, between reads of new requests.
+enqueue, instead of a thread hop and a commit per request. The batch is written
+on the database's writer (``storage.writer``), never on the event loop: a lock
+held by another process then stalls only the writes, and each request waits at
+most the write bound before it is answered 503 with ``Retry-After`` (nothing
+acknowledged is lost: the provider delivers again, and the event id dedupes).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -56,8 +56,6 @@ class GroupCommitter:
         self._queue: list[_Pending] = []
         self._flushing = False
         self._flusher: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook-commit")
-        self._lock = threading.Lock()
         self.batches = 0
 
     async def submit(self, event: IncomingEvent) -> Outcome:
@@ -66,23 +64,27 @@ class GroupCommitter:
         self._queue.append(_Pending(event, future))
         if not self._flushing:
             self._flushing = True
-            self._flusher = loop.create_task(self._flush(loop))
-        return await future
+            self._flusher = loop.create_task(self._flush())
+        bound = self.db.write_wait_seconds
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), bound)
+        except TimeoutError:
+            future.cancel()  # not yet written: the next batch leaves it out
+            raise StorageUnavailable(
+                f"the event could not be stored within {bound:g} s; deliver it again later"
+            ) from None
 
-    async def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+    async def _flush(self) -> None:
         try:
             for _ in range(JOIN_TURNS):
                 await asyncio.sleep(0)
             while self._queue:
                 batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+                batch = [p for p in batch if not p.future.done()]
+                if not batch:
+                    continue
                 try:
-                    if self.db.sqlite:
-                        # SQLite is a local file: a batch is a few milliseconds of work that
-                        # mostly holds the GIL anyway, and handing it to a thread costs more
-                        # than it saves (the two threads then take turns on the GIL).
-                        outcomes = self._write(batch)
-                    else:
-                        outcomes = await loop.run_in_executor(self._executor, self._write, batch)
+                    outcomes = await self.db.run_write(self._write, batch)
                 except Exception as exc:
                     self._fail(batch, exc)
                     continue
@@ -138,4 +140,4 @@ class GroupCommitter:
         return results
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        """Nothing to release: the batches ran on the database's writer."""

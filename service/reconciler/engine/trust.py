@@ -69,8 +69,8 @@ class TrustKeeper:
         result = Sweep()
         db = self.runtime.db
         try:
-            await db.run(lambda: retry_stale(lambda: self._settle(result)))
-            await db.run(lambda: retry_stale(lambda: self._restore(result)))
+            await db.run_write(lambda: retry_stale(lambda: self._settle(result)))
+            await db.run_write(lambda: retry_stale(lambda: self._restore(result)))
         except StorageUnavailable:
             log.warning("webhook trust sweep skipped: database unavailable")
             return result

@@ -32,6 +32,7 @@ class Notifier:
         self._counts: dict[str, int] = {}
         self._wake_handlers: list[Callable[[], None]] = []
         self._listener: asyncio.Task[None] | None = None
+        self.closing = False
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -70,8 +71,23 @@ class Notifier:
         if event is not None:
             event.set()
 
+    def close_waits(self) -> None:
+        """The process is stopping: every waiter wakes now (and answers what it has)."""
+        self._call(self._close_local)
+
+    def _close_local(self) -> None:
+        self.closing = True
+        waiters, self._waiters = self._waiters, {}
+        self._counts.clear()
+        for event in waiters.values():
+            event.set()
+
     def subscribe(self, operation_id: str) -> asyncio.Event:
         """An event set at the next change of this operation (shared by all its waiters)."""
+        if self.closing:
+            done = asyncio.Event()
+            done.set()
+            return done
         event = self._waiters.get(operation_id)
         if event is None:
             event = self._waiters[operation_id] = asyncio.Event()

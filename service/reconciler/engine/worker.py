@@ -18,7 +18,9 @@ from datetime import datetime
 from typing import NamedTuple
 
 from reconciler.core.states import END_STATES, State
+from reconciler.engine.catch_up import spread_overdue
 from reconciler.engine.context import StepContext
+from reconciler.engine.shares import COMPLETION, Shares, share_of
 from reconciler.errors import Bug, ReconcilerError, StaleWrite, StorageUnavailable
 from reconciler.logs import operation_id_var, trace_id_var
 from reconciler.storage import operations as store
@@ -64,6 +66,12 @@ MAX_STEPS_PER_CLAIM = 6
 MAX_HELD_SECONDS = 600.0
 
 
+def _filter(share: str) -> store.ShareFilter:
+    if share == COMPLETION:
+        return store.ShareFilter(completion=True)
+    return store.ShareFilter(provider=share, completion=False)
+
+
 class Worker:
     def __init__(
         self,
@@ -79,6 +87,10 @@ class Worker:
         self.completion = steps.complete
         self.max_in_flight = max_in_flight
         self.on_next_due = on_next_due
+        settings = self.runtime.settings
+        capacities = dict.fromkeys(self.runtime.providers, settings.scheduler.provider_concurrency)
+        capacities[COMPLETION] = settings.callbacks.concurrency
+        self.shares = Shares(capacities)
         self._tasks: set[asyncio.Task[None]] = set()
         self._working: set[str] = set()  # operations one of our tasks is on
         self._claiming = False
@@ -94,7 +106,7 @@ class Worker:
         return len(self._tasks)
 
     async def tick(self) -> int:
-        """Claim what is due (up to capacity) and start working on it; returns claims made."""
+        """Claim what is due (up to each share's free slots) and start it; returns claims made."""
         if self._stopping:
             return 0
         if self._claiming:
@@ -105,54 +117,71 @@ class Worker:
         try:
             while not self._stopping:
                 self._again = False
-                capacity = min(
-                    self.max_in_flight - len(self._tasks),
-                    self.runtime.settings.scheduler.batch_size,
-                )
-                if capacity <= 0:
+                wants = self._wants()
+                if not wants:
                     break
-                ids = await self._claim(capacity)
-                for op_id in ids:
-                    self._spawn(op_id)
-                claimed += len(ids)
-                if len(ids) < capacity and not self._again:
+                claims = await self._claim(wants)
+                more = False
+                for key, ids in claims.items():
+                    for op_id in ids:
+                        self._spawn(op_id, key)
+                    claimed += len(ids)
+                    more = more or len(ids) == wants[key]
+                if not more and not self._again:
                     break
         finally:
             self._claiming = False
         return claimed
 
-    async def _claim(self, limit: int) -> list[str]:
+    def _wants(self) -> dict[str, int]:
+        """How many operations each share can start now (never more than it has free)."""
+        room = self.max_in_flight - len(self._tasks)
+        batch = self.runtime.settings.scheduler.batch_size
+        wants: dict[str, int] = {}
+        for key in self.shares:
+            n = min(self.shares.free(key), batch, room)
+            if n > 0:
+                wants[key] = n
+                room -= n
+        return wants
+
+    async def _claim(self, wants: dict[str, int]) -> dict[str, list[str]]:
         rt = self.runtime
         now = rt.clock.now()
+        lease = rt.settings.scheduler.lease_seconds
 
-        def claim() -> list[store.Claim]:
+        def claim() -> dict[str, list[store.Claim]]:
             with rt.db.write() as conn:
-                return store.claim_due(
-                    conn, self.owner, now, rt.settings.scheduler.lease_seconds, limit
-                )
+                spread_overdue(conn, rt, now, self.ctx.actor)
+                return {
+                    key: store.claim_due(conn, self.owner, now, lease, n, _filter(key))
+                    for key, n in wants.items()
+                }
 
         try:
-            claims = await rt.db.run(claim)
+            claims = await rt.db.run_write(claim)
         except StorageUnavailable:
             log.warning("claim failed: database unavailable")
-            return []
-        for c in claims:
+            return {}
+        for c in (c for batch in claims.values() for c in batch):
             if c.taken_over_from is not None and c.taken_over_from != self.owner:
                 rt.metrics.lease_takeovers.inc()
                 log.info(
                     "took over an expired lease",
                     extra={"operation": c.operation_id, "previous_owner": c.taken_over_from},
                 )
-        return [c.operation_id for c in claims]
+        return {key: [c.operation_id for c in batch] for key, batch in claims.items()}
 
-    def _spawn(self, op_id: str) -> None:
+    def _spawn(self, op_id: str, share: str) -> None:
         if op_id in self._working:
             # Our own lease lapsed while a task of ours is still on the operation (a slow
             # step whose heartbeat fell behind); the claim renewed it. Both tasks would pass
             # every lease guard, so a second one would run the same step again.
             return
+        if not self.shares.take(share):
+            return  # cannot happen (the claim asked for free slots only); the lease expires
         self._working.add(op_id)
-        task = asyncio.get_running_loop().create_task(self._process(op_id))
+        task = asyncio.get_running_loop().create_task(self._process(op_id, share))
         self._tasks.add(task)
         task.add_done_callback(self._finished)
         # A task cancelled before it ran never reached the discard in _process.
@@ -162,8 +191,10 @@ class Worker:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("worker task failed", exc_info=task.exception())
-        if len(self._tasks) == self.max_in_flight - 1:
-            # We were at capacity: there may be due work we could not claim.
+
+    def _give(self, share: str) -> None:
+        if self.shares.give(share) or len(self._tasks) >= self.max_in_flight - 1:
+            # The share (or the worker) was full: there may be due work we could not claim.
             self.runtime.notifier.wake()
 
     def _step_for(self, op: Operation) -> Step | None:
@@ -174,7 +205,7 @@ class Worker:
             return self.completion
         return self.steps.get(state)
 
-    async def _process(self, op_id: str) -> None:
+    async def _process(self, op_id: str, share: str) -> None:
         rt = self.runtime
         operation_id_var.set(op_id)
         last: Operation | None = None
@@ -190,6 +221,15 @@ class Worker:
                 now = rt.clock.now()
                 if op.next_poll_at is None or op.next_poll_at > now:
                     break
+                wanted = share_of(op)
+                if not self.shares.move(share, wanted):
+                    # The next step belongs to a full share (a callback after a provider's
+                    # answer): give this slot back and let that share claim it when it can.
+                    rt.notifier.wake()
+                    break
+                if wanted != share:
+                    self._give_moved(share)
+                    share = wanted
                 step = self._step_for(op)
                 if step is None:
                     await self._park(op)
@@ -216,7 +256,15 @@ class Worker:
             # operation again, and that claim must start a task rather than be skipped as
             # "ours already" (the lease would then sit idle until it expired).
             self._working.discard(op_id)
-            await self._release(op_id, last)
+            try:
+                await self._release(op_id, last)
+            finally:
+                self._give(share)
+
+    def _give_moved(self, share: str) -> None:
+        """A slot freed by a move to another share: wake the claim if the old one was full."""
+        if self.shares.free(share) == 1:
+            self.runtime.notifier.wake()
 
     async def _heartbeat(self, op_id: str) -> None:
         """Keep the lease while a slow step (a hook, a hung callback) is still running.
@@ -236,7 +284,7 @@ class Worker:
                     return store.extend_lease(conn, op_id, self.owner, rt.clock.now(), lease)
 
             try:
-                if not await rt.db.run(extend):
+                if not await rt.db.run_write(extend):
                     return
             except StorageUnavailable:
                 continue
@@ -250,7 +298,7 @@ class Worker:
                 rt.journal.write(conn, op, now=rt.clock.now(), changes={"next_poll_at": None})
 
         with contextlib.suppress(StaleWrite):
-            await rt.db.run(park)
+            await rt.db.run_write(park)
 
     async def _release(self, op_id: str, last: Operation | None) -> None:
         rt = self.runtime
@@ -261,7 +309,7 @@ class Worker:
                 return store.get_operation(conn, op_id)
 
         try:
-            op = await rt.db.run(release)
+            op = await rt.db.run_write(release)
         except StorageUnavailable:
             return  # the lease expires on its own
         if op is not None and op.next_poll_at is not None and self.on_next_due is not None:

@@ -11,6 +11,11 @@ and once the WAL file passes ``WAL_TRUNCATE_BYTES`` a truncating checkpoint
 resets it (a passive checkpoint alone never shrinks the file, and readers that
 are always active keep it from being reused from the start);
 ``journal_size_limit`` caps what SQLite keeps after any reset.
+
+From the event loop, reads go through ``run`` (a thread pool of their own)
+and writes through ``run_write`` (``storage.writer``: writer threads behind a
+bounded queue, each write waiting at most ``write_wait_seconds``), so a lock
+held by another process blocks only the writers, never a read or the loop.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, TypeVar
 
 import anyio.to_thread
@@ -28,27 +35,37 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from reconciler.errors import Conflict, StorageUnavailable
+from reconciler.storage.availability import Availability, WriteFailure, classify
 from reconciler.storage.fastsql import run
+from reconciler.storage.writer import Writer
 
 T = TypeVar("T")
 
-SQLITE_BUSY_TIMEOUT_MS = 10_000
+# How long a write waits for the lock (the busy timeout, and the bound of ``run_write``).
+DEFAULT_WRITE_WAIT_SECONDS = 5.0
 CHECKPOINT_SECONDS = 1.0
 # The WAL is reset (TRUNCATE checkpoint) once it grows past this; SQLite trims it to the
 # size limit after any other reset.
 WAL_TRUNCATE_BYTES = 16 * 1024 * 1024
 JOURNAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 CHECKPOINT_WAIT_MS = 50
+WRITE_QUEUE_LIMIT = 10_000
 
 
 def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
-def _sqlite_engine(url: str, *, immediate: bool, background_checkpoint: bool = False) -> Engine:
+def _sqlite_engine(
+    url: str,
+    *,
+    immediate: bool,
+    busy_ms: Callable[[], int],
+    background_checkpoint: bool = False,
+) -> Engine:
     engine = sa.create_engine(
         url,
-        connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+        connect_args={"check_same_thread": False, "timeout": busy_ms() / 1000},
         pool_size=8,
         max_overflow=8,
     )
@@ -59,7 +76,7 @@ def _sqlite_engine(url: str, *, immediate: bool, background_checkpoint: bool = F
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute(f"PRAGMA busy_timeout={busy_ms()}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT_BYTES}")
@@ -70,6 +87,9 @@ def _sqlite_engine(url: str, *, immediate: bool, background_checkpoint: bool = F
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
+        if immediate:
+            # A write waits for the lock no longer than its caller waits for it.
+            run(conn, f"PRAGMA busy_timeout={busy_ms()}")
         run(conn, "BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
@@ -94,6 +114,14 @@ def translate_errors() -> Iterator[None]:
         raise
 
 
+def _changes(conn: Connection) -> int | None:
+    """SQLite's count of rows changed on this connection (None elsewhere: always "changed")."""
+    raw = conn.connection.dbapi_connection
+    if isinstance(raw, sqlite3.Connection):
+        return raw.total_changes
+    return None
+
+
 def _constraint(exc: sa.exc.IntegrityError) -> str:
     diag = getattr(exc.orig, "diag", None)
     name = getattr(diag, "constraint_name", None)
@@ -111,15 +139,30 @@ def constraint_name(exc: BaseException) -> str | None:
 class Database:
     """The engines and the transaction helpers. Thread-safe; one per process."""
 
-    def __init__(self, url: str, *, background_checkpoint: bool = False) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        background_checkpoint: bool = False,
+        write_wait_seconds: float = DEFAULT_WRITE_WAIT_SECONDS,
+        now: Callable[[], datetime] | None = None,
+    ) -> None:
         self.url = url
         self.sqlite = is_sqlite(url)
+        self.write_wait_seconds = write_wait_seconds
+        self.availability = Availability(now)
+        self._writer: Writer | None = None
+        self._writer_guard = threading.Lock()
         self._checkpointer: threading.Thread | None = None
         self._stop = threading.Event()
         if self.sqlite:
             bg = background_checkpoint
-            self.engine = _sqlite_engine(url, immediate=True, background_checkpoint=bg)
-            self.read_engine = _sqlite_engine(url, immediate=False, background_checkpoint=bg)
+            self.engine = _sqlite_engine(
+                url, immediate=True, busy_ms=self._busy_ms, background_checkpoint=bg
+            )
+            self.read_engine = _sqlite_engine(
+                url, immediate=False, busy_ms=self._busy_ms, background_checkpoint=bg
+            )
             if bg:
                 self._checkpointer = threading.Thread(
                     target=self._checkpoint_loop, name="sqlite-checkpoint", daemon=True
@@ -139,20 +182,34 @@ class Database:
     def dialect(self) -> str:
         return self.engine.dialect.name
 
+    def _remaining(self) -> float:
+        """Seconds the current write may still wait: its job's deadline, else the bound."""
+        deadline = self._writer.deadline() if self._writer is not None else None
+        if deadline is None:
+            return self.write_wait_seconds
+        return max(0.0, deadline - time.monotonic())
+
+    def _busy_ms(self) -> int:
+        return max(1, int(self._remaining() * 1000))
+
     @contextmanager
     def write(self) -> Iterator[Connection]:
         lock = self._write_lock
-        if lock is None:
-            with translate_errors(), self.engine.begin() as conn:
-                yield conn
-            return
-        if not lock.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
+        if lock is not None and not lock.acquire(timeout=self._remaining()):
+            self.availability.failed(WriteFailure.LOCKED)
             raise StorageUnavailable("the database is busy; retry later")
         try:
             with translate_errors(), self.engine.begin() as conn:
+                before = _changes(conn)
                 yield conn
+                changed = before is None or _changes(conn) != before
+        except StorageUnavailable as exc:
+            self.availability.failed(classify(exc))
+            raise
         finally:
-            lock.release()
+            if lock is not None:
+                lock.release()
+        self.availability.succeeded(changed=changed)
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
@@ -160,7 +217,7 @@ class Database:
             yield conn
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a blocking database function off the event loop."""
+        """Run a blocking read off the event loop (reads never wait for the write lock)."""
         return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
     def wal_bytes(self) -> int:
@@ -170,6 +227,29 @@ class Database:
             return os.path.getsize(f"{path}-wal") if path else 0
         except OSError:
             return 0
+
+    async def run_write(self, fn: Callable[..., T], *args: Any, wait: float | None = None) -> T:
+        """Run a blocking function that writes on a writer thread, waiting at most the bound.
+
+        Past ``wait`` (default ``write_wait_seconds``) it raises ``StorageUnavailable``;
+        a write that had not started by then is never run.
+        """
+        return await self.writer.run(fn, *args, wait=wait)
+
+    @property
+    def writer(self) -> Writer:
+        if self._writer is None:
+            with self._writer_guard:
+                if self._writer is None:
+                    # SQLite takes one writer at a time: more threads would only queue on
+                    # its lock. PostgreSQL writes to different rows in parallel.
+                    self._writer = Writer(
+                        threads=1 if self.sqlite else 8,
+                        queue_limit=WRITE_QUEUE_LIMIT,
+                        wait_seconds=self.write_wait_seconds,
+                        on_timeout=lambda _: self.availability.failed(WriteFailure.LOCKED),
+                    )
+        return self._writer
 
     def _checkpoint_loop(self) -> None:
         """Copy the WAL back into the database once a second, and reset it when it grows.
@@ -203,10 +283,12 @@ class Database:
             try:
                 raw.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
             finally:
-                raw.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+                raw.execute(f"PRAGMA busy_timeout={self._busy_ms()}")
 
     def dispose(self) -> None:
         self._stop.set()
+        if self._writer is not None:
+            self._writer.close()
         if self._checkpointer is not None:
             self._checkpointer.join(timeout=5)
         self.engine.dispose()

@@ -47,3 +47,17 @@ def last_hint_at(conn: Connection, operation_id: str) -> datetime | None:
         .limit(1)
     ).scalar()
     return value if isinstance(value, datetime) else None
+
+
+def notes_with_cause(conn: Connection, operation_id: str, cause: str) -> list[dict[str, object]]:
+    """The details of an operation's notes with this cause, oldest first."""
+    rows = conn.execute(
+        sa.select(HISTORY.c.detail)
+        .where(
+            HISTORY.c.operation_id == operation_id,
+            HISTORY.c.kind == HistoryKind.NOTE.value,
+            HISTORY.c.cause == cause,
+        )
+        .order_by(HISTORY.c.seq)
+    )
+    return [dict(r.detail or {}) for r in rows]

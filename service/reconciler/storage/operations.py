@@ -126,14 +126,46 @@ class Claim:
     taken_over_from: str | None  # a previous holder whose lease expired (it stopped or hung)
 
 
+@dataclass(frozen=True)
+class ShareFilter:
+    """Which operations one share of a worker may claim.
+
+    ``completion=True``: operations whose completion handler is due (an end state with
+    ``completion_pending``), whatever their provider; ``completion=False`` excludes them.
+    ``provider`` narrows to one provider.
+    """
+
+    provider: str | None = None
+    completion: bool | None = None
+
+
+def _share_clause(share: ShareFilter) -> sa.ColumnElement[bool]:
+    clauses: list[sa.ColumnElement[bool]] = []
+    if share.provider is not None:
+        clauses.append(OPS.c.provider == share.provider)
+    if share.completion is not None:
+        completing = sa.and_(
+            OPS.c.completion_pending.is_(True),
+            OPS.c.state.in_([s.value for s in END_STATES]),
+        )
+        clauses.append(completing if share.completion else sa.not_(completing))
+    return sa.and_(sa.true(), *clauses)
+
+
 def claim_due(
-    conn: Connection, owner: str, now: datetime, lease_seconds: float, limit: int
+    conn: Connection,
+    owner: str,
+    now: datetime,
+    lease_seconds: float,
+    limit: int,
+    share: ShareFilter | None = None,
 ) -> list[Claim]:
     """Lease up to ``limit`` due operations to ``owner``, earliest due first.
 
     The candidates are locked as they are read (PostgreSQL: ``FOR UPDATE SKIP LOCKED``;
     SQLite: the write transaction is ``BEGIN IMMEDIATE``), and the lease is re-checked in
-    the UPDATE itself, so two claimers can never both win a row.
+    the UPDATE itself, so two claimers can never both win a row. ``share`` limits the
+    claim to what one share of the worker can start now.
     """
     free = sa.or_(OPS.c.lease_expires_at.is_(None), OPS.c.lease_expires_at <= now)
     due = (
@@ -142,6 +174,8 @@ def claim_due(
         .order_by(OPS.c.next_poll_at)
         .limit(limit)
     )
+    if share is not None:
+        due = due.where(_share_clause(share))
     if conn.dialect.name == "postgresql":
         due = due.with_for_update(skip_locked=True)
     candidates = {r.id: r.lease_owner for r in conn.execute(due)}
@@ -155,6 +189,34 @@ def claim_due(
     )
     rows = sorted(result.all(), key=lambda r: r.next_poll_at)
     return [Claim(r.id, candidates[r.id]) for r in rows]
+
+
+STATUS_READ_STATES = (State.OBSERVING, State.CANCELLING)
+
+
+def due_status_reads(
+    conn: Connection, now: datetime, skip_source: str, limit: int
+) -> list[Operation]:
+    """Unleased operations whose next status read is due, except those ``skip_source`` set.
+
+    For the catch-up spread (``engine.catch_up``), which reschedules them in the same
+    transaction; on PostgreSQL rows another replica holds locked are skipped.
+    """
+    free = sa.or_(OPS.c.lease_expires_at.is_(None), OPS.c.lease_expires_at <= now)
+    query = (
+        sa.select(OPS)
+        .where(
+            OPS.c.next_poll_at <= now,
+            OPS.c.state.in_([s.value for s in STATUS_READ_STATES]),
+            free,
+            sa.or_(OPS.c.delay_source.is_(None), OPS.c.delay_source != skip_source),
+        )
+        .order_by(OPS.c.next_poll_at)
+        .limit(limit)
+    )
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    return [operation_record(r) for r in conn.execute(query).mappings()]
 
 
 def release(conn: Connection, operation_ids: Sequence[str], owner: str) -> None:

@@ -6,13 +6,15 @@ and agent callbacks return (``core.views`` renders; this reads what it needs).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
 from reconciler.core.views import operation_view
+from reconciler.storage.database import Database
 from reconciler.storage.escalations import escalations_for
 from reconciler.storage.models import Operation
 
@@ -26,3 +28,55 @@ def operation_views(
 
 def view_of(conn: Connection, op: Operation, now: datetime) -> dict[str, Any]:
     return operation_views(conn, [op], now)[0]
+
+
+MAX_BATCH = 500
+
+
+class ViewBatcher:
+    """Operation views for many waiting requests built together: one thread hop, a few
+    queries. Thousands of long-polls that time out together would otherwise queue one
+    read each on the read pool; the requests of one loop turn share one read, so a
+    ``/wait`` answers close to its timeout however many wait.
+    """
+
+    def __init__(self, db: Database, now: Callable[[], datetime]) -> None:
+        self.db, self.now = db, now
+        self._pending: list[tuple[Operation, asyncio.Future[dict[str, Any]]]] = []
+        self._draining = False
+        self._drainer: asyncio.Task[None] | None = None
+
+    async def view(self, op: Operation) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._pending.append((op, future))
+        if not self._draining:
+            self._draining = True
+            self._drainer = loop.create_task(self._drain())
+        return await future
+
+    def _load(self, ops: list[Operation]) -> list[dict[str, Any]]:
+        """One view per distinct (operation, version): many may wait on the same one."""
+        distinct = list({(op.id, op.version): op for op in ops}.values())
+        with self.db.read() as conn:
+            views = operation_views(conn, distinct, self.now())
+        by_key = {(op.id, op.version): v for op, v in zip(distinct, views, strict=True)}
+        return [by_key[(op.id, op.version)] for op in ops]
+
+    async def _drain(self) -> None:
+        try:
+            await asyncio.sleep(0)  # the other waiters timing out this turn join in
+            while self._pending:
+                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+                try:
+                    views = await self.db.run(self._load, [op for op, _ in batch])
+                except Exception as exc:  # each waiting request raises it
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, future), view in zip(batch, views, strict=True):
+                    if not future.done():
+                        future.set_result(view)
+        finally:
+            self._draining = False

@@ -76,7 +76,7 @@ class CompleteStep:
             if hinted is not None:
                 rt.metrics.lag.observe(max(0.0, (ctx.now() - hinted).total_seconds()))
         for step in self.steps_for(op):
-            row = await rt.db.run(self._ensure, op, step)
+            row = await rt.db.run_write(self._ensure, op, step)
             if row.status in steps.FINISHED:
                 continue
             now = ctx.now()

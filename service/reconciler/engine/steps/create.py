@@ -13,6 +13,8 @@ so neither a provider that is down nor a lost write makes a tight loop.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -29,8 +31,9 @@ from reconciler.core.create import (
 from reconciler.core.poll import Stop, first_poll
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind
-from reconciler.engine.context import StepContext
+from reconciler.engine.context import STORAGE_OUTAGE, StepContext
 from reconciler.providers.adapter import CallResult, CreateOutcome, LookupOutcome, LookupVerdict
+from reconciler.storage.history import notes_with_cause
 from reconciler.storage.journal import Entry
 from reconciler.storage.models import Operation
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
@@ -78,7 +81,7 @@ class CreateStep:
         now = ctx.now()
         stop = before_create(op.create_deadline_at, now)
         if stop is not None:
-            await self._escalate(op, stop.reason, stop.detail, [])
+            await self._window_ended(op, stop)
             return
         # A create may already have reached the provider: in create_unknown, and also in
         # create_pending after a restart with an attempt on record. Look before resending.
@@ -105,6 +108,67 @@ class CreateStep:
             await self._send(op, [seen])
             return
         await self._send(op)
+
+    async def _window_ended(self, op: Operation, stop: Stop) -> None:
+        """The create window is over: look before escalating, and never blame the provider
+        for time our own database was down.
+
+        A create that may have landed is looked up once (the job may exist: an outage of
+        ours may have lost its answer); found, it is tracked like any late job id. If our
+        database was unavailable during the window, that is recorded, and the window is
+        given back once (what was left of it when the outage began) instead of escalating
+        ``provider_failure`` for a window the provider never had.
+        """
+        ctx = self.ctx
+        spec = ctx.spec(op)
+        outage = ctx.outage_note(op.created_at, op.create_deadline_at)
+        notes: list[Entry] = [outage.entry] if outage is not None else []
+        maybe_sent = State(op.state) is State.CREATE_UNKNOWN or op.create_attempts > 0
+        if maybe_sent and spec.lookup is not None:
+            found = await ctx.call(
+                op, "lookup", lambda: ctx.adapter(op).lookup(op.idempotency_token, op.trace_id)
+            )
+            if found.verdict is LookupVerdict.FOUND and found.job_id:
+                await self._accept(op, found.job_id, None, found.call, "lookup", before=notes)
+                return
+            notes.append(
+                Entry(
+                    kind=HistoryKind.OBSERVATION,
+                    actor=ctx.actor,
+                    cause="lookup_response",
+                    detail={**call_detail(found.call), "job_id": None, "decision": "window_ended"},
+                )
+            )
+        if outage is not None:
+            left = op.create_deadline_at - max(outage.started_at, op.created_at)
+            until = min(ctx.now() + left, op.deadline_at)
+            if until > ctx.now() and not await ctx.runtime.db.run(self._extended_before, op.id):
+                await self._give_back(op, until, notes)
+                return
+        await self._escalate(op, stop.reason, stop.detail, notes)
+
+    def _extended_before(self, op_id: str) -> bool:
+        with self.ctx.runtime.db.read() as conn:
+            notes = notes_with_cause(conn, op_id, STORAGE_OUTAGE)
+        return any("create_window_until" in n for n in notes)
+
+    async def _give_back(self, op: Operation, until: datetime, notes: list[Entry]) -> None:
+        ctx = self.ctx
+        now = ctx.now()
+        first, *rest = notes
+        given = Entry(
+            kind=first.kind,
+            actor=first.actor,
+            cause=first.cause,
+            detail={**(first.detail or {}), "create_window_until": isoformat(until)},
+        )
+        changes = {"create_deadline_at": until, "next_poll_at": now, "delay_source": None}
+        await ctx.apply(
+            op,
+            lambda conn, fresh: ctx.runtime.journal.write(
+                conn, fresh, now=now, changes=changes, entries=[given, *rest], lease=ctx.lease
+            ),
+        )
 
     async def _reserve(
         self, op: Operation, counts: dict[str, int], before: list[Entry] | None = None
@@ -245,7 +309,14 @@ class CreateStep:
         await ctx.apply(op, later)
 
     async def _accept(
-        self, op: Operation, job_id: str, outcome: CreateOutcome | None, call: CallResult, via: str
+        self,
+        op: Operation,
+        job_id: str,
+        outcome: CreateOutcome | None,
+        call: CallResult,
+        via: str,
+        *,
+        before: Sequence[Entry] = (),
     ) -> None:
         ctx = self.ctx
         spec = ctx.spec(op)
@@ -273,6 +344,7 @@ class CreateStep:
                 now=now,
                 detail=evidence,
                 changes=changes,
+                before=before,
                 lease=ctx.lease,
             )
             orphans = attach_orphans(conn, op.provider, job_id, op.id)

@@ -15,7 +15,8 @@ webhook stored before the read was sent counts into the provider's health at onc
 from __future__ import annotations
 
 import contextlib
-from datetime import datetime
+from dataclasses import replace
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -112,22 +113,28 @@ class PollStep:
         ctx = self.ctx
         now = ctx.now()
         state = State(op.state)
+        last_look = False
         if (
             state is State.CANCELLING
             and op.cancel_deadline_at is not None
             and now >= op.cancel_deadline_at
         ):
-            await self._escalate(
-                op,
-                EscalationReason.CANCELLATION_UNCONFIRMED,
-                f"no cancelled state by {isoformat(op.cancel_deadline_at)}",
-                [],
-            )
-            return
-        stop = decisions.before_request(record_of(op), now)
-        if stop is not None:
-            await self._escalate(op, stop.reason, stop.detail, [])
-            return
+            # Look before escalating: one status read (budget permitting) may show the
+            # cancel landed, e.g. while our own database was down past the window.
+            if op.status_requests_used >= op.max_status_requests or op.remote_job_id is None:
+                await self._escalate(
+                    op,
+                    EscalationReason.CANCELLATION_UNCONFIRMED,
+                    f"no cancelled state by {isoformat(op.cancel_deadline_at)}",
+                    self._outage(op),
+                )
+                return
+            last_look = True
+        else:
+            stop = decisions.before_request(record_of(op), now)
+            if stop is not None:
+                await self._escalate(op, stop.reason, stop.detail, [])
+                return
         assert op.remote_job_id is not None
         job_id = op.remote_job_id
         charged = await ctx.write(
@@ -145,7 +152,7 @@ class PollStep:
         async def send() -> StatusOutcome | None:
             # Persisting the charge and waiting for a free provider slot take time: the
             # deadline is checked again just before transmission (an unused reservation).
-            if ctx.now() >= deadline:
+            if ctx.now() >= deadline and not last_look:
                 return None
             return await ctx.adapter(op).status(job_id, op.trace_id)
 
@@ -158,10 +165,25 @@ class PollStep:
         # fact, so it is decided and applied on the fresh record rather than lost.
         with contextlib.suppress(StaleWrite):
             # Lost every race, or the lease: the next claim reads afresh and decides again.
-            await ctx.apply(charged, lambda conn, fresh: self._apply(conn, fresh, outcome))
+            await ctx.apply(
+                charged, lambda conn, fresh: self._apply(conn, fresh, outcome, last_look)
+            )
 
-    def _apply(self, conn: Connection, op: Operation, outcome: StatusOutcome) -> Operation:
-        """Decide what the answer means for the row as it is now, and write it."""
+    def _outage(self, op: Operation) -> list[Entry]:
+        """Our own database's outage during the cancel window, recorded as ours."""
+        if op.cancel_requested_at is None or op.cancel_deadline_at is None:
+            return []
+        note = self.ctx.outage_note(op.cancel_requested_at, op.cancel_deadline_at)
+        return [note.entry] if note is not None else []
+
+    def _apply(
+        self, conn: Connection, op: Operation, outcome: StatusOutcome, last_look: bool = False
+    ) -> Operation:
+        """Decide what the answer means for the row as it is now, and write it.
+
+        ``last_look``: the read made after the cancel window closed; an end state it shows
+        is recorded, anything else ends in ``cancellation_unconfirmed``.
+        """
         if State(op.state) not in READ_STATES:
             return op  # moved on meanwhile (an operator's decision): the answer is moot
         ctx = self.ctx
@@ -176,18 +198,31 @@ class PollStep:
                 f"status answer names job {view.job_id}, not {op.remote_job_id}",
             )
         else:
+            record = record_of(op)
+            if last_look:
+                # Judge the answer as if in the window; only an end state settles it.
+                record = replace(record, deadline_at=now + timedelta(days=1))
             decision = decisions.decide(
-                record_of(op),
+                record,
                 obs,
                 now,
                 ctx.runtime.rng,
                 ctx.poll_policy(spec),
                 # Only a pending answer can wait the stretched schedule: read trust for it.
                 trusted=obs.category is RemoteCategory.PENDING
+                and not last_look
                 and self._trust_applies(op)
                 and health.is_trusted(conn, op.provider),
             )
+            if last_look and isinstance(decision, decisions.Wait):
+                decision = decisions.Stop(
+                    EscalationReason.CANCELLATION_UNCONFIRMED,
+                    f"no cancelled state by {isoformat(op.cancel_deadline_at)}; a last status "
+                    f"read after the window still said {obs.remote_state or 'no state'}",
+                    decision.counters,
+                )
         changes, detail, delay_source = self._record(op, outcome, decision, now)
+        lead = self._outage(op) if last_look else []
         entry = Entry(
             kind=HistoryKind.OBSERVATION,
             actor=ctx.actor,
@@ -221,13 +256,13 @@ class PollStep:
                 now=now,
                 detail={"remote_state": obs.remote_state},
                 changes=changes,
-                before=[entry],
+                before=[*lead, entry],
                 lease=ctx.lease,
             )
             self._count(conn, op, outcome, now)
             return after
         if isinstance(decision, decisions.Finish):
-            after = self._finish(conn, op, decision, view, changes, entry, now)
+            after = self._finish(conn, op, decision, view, changes, [*lead, entry], now)
             self._count(conn, op, outcome, now)
             return after
         return ctx.escalate_in(
@@ -235,7 +270,7 @@ class PollStep:
             op,
             _stop_reason(op, decision.reason),
             decision.detail,
-            before=[entry],
+            before=[*lead, entry],
             changes=changes,
             transport_error=obs.transport_error,
         )
@@ -351,7 +386,7 @@ class PollStep:
         decision: decisions.Finish,
         view: Any,
         changes: dict[str, Any],
-        entry: Entry,
+        evidence: list[Entry],
         now: datetime,
     ) -> Operation:
         ctx = self.ctx
@@ -375,7 +410,7 @@ class PollStep:
             now=now,
             detail={"remote_state": getattr(view, "remote_state", None)},
             changes=changes,
-            before=[entry],
+            before=evidence,
             lease=ctx.lease,
         )
 

@@ -1,0 +1,62 @@
+"""Spreading status reads that fell due together (a restart, a pause): a pure decision.
+
+Guarantee: a late wake never bursts (seed 003: do not compensate for missed
+intervals with a burst of status calls). Overdue reads of one provider are
+placed one by one over a window as long as their own cadence would have
+taken to send them — ``n`` reads at the rate ``sum(1 / interval)`` they were
+being sent at, never faster than ``max_rate`` — so the window grows with
+their number; each gets a jittered slot (earliest due first), no read moves
+before its ``Retry-After`` or past its deadline.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+# Below this the cadence of a read is not trusted for the rate (a hint, a first read).
+MIN_INTERVAL_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Overdue:
+    operation_id: str
+    due_at: datetime
+    interval_seconds: float  # the delay it was scheduled with: its share of the steady rate
+    deadline_at: datetime  # the read is never moved past it
+    not_before: datetime | None = None  # the provider's Retry-After
+
+
+@dataclass(frozen=True)
+class Slot:
+    operation_id: str
+    at: datetime
+    window_seconds: float
+
+
+def window_seconds(overdue: Sequence[Overdue], max_rate: float) -> float:
+    """How long ``overdue`` reads take at their own steady rate (capped at ``max_rate``/s)."""
+    if not overdue:
+        return 0.0
+    steady = sum(1.0 / max(MIN_INTERVAL_SECONDS, o.interval_seconds) for o in overdue)
+    return len(overdue) / min(max_rate, steady)
+
+
+def spread(
+    overdue: Sequence[Overdue], now: datetime, rng: random.Random, max_rate: float
+) -> list[Slot]:
+    """One jittered slot each over ``window_seconds``: evenly paced, earliest due first."""
+    items = sorted(overdue, key=lambda o: (o.due_at, o.operation_id))
+    window = window_seconds(items, max_rate)
+    if not items:
+        return []
+    step = window / len(items)
+    slots = []
+    for k, item in enumerate(items):
+        at = now + timedelta(seconds=(k + rng.random()) * step)
+        if item.not_before is not None and at < item.not_before:
+            at = item.not_before
+        slots.append(Slot(item.operation_id, min(at, item.deadline_at), window))
+    return slots

@@ -1,0 +1,160 @@
+"""Write transactions on their own threads, behind a bounded queue, each with a bound on its wait.
+
+Guarantee: a wait for the database's write lock blocks only writers. The
+event loop hands a write to the queue and awaits it for at most the bound;
+past it the caller gets ``StorageUnavailable`` (a 503 with ``Retry-After``)
+and the job, if it has not started yet, is dropped unrun. A full queue is
+refused at once. Reads never queue here (``Database.run``).
+
+A job that already started when its caller gave up may still commit: the
+caller was told "retry", and a retry meets the idempotency key or the
+webhook's event id, so nothing is applied twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+
+from reconciler.errors import StorageUnavailable
+
+T = TypeVar("T")
+
+
+@dataclass
+class _Job:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    deadline: float  # time.monotonic() after which the job is not started
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    abandoned: bool = field(default=False)
+
+
+def _detached(exc: BaseException) -> BaseException:
+    """``exc`` without the tracebacks of a driver error in its chain.
+
+    Those tracebacks hold the driver's cursors. Freed on the event loop, a SQLite cursor
+    resets its statement, which waits for its connection's mutex, and the pool may have
+    handed that connection to the next write, now waiting out the busy timeout: the
+    loop would stall for as long. The message and the error's type are what callers use.
+    """
+    chain: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and link not in chain:
+        chain.append(link)
+        orig = getattr(link, "orig", None)
+        if isinstance(orig, BaseException) and orig not in chain:
+            chain.append(orig)
+        link = link.__cause__ or link.__context__
+    if any(isinstance(e, sqlite3.Error | sa.exc.DBAPIError) for e in chain):
+        for e in chain:
+            e.__traceback__ = None
+    return exc
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class Writer:
+    """``threads`` writer threads fed by one queue of at most ``queue_limit`` jobs."""
+
+    def __init__(
+        self,
+        *,
+        threads: int,
+        queue_limit: int,
+        wait_seconds: float,
+        on_timeout: Callable[[str], None] | None = None,
+    ) -> None:
+        self.wait_seconds = wait_seconds
+        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_limit)
+        self._local = threading.local()
+        self._on_timeout = on_timeout
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"db-writer-{i}", daemon=True)
+            for i in range(threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def deadline(self) -> float | None:
+        """The running job's deadline (``time.monotonic()``), on a writer thread; else None."""
+        value: float | None = getattr(self._local, "deadline", None)
+        return value
+
+    async def run(self, fn: Callable[..., T], *args: Any, wait: float | None = None) -> T:
+        """Run ``fn(*args)`` on a writer thread; wait at most ``wait`` (default: the bound)."""
+        bound = self.wait_seconds if wait is None else wait
+        loop = asyncio.get_running_loop()
+        job = _Job(fn, args, time.monotonic() + bound, loop, loop.create_future())
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            self._timed_out("the write queue is full")
+            raise StorageUnavailable(
+                "the database is busy (write queue full); retry later"
+            ) from None
+        try:
+            result: T = await asyncio.wait_for(asyncio.shield(job.future), bound)
+        except TimeoutError:
+            job.abandoned = True
+            job.future.cancel()  # nobody will read its outcome
+            self._timed_out(f"a write waited more than {bound:g} s")
+            raise StorageUnavailable(
+                f"the database did not complete the write within {bound:g} s; retry later"
+            ) from None
+        except asyncio.CancelledError:
+            job.abandoned = True
+            job.future.cancel()
+            raise
+        return result
+
+    def _timed_out(self, why: str) -> None:
+        if self._on_timeout is not None:
+            self._on_timeout(why)
+
+    def _loop(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            if job.abandoned or time.monotonic() >= job.deadline:
+                self._post(job, None, StorageUnavailable("the write was not started in time"))
+                continue
+            self._local.deadline = job.deadline
+            try:
+                result = job.fn(*job.args)
+            except BaseException as exc:  # handed to the awaiting coroutine, which raises it
+                self._post(job, None, _detached(exc))
+            else:
+                self._post(job, result, None)
+            finally:
+                self._local.deadline = None
+
+    @staticmethod
+    def _post(job: _Job, result: Any, error: BaseException | None) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
+            job.loop.call_soon_threadsafe(_settle, job.future, result, error)
+
+    def close(self, timeout: float = 5.0) -> None:
+        for _ in self._threads:
+            with contextlib.suppress(queue.Full):
+                self._queue.put(None, timeout=timeout)
+        for thread in self._threads:
+            thread.join(timeout=timeout)
