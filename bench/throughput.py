@@ -28,8 +28,9 @@ operation's completion is recorded), write transactions per operation
 (``reconciler_write_transactions_total`` on ``/metrics``) and status reads per operation
 (``reconciler_status_requests_total``), with the machine's load average.
 
-``--baseline TREE``: another checkout with its own ``.venv`` (e.g. a worktree at the
-commit before a change) run as a third run in every round, the order rotating between
+``--tree TREE`` measures another checkout (with its own ``.venv``) instead of this one;
+``--baseline TREE``: another checkout (e.g. a worktree at the commit before a change)
+run as a third run in every round, the order rotating between
 rounds, so that the load of a shared machine falls on both alike. ``--py-spy DIR``
 samples each service run with py-spy (``pip install py-spy``) into raw collapsed stacks;
 ``frames FILE`` prints the top frames of one (self and inclusive share of samples).
@@ -579,13 +580,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--postgres", action="store_true")
     parser.add_argument("--sqlite", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout to measure")
     parser.add_argument("--baseline", type=Path, default=None, help="a checkout to compare")
     parser.add_argument("--label", default="ours")
     parser.add_argument("--no-bare", action="store_true")
     parser.add_argument("--py-spy", type=Path, default=None, help="sample the service into DIR")
     parser.add_argument("--keep", action="store_true", help="keep each run's files")
     args = parser.parse_args()
-    trees = [Tree(args.label, ROOT)]
+    trees = [Tree(args.label, args.tree.resolve())]
     if args.baseline is not None:
         trees.append(Tree("baseline", args.baseline.resolve()))
     backends = (["sqlite"] if args.sqlite else []) + (["postgresql"] if args.postgres else [])
