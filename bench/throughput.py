@@ -351,9 +351,9 @@ def sampled(pid: int, out: Path | None) -> Iterator[None]:
         yield
         return
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    options = ["--rate", "200", "--format", "raw", "--nonblocking", "--threads", "--gil"]
     proc = subprocess.Popen(
-        [spy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw"]
-        + ["--output", str(out), "--nonblocking", "--threads", "--gil"],
+        [spy, "record", "--pid", str(pid), "--output", str(out), *options],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -500,7 +500,9 @@ def run_bare(backend: str, args: argparse.Namespace, work: Path) -> Run:
 
 
 def describe(run: Run, bare: Run | None) -> str:
-    ratio = f"  ours/bare {run.rate / bare.rate:5.2f}" if bare is not None and run is not bare else ""
+    ratio = (
+        f"  ours/bare {run.rate / bare.rate:5.2f}" if bare is not None and run is not bare else ""
+    )
     parts = [f"{run.label:<10} {run.backend:<10} {run.rate:7.1f} ops/s{ratio}"]
     if run.cpu_ms is not None:
         parts.append(f"CPU {run.cpu_ms:5.1f} ms/op")
