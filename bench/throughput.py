@@ -396,7 +396,7 @@ def run_ours(
                         started = time.time()
                         answers = asyncio.run(submit(url, token, args, f"{rcv}/cb"))
                         created = sum(n for code, n in answers.items() if 200 <= code < 300)
-                        stats = await_callbacks(rcv, created, timeout=300)
+                        stats = await_callbacks(rcv, created, timeout=max(300, created))
                         deadline = time.monotonic() + 60
                         while finished(db_url) < created and time.monotonic() < deadline:
                             time.sleep(0.05)
@@ -439,16 +439,28 @@ async def bare_client(sim_url: str, rcv: str, secret: str, args: argparse.Namesp
         httpx.AsyncClient(timeout=60, limits=limits) as out,
     ):
 
+        async def call(client: httpx.AsyncClient, method: str, url: str, **kw: Any) -> Any:
+            # A loaded machine drops a kept-alive connection now and then: every call here
+            # is safe to repeat (the create carries its idempotency key).
+            for attempt in range(5):
+                try:
+                    return await client.request(method, url, **kw)
+                except httpx.TransportError:
+                    if attempt == 4:
+                        raise
+                    await asyncio.sleep(0.05)
+            raise AssertionError("unreachable")
+
         async def one(index: int) -> None:
             nonlocal done
             request = {"scenario": "success", "duration": 0, "webhooks": "never", "n": index}
             async with gate:
-                created = await sim.post(
-                    "/v1/jobs", json=request, headers={"Idempotency-Key": f"bare-{index}"}
+                created = await call(
+                    sim, "POST", "/v1/jobs", json=request, headers={"Idempotency-Key": f"b{index}"}
                 )
                 job_id = created.json()["job_id"]
-                status = (await sim.get(f"/v1/jobs/{job_id}")).json()
-                result = (await sim.get(f"/v1/jobs/{job_id}/result")).json()
+                status = (await call(sim, "GET", f"/v1/jobs/{job_id}")).json()
+                result = (await call(sim, "GET", f"/v1/jobs/{job_id}/result")).json()
                 op_id = f"op_bare_{index}"
                 event = {
                     "type": "operation.completed",
@@ -468,7 +480,9 @@ async def bare_client(sim_url: str, rcv: str, secret: str, args: argparse.Namesp
                 }
                 body = json.dumps(event).encode()
                 signed = sign_standard_webhook(key, op_id, int(time.time()), body)
-                answer = await out.post(
+                answer = await call(
+                    out,
+                    "POST",
                     f"{rcv}/cb",
                     content=body,
                     headers={**signed, "content-type": "application/json"},
