@@ -33,7 +33,7 @@ from reconciler.errors import InvalidRequest, NotFound
 from reconciler.storage import payloads
 from reconciler.storage.fastsql import Raw, raw_for, run
 from reconciler.storage.journal import OPS
-from reconciler.storage.models import Operation, OperationRecord, operation_record
+from reconciler.storage.models import Operation, operation_record, record_of_values
 from reconciler.storage.tokens import Principal
 
 MAX_PAGE = 200
@@ -54,7 +54,7 @@ def records_of(conn: Connection, rows: Sequence[Sequence[Any]]) -> list[Operatio
         return []
     raw = raw_for(conn.dialect.name)
     decode = raw.row_decoder(OPS, OPS_COLUMNS)
-    ops: list[Operation] = [OperationRecord(*decode(row)) for row in rows]
+    ops = [record_of_values(decode(row)) for row in rows]
     parts = payloads.load(conn, [op.id for op in ops])
     for op in ops:
         for name, value in parts.get(op.id, {}).items():
@@ -203,7 +203,7 @@ def _share_sql(raw: Raw, share: ShareFilter | None) -> tuple[str, list[Any]]:
     """The share's condition as SQL text and its parameters (see ``_share_clause``)."""
     if share is None:
         return "", []
-    sql, params = "", []
+    sql, params = "", list[Any]()
     if share.provider is not None:
         sql += f" AND provider = {raw.mark}"
         params.append(share.provider)
@@ -256,7 +256,7 @@ def claim_records(
     )
     until = raw.time(now + timedelta(seconds=lease_seconds))
     ops = records_of(conn, run(conn, sql, [owner, until, *ids, stamp]).fetchall())
-    ops.sort(key=lambda op: op.next_poll_at)
+    ops.sort(key=lambda op: op.next_poll_at or now)
     return [(op, candidates[op.id]) for op in ops]
 
 
