@@ -276,6 +276,28 @@ def claim_due(
 STATUS_READ_STATES = (State.OBSERVING, State.CANCELLING)
 
 
+def any_status_read_due_before(
+    conn: Connection, now: datetime, before: datetime, skip_source: str
+) -> bool:
+    """Whether any status read unleased at ``now`` was due before ``before`` (one probe).
+
+    The same rows as ``due_status_reads`` but only asks for the most overdue one: the
+    catch-up looks at them all only when there is one long overdue.
+    """
+    raw = raw_for(conn.dialect.name)
+    states, params = raw.in_list("state", [s.value for s in STATUS_READ_STATES])
+    sql = raw.statement(
+        ("status-read-overdue", states),
+        lambda r: (
+            f"SELECT id FROM operations WHERE next_poll_at < {r.mark} AND {states} "
+            f"AND {_FREE.format(m=r.mark)} "
+            f"AND (delay_source IS NULL OR delay_source != {r.mark}) LIMIT 1"
+        ),
+    )
+    params = [raw.time(before), *params, raw.time(now), skip_source]
+    return run(conn, sql, params).fetchone() is not None
+
+
 def due_status_reads(
     conn: Connection, now: datetime, skip_source: str, limit: int
 ) -> list[Operation]:
