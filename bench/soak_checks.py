@@ -24,7 +24,8 @@ from bench.soak_load import OpRecord
 from tests.support.hooks import HookRun
 
 from reconciler.core.states import END_STATES, State
-from reconciler.engine.steps.complete import CALLBACK_STEP, STEPS
+from reconciler.engine.steps.complete import CALLBACK_STEP
+from reconciler.storage.completion_steps import STEPS
 from reconciler.storage.database import Database
 from reconciler.storage.escalations import ESCALATIONS
 from reconciler.storage.journal import HISTORY, OPS

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from reconciler.demo.report import OpOutcome, RunReport, fixed_poller_requests, render_report
-from reconciler.demo.run import DemoError, plan_batch, prepare_directory
+from reconciler.demo.run import plan_batch, prepare_directory
+from reconciler.errors import DemoFailed
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = (
@@ -102,7 +103,7 @@ def test_only_a_demo_directory_is_wiped(tmp_path: Path):
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "notes.txt").write_text("keep me")
-    with pytest.raises(DemoError):
+    with pytest.raises(DemoFailed):
         prepare_directory(precious)
     assert (precious / "notes.txt").exists()
     made = prepare_directory(tmp_path / "demo-run")

@@ -23,7 +23,7 @@ from standardwebhooks import Webhook
 from reconciler.api.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, Settings
 from reconciler.core.clock import SystemClock
-from reconciler.engine.steps.collect import INLINE_RESULT_BYTES, MAX_FAILED_ITEMS
+from reconciler.core.collect import INLINE_RESULT_BYTES, MAX_FAILED_ITEMS
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import create_token
 from tests.support import hooks
