@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from fixtures.provider_sim import SimConfig, SimState
 from fixtures.provider_sim import create_app as create_sim
 
-from reconciler.storage import operations as store
 from reconciler.storage.database import Database
+from reconciler.storage.history import history_of
 from reconciler.storage.models import HistoryEntry
 from tests.support.process import ServiceProcess, cli, service_config, service_process
 from tests.support.servers import serve_asgi
@@ -114,7 +114,7 @@ def wait_done(svc: ServiceProcess, token: str, op_id: str, timeout: float = 60) 
 
 def history(db: Database, op_id: str) -> list[HistoryEntry]:
     with db.read() as conn:
-        return store.history_of(conn, op_id)
+        return history_of(conn, op_id)
 
 
 def provider_requests(state: SimState, token: str, endpoint: str) -> list[Any]:

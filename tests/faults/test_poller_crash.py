@@ -23,6 +23,7 @@ from fixtures.provider_sim import create_app as create_sim
 
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
+from reconciler.storage.history import history_of
 from reconciler.storage.models import HistoryEntry, Operation
 from reconciler.storage.tokens import create_token
 from tests.support.hooks import wait_until
@@ -106,7 +107,7 @@ class Rig:
 
     def history(self, op_id: str) -> list[HistoryEntry]:
         with self.db.read() as conn:
-            return store.history_of(conn, op_id)
+            return history_of(conn, op_id)
 
     def status_requests(self, job_id: str) -> list[RequestRecord]:
         """Every status request the provider received for the job, answered or not."""

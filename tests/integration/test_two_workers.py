@@ -30,6 +30,7 @@ from reconciler.config import CallbackSettings, SchedulerSettings, ServerSetting
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
+from reconciler.storage.history import history_of
 from reconciler.storage.models import HistoryEntry, Operation
 from tests.support import hooks
 from tests.support.process import make_tokens, service_config, service_env, service_process
@@ -223,7 +224,7 @@ def check_all(replicas: Replicas, db_url: str, ids: list[str], hook_log: Path) -
     try:
         with db.read() as conn:
             found = {op_id: store.get_operation(conn, op_id) for op_id in ids}
-            histories = {op_id: store.history_of(conn, op_id) for op_id in ids}
+            histories = {op_id: history_of(conn, op_id) for op_id in ids}
     finally:
         db.dispose()
     for op_id in ids:

@@ -37,6 +37,7 @@ from starlette.routing import Route
 
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
+from reconciler.storage.history import history_of
 from reconciler.storage.models import CompletionStep
 from tests.support.servers import serve_asgi
 
@@ -140,7 +141,7 @@ def completion_finished(db: Database, op_id: str) -> bool:
     """Whether the completion handler closed the operation's current round."""
     with db.read() as conn:
         op = store.get_operation(conn, op_id)
-        entries = store.history_of(conn, op_id)
+        entries = history_of(conn, op_id)
     return (
         op is not None
         and not op.completion_pending
