@@ -108,7 +108,7 @@ async def test_a_cancel_already_sent_by_a_crashed_worker_is_not_sent_again(
     """``cancel_sent_at`` is written before the call: a worker that crashed after it
     leaves the evidence, and the next owner only watches."""
     async with step_rig(tmp_path, db_url) as rig:
-        op_id, job_id = await observing(rig)
+        op_id, _ = await observing(rig)
         rig.cancel(op_id)
         now = rig.clock.now()
         with rig.runtime.db.write() as conn:  # what a crashed worker left behind
