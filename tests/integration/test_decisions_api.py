@@ -259,7 +259,10 @@ def test_decision_without_an_open_escalation_is_409(stack: Stack) -> None:
     op_id = created.json()["id"]
     response = decide(stack, op_id, {"action": "abandon"})
     assert response.status_code == 409
-    assert stack.get(op_id)["state"] in {"accepted", "observing"}
+    # Nothing was decided: the operation goes on (its create may still be on its way).
+    after = stack.get(op_id, operator=True)
+    assert after["state"] in {"create_pending", "accepted", "observing"}
+    assert after["escalation"] is None and after["done"] is False
     missing = decide(stack, "op_0000000000doesnotexist000", {"action": "abandon"})
     assert missing.status_code == 404
 
