@@ -28,7 +28,7 @@ typecheck: $(STAMP)
 # fails if either does.
 test: lint
 	@$(BIN)/mypy & mypy=$$!; \
-	$(BIN)/pytest -p no:cacheprovider -n $(WORKERS); status=$$?; \
+	$(BIN)/pytest -p no:cacheprovider -n $(WORKERS) --durations=15; status=$$?; \
 	wait $$mypy || status=1; exit $$status
 
 unit: $(STAMP)
