@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+# `make demo DEMO_ARGS=--keep-serving` leaves the service up afterwards for the console.
+DEMO_ARGS ?=
 
 # Test processes: the suite waits on sockets and subprocesses as much as it computes, so
 # one worker more than the two cores is fastest here (measured: see README, Tests).
@@ -38,7 +40,7 @@ serve: $(STAMP)
 	$(BIN)/reconciler serve
 
 demo: $(STAMP)
-	$(BIN)/reconciler demo
+	$(BIN)/reconciler demo $(DEMO_ARGS)
 
 soak: $(STAMP)
 	$(BIN)/python bench/soak.py --operations 10000 --kills 20 --postgres --replicas 2

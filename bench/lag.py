@@ -57,6 +57,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# Run as a script, bench/ comes first on sys.path, and bench/mcp.py would then shadow the
+# mcp package the service imports: leave only the repository's roots.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 for _path in (str(ROOT / "service"), str(ROOT)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
@@ -398,7 +401,7 @@ def lag_of(operation_id: str, entries: Sequence[Mapping[str, Any]], step_at: Any
 def load_lags(db_url: str) -> list[Lag]:
     import sqlalchemy as sa
 
-    from reconciler.engine.steps.complete import STEPS
+    from reconciler.storage.completion_steps import STEPS
     from reconciler.storage.database import Database
     from reconciler.storage.journal import HISTORY, OPS
 

@@ -37,6 +37,18 @@ durations log-uniform 10 s-10 min (seeded), with webhooks arriving (a hint at th
 end brings the next read forward to that moment) and with webhooks lost (fallback poller
 only); the naive baseline reads every 2 s (``bench/naive.py``). Target: with webhooks
 lost, at least 5x fewer status reads than the naive poller.
+
+(c) Webhook trust regimes. The same 1000 durations as a Poisson stream of arrivals
+(``--arrival-gap`` s apart on average) sharing one provider's webhook health
+(``bench/trust_sim.py``: the real decision and trust cores, the keeper's grace and
+restore modelled as the service runs them; trust_after 20, distrust at the first miss,
+trusted_max_delay 10 x max_delay, grace 30 s, provider concurrency 16). Three regimes,
+each with trust adaptive, trust off and the naive 2-second poller: (a) every webhook
+delivered, (b) every webhook lost, (c) an outage: webhooks of jobs ending in
+[``--outage-from``, ``--outage-until``) s are lost. Targets: (a) <= 1.3 status reads per
+completed operation; (b) no more reads than trust off; (c) the outage detected at the
+first miss, every job that ended during the outage confirmed within
+trusted_max_delay_seconds of its end, and no result_timed_out.
 """
 
 from __future__ import annotations
@@ -60,6 +72,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# Run as a script, bench/ comes first on sys.path, and bench/mcp.py would then shadow the
+# mcp package the service imports: leave only the repository's roots.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 for _path in (str(ROOT / "service"), str(ROOT)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
@@ -208,7 +223,6 @@ def _rows(index: int, now: datetime, due: bool, rng: random.Random) -> tuple[dic
         id=op_id,
         provider="sim",
         caller="bench",
-        request=request,
         request_fingerprint=request_fingerprint("sim", request),
         idempotency_token=ids.idempotency_token(),
         trace_id=ids.trace_id(),
@@ -232,6 +246,7 @@ def _rows(index: int, now: datetime, due: bool, rng: random.Random) -> tuple[dic
         result_attempts=0,
         completion_round=0,
         completion_pending=False,
+        create_lookups=0,
         version=1,
         history_seq=1,
         history_head=digest,
@@ -721,6 +736,122 @@ def report_reads(args: argparse.Namespace) -> None:
     print(f"  runs needing more than 12 reads (SPEC's example budget), webhooks lost: {over}")
 
 
+# --- (c) webhook trust regimes --------------------------------------------------------------
+
+
+def report_trust(args: argparse.Namespace) -> None:
+    from bench.trust_sim import Fleet, FleetResult, Regime, arrivals
+
+    from reconciler.core.trust import TrustMode, TrustPolicy
+
+    durations = log_uniform_durations(args.jobs, args.low, args.high, random.Random(args.seed))
+    starts = arrivals(args.jobs, args.arrival_gap, random.Random(args.seed + 2))
+    trusted_max = 10.0 * args.cap
+    lead = min(args.cap, max(args.base, 1.0))
+    policy = replace(
+        poll_policy(args.base, args.cap, args.jitter_floor),
+        trusted_max_delay_seconds=trusted_max,
+        final_look_seconds=lead,
+    )
+    trust = TrustPolicy(
+        mode=TrustMode.ADAPTIVE,
+        trusted_max_delay_seconds=trusted_max,
+        webhook_grace_seconds=args.grace,
+    )
+    limits = (args.deadline, args.budget, 3)
+    regimes = [
+        Regime("(a) every webhook delivered"),
+        Regime("(b) every webhook lost", 0.0, None),
+        Regime("(c) outage", args.outage_from, args.outage_until),
+    ]
+    naive = naive_mode(durations, args.interval)
+    print(
+        f"  {args.jobs} jobs, durations log-uniform {args.low:g}-{args.high:g} s, arrivals "
+        f"every {args.arrival_gap:g} s on average (last at {starts[-1]:.0f} s); trusted max "
+        f"{trusted_max:g} s, grace {args.grace:g} s, final look {lead:g} s before the deadline"
+    )
+    print(
+        f"  {'regime / mode':<44} {'done':>5} {'reads/op':>9} {'p99':>5} {'max':>5} "
+        f"{'end->confirmed mean/p99/max (s)':>32} {'timed out':>9}"
+    )
+    for regime in regimes:
+        runs: list[FleetResult] = []
+        for adaptive in (True, False):
+            fleet = Fleet(
+                durations,
+                starts,
+                regime,
+                adaptive=adaptive,
+                policy=policy,
+                trust=trust,
+                limits=limits,
+                concurrency=16,
+                seed=args.seed + 1,
+            )
+            runs.append(fleet.run())
+        for result in runs:
+            delays = [(j.confirmed_at or 0) - j.end for j in result.completed]
+            r, d = summary([j.reads for j in result.completed]), summary(delays)
+            print(
+                f"  {regime.name + ', ' + result.mode:<44} {len(result.completed):>5} "
+                f"{r['mean']:>9.2f} {r['p99']:>5.0f} {r['max']:>5.0f} "
+                f"{d['mean']:>11.1f} /{d['p99']:>7.1f} /{d['max']:>7.1f}   "
+                f"{result.stopped().get('result_timed_out', 0):>9}"
+            )
+        print(
+            f"  {regime.name + ', naive every 2 s':<44} {naive.completed:>5} "
+            f"{naive.mean_reads:>9.2f}"
+        )
+        _trust_figures(regime, runs[0], runs[1], naive.mean_reads, trusted_max)
+
+
+def _trust_figures(
+    regime: Any, ours: Any, off: Any, naive_reads: float, trusted_max: float
+) -> None:
+    moves = ", ".join(
+        f"{t.before}->{t.after} at {t.at:.0f} s ({t.verdict.replace('_', '-')}, job {t.job})"
+        for t in ours.transitions
+    )
+    print(
+        f"    trust transitions: {moves or 'none'}; stretched waits brought back: {ours.restored}"
+    )
+    print(
+        f"    reads vs trust off: {ours.mean_reads / off.mean_reads:.2f}; "
+        f"vs naive 2 s: {ours.mean_reads / naive_reads:.3f}"
+    )
+    if regime.lost_from is None:
+        print(f"    target (a) <= 1.3 reads per completed operation: {ours.mean_reads:.2f}")
+    elif regime.lost_until is None:
+        print(
+            f"    target (b) no more reads than trust off: {ours.mean_reads:.3f} vs "
+            f"{off.mean_reads:.3f} per operation"
+        )
+    else:
+        in_outage = [j for j in ours.completed if not regime.delivered(j.end)]
+        worst = max(((j.confirmed_at or 0) - j.end for j in in_outage), default=0.0)
+        off_worst = max(
+            ((j.confirmed_at or 0) - j.end for j in off.completed if not regime.delivered(j.end)),
+            default=0.0,
+        )
+        distrust = next((t for t in ours.transitions if t.after == "distrusted"), None)
+        first = ours.first_miss_read
+        detected = (
+            f"distrusted at {distrust.at:.0f} s by the miss of job {distrust.job}, whose read "
+            f"found it at {first:.0f} s (the first miss)"
+            if distrust is not None and first is not None
+            else "not detected"
+        )
+        timed_out = sum(
+            1 for j in ours.jobs if j.outcome == "result_timed_out" and j.duration < 2400
+        )
+        print(f"    outage [{regime.lost_from:g}, {regime.lost_until:g}) s: {detected}")
+        print(
+            f"    {len(in_outage)} jobs ended during it: worst end->confirmed {worst:.0f} s "
+            f"(target <= {trusted_max:g} s; trust off {off_worst:.0f} s); result_timed_out "
+            f"for jobs that ended in time: {timed_out} (target 0)"
+        )
+
+
 # --- main --------------------------------------------------------------------------------
 
 
@@ -735,7 +866,7 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, required=True)
     srv.add_argument("--provider-url", required=True)
     srv.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--only", choices=["ticks", "rss", "reads"], action="append")
+    parser.add_argument("--only", choices=["ticks", "rss", "reads", "trust"], action="append")
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--due", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=7)
@@ -753,6 +884,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--budget", type=int, default=int(REALISTIC["max_status_requests"]))
     parser.add_argument("--interval", type=float, default=2.0)
     parser.add_argument("--webhook-delay", type=float, default=0.0)
+    parser.add_argument("--arrival-gap", type=float, default=10.0)
+    parser.add_argument("--grace", type=float, default=30.0)
+    parser.add_argument("--outage-from", type=float, default=3000.0)
+    parser.add_argument("--outage-until", type=float, default=5000.0)
     return parser
 
 
@@ -780,10 +915,13 @@ def main() -> int:
     if args.command == "serve":
         serve_service(args.db, args.port, args.provider_url, args.work)
         return 0
-    parts = set(args.only or ["ticks", "rss", "reads"])
+    parts = set(args.only or ["ticks", "rss", "reads", "trust"])
     if "reads" in parts:
         print("(b) status reads per completed operation (virtual clock, real decision core)")
         report_reads(args)
+    if "trust" in parts:
+        print("(c) webhook trust regimes (virtual clock, real decision and trust cores)")
+        report_trust(args)
     if parts & {"ticks", "rss"}:
         work = Path(tempfile.mkdtemp(prefix="bench-poller-"))
         try:

@@ -34,6 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Run as a script, bench/ comes first on sys.path, and bench/mcp.py would then shadow the
+# mcp package the service imports: leave only the repository's roots.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path[:0] = [str(ROOT), str(ROOT / "service")]
 
 from bench.support import free_port  # noqa: E402

@@ -35,13 +35,16 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# Run as a script, bench/ comes first on sys.path, and bench/mcp.py would then shadow the
+# mcp package the service imports: leave only the repository's roots.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 for _path in (str(ROOT), str(ROOT / "service")):
     if _path not in sys.path:
         sys.path.insert(0, _path)
@@ -116,6 +119,8 @@ class SoakResult:
     planned: int = 0
     truncated: bool = False
     report: str = ""
+    trust_verdicts: Mapping[str, int] = field(default_factory=dict)
+    trust_withdrawn: int = 0
 
     @property
     def ok(self) -> bool:
@@ -476,6 +481,8 @@ def evaluate(
         checks.agent_gave_up(records),
         planned=cfg.operations,
         truncated=driver.truncated,
+        trust_verdicts=db.verdicts,
+        trust_withdrawn=db.trust_withdrawn,
     )
 
 
@@ -508,6 +515,9 @@ def render(r: SoakResult) -> str:
         "  escalations by reason: "
         + (", ".join(f"{k} {v}" for k, v in sorted(f.escalation_reasons.items())) or "none"),
         f"  completion steps re-run after a kill interrupted them: {f.reruns_after_interruption}",
+        "  webhook trust verdicts: "
+        + (", ".join(f"{k} {v}" for k, v in sorted(r.trust_verdicts.items())) or "none")
+        + f"; stretched waits brought back on distrust: {r.trust_withdrawn}",
         f"  webhook delivery attempts: {f.webhook_attempts}; callback deliveries: "
         f"{f.callback_deliveries}; agent retries through outages: {r.agent_retries} "
         f"({r.agent_gave_up} requests gave up after {AGENT_RETRY_SECONDS:g} s)",

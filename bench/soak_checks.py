@@ -29,6 +29,7 @@ from reconciler.storage.completion_steps import STEPS
 from reconciler.storage.database import Database
 from reconciler.storage.escalations import ESCALATIONS
 from reconciler.storage.journal import HISTORY, OPS
+from reconciler.storage.trust import VERDICTS
 from reconciler.storage.webhook_events import EVENTS
 
 END = frozenset(s.value for s in END_STATES)
@@ -82,6 +83,9 @@ class DbSnapshot:
     steps: list[StepRow]
     step_done: list[tuple[str, str, int]]  # (op id, step, the attempt that finished)
     event_ids: frozenset[str]
+    # Webhook trust: completions by verdict, and stretched waits brought back on distrust.
+    verdicts: Mapping[str, int] = field(default_factory=dict)
+    trust_withdrawn: int = 0
 
 
 def _ts(value: datetime | None) -> float | None:
@@ -130,9 +134,18 @@ def read_db(url: str) -> DbSnapshot:
                 for r in done
             ]
             events = frozenset(r.event_id for r in conn.execute(sa.select(EVENTS.c.event_id)))
+            verdicts = {
+                str(v): int(n)
+                for v, n in conn.execute(
+                    sa.select(VERDICTS.c.verdict, sa.func.count()).group_by(VERDICTS.c.verdict)
+                )
+            }
+            withdrawn = conn.execute(
+                sa.select(sa.func.count()).where(HISTORY.c.cause == "webhook_trust_withdrawn")
+            ).scalar_one()
     finally:
         db.dispose()
-    return DbSnapshot(ops, escalations, steps, step_done, events)
+    return DbSnapshot(ops, escalations, steps, step_done, events, verdicts, int(withdrawn))
 
 
 @dataclass(frozen=True)

@@ -147,17 +147,21 @@ class ServiceSettings:
     callback_max_attempts: int = 8
     callback_timeout: float = 4.0
     hooks: tuple[str, ...] = ()
+    # Webhook trust on, and quick to earn: the soak's random webhook loss then keeps
+    # trusting and distrusting the provider, which is the outage case over and over.
+    trust_after: int = 5
+    webhook_grace_seconds: float = 2.0
 
 
-def _add_status_timeout(path: Path, seconds: float) -> None:
+def _add_keys(path: Path, section: str, keys: dict[str, object]) -> None:
+    """Add keys (absent from sim.toml) at the top of ``[providers.sim.<section>]``."""
     text = path.read_text("utf-8")
+    added = "".join(f"\n{key} = {_toml_value(value)}" for key, value in keys.items())
     text, count = re.subn(
-        r"(?m)^\[providers\.sim\.status\]$",
-        f"[providers.sim.status]\ntimeout_seconds = {seconds!r}",
-        text,
+        rf"(?m)^\[providers\.sim\.{section}\]$", f"[providers.sim.{section}]{added}", text
     )
     if count != 1:
-        raise RuntimeError("sim.toml has no [providers.sim.status] section")
+        raise RuntimeError(f"sim.toml has no [providers.sim.{section}] section")
     path.write_text(text, "utf-8")
 
 
@@ -171,7 +175,12 @@ def write_config(directory: Path, db_url: str, sim_url: str, port: int, s: Servi
         cancel_deadline_seconds=s.cancel_deadline_seconds,
         create_deadline_seconds=s.create_deadline_seconds,
     )
-    _add_status_timeout(path, s.status_timeout_seconds)
+    _add_keys(path, "status", {"timeout_seconds": s.status_timeout_seconds})
+    _add_keys(
+        path,
+        "polling",
+        {"trust_after": s.trust_after, "webhook_grace_seconds": s.webhook_grace_seconds},
+    )
     lines = [
         f"database_url = {_toml_value(db_url)}",
         f"providers_dir = {_toml_value(str(providers))}",

@@ -96,7 +96,7 @@ def seed(db_url: str) -> None:
     from reconciler.storage import migrate
     from reconciler.storage.database import Database
     from reconciler.storage.journal import Journal
-    from reconciler.storage.models import Operation
+    from reconciler.storage.models import new_record
 
     db = Database(db_url)
     migrate.upgrade(db)
@@ -104,7 +104,7 @@ def seed(db_url: str) -> None:
     now = datetime.now(UTC)
     with db.write() as conn:
         for i in range(OPERATIONS):
-            op = Operation(
+            op = new_record(
                 id=ids.operation_id(now),
                 provider="sim",
                 caller="bench",

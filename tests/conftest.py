@@ -103,3 +103,22 @@ def runtime(db_url: str, clock: ManualClock) -> Iterator[Runtime]:
         yield rt
     finally:
         rt.db.dispose()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def module_db_url(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    postgres_factory: PostgresFactory | None,
+) -> Iterator[str]:
+    """Like ``db_url``, shared by one module's tests (for a service that is slow to set up)."""
+    if request.param == "sqlite":
+        with sqlite_url(tmp_path_factory.mktemp("module-db")) as url:
+            yield url
+        return
+    factory = _need_postgres(postgres_factory)
+    url = factory.clone()
+    try:
+        yield url
+    finally:
+        factory.drop(url)

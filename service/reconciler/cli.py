@@ -12,23 +12,33 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 from reconciler.api.validation import parse_decision
 from reconciler.commands.decide import decide
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Settings, load_settings
 from reconciler.core import story
+from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import SystemClock, isoformat
+from reconciler.core.signatures import decode_whsec
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DecisionAction, Scope
-from reconciler.errors import ConfigError, ReconcilerError
+from reconciler.errors import ConfigError, InvalidRequest, ReconcilerError
 from reconciler.providers.loader import load_providers
 from reconciler.storage import audit, migrate
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
 from reconciler.storage.journal import Journal
-from reconciler.storage.tokens import Principal, create_token, list_tokens, revoke_token
+from reconciler.storage.tokens import (
+    Principal,
+    callback_salt,
+    create_token,
+    list_tokens,
+    revoke_token,
+    rotate_callback_salt,
+)
 from reconciler.storage.views import view_of
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -53,8 +63,15 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
         keep=args.keep,
         sim_root=Path(args.sim_root) if args.sim_root else None,
         directory=Path(args.dir),
+        keep_serving=args.keep_serving,
     )
     return run_demo(options, settings)
+
+
+def _mcp(args: argparse.Namespace, settings: Settings) -> int:
+    from reconciler.agent_tools.stdio import serve_stdio
+
+    return serve_stdio(args.url, os.environ)
 
 
 def _db_upgrade(args: argparse.Namespace, settings: Settings) -> int:
@@ -81,16 +98,99 @@ def _current_database(settings: Settings) -> Database:
     return db
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_EXPIRY = timedelta(days=3660)
+DEFAULT_ROTATION_WINDOW = "24h"
+
+
+def parse_duration(text: str, what: str) -> timedelta:
+    """``90d``, ``12h``, ``30m``, ``45s`` or plain seconds; positive and at most ten years."""
+    raw = text.strip().lower()
+    unit = _UNITS.get(raw[-1:], 0)
+    number = raw[:-1] if unit else raw
+    if not unit:
+        unit = 1
+    if not (number.isascii() and number.isdigit()) or len(number) > 12 or int(number) == 0:
+        raise InvalidRequest(f"{what} must be a whole number with s, m, h or d (e.g. 90d)")
+    span = timedelta(seconds=int(number) * unit)
+    if span > MAX_EXPIRY:
+        raise InvalidRequest(f"{what} may be at most {MAX_EXPIRY.days} days")
+    return span
+
+
+def _service_key(settings: Settings) -> bytes | None:
+    secret = settings.callback_secret()
+    if secret is None:
+        return None
+    try:
+        return decode_whsec(secret.reveal())
+    except ValueError:
+        raise ConfigError(
+            f"{settings.callbacks.signing_secret_env} is not a valid whsec_ secret"
+        ) from None
+
+
+def _show_callback_secret(settings: Settings, name: str, salt: str | None) -> None:
+    """The agent's callback secret, once, on stderr (stdout stays the token for scripts)."""
+    key = _service_key(settings)
+    variable = settings.callbacks.signing_secret_env
+    if salt is None:
+        return
+    if key is None:
+        print(
+            f"no callback secret shown: {variable} is not set here; run 'reconciler tokens "
+            f"rotate-callback-secret --name {name}' where it is",
+            file=sys.stderr,
+        )
+        return
+    secret = as_whsec(agent_key(key, salt))
+    print(
+        f"callback secret for {name!r} (verify its callbacks with it; shown only this once): "
+        f"{secret}",
+        file=sys.stderr,
+    )
+
+
 def _tokens_create(args: argparse.Namespace, settings: Settings) -> int:
+    now = SystemClock().now()
+    expires = now + parse_duration(args.expires_in, "--expires-in") if args.expires_in else None
     db = _current_database(settings)
     try:
         with db.write() as conn:
-            token = create_token(conn, args.name, args.scope, SystemClock().now())
+            token = create_token(conn, args.name, args.scope, now, expires)
+            salt = callback_salt(conn, args.name)
     finally:
         db.dispose()
     print(token)
+    until = f", expires {isoformat(expires)}" if expires else ""
     print(
-        f"token {args.name!r} ({args.scope}) created; it is shown only this once", file=sys.stderr
+        f"token {args.name!r} ({args.scope}{until}) created; it is shown only this once",
+        file=sys.stderr,
+    )
+    _show_callback_secret(settings, args.name, salt)
+    return 0
+
+
+def _tokens_rotate(args: argparse.Namespace, settings: Settings) -> int:
+    key = _service_key(settings)
+    if key is None:
+        raise ConfigError(
+            f"{settings.callbacks.signing_secret_env} must be set: the agent's secret is "
+            "derived from it"
+        )
+    window = parse_duration(args.window, "--window")
+    now = SystemClock().now()
+    db = _current_database(settings)
+    try:
+        with db.write() as conn:
+            salt = rotate_callback_salt(conn, args.name, now, window)
+    finally:
+        db.dispose()
+    print(as_whsec(agent_key(key, salt)))
+    print(
+        f"new callback secret for {args.name!r}, shown only this once; until "
+        f"{isoformat(now + window)} callbacks carry signatures for the old and the new one",
+        file=sys.stderr,
     )
     return 0
 
@@ -102,9 +202,21 @@ def _tokens_list(args: argparse.Namespace, settings: Settings) -> int:
             tokens = list_tokens(conn)
     finally:
         db.dispose()
+    now = SystemClock().now()
     for info in tokens:
-        revoked = f"revoked {isoformat(info.revoked_at)}" if info.revoked_at else "active"
-        print(f"{info.name}\t{info.scope.value}\tcreated {isoformat(info.created_at)}\t{revoked}")
+        if info.revoked_at:
+            status = f"revoked {isoformat(info.revoked_at)}"
+        elif info.expires_at and info.expires_at <= now:
+            status = f"expired {isoformat(info.expires_at)}"
+        else:
+            status = "active"
+        columns = [info.name, info.scope.value, f"created {isoformat(info.created_at)}", status]
+        if info.expires_at and status == "active":
+            columns.append(f"expires {isoformat(info.expires_at)}")
+        if info.scope is Scope.AGENT and not info.own_callback_secret:
+            # Made before per-agent secrets: rotate to give it one.
+            columns.append("callback secret: shared")
+        print("\t".join(columns))
     return 0
 
 
@@ -183,8 +295,12 @@ def _decide(args: argparse.Namespace, settings: Settings) -> int:
     decision = parse_decision(
         {
             "action": args.action,
-            **({"extra_seconds": args.extra_seconds} if args.extra_seconds else {}),
-            **({"extra_status_requests": args.extra_requests} if args.extra_requests else {}),
+            **({"extra_seconds": args.extra_seconds} if args.extra_seconds is not None else {}),
+            **(
+                {"extra_status_requests": args.extra_requests}
+                if args.extra_requests is not None
+                else {}
+            ),
         }
     )
     key = settings.audit_key()
@@ -224,11 +340,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--operations", type=int, default=50, help="how many (default 50)")
     demo.add_argument("--seed", type=int, default=7, help="scenario mix seed (default 7)")
-    demo.add_argument("--timeout", type=float, default=75.0, help="time bound in s (default 75)")
+    demo.add_argument("--timeout", type=float, default=120.0, help="time bound in s (default 120)")
     demo.add_argument("--keep", action="store_true", help="keep the demo directory afterwards")
     demo.add_argument("--sim-root", help="the repository clone holding fixtures/provider_sim")
     demo.add_argument("--dir", default="demo-run", help="demo directory, wiped at start")
+    demo.add_argument(
+        "--keep-serving",
+        action="store_true",
+        help="after the summary, keep the service up for the operator console until Ctrl-C",
+    )
     demo.set_defaults(handler=_demo)
+
+    mcp = sub.add_parser(
+        "mcp", parents=[common], help="the agent tools over stdio, for a running service"
+    )
+    mcp.add_argument(
+        "--url",
+        help="the service (default: $RECONCILER_URL, else http://127.0.0.1:8080); "
+        "the token is read from $RECONCILER_TOKEN",
+    )
+    mcp.set_defaults(handler=_mcp)
 
     db = sub.add_parser("db", parents=[common], help="database schema")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
@@ -240,10 +371,25 @@ def build_parser() -> argparse.ArgumentParser:
     tokens_sub = tokens.add_subparsers(dest="tokens_command", required=True, metavar="ACTION")
     create = tokens_sub.add_parser("create", parents=[common], help="make a token (printed once)")
     create.add_argument("--name", required=True)
-    create.add_argument("--scope", required=True, choices=["agent", "operator"])
+    create.add_argument("--scope", required=True, choices=[s.value for s in Scope])
+    create.add_argument("--expires-in", help="refuse the token after this long (e.g. 90d, 12h)")
     create.set_defaults(handler=_tokens_create)
+    rotate = tokens_sub.add_parser(
+        "rotate-callback-secret",
+        parents=[common],
+        help="give an agent a new callback secret (printed once); the old one verifies a while",
+    )
+    rotate.add_argument("--name", required=True)
+    rotate.add_argument(
+        "--window",
+        default=DEFAULT_ROTATION_WINDOW,
+        help=f"how long the old secret still verifies (default {DEFAULT_ROTATION_WINDOW})",
+    )
+    rotate.set_defaults(handler=_tokens_rotate)
     tokens_sub.add_parser(
-        "list", parents=[common], help="names, scopes and whether revoked (never the tokens)"
+        "list",
+        parents=[common],
+        help="names, scopes, expiry and whether revoked (never the tokens or secrets)",
     ).set_defaults(handler=_tokens_list)
     revoke = tokens_sub.add_parser("revoke", parents=[common], help="stop a token from working")
     revoke.add_argument("--name", required=True)

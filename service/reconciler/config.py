@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from reconciler.errors import ConfigError
 
@@ -59,6 +60,11 @@ class ServerSettings:
     create_wait_seconds: float = 0.5  # how long POST /v1/operations waits for the job id
     wait_max_seconds: float = 60.0  # cap on /wait long-polls
     trust_proxy_headers: bool = False
+    # The variable holding the bearer token /metrics asks for; empty: /metrics is open.
+    metrics_token_env: str = ""
+    # Where operators reach the service ("https://reconciler.example"); empty means
+    # http://host:port. An https URL makes the console's session cookie Secure.
+    public_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,23 @@ class CallbackSettings:
 
 
 @dataclass(frozen=True)
+class LimitSettings:
+    """Per-agent quotas; 0 switches a count limit off."""
+
+    min_deadline_seconds: float = 1.0  # shorter deadlines would only escalate at once
+    max_operations_in_flight: int = 10_000  # per agent: not yet in an end state
+    max_creates_per_minute: int = 1_200  # per agent, over a sliding minute
+    max_history_page: int = 1_000  # entries per /history page at most
+
+
+@dataclass(frozen=True)
+class ConsoleSettings:
+    # The key that signs console sessions; set it to the same value on every replica.
+    session_secret_env: str = "RECONCILER_CONSOLE_SECRET"
+    session_hours: float = 12.0
+
+
+@dataclass(frozen=True)
 class Settings:
     database_url: str = "sqlite:///reconciler.db"
     providers_dir: str = DEFAULT_PROVIDERS_DIR
@@ -90,6 +113,8 @@ class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     callbacks: CallbackSettings = field(default_factory=CallbackSettings)
+    limits: LimitSettings = field(default_factory=LimitSettings)
+    console: ConsoleSettings = field(default_factory=ConsoleSettings)
     # Inline [providers.NAME] tables, validated by reconciler.providers.loader.
     providers: Mapping[str, Any] = field(default_factory=dict)
     # Where the settings came from, for messages and for relative paths.
@@ -100,15 +125,41 @@ class Settings:
         path = Path(self.providers_dir)
         return path if path.is_absolute() else Path(self.base_dir) / path
 
+    def public_url(self) -> str:
+        """The base URL operators use, without a trailing slash."""
+        if self.server.public_url:
+            return self.server.public_url.rstrip("/")
+        return f"http://{self.server.host}:{self.server.port}"
+
     def audit_key(self, environ: Mapping[str, str] | None = None) -> Secret | None:
         value = (os.environ if environ is None else environ).get(AUDIT_KEY_ENV)
         return Secret(value) if value else None
+
+    def callback_secret(self, environ: Mapping[str, str] | None = None) -> Secret | None:
+        """The service's callback signing key (``whsec_``), from which agents' are derived."""
+        value = (os.environ if environ is None else environ).get(self.callbacks.signing_secret_env)
+        return Secret(value) if value else None
+
+    def metrics_token(self, environ: Mapping[str, str] | None = None) -> Secret | None:
+        """The bearer token /metrics asks for, when ``server.metrics_token_env`` names one."""
+        variable = self.server.metrics_token_env
+        if not variable:
+            return None
+        value = (os.environ if environ is None else environ).get(variable)
+        if not value:
+            raise ConfigError(
+                f"{self.source}: server.metrics_token_env: {variable} is not set; set it, or "
+                "leave metrics_token_env empty for an open /metrics"
+            )
+        return Secret(value)
 
 
 _SECTIONS = {
     "server": ServerSettings,
     "scheduler": SchedulerSettings,
     "callbacks": CallbackSettings,
+    "limits": LimitSettings,
+    "console": ConsoleSettings,
 }
 _TOP_LEVEL = {"database_url", "providers_dir", "hooks", "log_level"}
 
@@ -192,16 +243,31 @@ def _positive(settings: Settings) -> None:
         ("scheduler.provider_concurrency", settings.scheduler.provider_concurrency),
         ("callbacks.max_attempts", settings.callbacks.max_attempts),
         ("callbacks.timeout_seconds", settings.callbacks.timeout_seconds),
+        ("limits.min_deadline_seconds", settings.limits.min_deadline_seconds),
+        ("limits.max_history_page", settings.limits.max_history_page),
+        ("console.session_hours", settings.console.session_hours),
     ]
     for key, value in checks:
         if value <= 0:
             raise ConfigError(f"{settings.source}: {key}: must be greater than 0, got {value}")
+    for key, count in (
+        ("limits.max_operations_in_flight", settings.limits.max_operations_in_flight),
+        ("limits.max_creates_per_minute", settings.limits.max_creates_per_minute),
+    ):
+        if count < 0:
+            raise ConfigError(f"{settings.source}: {key}: must be 0 (no limit) or more")
     if settings.server.port > 65535:
         raise ConfigError(f"{settings.source}: server.port: must be at most 65535")
     if settings.log_level.upper() not in LOG_LEVELS:
         raise ConfigError(
             f"{settings.source}: log_level: must be one of {', '.join(LOG_LEVELS)}, "
             f"got {settings.log_level!r}"
+        )
+    public = urlsplit(settings.server.public_url)
+    if settings.server.public_url and not (public.scheme in ("http", "https") and public.netloc):
+        raise ConfigError(
+            f"{settings.source}: server.public_url: must be an http:// or https:// URL, "
+            f"got {settings.server.public_url!r}"
         )
     if not settings.database_url.startswith(("sqlite", "postgresql")):
         raise ConfigError(

@@ -7,6 +7,8 @@ ReconcilerError                    root; ``code`` is the stable machine-readable
 ├── InvalidRequest                 bad input: the message says what to fix          (400)
 │   ├── PayloadTooLarge            a body over its limit                             (413)
 │   ├── ForbiddenAddress           a callback URL the SSRF guard refuses             (400)
+│   ├── UnstorableContent          verified content no database can store (a webhook: 400, so
+│   │                              the sender stops retrying what can never succeed)
 │   └── UnsafePathValue            a value that cannot be placed in a URL path       (400)
 ├── AuthenticationFailed           no, or a bad, bearer token                        (401)
 │   └── SignatureRejected          a webhook that fails verification; nothing stored (401)
@@ -15,8 +17,11 @@ ReconcilerError                    root; ``code`` is the stable machine-readable
 ├── Conflict                       contradicts what is already recorded              (409)
 │   ├── IdempotencyConflict        the same idempotency key for another request
 │   └── DecisionNotAllowed         an option that was not offered, or a second decision
+├── QuotaExceeded                  an agent's operations in flight or create rate     (429)
+├── ClientDisconnected             the client went away before its body arrived (logged at info)
 ├── RemoteError                    a provider or an agent's receiver gave no usable answer
 │   └── ResolutionFailed           a callback host did not resolve (a later try may work)
+├── ServiceError                   reconciler.client: the service answered 5xx or was unreachable
 ├── StorageError                   the database, not the caller                      (503)
 │   ├── StorageUnavailable         unreachable, busy past the bound, disk full, read-only
 │   └── StaleWrite                 another writer moved the row first; nothing was written
@@ -26,7 +31,11 @@ ReconcilerError                    root; ``code`` is the stable machine-readable
     └── InvalidObservation         an observation with neither an HTTP status nor an error
 ```
 
-HTTP answers are decided in one place (``api.errors``) from this tree. A ``Bug``
+HTTP answers are decided in one place (``api.errors``) from this tree, and
+``reconciler.client`` maps them back: an answer's ``error.code`` raises the class
+of that code here (``InvalidRequest``, ``NotFound``, ``Conflict``,
+``AuthenticationFailed``/``PermissionDenied``), a server failure ``ServiceError``,
+so a caller catches the same families on both sides of the wire. A ``Bug``
 is logged as an error with the operation it concerns and answered 500; a
 client's conflict is decided before any transition is attempted, so a caller
 never sees a bug dressed as a 409.
@@ -80,6 +89,12 @@ class ForbiddenAddress(InvalidRequest):
         self.verdict = verdict  # an ``outbound.ssrf.Verdict``: which address, and why
 
 
+class UnstorableContent(InvalidRequest):
+    """Content that cannot be stored as text (a lone surrogate, a NUL character)."""
+
+    code = "content_unstorable"
+
+
 class UnsafePathValue(InvalidRequest):
     """A value cannot be placed in a URL path safely (empty, ``.`` or ``..`` segment)."""
 
@@ -96,6 +111,7 @@ class RejectReason(StrEnum):
     TIMESTAMP_OUT_OF_TOLERANCE = "timestamp_out_of_tolerance"
     NO_USABLE_SIGNATURE = "no_usable_signature"
     SIGNATURE_MISMATCH = "signature_mismatch"
+    REPLAYED = "replayed"  # a delivery seen before (agents' callback receivers)
 
 
 class SignatureRejected(AuthenticationFailed):
@@ -130,6 +146,22 @@ class DecisionNotAllowed(Conflict):
     code = "decision_not_allowed"
 
 
+class QuotaExceeded(ReconcilerError):
+    """An agent reached one of its quotas; ``retry_after_seconds`` says when one frees."""
+
+    code = "quota_exceeded"
+
+    def __init__(self, message: str, retry_after_seconds: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
+
+
+class ClientDisconnected(ReconcilerError):
+    """The client closed the connection before its request body was complete: no answer."""
+
+    code = "client_disconnected"
+
+
 class RemoteError(ReconcilerError):
     """A provider or an agent's callback receiver could not be used."""
 
@@ -140,6 +172,19 @@ class ResolutionFailed(RemoteError):
     """The callback host could not be resolved now; a later attempt may succeed."""
 
     code = "callback_host_unresolved"
+
+
+class ServiceError(ReconcilerError):
+    """The service failed or could not be reached; ``status`` is its HTTP status, if any.
+
+    Raised by ``reconciler.client``; the caller did nothing wrong and may retry later.
+    """
+
+    code = "service_unavailable"
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class StorageError(ReconcilerError):

@@ -14,8 +14,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from reconciler.core.states import State
+from reconciler.core.trust import TrustState, TrustView
 
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+READS_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64, 128)
 
 
 class _StateCounts(Collector):
@@ -35,6 +37,44 @@ class _StateCounts(Collector):
         for state in State:
             family.add_metric([state.value], counts.get(state.value, 0))
         yield family
+
+
+class _TrustGauges(Collector):
+    """Each provider's webhook trust, read from the database at scrape time."""
+
+    def __init__(self, views: Callable[[], dict[str, TrustView]]) -> None:
+        self._views = views
+
+    def collect(self) -> Iterable[Metric]:
+        state = GaugeMetricFamily(
+            "reconciler_webhook_trust_state",
+            "1 for the provider's current webhook trust state (adaptive trust only).",
+            labels=["provider", "state"],
+        )
+        share = GaugeMetricFamily(
+            "reconciler_webhook_first_share",
+            "Share of judged completions a verified webhook announced before a read.",
+            labels=["provider"],
+        )
+        misses = GaugeMetricFamily(
+            "reconciler_webhook_misses",
+            "Completions a scheduled read found with no webhook within the grace.",
+            labels=["provider"],
+        )
+        try:
+            views = self._views()
+        except Exception:  # a scrape must not fail because the database blinked
+            views = {}
+        for name, v in sorted(views.items()):
+            if v.state is not None:
+                for s in TrustState:
+                    state.add_metric([name, s.value], 1.0 if v.state is s else 0.0)
+            if v.webhook_first_share is not None:
+                share.add_metric([name], v.webhook_first_share)
+            misses.add_metric([name], float(v.misses))
+        yield state
+        yield share
+        yield misses
 
 
 class Metrics:
@@ -88,6 +128,19 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.client_disconnects = Counter(
+            "reconciler_client_disconnects",
+            "Requests whose client went away before the body arrived, by endpoint family.",
+            ["endpoint"],
+            registry=r,
+        )
+        self.reads_per_operation = Histogram(
+            "reconciler_status_reads_per_operation",
+            "Status requests an operation had used when it reached an end state.",
+            ["provider"],
+            buckets=READS_BUCKETS,
+            registry=r,
+        )
         self._webhook_children: dict[tuple[str, str], Any] = {}
         self.hook_runs = Counter(
             "reconciler_hook_runs",
@@ -108,6 +161,9 @@ class Metrics:
     def watch_states(self, counts: Callable[[], dict[str, int]]) -> None:
         self.registry.register(_StateCounts(counts))
 
+    def watch_trust(self, views: Callable[[], dict[str, TrustView]]) -> None:
+        self.registry.register(_TrustGauges(views))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -116,3 +172,13 @@ def status_label(http_status: int | None, transport_error: str | None) -> str:
     if http_status is not None:
         return str(http_status)
     return f"no_response_{transport_error or 'other'}"
+
+
+def totals(counter: Counter) -> dict[tuple[str, ...], float]:
+    """A counter's current values by label values (this process only, since it started)."""
+    found: dict[tuple[str, ...], float] = {}
+    for metric in counter.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total"):
+                found[tuple(sample.labels.values())] = sample.value
+    return found

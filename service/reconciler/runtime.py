@@ -18,7 +18,9 @@ from reconciler.commands.create import ProviderLimits
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Secret, Settings
 from reconciler.core.clock import Clock, SystemClock
 from reconciler.core.ids import worker_id
+from reconciler.core.quotas import Quota
 from reconciler.core.signatures import Verifier, build_verifier, decode_whsec
+from reconciler.core.trust import TrustView
 from reconciler.engine.group_commit import GroupCommitter
 from reconciler.engine.wakeups import Notifier
 from reconciler.errors import ConfigError, InvalidRequest
@@ -29,6 +31,7 @@ from reconciler.providers.http_adapter import build_adapter
 from reconciler.providers.loader import load_providers
 from reconciler.providers.spec import ProviderSpec, WebhookSpec, webhook_secrets
 from reconciler.storage import operations as store
+from reconciler.storage import trust
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.tokens import Principal
@@ -54,12 +57,21 @@ class Runtime:
     metrics: Metrics = field(default_factory=Metrics)
     # Authenticated principals by digest of the Authorization header, with their expiry.
     token_cache: dict[str, tuple[Principal, float]] = field(default_factory=dict)
+    # The bearer token /metrics asks for ([server] metrics_token_env); None: /metrics is open.
+    metrics_token: Secret | None = None
 
     def __post_init__(self) -> None:
         self.webhooks = GroupCommitter(
             self.db, self.journal, self.clock.now, on_hint=self.notifier.wake
         )
         self.metrics.watch_states(self._state_counts)
+        self.metrics.watch_trust(self.trust_views)
+
+    def trust_views(self) -> dict[str, TrustView]:
+        """Every provider's webhook trust as operators see it (``storage.trust.trust_views``)."""
+        policies = {name: spec.polling.trust() for name, spec in self.providers.items()}
+        with self.db.read() as conn:
+            return trust.trust_views(conn, policies)
 
     def _state_counts(self) -> dict[str, int]:
 
@@ -97,6 +109,7 @@ class Runtime:
             callback_key=_callback_key(settings, env),
             allow_hosts=ssrf.as_allow_list(settings.callbacks.allow_hosts),
             transport=transport,
+            metrics_token=settings.metrics_token(env),
         )
         for name, spec in providers.items():
             if spec.webhook is not None:
@@ -114,17 +127,24 @@ class Runtime:
     def adapter(self, provider: str) -> ProviderAdapter:
         adapter = self.adapters.get(provider)
         if adapter is None:
-            adapter = build_adapter(self.providers[provider], self.environ, self.transport)
+            # The runtime's clock stamps every call: a call's sent_at is compared with times
+            # the service wrote (acceptance, a webhook's arrival), so both need one clock.
+            adapter = build_adapter(
+                self.providers[provider], self.environ, self.transport, clock=self.clock
+            )
             self.adapters[provider] = adapter
         return adapter
 
     def limits_for(self, provider: str) -> ProviderLimits:
         spec = self.providers[provider]
+        limits = self.settings.limits
         return ProviderLimits(
             deadline_seconds=spec.polling.deadline_seconds,
             max_status_requests=spec.polling.max_status_requests,
             max_transport_failures=spec.polling.max_transport_failures,
             create_deadline_seconds=spec.create.create_deadline_seconds,
+            min_deadline_seconds=limits.min_deadline_seconds,
+            quota=Quota(limits.max_operations_in_flight, limits.max_creates_per_minute),
         )
 
     def check_callback_url(self, url: str) -> None:

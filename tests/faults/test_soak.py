@@ -47,3 +47,6 @@ def test_short_soak_keeps_every_invariant(tmp_path: Path, db_url: str, backend: 
     assert result.figures.operations == OPERATIONS
     assert len(result.kills) == 3
     assert sum(sum(k.windows.values()) for k in result.kills) > 0
+    # Webhook trust was on and judged the completions (its random webhook loss: misses).
+    assert result.trust_verdicts.get("webhook_first", 0) > 0, result.report
+    assert result.trust_verdicts.get("miss", 0) > 0, result.report

@@ -21,7 +21,7 @@ from standardwebhooks import Webhook
 
 from tests.support import hooks
 from tests.support.hooks import CallbackReceiver, Delivery, Reply, serve_receiver, wait_until
-from tests.support.stack import CALLBACK_SECRET, Stack, running_stack
+from tests.support.stack import Stack, running_stack
 
 MAX_ATTEMPTS = 3
 CALLBACKS = {
@@ -49,9 +49,10 @@ def start(stack: Stack, callback_url: str, request: dict[str, Any] | None = None
     return op_id
 
 
-def verified(delivery: Delivery) -> dict[str, Any]:
-    """The event, after the independent library checked its signature."""
-    payload: dict[str, Any] = Webhook(CALLBACK_SECRET).verify(delivery.body, delivery.headers)
+def verified(delivery: Delivery, stack: Stack) -> dict[str, Any]:
+    """The event, after the independent library checked its signature with the agent's secret."""
+    secret = stack.callback_secret()
+    payload: dict[str, Any] = Webhook(secret).verify(delivery.body, delivery.headers)
     return payload
 
 
@@ -79,7 +80,7 @@ def test_callback_is_signed_and_carries_the_finished_operation(tmp_path: Path, d
     with callback_stack(tmp_path, db_url) as (stack, receiver, cb_url):
         op_id = start(stack, f"{cb_url}/cb/ok")
         (delivery,) = deliveries(receiver, "ok", 1)
-        event = verified(delivery)
+        event = verified(delivery, stack)
         assert delivery.headers["content-type"] == "application/json"
         assert delivery.webhook_id == op_id  # stable per operation
         assert event["type"] == "operation.completed"

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
+from reconciler.config import Settings
+from reconciler.demo import run
 from reconciler.demo.report import OpOutcome, RunReport, fixed_poller_requests, render_report
-from reconciler.demo.run import plan_batch, prepare_directory
+from reconciler.demo.run import (
+    EXPECTED_ENDS,
+    WARMUP_COUNT,
+    WARMUP_KINDS,
+    first_wave,
+    plan_batch,
+    prepare_directory,
+)
 from reconciler.errors import DemoFailed
+from tests.support.console import operator_client
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = (
@@ -43,7 +55,11 @@ def test_demo_runs_a_mixed_batch_to_a_clean_summary(tmp_path: Path):
         assert section in out, section
     assert "\x1b[" not in out  # not a terminal: plain lines only
     assert re.search(r"^\[\s*\d+\.\ds\] \d+/12 settled", out, re.MULTILINE)
-    assert re.search(r"^  audit ok: 12 operations, \d+ history entries intact$", out, re.MULTILINE)
+    # The batch and the one job started through MCP at the end.
+    assert re.search(r"^  audit ok: 13 operations, \d+ history entries intact$", out, re.MULTILINE)
+    mcp = out[out.index("One job through MCP") :]
+    assert "  start_job {" in mcp and "  wait_job {" in mcp
+    assert "NOT complete" in mcp and "-> succeeded, done=true" in mcp
     once = re.search(r"exactly once each: (\d+) of (\d+)  -> ok", out)
     assert once is not None and once.group(1) == once.group(2) and int(once.group(1)) >= 8
     # Both bounded stops of the mix, each with its seed-003 message.
@@ -110,3 +126,52 @@ def test_only_a_demo_directory_is_wiped(tmp_path: Path):
     (made / "reconciler.db").write_text("old run")
     again = prepare_directory(made)
     assert not (again / "reconciler.db").exists()
+
+
+def test_an_operation_that_ends_otherwise_than_its_scenario_fails_the_run():
+    lost = OpOutcome("op_a", "webhooks_lost", "result_timed_out", 100.0, 160.0, 104.5, 2, 1)
+    storm = OpOutcome("op_b", "rate_limit_storm", "escalated", 100.0, None, None, 4, 0)
+    report = RunReport(
+        seed=7,
+        timeout=120,
+        elapsed=30,
+        outcomes=[lost, dataclasses.replace(storm, escalation_reason="rate_limited")],
+        repeats=[],
+        rejected_callbacks=0,
+        audit_text="audit ok",
+        audit_ok=True,
+        expected_ends=EXPECTED_ENDS,
+    )
+    assert report.failures() == ["op_a (webhooks_lost) ended result_timed_out, not succeeded"]
+
+
+def test_the_warm_up_wave_earns_trust_before_the_rest():
+    planned = plan_batch(50, random.Random(7), 7)
+    first = first_wave(planned)
+    warm = [p for p in first if p.kind in WARMUP_KINDS]
+    assert len(warm) == WARMUP_COUNT
+    assert {p.kind for p in first} - set(WARMUP_KINDS) == {"rate_limit_storm"}
+    assert set(EXPECTED_ENDS) == {p.kind for p in planned}
+
+
+@pytest.mark.slow
+def test_keep_serving_leaves_the_escalations_in_the_console(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: dict[str, str] = {}
+
+    def look(console_url: str, operator_token: str) -> None:
+        # What an operator does at the prompt, instead of waiting for Ctrl-C.
+        base = console_url.removesuffix("/console")
+        with closing(operator_client(base, operator_token)) as client:
+            seen["inbox"] = client.get("/console", params={"state": "escalated"}).text
+
+    monkeypatch.setattr(run, "serve_until_interrupted", look)
+    options = run.DemoOptions(
+        operations=8, timeout=60, keep_serving=True, directory=tmp_path / "demo-run"
+    )
+    assert run.run_demo(options, Settings()) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^operator console http://127\.0\.0\.1:\d+/console$", out, re.MULTILINE)
+    assert "Needs a decision" in seen["inbox"]
+    assert seen["inbox"].count('class="escalated-row"') >= 2  # rate_limited, unknown_state

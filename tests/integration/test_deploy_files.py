@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from reconciler import config
-from reconciler.config import LOG_LEVELS, CallbackSettings, Settings, load_settings
+from reconciler.config import LOG_LEVELS, CallbackSettings, ConsoleSettings, Settings, load_settings
 from reconciler.providers.loader import load_providers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,6 +79,8 @@ def _sample(default: Any) -> str | None:
             return "sqlite:///elsewhere.db"
         if default in LOG_LEVELS:
             return next(level for level in LOG_LEVELS if level != default)
+        if default == "":  # an optional URL (server.public_url)
+            return "https://sample.example"
         return default + "-changed"
     if isinstance(default, tuple):
         return "sample.example"
@@ -112,7 +114,12 @@ def settings_variables() -> set[str]:
 
 
 def known_variables() -> set[str]:
-    secrets = {CallbackSettings().signing_secret_env, config.AUDIT_KEY_ENV, config.CONFIG_ENV}
+    secrets = {
+        CallbackSettings().signing_secret_env,
+        ConsoleSettings().session_secret_env,
+        config.AUDIT_KEY_ENV,
+        config.CONFIG_ENV,
+    }
     return settings_variables() | secrets | {"RECONCILER_DATABASE_URL"}
 
 

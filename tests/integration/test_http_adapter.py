@@ -35,7 +35,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from reconciler.core.clock import ManualClock
 from reconciler.core.vocabulary import RemoteCategory, TransportError
-from reconciler.errors import ConfigError
+from reconciler.errors import ConfigError, UnsafePathValue
 from reconciler.providers.adapter import (
     CallResult,
     CreateOutcome,
@@ -46,13 +46,12 @@ from reconciler.providers.adapter import (
 )
 from reconciler.providers.http_adapter import (
     HttpAdapter,
-    UnsafePathValue,
     build_adapter,
-    classify_transport_error,
     render_path,
 )
 from reconciler.providers.loader import parse_provider
 from reconciler.providers.spec import ProviderSpec
+from reconciler.providers.transport import classify_transport_error
 from tests.support.servers import serve_asgi, serve_tcp, unused_port
 
 T = TypeVar("T")

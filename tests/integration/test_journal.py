@@ -17,10 +17,10 @@ from reconciler.core.clock import ManualClock
 from reconciler.core.states import END_STATES, TRANSITIONS, State
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.errors import IllegalTransition, StaleWrite
-from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.journal import HISTORY, Journal, Lease
 from reconciler.storage.models import Operation
+from reconciler.storage.operations import load_operation
 from tests.support.factories import insert_operation
 
 ALL_EDGES = [(frm, to) for frm, tos in TRANSITIONS.items() for to in sorted(tos)]
@@ -42,7 +42,7 @@ def _force_state(db: Database, journal: Journal, op: Operation, state: State) ->
             .where(Operation.__table__.c.id == op.id)  # type: ignore[attr-defined]
             .values(state=state.value)
         )
-        return store.load_operation(conn, op.id)
+        return load_operation(conn, op.id)
 
 
 @pytest.mark.parametrize(("frm", "to"), ALL_EDGES, ids=[f"{a}->{b}" for a, b in ALL_EDGES])
@@ -71,7 +71,7 @@ def test_every_allowed_transition_succeeds_with_evidence(
     assert last["detail"] == {"http_status": 200}
     assert last["at"] == clock.now()
     with db.read() as conn:
-        stored = store.load_operation(conn, op.id)
+        stored = load_operation(conn, op.id)
     assert stored.state == to.value
     if to in END_STATES:
         assert stored.done_at == clock.now()
@@ -100,7 +100,7 @@ def test_forbidden_transition_raises_and_writes_nothing(
     with pytest.raises(IllegalTransition), db.write() as conn:
         journal.transition(conn, op, to, actor="w", cause="test", now=clock.now())
     with db.read() as conn:
-        assert store.load_operation(conn, op.id) == op
+        assert load_operation(conn, op.id) == op
     assert _history(db, op.id) == before
 
 
@@ -228,4 +228,4 @@ def test_random_attempts_replay_to_current_state(db: Database, attempts: list[St
         replay = State(str(entry["to_state"]))
     assert replay is not None and replay.value == op.state
     with db.read() as conn:
-        assert store.load_operation(conn, op.id).state == op.state
+        assert load_operation(conn, op.id).state == op.state

@@ -132,6 +132,8 @@ def test_a_full_run_leaks_no_secret(tmp_path: Path, db_url: str) -> None:
                 )
             answers.append(client.get("/metrics").text)
             answers.append(client.get("/openapi.json").text)
+            operator_headers = {"Authorization": f"Bearer {operator}"}
+            answers.append(client.get("/v1/providers", headers=operator_headers).text)
             client.close()
         assert {op["state"] for op in final} >= {"succeeded", "failed", "escalated"}
         assert receiver.deliveries(), "the callback path was not exercised"

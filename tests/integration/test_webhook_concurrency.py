@@ -137,7 +137,9 @@ def test_two_hundred_distinct_events_for_twenty_operations_are_all_kept(
     responses = send_concurrently(urls, deliveries)
 
     assert [r.status_code for r in responses] == [200] * 200, [r.text for r in responses]
-    assert {r.json()["status"] for r in responses} == {"hinted"}
+    # The first event of each job hints it; the rest arrive while that hint is pending.
+    statuses = [r.json()["status"] for r in responses]
+    assert set(statuses) <= {"hinted", "coalesced"} and statuses.count("hinted") >= len(ops)
     with rt.db.read() as conn:
         rows = conn.execute(
             sa.select(EVENTS.c.event_id, EVENTS.c.remote_job_id, EVENTS.c.operation_id)
@@ -150,7 +152,7 @@ def test_two_hundred_distinct_events_for_twenty_operations_are_all_kept(
     assert all(r.operation_id == ops[r.remote_job_id] for r in rows)
     hints = hint_counts(live)
     for op_id in ops.values():
-        assert hints[op_id] == 10, f"{op_id}: {hints[op_id]} hint entries, not 10"
+        assert 1 <= hints[op_id] <= 10, f"{op_id}: {hints[op_id]} hint entries"
         op = states[op_id]
         assert op.hinted_at is not None and op.delay_source == "webhook_hint"
         assert op.next_poll_at is not None and op.next_poll_at <= datetime.now(UTC)

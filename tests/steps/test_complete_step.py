@@ -18,7 +18,6 @@ import pytest
 from standardwebhooks import Webhook
 
 from tests.support import hooks
-from tests.support.stack import CALLBACK_SECRET
 from tests.support.steps import StepRig, step_rig
 
 pytestmark = pytest.mark.anyio
@@ -43,13 +42,14 @@ class Receiver:
             raise reply
         return reply
 
-    def events(self) -> list[dict[str, Any]]:
-        """The bodies, each after the independent library's signature matched its own.
+    def events(self, secret: str) -> list[dict[str, Any]]:
+        """The bodies, each after the independent library's signature with the agent's own
+        secret matched the one sent.
 
         The package's ``verify`` also compares the timestamp with the wall clock, and
         these were signed on the test's clock: the signature is recomputed instead.
         """
-        signer = Webhook(CALLBACK_SECRET)
+        signer = Webhook(secret)
         found = []
         for r in self.requests:
             at = datetime.fromtimestamp(int(r.headers["webhook-timestamp"]), UTC)
@@ -104,7 +104,7 @@ async def test_hooks_then_the_callback_run_once_each_in_order(
         assert {r.state for r in runs} == {"succeeded"}
         # One signed callback carrying the finished operation, with a stable webhook-id.
         [request] = receiver.requests
-        [event] = receiver.events()
+        [event] = receiver.events(rig.callback_secret())
         assert request.headers["webhook-id"] == op_id
         assert request.headers["content-type"] == "application/json"
         assert event["type"] == "operation.completed"
@@ -221,7 +221,7 @@ async def test_exhausted_attempts_escalate_and_an_extension_redelivers(
         rig.decide(op_id, {"action": "extend"})
         await rig.run(op_id, ["succeeded"])
         assert [r.headers["webhook-id"] for r in receiver.requests] == [op_id] * 4
-        assert receiver.events()[-1]["operation"]["state"] == "succeeded"
+        assert receiver.events(rig.callback_secret())[-1]["operation"]["state"] == "succeeded"
         steps = hooks.completion_steps(rig.runtime.db, op_id)
         assert (steps["callback"]["status"], steps["callback"]["attempts"]) == ("done", 1)
         assert rig.view(op_id)["escalation"]["decided"] is True

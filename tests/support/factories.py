@@ -10,7 +10,7 @@ from reconciler.core.canonical import request_fingerprint
 from reconciler.core.states import State
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
-from reconciler.storage.models import Operation
+from reconciler.storage.models import Operation, new_record
 
 
 def new_operation(now: datetime, **overrides: Any) -> Operation:
@@ -43,7 +43,7 @@ def new_operation(now: datetime, **overrides: Any) -> Operation:
         "history_head": "",
     }
     values.update(overrides)
-    return Operation(**values)
+    return new_record(**values)
 
 
 def insert_operation(db: Database, journal: Journal, now: datetime, **overrides: Any) -> Operation:

@@ -24,11 +24,12 @@ from starlette.applications import Starlette
 
 from reconciler.api.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.engine.worker import Worker
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
-from reconciler.storage.tokens import create_token
+from reconciler.storage.tokens import callback_salt, create_token
 from tests.support.hooks import wait_until
 from tests.support.servers import serve_asgi
 
@@ -51,11 +52,13 @@ QUICK_POLLING: dict[str, Any] = {
 
 
 def sim_provider_table(
-    base_url: str, *, drop: tuple[str, ...] = (), **sections: dict[str, Any]
+    base_url: str, *, drop: tuple[str, ...] = (), **sections: Any
 ) -> dict[str, Any]:
     """The sim's provider table from fixtures/providers/sim.toml, pointed at ``base_url``.
 
-    ``drop`` removes whole sections (e.g. ``("lookup",)`` for a provider without one).
+    ``drop`` removes whole sections (e.g. ``("lookup",)`` for a provider without one);
+    a section given as a table is merged into the file's, any other value replaces
+    the key (``description="..."``).
     """
     with SIM_TOML.open("rb") as fh:
         table = copy.deepcopy(tomllib.load(fh)["providers"]["sim"])
@@ -63,7 +66,10 @@ def sim_provider_table(
     for name in drop:
         table.pop(name, None)
     for name, values in sections.items():
-        table.setdefault(name, {}).update(values)
+        if isinstance(values, dict):
+            table.setdefault(name, {}).update(values)
+        else:
+            table[name] = values
     return table
 
 
@@ -142,6 +148,13 @@ class Stack:
         entries: list[dict[str, Any]] = response.json()["entries"]
         return entries
 
+    def callback_secret(self, name: str = "agent-1") -> str:
+        """The agent's own callback secret (what ``tokens create`` shows it once)."""
+        with self.runtime.db.read() as conn:
+            salt = callback_salt(conn, name)
+        assert salt is not None and self.runtime.callback_key is not None
+        return as_whsec(agent_key(self.runtime.callback_key, salt))
+
     def sim_job(self, job_id: str) -> dict[str, Any]:
         response = httpx.get(f"{self.sim_url}/_sim/jobs/{job_id}", timeout=10)
         response.raise_for_status()
@@ -182,7 +195,7 @@ def running_stack(
     tmp_path: Path,
     db_url: str,
     *,
-    provider: dict[str, dict[str, Any]] | None = None,
+    provider: dict[str, Any] | None = None,
     sim_config: dict[str, Any] | None = None,
     hooks: tuple[str, ...] = (),
     tick_seconds: float = 0.2,

@@ -29,6 +29,7 @@ from reconciler.commands.cancel import cancel as cancel_command
 from reconciler.commands.create import create_operation
 from reconciler.commands.decide import decide as decide_command
 from reconciler.config import CallbackSettings, SchedulerSettings, Settings
+from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import ManualClock
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import Scope
@@ -46,7 +47,7 @@ from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.history import history_of
 from reconciler.storage.models import HistoryEntry, Operation
-from reconciler.storage.tokens import Principal
+from reconciler.storage.tokens import Principal, callback_salt, create_token
 from reconciler.storage.views import view_of
 from tests.support.provider_mock import BASE_URL, FakeProvider
 from tests.support.stack import CALLBACK_SECRET, SIM_TOKEN, WEBHOOK_SECRET, sim_provider_table
@@ -128,6 +129,13 @@ class StepRig:
         """The Operation as the API shows it."""
         with self.runtime.db.read() as conn:
             return view_of(conn, store.load_operation(conn, op_id), self.clock.now())
+
+    def callback_secret(self) -> str:
+        """The agent's own callback secret (what ``tokens create`` shows it once)."""
+        with self.runtime.db.read() as conn:
+            salt = callback_salt(conn, AGENT.name)
+        assert salt is not None and self.runtime.callback_key is not None
+        return as_whsec(agent_key(self.runtime.callback_key, salt))
 
     def history(self, op_id: str) -> list[HistoryEntry]:
         with self.runtime.db.read() as conn:
@@ -256,6 +264,8 @@ async def step_rig(
             timeout_seconds=settings.callbacks.timeout_seconds,
             transport=callback_transport,
         )
+    with runtime.db.write() as conn:  # the agent's token, and with it its callback secret
+        create_token(conn, AGENT.name, AGENT.scope.value, clock.now())
     rig = StepRig(runtime, fake, clock, sender)
     try:
         yield rig

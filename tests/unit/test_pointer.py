@@ -8,11 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.errors import ReconcilerError
+from reconciler.errors import PointerSyntaxError, ReconcilerError
 from reconciler.providers.pointer import (
     MISSING,
     Pointer,
-    PointerSyntaxError,
     resolve,
     split_pointer,
 )

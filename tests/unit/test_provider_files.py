@@ -11,6 +11,7 @@ import pytest
 
 from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.signatures import WebhookScheme
+from reconciler.core.trust import TrustMode
 from reconciler.core.vocabulary import RemoteCategory
 from reconciler.errors import ConfigError
 from reconciler.providers.loader import load_providers, parse_provider
@@ -622,3 +623,61 @@ def test_webhook_event_id_defaults_by_scheme() -> None:
 )
 def test_result_errors(result: dict[str, Any], fragment: str) -> None:
     assert fragment in _inline_error(_with("result", result))
+
+
+WEBHOOK = {
+    "scheme": "standard-webhooks",
+    "secrets_env": "ACME_WEBHOOK_SECRETS",
+    "job_id": "/data/job_id",
+}
+
+
+def test_webhook_trust_defaults_follow_the_webhook_table() -> None:
+    without = parse_provider("acme", MINIMAL, INLINE_SOURCE).polling.trust()
+    assert without.mode is TrustMode.OFF
+    spec = parse_provider("acme", {**MINIMAL, "webhook": WEBHOOK}, INLINE_SOURCE)
+    trust = spec.polling.trust()
+    assert trust.mode is TrustMode.ADAPTIVE
+    assert (trust.trust_after, trust.distrust_after_misses) == (20, 1)
+    assert trust.trusted_max_delay_seconds == 10 * spec.polling.max_delay_seconds
+    assert trust.webhook_grace_seconds == 30.0
+
+
+def test_webhook_trust_keys_are_read() -> None:
+    polling = {
+        "max_delay_seconds": 60,
+        "webhook_trust": "off",
+        "trust_after": 5,
+        "trusted_max_delay_seconds": 900,
+        "distrust_after_misses": 2,
+        "webhook_grace_seconds": 0,
+    }
+    data = {**MINIMAL, "webhook": WEBHOOK, "polling": polling}
+    trust = parse_provider("acme", data, INLINE_SOURCE).polling.trust()
+    assert (trust.mode, trust.trust_after, trust.distrust_after_misses) == (TrustMode.OFF, 5, 2)
+    assert (trust.trusted_max_delay_seconds, trust.webhook_grace_seconds) == (900.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("webhook_trust", "always", 'webhook_trust: expected "adaptive" or "off"'),
+        ("webhook_trust", 1, "webhook_trust: expected a non-empty string"),
+        ("trust_after", 0, "trust_after: must be at least 1"),
+        ("distrust_after_misses", 1.5, "distrust_after_misses: expected an integer"),
+        ("trusted_max_delay_seconds", 60, "must be at least max_delay_seconds"),
+        ("trusted_max_delay_seconds", "long", "expected a number of seconds"),
+        ("webhook_grace_seconds", -1, "webhook_grace_seconds: must be 0 or more"),
+    ],
+)
+def test_webhook_trust_value_errors(key: str, value: Any, fragment: str) -> None:
+    data = {**MINIMAL, "webhook": WEBHOOK, "polling": {key: value}}
+    message = _inline_error(data)
+    assert message.startswith(f"{INLINE_SOURCE}: providers.acme.polling.{key}: ")
+    assert "\n" not in message
+    assert fragment in message
+
+
+def test_adaptive_trust_needs_a_webhook_table() -> None:
+    message = _inline_error({**MINIMAL, "polling": {"webhook_trust": "adaptive"}})
+    assert 'polling.webhook_trust: "adaptive" needs a [webhook] table' in message

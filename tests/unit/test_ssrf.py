@@ -11,13 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.errors import ConfigError, InvalidRequest
+from reconciler.errors import ConfigError, ForbiddenAddress, InvalidRequest, ResolutionFailed
 from reconciler.outbound.ssrf import (
     AddressClass,
     AllowList,
     CheckedUrl,
-    ForbiddenAddress,
-    ResolutionFailed,
     Resolver,
     check_url,
     classify,

@@ -1,16 +1,22 @@
-"""Bearer-token authentication for the agent API.
+"""Bearer-token authentication for the agent API and ``/mcp`` (one check for both), and the
+token cache the console shares.
 
 Verified tokens are remembered for a few seconds (by digest, never the token
 itself) so that a busy agent does not cost a database read per request;
-a token revoked in the database stops working within that window.
+a token revoked in the database stops working within that window, and an
+expired one at its expiry, cached or not. Console sessions are remembered by
+token row in the same cache, with the same window.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
+from sqlalchemy.engine import Connection
 from starlette.requests import Request
 
+from reconciler.errors import AuthenticationFailed
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import Principal, authenticate, digest
 
@@ -18,19 +24,25 @@ CACHE_SECONDS = 5.0
 CACHE_LIMIT = 10_000
 
 
-async def principal(request: Request) -> Principal:
-    runtime: Runtime = request.app.state.runtime
-    header = request.headers.get("authorization")
-    key = digest(header) if header else None
+async def cached_principal(
+    runtime: Runtime, key: str | None, lookup: Callable[[Connection], Principal]
+) -> Principal:
+    """``lookup`` on a read connection, unless ``key`` was verified in the last few seconds.
+
+    A lookup that raises (unknown or revoked) is never remembered.
+    """
     cache = runtime.token_cache
     if key is not None:
         hit = cache.get(key)
         if hit is not None and hit[1] > time.monotonic():
+            expires = hit[0].expires_at
+            if expires is not None and expires <= runtime.clock.now():
+                raise AuthenticationFailed("the bearer token has expired")
             return hit[0]
 
     def _lookup() -> Principal:
         with runtime.db.read() as conn:
-            return authenticate(conn, header)
+            return lookup(conn)
 
     found = await runtime.db.run(_lookup)
     if key is not None:
@@ -38,3 +50,15 @@ async def principal(request: Request) -> Principal:
             cache.clear()
         cache[key] = (found, time.monotonic() + CACHE_SECONDS)
     return found
+
+
+async def principal(request: Request) -> Principal:
+    runtime: Runtime = request.app.state.runtime
+    return await principal_for(runtime, request.headers.get("authorization"))
+
+
+async def principal_for(runtime: Runtime, header: str | None) -> Principal:
+    """Who sends this ``Authorization`` header, or ``AuthenticationFailed``."""
+    key = digest(header) if header else None
+    now = runtime.clock.now()
+    return await cached_principal(runtime, key, lambda conn: authenticate(conn, header, now))

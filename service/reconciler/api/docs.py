@@ -13,7 +13,11 @@ from reconciler.runtime import Runtime
 async def openapi(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     return JSONResponse(
-        document(sorted(runtime.providers), runtime.settings.server.wait_max_seconds)
+        document(
+            sorted(runtime.providers),
+            runtime.settings.server.wait_max_seconds,
+            runtime.settings.limits.max_history_page,
+        )
     )
 
 

@@ -6,7 +6,9 @@ a 500 with no internals, logged as an error with the operation it concerns.
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -24,6 +26,9 @@ STATUS: dict[type[errors.ReconcilerError], int] = {
     errors.PermissionDenied: 403,
     errors.NotFound: 404,
     errors.Conflict: 409,
+    errors.QuotaExceeded: 429,
+    # Never sent (nobody is listening); decided here so the answer is not a 500.
+    errors.ClientDisconnected: 400,
     # Contention that outlasted the retries is the database's state, not the caller's.
     errors.StorageError: 503,
     errors.RemoteError: 503,
@@ -31,10 +36,17 @@ STATUS: dict[type[errors.ReconcilerError], int] = {
 }
 
 
+class _AsciiJSON(JSONResponse):
+    """Error bodies in ASCII JSON: a message that quotes the caller's text renders anyway."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 def error_response(
     status: int, code: str, message: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    return JSONResponse(
+    return _AsciiJSON(
         {"error": {"code": code, "message": message}}, status_code=status, headers=headers
     )
 
@@ -57,6 +69,13 @@ async def on_domain_error(request: Request, exc: Exception) -> Response:
             exc_info=exc,
         )
         return error_response(500, "internal", "internal error; the details are in the server log")
+    if isinstance(exc, errors.ClientDisconnected):
+        log.info("client disconnected: %s", exc.message, extra={"path": request.url.path})
+        runtime = getattr(request.app.state, "runtime", None)
+        if runtime is not None:
+            family = "webhook" if request.url.path.startswith("/webhooks/") else "api"
+            runtime.metrics.client_disconnects.labels(family).inc()
+        return error_response(status, exc.code, exc.message)
     if status >= 500:
         log.warning("request failed: %s", exc.message, extra={"path": request.url.path})
     headers = None
@@ -64,6 +83,8 @@ async def on_domain_error(request: Request, exc: Exception) -> Response:
         headers = {"WWW-Authenticate": "Bearer"}
     if status == 503:
         headers = {"Retry-After": "1"}
+    if isinstance(exc, errors.QuotaExceeded) and exc.retry_after_seconds is not None:
+        headers = {"Retry-After": str(exc.retry_after_seconds)}
     return error_response(status, exc.code, exc.message, headers)
 
 

@@ -1,12 +1,15 @@
-"""Liveness and readiness."""
+"""Liveness, readiness and metrics (behind a bearer token when one is configured)."""
 
 from __future__ import annotations
+
+import hmac
 
 import sqlalchemy as sa
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from reconciler.errors import AuthenticationFailed
 from reconciler.runtime import Runtime
 from reconciler.storage import migrate
 
@@ -38,8 +41,19 @@ async def readyz(request: Request) -> Response:
     )
 
 
+def _check_metrics_token(runtime: Runtime, request: Request) -> None:
+    expected = runtime.metrics_token
+    if expected is None:
+        return
+    scheme, _, given = (request.headers.get("authorization") or "").partition(" ")
+    wanted = expected.reveal().encode("utf-8")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), wanted):
+        raise AuthenticationFailed("/metrics needs 'Authorization: Bearer <metrics token>'")
+
+
 async def metrics(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
+    _check_metrics_token(runtime, request)
     body = await runtime.db.run(runtime.metrics.render)
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 

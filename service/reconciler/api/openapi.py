@@ -11,6 +11,7 @@ from typing import Any
 
 from reconciler import __version__
 from reconciler.api.validation import MAX_CANCEL_REASON, MAX_KEY_LENGTH
+from reconciler.core.signatures import WebhookScheme
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DecisionAction, DelaySource, EscalationReason, HistoryKind
 from reconciler.storage.operations import MAX_PAGE
@@ -128,6 +129,57 @@ HISTORY_ENTRY = {
 }
 
 
+WEBHOOK_SETTINGS = {
+    "type": "object",
+    "required": ["scheme", "tolerance_seconds", "secrets_env", "secrets_set"],
+    "properties": {
+        "scheme": {"type": "string", "enum": [s.value for s in WebhookScheme]},
+        "tolerance_seconds": {"type": "integer"},
+        "max_body_bytes": {"type": "integer"},
+        "event_id": {"type": "string"},
+        "job_id": {"type": "string"},
+        "secrets_env": {"type": "string", "description": "The variable; never its value."},
+        "secrets_set": {"type": "boolean"},
+    },
+}
+
+PROVIDER = {
+    "type": "object",
+    "required": [
+        "name",
+        "description",
+        "request_schema",
+        "can_cancel",
+        "max_deadline_seconds",
+        "max_status_requests",
+    ],
+    "properties": {
+        "name": {"type": "string"},
+        "description": _nullable({"type": "string"}),
+        "request_schema": _nullable(
+            {"type": "object", "description": "A JSON Schema that `request` must match."}
+        ),
+        "can_cancel": {"type": "boolean"},
+        "max_deadline_seconds": {"type": "number"},
+        "max_status_requests": {"type": "integer"},
+        "webhook": {
+            **_nullable(WEBHOOK_SETTINGS),
+            "description": "Operators only: how this provider's webhooks are verified.",
+        },
+        "webhook_trust": {
+            **_nullable({"type": "object"}),
+            "description": "Operators only: the provider's webhook trust.",
+        },
+    },
+}
+
+PROVIDER_LIST = {
+    "type": "object",
+    "required": ["providers"],
+    "properties": {"providers": {"type": "array", "items": PROVIDER}},
+}
+
+
 def _json(schema: str) -> dict[str, Any]:
     return {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
 
@@ -140,6 +192,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         404: "Not found (or not yours).",
         409: "Conflicts with what is recorded.",
         413: "Body too large.",
+        429: "A quota of this agent is reached; Retry-After says when to try again.",
         503: "Storage unavailable; retry.",
     }
     return {str(c): {"description": words[c], **_json("Error")} for c in codes}
@@ -149,7 +202,9 @@ def _op_id() -> dict[str, Any]:
     return {"name": "op_id", "in": "path", "required": True, "schema": {"type": "string"}}
 
 
-def document(providers: list[str], wait_max_seconds: float) -> dict[str, Any]:
+def document(
+    providers: list[str], wait_max_seconds: float, history_page_max: int = 1000
+) -> dict[str, Any]:
     """The OpenAPI document for this running service."""
     create = {
         "type": "object",
@@ -190,10 +245,11 @@ def document(providers: list[str], wait_max_seconds: float) -> dict[str, Any]:
     }
     history = {
         "type": "object",
-        "required": ["operation_id", "entries"],
+        "required": ["operation_id", "entries", "next_cursor"],
         "properties": {
             "operation_id": {"type": "string"},
             "entries": {"type": "array", "items": {"$ref": "#/components/schemas/HistoryEntry"}},
+            "next_cursor": _nullable({"type": "string"}),
         },
     }
     secured: list[dict[str, list[str]]] = [{"bearer": []}]
@@ -217,6 +273,7 @@ def document(providers: list[str], wait_max_seconds: float) -> dict[str, Any]:
                 "History": history,
                 "HistoryEntry": HISTORY_ENTRY,
                 "Escalation": ESCALATION,
+                "ProviderList": PROVIDER_LIST,
             },
         },
         "paths": {
@@ -234,7 +291,7 @@ def document(providers: list[str], wait_max_seconds: float) -> dict[str, Any]:
                             "description": "Same key and request: the stored operation.",
                             **_json("Operation"),
                         },
-                        **_errors(400, 401, 409, 413, 503),
+                        **_errors(400, 401, 409, 413, 429, 503),
                     },
                 },
                 "get": {
@@ -247,6 +304,11 @@ def document(providers: list[str], wait_max_seconds: float) -> dict[str, Any]:
                             "schema": {"type": "string", "enum": [s.value for s in State]},
                         },
                         {"name": "provider", "in": "query", "schema": {"type": "string"}},
+                        {
+                            "name": "done",
+                            "in": "query",
+                            "schema": {"type": "string", "enum": ["true", "false"]},
+                        },
                         {
                             "name": "limit",
                             "in": "query",
@@ -315,12 +377,34 @@ def document(providers: list[str], wait_max_seconds: float) -> dict[str, Any]:
             },
             "/v1/operations/{op_id}/history": {
                 "get": {
-                    "summary": "Transitions and observations, oldest first.",
+                    "summary": "Transitions and observations, oldest first, a page at a time.",
                     "security": secured,
-                    "parameters": [_op_id()],
+                    "parameters": [
+                        _op_id(),
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "schema": {
+                                "type": "integer",
+                                "minimum": 1,
+                                "maximum": history_page_max,
+                            },
+                        },
+                        {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+                    ],
                     "responses": {
-                        "200": {"description": "The history.", **_json("History")},
-                        **_errors(401, 404, 503),
+                        "200": {"description": "One page of the history.", **_json("History")},
+                        **_errors(400, 401, 404, 503),
+                    },
+                },
+            },
+            "/v1/providers": {
+                "get": {
+                    "summary": "The providers an operation may be started at, with what to send.",
+                    "security": secured,
+                    "responses": {
+                        "200": {"description": "The providers.", **_json("ProviderList")},
+                        **_errors(401, 503),
                     },
                 },
             },

@@ -1,35 +1,20 @@
-"""The agent API: start, read, list, wait for and cancel operations."""
+"""The agent API routes: start, read, list, wait for and cancel operations (via ``api.actions``)."""
 
 from __future__ import annotations
-
-import asyncio
-import contextlib
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from reconciler.api import actions
 from reconciler.api.auth import principal as authenticate
 from reconciler.api.bodies import read_limited
-from reconciler.api.validation import parse_cancel, parse_create, parse_decision
-from reconciler.commands import create as operations
-from reconciler.commands.cancel import cancel as commands_cancel
+from reconciler.api.validation import parse_decision, parse_history_params, parse_list_params
 from reconciler.commands.decide import decide as commands_decide
-from reconciler.core.states import END_STATES, State
 from reconciler.core.strict_json import parse_json
-from reconciler.core.views import history_entry_view
 from reconciler.errors import InvalidRequest
 from reconciler.runtime import Runtime
-from reconciler.storage import operations as store
-from reconciler.storage.history import history_of
-from reconciler.storage.models import Operation
-from reconciler.storage.tokens import Principal, require_operator
-from reconciler.storage.views import operation_views, view_of
-
-MAX_LIMIT = store.MAX_PAGE
-STALE_RETRIES = 5
-DEFAULT_LIMIT = 50
+from reconciler.storage.tokens import require_operator
 
 
 def _rt(request: Request) -> Runtime:
@@ -37,75 +22,19 @@ def _rt(request: Request) -> Runtime:
     return runtime
 
 
-async def _view(rt: Runtime, op: Operation) -> dict[str, Any]:
-    def load() -> dict[str, Any]:
-        with rt.db.read() as conn:
-            return view_of(conn, op, rt.clock.now())
-
-    return await rt.db.run(load)
-
-
-async def _load_visible(rt: Runtime, op_id: str, who: Principal) -> Operation:
-    def load() -> Operation:
-        with rt.db.read() as conn:
-            return store.visible_operation(conn, op_id, who)
-
-    return await rt.db.run(load)
-
-
-async def _wait_for(
-    rt: Runtime, op: Operation, who: Principal, timeout: float, until: set[State] | None = None
-) -> Operation:
-    """Return as soon as the operation is done (or leaves ``until``), or at ``timeout``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-
-    def finished(current: Operation) -> bool:
-        state = State(current.state)
-        return state in END_STATES if until is None else state not in until
-
-    while not finished(op):
-        left = deadline - loop.time()
-        if left <= 0:
-            break
-        event = rt.notifier.subscribe(op.id)
-        try:
-            # Re-read after subscribing so a change between the read and the subscription
-            # is not missed.
-            op = await _load_visible(rt, op.id, who)
-            if finished(op):
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout=left)
-        finally:
-            rt.notifier.unsubscribe(op.id, event)
-        op = await _load_visible(rt, op.id, who)
-    return op
-
-
 async def create(request: Request) -> Response:
     rt = _rt(request)
     who = await authenticate(request)
     body = parse_json(await read_limited(request, rt.settings.server.max_body_bytes))
-    req = parse_create(body, rt.providers, rt.check_callback_url)
-    limits = rt.limits_for(req.provider)
-    op, created = await rt.db.run(
-        operations.create_operation, rt.db, rt.journal, who, req, limits, rt.clock.now()
-    )
-    if created:
-        rt.notifier.wake()
-        # A short, bounded wait so the answer usually carries the job id already.
-        op = await _wait_for(
-            rt, op, who, rt.settings.server.create_wait_seconds, until={State.CREATE_PENDING}
-        )
-    return JSONResponse(await _view(rt, op), status_code=202 if created else 200)
+    op, created = await actions.start(rt, who, body)
+    return JSONResponse(await actions.render(rt, op), status_code=202 if created else 200)
 
 
 async def get_one(request: Request) -> Response:
     rt = _rt(request)
     who = await authenticate(request)
-    op = await _load_visible(rt, request.path_params["op_id"], who)
-    return JSONResponse(await _view(rt, op))
+    op = await actions.load_visible(rt, request.path_params["op_id"], who)
+    return JSONResponse(await actions.render(rt, op))
 
 
 def _query_number(request: Request, name: str, default: float, maximum: float) -> float:
@@ -126,59 +55,26 @@ async def wait(request: Request) -> Response:
     who = await authenticate(request)
     cap = rt.settings.server.wait_max_seconds
     timeout = _query_number(request, "timeout_seconds", min(30.0, cap), cap)
-    op = await _load_visible(rt, request.path_params["op_id"], who)
-    op = await _wait_for(rt, op, who, timeout)
-    return JSONResponse(await _view(rt, op))
+    op = await actions.load_visible(rt, request.path_params["op_id"], who)
+    op = await actions.wait_until(rt, op, who, timeout)
+    return JSONResponse(await actions.render(rt, op))
 
 
 async def list_all(request: Request) -> Response:
     rt = _rt(request)
     who = await authenticate(request)
-    params = request.query_params
-    extra = sorted(set(params) - {"state", "provider", "limit", "cursor"})
-    if extra:
-        raise InvalidRequest(f"unknown query parameter(s): {', '.join(extra)}")
-    state = None
-    if "state" in params:
-        try:
-            state = State(params["state"])
-        except ValueError:
-            raise InvalidRequest(
-                f"'state' must be one of: {', '.join(s.value for s in State)}"
-            ) from None
-    raw_limit = params.get("limit", str(DEFAULT_LIMIT))
-    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= MAX_LIMIT:
-        raise InvalidRequest(f"'limit' must be a whole number from 1 to {MAX_LIMIT}")
-
-    def load() -> dict[str, Any]:
-        with rt.db.read() as conn:
-            page = store.list_operations(
-                conn,
-                who,
-                state=state,
-                provider=params.get("provider"),
-                limit=int(raw_limit),
-                cursor=params.get("cursor"),
-            )
-            views = operation_views(conn, page.items, rt.clock.now())
-        return {"operations": views, "next_cursor": page.next_cursor}
-
-    return JSONResponse(await rt.db.run(load))
+    query = parse_list_params(request.query_params)
+    return JSONResponse(await actions.page(rt, who, query))
 
 
 async def cancel(request: Request) -> Response:
     rt = _rt(request)
     who = await authenticate(request)
     raw = await read_limited(request, rt.settings.server.max_body_bytes)
-    intent = parse_cancel(parse_json(raw) if raw.strip() else None)
-    op_id = request.path_params["op_id"]
-
-    op = await rt.db.run(
-        commands_cancel, rt.db, rt.journal, rt.providers, op_id, who, intent.reason, rt.clock.now()
+    op = await actions.cancel(
+        rt, who, request.path_params["op_id"], parse_json(raw) if raw.strip() else None
     )
-    rt.notifier.changed(op.id)
-    rt.notifier.wake()
-    return JSONResponse(await _view(rt, op), status_code=202)
+    return JSONResponse(await actions.render(rt, op), status_code=202)
 
 
 ROUTES = [
@@ -204,20 +100,15 @@ async def decide(request: Request) -> Response:
     )
     rt.notifier.changed(op.id)
     rt.notifier.wake()
-    return JSONResponse(await _view(rt, op))
+    return JSONResponse(await actions.render(rt, op))
 
 
 async def history(request: Request) -> Response:
+    """One page of the history, oldest first; ``next_cursor`` continues it (null at the end)."""
     rt = _rt(request)
     who = await authenticate(request)
-    op_id = request.path_params["op_id"]
-
-    def load() -> list[dict[str, Any]]:
-        with rt.db.read() as conn:
-            store.visible_operation(conn, op_id, who)
-            return [history_entry_view(e) for e in history_of(conn, op_id)]
-
-    return JSONResponse({"operation_id": op_id, "entries": await rt.db.run(load)})
+    limit, after = parse_history_params(request.query_params, rt.settings.limits.max_history_page)
+    return JSONResponse(await actions.history(rt, who, request.path_params["op_id"], limit, after))
 
 
 ROUTES += [

@@ -5,6 +5,8 @@ Pure: a parsed JSON value in, a typed request out (or ``InvalidRequest``).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -12,12 +14,17 @@ from typing import Any
 
 from reconciler.core.canonical import canonical_json
 from reconciler.core.operator_decision import DecisionRequest
+from reconciler.core.states import State
+from reconciler.core.strict_json import require_text
 from reconciler.core.vocabulary import DecisionAction
 from reconciler.errors import InvalidRequest
+from reconciler.storage.operations import MAX_PAGE
 
 MAX_KEY_LENGTH = 200
 MAX_METADATA_BYTES = 16_384
 MAX_CANCEL_REASON = 500
+DEFAULT_PAGE = 50
+LIST_FIELDS = {"state", "provider", "done", "limit", "cursor"}
 
 CREATE_FIELDS = {
     "provider",
@@ -101,6 +108,7 @@ def parse_create(
     body: Any, known_providers: Mapping[str, object], check_callback: Callable[[str], object]
 ) -> CreateRequest:
     data = _object(body, "the request body")
+    require_text(data)
     _unknown(data, CREATE_FIELDS)
     provider = _string(data, "provider", required=True, max_len=100)
     assert provider is not None
@@ -141,12 +149,14 @@ def parse_cancel(body: Any) -> CancelRequest:
     if body is None:
         return CancelRequest(reason=None)
     data = _object(body, "the request body")
+    require_text(data)
     _unknown(data, {"reason"})
     return CancelRequest(reason=_string(data, "reason", required=False, max_len=MAX_CANCEL_REASON))
 
 
 def parse_decision(body: Any) -> DecisionRequest:
     data = _object(body, "the request body")
+    require_text(data)
     _unknown(data, {"action", "extra_seconds", "extra_status_requests"})
     action_text = _string(data, "action", required=True, max_len=20) or ""
     try:
@@ -163,3 +173,97 @@ def parse_decision(body: Any) -> DecisionRequest:
         extra_seconds=float(extra_seconds) if extra_seconds is not None else None,
         extra_status_requests=int(extra_requests) if extra_requests is not None else None,
     )
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    state: State | None = None
+    provider: str | None = None
+    done: bool | None = None
+    limit: int = DEFAULT_PAGE
+    cursor: str | None = None
+
+
+def parse_list(values: Mapping[str, Any], what: str = "field") -> ListQuery:
+    """Filters and paging from JSON-typed values (MCP arguments, or converted query text)."""
+    _unknown_list(values, what)
+    state = None
+    if values.get("state") is not None:
+        try:
+            state = State(values["state"])
+        except (ValueError, TypeError):
+            raise InvalidRequest(
+                f"'state' must be one of: {', '.join(s.value for s in State)}"
+            ) from None
+    done = values.get("done")
+    if done is not None and not isinstance(done, bool):
+        raise InvalidRequest(f"'done' must be true or false, got {_kind(done)}")
+    limit = values.get("limit", DEFAULT_PAGE)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+        raise InvalidRequest(f"'limit' must be a whole number from 1 to {MAX_PAGE}")
+    for name in ("provider", "cursor"):
+        if values.get(name) is not None and not isinstance(values[name], str):
+            raise InvalidRequest(f"'{name}' must be a string, got {_kind(values[name])}")
+    return ListQuery(
+        state=state,
+        provider=values.get("provider"),
+        done=done,
+        limit=limit,
+        cursor=values.get("cursor"),
+    )
+
+
+def _unknown_list(values: Mapping[str, Any], what: str) -> None:
+    extra = sorted(set(values) - LIST_FIELDS)
+    if extra:
+        raise InvalidRequest(f"unknown {what}(s): {', '.join(extra)}")
+
+
+def parse_list_params(params: Mapping[str, str]) -> ListQuery:
+    """The same from URL query text: ``limit`` digits, ``done`` true|false."""
+    _unknown_list(params, "query parameter")
+    values: dict[str, Any] = dict(params)
+    if "limit" in params:
+        raw = params["limit"]
+        values["limit"] = int(raw) if raw.isascii() and raw.isdigit() else -1
+    if "done" in params:
+        words = {"true": True, "false": False}
+        if params["done"] not in words:
+            raise InvalidRequest("'done' must be true or false")
+        values["done"] = words[params["done"]]
+    return parse_list(values, "query parameter")
+
+
+HISTORY_CURSOR = "seq:"
+BAD_HISTORY_CURSOR = "cursor is not valid; pass the next_cursor of a previous history page"
+
+
+def history_cursor(seq: int | None) -> str | None:
+    """The cursor that continues a history page after entry ``seq`` (None at the end)."""
+    if seq is None:
+        return None
+    return base64.urlsafe_b64encode(f"{HISTORY_CURSOR}{seq}".encode()).decode().rstrip("=")
+
+
+def _history_after(raw: str | None) -> int:
+    if raw is None:
+        return 0
+    try:
+        text = base64.urlsafe_b64decode((raw + "=" * (-len(raw) % 4)).encode()).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidRequest(BAD_HISTORY_CURSOR) from None
+    number = text.removeprefix(HISTORY_CURSOR)
+    if not text.startswith(HISTORY_CURSOR) or not (number.isascii() and number.isdigit()):
+        raise InvalidRequest(BAD_HISTORY_CURSOR)
+    return int(number[:18])
+
+
+def parse_history_params(params: Mapping[str, str], most: int) -> tuple[int, int]:
+    """``(limit, after_seq)`` from ``?limit=&cursor=`` of a history request."""
+    extra = sorted(set(params) - {"limit", "cursor"})
+    if extra:
+        raise InvalidRequest(f"unknown query parameter(s): {', '.join(extra)}")
+    raw_limit = params.get("limit", str(most))
+    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit[:9]) <= most:
+        raise InvalidRequest(f"'limit' must be a whole number from 1 to {most}")
+    return int(raw_limit), _history_after(params.get("cursor"))

@@ -4,6 +4,11 @@ Order matters: unknown provider (404) before reading; the body limit while
 reading (413); the signature over the raw bytes before anything is parsed
 or stored (401, nothing stored); then JSON (400); then one commit shared
 with concurrent deliveries, and 2xx only after it.
+
+Signed content that no database can store (an id holding a lone surrogate or a
+NUL) is a 400, counted as ``unstorable``: a 503 would have the provider retry
+it forever. A sender that hangs up mid-body is counted ``client_disconnected``
+and logged at info; neither is a storage failure.
 """
 
 from __future__ import annotations
@@ -12,20 +17,23 @@ import hashlib
 import json
 import logging
 
+import sqlalchemy as sa
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from reconciler.api.bodies import read_limited
 from reconciler.core.signatures import Verifier
-from reconciler.core.strict_json import parse_json
+from reconciler.core.strict_json import is_text, parse_json
 from reconciler.errors import (
+    ClientDisconnected,
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
     ReconcilerError,
     SignatureRejected,
     StorageUnavailable,
+    UnstorableContent,
 )
 from reconciler.providers.pointer import MISSING
 from reconciler.providers.spec import WebhookSpec
@@ -43,6 +51,11 @@ def _text(value: object, what: str) -> str:
     text = str(value)
     if not text or len(text) > MAX_ID_CHARS:
         raise InvalidRequest(f"webhook {what} must be 1-{MAX_ID_CHARS} characters")
+    if "\x00" in text or not is_text(text):
+        raise UnstorableContent(
+            f"webhook {what} is not storable text (a NUL or a lone surrogate); it can never "
+            "be stored, so retrying will not help"
+        )
     return text
 
 
@@ -62,12 +75,25 @@ async def receive(request: Request) -> Response:
     except PayloadTooLarge:
         count(name, "too_large")
         raise
+    except ClientDisconnected:
+        count(name, "client_disconnected")
+        raise
+    except UnstorableContent:
+        count(name, "unstorable")
+        raise
     except InvalidRequest:
         count(name, "invalid")
         raise
     except ReconcilerError:
         count(name, "store_failed")
         raise
+    except (UnicodeError, sa.exc.DataError):
+        # The database refused the content itself: the same bytes will always be refused.
+        count(name, "unstorable")
+        log.warning("webhook content could not be stored", extra={"provider": name})
+        raise UnstorableContent(
+            "the event's content cannot be stored; retrying the same content will not help"
+        ) from None
     except Exception:
         count(name, "store_failed")
         log.exception("webhook could not be stored")

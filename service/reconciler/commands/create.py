@@ -1,24 +1,32 @@
 """Starting an operation (API, MCP): stored durably, idempotently, before any provider call.
 
-Guarantee: no duplicate submissions. The same idempotency key with the same
-request returns the stored operation; with another request it is a conflict.
-One transaction; the caller runs it off the event loop.
+Guarantee: no duplicate submissions, and no silently dropped fields. The same
+idempotency key with the same request and the same terms (callback URL,
+deadline, status budget, metadata) returns the stored operation; with any of
+them different it is a conflict that names the field, because answering with
+the original would drop what the retry asked for (a callback that never comes).
+Requests compare as values (``core.canonical``: ``1`` and ``1.0`` are one).
+The agent's quotas are checked in the same transaction as the insert. One
+transaction; the caller runs it off the event loop.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+
+from sqlalchemy.engine import Connection
 
 from reconciler.api.validation import CreateRequest
 from reconciler.core import ids
-from reconciler.core.canonical import request_fingerprint
+from reconciler.core.canonical import request_fingerprint, same_json
+from reconciler.core.quotas import RATE_WINDOW, Quota, check_quota
 from reconciler.core.states import State
 from reconciler.errors import Conflict, IdempotencyConflict, InvalidRequest
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
-from reconciler.storage.models import Operation
+from reconciler.storage.models import Operation, new_record
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tokens import Principal
 
@@ -31,6 +39,8 @@ class ProviderLimits:
     max_status_requests: int
     max_transport_failures: int
     create_deadline_seconds: float
+    min_deadline_seconds: float = 0.0  # the service's floor ([limits] min_deadline_seconds)
+    quota: Quota = field(default_factory=lambda: Quota(max_in_flight=0, max_per_minute=0))
 
 
 def _within(limits: ProviderLimits, req: CreateRequest) -> tuple[float, int]:
@@ -40,6 +50,11 @@ def _within(limits: ProviderLimits, req: CreateRequest) -> tuple[float, int]:
             raise InvalidRequest(
                 f"'deadline_seconds' may be at most {limits.deadline_seconds:g} for provider "
                 f"'{req.provider}'; a longer wait needs an operator's extension"
+            )
+        if req.deadline_seconds < limits.min_deadline_seconds:
+            raise InvalidRequest(
+                f"'deadline_seconds' must be at least {limits.min_deadline_seconds:g}; a "
+                "shorter deadline could only end in an escalation"
             )
         deadline = req.deadline_seconds
     budget = limits.max_status_requests
@@ -53,14 +68,49 @@ def _within(limits: ProviderLimits, req: CreateRequest) -> tuple[float, int]:
     return deadline, budget
 
 
-def _same_request(existing: Operation, fingerprint: str, key: str) -> Operation:
+def _same_operation(
+    existing: Operation, req: CreateRequest, fingerprint: str, deadline: float, budget: int
+) -> Operation:
+    """The stored operation if the retry asks for exactly it; else a conflict naming the field."""
+    key = req.idempotency_key
     if existing.request_fingerprint != fingerprint:
         raise IdempotencyConflict(
             f"idempotency_key '{key}' was already used for a different request (operation "
             f"{existing.id}); use a new key for a new request, or resend the original request "
             "unchanged to get that operation back"
         )
+    differs = []
+    if existing.callback_url != req.callback_url:
+        differs.append("callback_url")
+    granted = existing.requested_deadline_seconds
+    if granted is not None and granted != deadline:
+        differs.append("deadline_seconds")
+    granted_budget = existing.requested_max_status_requests
+    if granted_budget is not None and granted_budget != budget:
+        differs.append("max_status_requests")
+    if not same_json(existing.meta, req.metadata):
+        differs.append("metadata")
+    if differs:
+        fields = ", ".join(f"'{name}'" for name in differs)
+        raise IdempotencyConflict(
+            f"idempotency_key '{key}' was already used for the same request with a different "
+            f"{fields} (operation {existing.id}); the stored operation keeps what it was "
+            "created with: resend the original values to get it back, or use a new key"
+        )
     return existing
+
+
+def _check_quota(conn: Connection, principal: Principal, quota: Quota, now: datetime) -> None:
+    if not (quota.max_in_flight or quota.max_per_minute):
+        return
+    store.lock_caller(conn, principal.name)
+    in_flight = store.count_in_flight(conn, principal.name) if quota.max_in_flight else 0
+    recent = (
+        store.created_since(conn, principal.name, now - RATE_WINDOW, quota.max_per_minute)
+        if quota.max_per_minute
+        else []
+    )
+    check_quota(quota, principal.name, in_flight, recent, now)
 
 
 def create_operation(
@@ -73,8 +123,8 @@ def create_operation(
 ) -> tuple[Operation, bool]:
     """Store the operation durably (``create_pending``) before any provider call.
 
-    Returns the operation and whether it is new. The same key with the same request
-    fingerprint returns the stored operation; with another request it is a conflict.
+    Returns the operation and whether it is new. The same key with the same request and
+    terms returns the stored operation; with anything else it is a conflict.
     """
     deadline, budget = _within(limits, req)
     fingerprint = request_fingerprint(req.provider, req.request)
@@ -83,8 +133,8 @@ def create_operation(
         with db.read() as conn:
             existing = store.find_by_key(conn, principal.name, key)
         if existing is not None:
-            return _same_request(existing, fingerprint, key), False
-    op = Operation(
+            return _same_operation(existing, req, fingerprint, deadline, budget), False
+    op = new_record(
         id=ids.operation_id(now),
         provider=req.provider,
         caller=principal.name,
@@ -95,6 +145,8 @@ def create_operation(
         trace_id=ids.trace_id(),
         callback_url=req.callback_url,
         meta=req.metadata,
+        requested_deadline_seconds=deadline,
+        requested_max_status_requests=budget,
         state=State.CREATE_PENDING.value,
         created_at=now,
         updated_at=now,
@@ -102,20 +154,11 @@ def create_operation(
         deadline_at=now + timedelta(seconds=deadline),
         max_status_requests=budget,
         max_transport_failures=limits.max_transport_failures,
-        create_attempts=0,
-        status_requests_used=0,
-        transport_failures_used=0,
-        rate_limited_count=0,
-        poll_attempt=0,
         next_poll_at=now,
-        completion_round=0,
-        completion_pending=False,
-        version=1,
-        history_seq=0,
-        history_head="",
     )
     try:
         with db.write() as conn:
+            _check_quota(conn, principal, limits.quota, now)
             journal.insert(
                 conn,
                 op,
@@ -139,5 +182,5 @@ def create_operation(
             existing = store.find_by_key(conn, principal.name, key)
         if existing is None:
             raise
-        return _same_request(existing, fingerprint, key), False
+        return _same_operation(existing, req, fingerprint, deadline, budget), False
     return op, True

@@ -69,6 +69,24 @@ def before_create(create_deadline_at: datetime, now: datetime) -> Stop | None:
     return None
 
 
+def next_try_at(
+    create_deadline_at: datetime,
+    attempts: int,
+    now: datetime,
+    rng: random.Random,
+    backoff: BackoffPolicy,
+) -> datetime:
+    """When the next create or lookup may go out if this one leaves no answer on record.
+
+    Written with the call's reservation, before it is sent: a call whose outcome is
+    lost (a crash, a write that lost every race) still waits one backoff step, so the
+    create path never turns into a tight loop. ``attempts`` counts calls made, this
+    one included; the wait never passes the create deadline.
+    """
+    at = now + timedelta(seconds=backoff.delay(attempts, rng))
+    return min(at, create_deadline_at)
+
+
 def decide_create(
     create_deadline_at: datetime,
     attempts: int,

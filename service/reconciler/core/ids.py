@@ -22,6 +22,11 @@ def operation_id(now: datetime) -> str:
     return "op_" + _b32(millis, 10) + _b32(secrets.randbits(80), 16)
 
 
+def operation_id_floor(when: datetime) -> str:
+    """The smallest operation id made at ``when`` or later (ids compare as their times do)."""
+    return "op_" + _b32(int(when.timestamp() * 1000), 10) + _ALPHABET[0] * 16
+
+
 def idempotency_token() -> str:
     return "idem_" + secrets.token_hex(16)
 

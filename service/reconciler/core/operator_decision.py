@@ -2,8 +2,11 @@
 
 Guarantee: an escalation asks for a bounded decision (seed 003). An extension
 is a new authorization with a new deadline and extra status requests (delay
-source ``manual_extension``); the failure and rate-limit counters start again
-because the operator accepted the risk anew. Pure: the operation, its open
+source ``manual_extension``), at most what the escalation offered: the offer
+states the cost, and an amount beyond it would be an authorization nobody was
+shown (a 400 naming the field, before any arithmetic could overflow). The
+failure and rate-limit counters start again because the operator accepted the
+risk anew. Pure: the operation, its open
 escalation and the request in, a plan out (or ``DecisionNotAllowed``, decided
 before anything is written); ``commands.decide`` writes the plan.
 """
@@ -17,7 +20,7 @@ from typing import Any
 from reconciler.core import escalation
 from reconciler.core.states import END_STATES, State, allowed
 from reconciler.core.vocabulary import DecisionAction, DelaySource, EscalationReason
-from reconciler.errors import DecisionNotAllowed
+from reconciler.errors import DecisionNotAllowed, InvalidRequest
 from reconciler.storage.models import Escalation, Operation
 
 
@@ -48,6 +51,29 @@ def _offered(esc: Escalation) -> dict[str, dict[str, Any]]:
     return {str(o["action"]): o for o in esc.options}
 
 
+def _amount(asked: float | None, offered: float, name: str) -> float:
+    """The operator's amount, or the offered one; never more than was offered."""
+    if asked is None:
+        return offered
+    if not asked > 0:  # also refuses NaN
+        raise InvalidRequest(f"'{name}' must be greater than 0")
+    if asked > offered:
+        raise InvalidRequest(
+            f"'{name}' may be at most {offered:g}, what the escalation offered; "
+            "a larger extension is not one of the options"
+        )
+    return asked
+
+
+def extension_amounts(option: dict[str, Any], request: DecisionRequest) -> tuple[float, int]:
+    """(extra_seconds, extra_status_requests) for an ``extend``: the offer's, or less."""
+    seconds = float(option.get("extra_seconds", escalation.DEFAULT_EXTRA_SECONDS))
+    checks = int(option.get("extra_status_requests", escalation.DEFAULT_EXTRA_STATUS_REQUESTS))
+    extra_seconds = _amount(request.extra_seconds, seconds, "extra_seconds")
+    extra_requests = _amount(request.extra_status_requests, checks, "extra_status_requests")
+    return extra_seconds, int(extra_requests)
+
+
 def plan_decision(
     op: Operation,
     esc: Escalation | None,
@@ -75,11 +101,7 @@ def plan_decision(
     target: State | None = None
     reopen = False
     if action is DecisionAction.EXTEND:
-        option = offered[action.value]
-        extra_seconds = request.extra_seconds or float(option.get("extra_seconds", 900))
-        extra_requests = request.extra_status_requests or int(
-            option.get("extra_status_requests", 4)
-        )
+        extra_seconds, extra_requests = extension_amounts(offered[action.value], request)
         record.update(extra_seconds=extra_seconds, extra_status_requests=extra_requests)
         if reason is EscalationReason.CALLBACK_UNDELIVERABLE:
             changes.update(completion_pending=True, next_poll_at=now)

@@ -19,6 +19,21 @@ backoff with jitter. A ``Wait`` is never before ``now`` and never after the
 deadline; when ``Retry-After`` itself reaches past the deadline no legal
 request is left, so the wait ends at the deadline and that wake stops with
 ``deadline_exceeded`` in ``before_request`` without sending anything.
+
+Webhook trust (SPEC "Webhook trust: polling as a fallback") changes two things, both
+values of the policy and of the decision:
+
+* while the provider's webhooks are trusted (``trusted=True``) a pending read waits a
+  jittered ``trusted_max_delay_seconds`` instead of the backoff (source
+  ``webhook_trust``), from the first read after the create on; ``Retry-After`` and
+  valid provider hints stay minimums; the deadline and budgets are unchanged;
+* with ``final_look_seconds`` set, a read that would fall in the last
+  ``final_look_seconds`` before the deadline, or past it, is made at the start of that
+  window instead (never before a minimum, never at or after the deadline): one last
+  look, so a job that finished in time is not timed out because its webhook was lost.
+
+``restore`` is the way back: the wait a stretched operation gets on its normal
+schedule when trust is withdrawn.
 """
 
 from __future__ import annotations
@@ -54,6 +69,16 @@ class PollPolicy:
     max_rate_limited: int = 3  # consecutive 429s; the last one escalates rate_limited
     rate_limit_delay_seconds: float = 60.0
     not_found_grace_seconds: float = 30.0
+    # Webhook trust: None for both is the schedule without trust (webhook_trust = "off").
+    trusted_max_delay_seconds: float | None = None
+    final_look_seconds: float | None = None
+
+    def stretched_delay(self, rng: random.Random) -> float | None:
+        """The wait while webhooks are trusted: jittered like the backoff, never above the cap."""
+        cap = self.trusted_max_delay_seconds
+        if cap is None:
+            return None
+        return rng.uniform(self.backoff.jitter_floor * cap, cap)
 
     def sharp_delay(self, attempt: int, rng: random.Random) -> float:
         """Delay after a 429/503 without usable Retry-After.
@@ -141,12 +166,28 @@ class Stop:
 
 @dataclass(frozen=True)
 class Wait:
-    """Read the status again at ``at``; ``notes`` records hints that were ignored and why."""
+    """Read the status again at ``at``; ``notes`` records hints that were ignored and why.
+
+    ``final_look`` marks the read pulled before the deadline; ``hint_at`` is the moment a
+    valid provider hint named, kept so that a schedule brought back from a stretched
+    wait still honours it (``Retry-After`` is kept on the row already).
+    """
 
     at: datetime
     source: DelaySource
     notes: tuple[str, ...]
     counters: Counters
+    final_look: bool = False
+    hint_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Restored:
+    """A stretched wait brought back to the normal schedule (trust withdrawn)."""
+
+    at: datetime
+    source: DelaySource
+    final_look: bool = False
 
 
 Decision = Collect | Finish | Stop | Wait
@@ -171,8 +212,89 @@ def first_poll_at(
     now: datetime, deadline_at: datetime, rng: random.Random, policy: PollPolicy
 ) -> datetime:
     """First status read after acceptance: backoff at attempt 0 (local_backoff), capped."""
-    at = now + timedelta(seconds=policy.backoff.delay(0, rng))
-    return max(now, min(at, deadline_at))
+    return first_poll(now, deadline_at, rng, policy)[0]
+
+
+def first_poll(
+    now: datetime,
+    deadline_at: datetime,
+    rng: random.Random,
+    policy: PollPolicy,
+    *,
+    trusted: bool = False,
+) -> tuple[datetime, DelaySource]:
+    """First status read after acceptance, and why then.
+
+    The create answer is the first observation: while webhooks are trusted the first
+    fallback read is already stretched (a failure is announced by a webhook like a
+    success). Otherwise backoff at attempt 0. Never past the deadline; the final look
+    applies as to every read.
+    """
+    stretched = policy.stretched_delay(rng) if trusted else None
+    if stretched is not None:
+        at, source = now + timedelta(seconds=stretched), DelaySource.WEBHOOK_TRUST
+    else:
+        at = now + timedelta(seconds=policy.backoff.delay(0, rng))
+        source = DelaySource.LOCAL_BACKOFF
+    at, _ = final_look(at, now, deadline_at, None, policy)
+    return max(now, min(at, deadline_at)), source
+
+
+def final_look(
+    at: datetime,
+    now: datetime,
+    deadline_at: datetime,
+    floor: datetime | None,
+    policy: PollPolicy,
+) -> tuple[datetime, bool]:
+    """Pull a read that falls in the last ``final_look_seconds`` (or later) to their start.
+
+    Returns the moment and whether it is the final look. Nothing changes when there is
+    no final look in the policy, when we are already inside that window (the read just
+    made was the last look), or when a minimum (``floor``) leaves no moment before the
+    deadline.
+    """
+    lead = policy.final_look_seconds
+    if lead is None:
+        return at, False
+    look = deadline_at - timedelta(seconds=lead)
+    if now >= look or at <= look:
+        return at, False
+    target = look if floor is None else max(look, floor)
+    if target >= deadline_at:
+        return at, False
+    return max(target, now), True
+
+
+def restore(
+    record: PollRecord,
+    last_read_at: datetime,
+    stretched_at: datetime,
+    hint_at: datetime | None,
+    retry_not_before: datetime | None,
+    slot_at: datetime,
+    now: datetime,
+    rng: random.Random,
+    policy: PollPolicy,
+) -> Restored:
+    """The next read of an operation whose stretched wait trust no longer justifies.
+
+    Its normal schedule: the backoff for the polls it has made, from its last read; but
+    not before its ``slot_at`` in the spread (so many operations coming back at once are
+    no burst), never later than the stretched read it had, never before the provider's
+    guidance (a valid hint's moment ``hint_at``, the ``Retry-After`` moment), and with the
+    final look before the deadline.
+    """
+    normal = last_read_at + timedelta(seconds=policy.backoff.delay(record.poll_attempt, rng))
+    at = min(max(normal, slot_at, now), stretched_at)
+    source = DelaySource.LOCAL_BACKOFF
+    if hint_at is not None and hint_at > at:
+        at, source = hint_at, DelaySource.PROVIDER_POLL_HINT
+    if retry_not_before is not None and retry_not_before > at:
+        at, source = retry_not_before, DelaySource.PROVIDER_RETRY_AFTER
+    floors = [f for f in (hint_at, retry_not_before) if f is not None]
+    at, look = final_look(at, now, record.deadline_at, max(floors) if floors else None, policy)
+    return Restored(min(at, record.deadline_at), source, look)
 
 
 def decide(
@@ -181,8 +303,14 @@ def decide(
     now: datetime,
     rng: random.Random,
     policy: PollPolicy,
+    *,
+    trusted: bool = False,
 ) -> Decision:
-    """Decide what one status response means. Exactly one request preceded it."""
+    """Decide what one status response means. Exactly one request preceded it.
+
+    ``trusted``: the provider's webhooks are trusted, so a pending answer may wait the
+    stretched schedule (the shell passes it only where trust applies).
+    """
     obs = observation
     if obs.transport_error is not None:
         what = f"status request failed without a response ({obs.transport_error.value})"
@@ -212,7 +340,7 @@ def decide(
             f"unexpected HTTP {status} from the status endpoint",
             _counters(record),
         )
-    return _status_body(record, obs, now, rng, policy)
+    return _status_body(record, obs, now, rng, policy, trusted)
 
 
 def _counters(
@@ -251,7 +379,7 @@ def _transport_failure(
             counters,
         )
     delay = _failure_delay(obs, now, counters.poll_attempt, rng, policy, sharp=sharp)
-    return _wait(record, obs, now, counters, delay, [], hints=False)
+    return _wait(record, obs, now, counters, delay, [], policy, hints=False)
 
 
 def _rate_limited(
@@ -266,7 +394,7 @@ def _rate_limited(
             counters,
         )
     delay = _failure_delay(obs, now, counters.poll_attempt, rng, policy, sharp=True)
-    return _wait(record, obs, now, counters, delay, [], hints=False)
+    return _wait(record, obs, now, counters, delay, [], policy, hints=False)
 
 
 def _failure_delay(
@@ -296,7 +424,7 @@ def _not_found(
             f"(until {isoformat(record.accepted_at + grace)}): treated as eventual consistency"
         )
         delay = policy.backoff.delay(counters.poll_attempt, rng)
-        return _wait(record, obs, now, counters, delay, [note], hints=False)
+        return _wait(record, obs, now, counters, delay, [note], policy, hints=False)
     since = isoformat(record.accepted_at) if record.accepted_at is not None else "unknown"
     return Stop(
         EscalationReason.CONTRACT_VIOLATION,
@@ -307,7 +435,12 @@ def _not_found(
 
 
 def _status_body(
-    record: PollRecord, obs: Observation, now: datetime, rng: random.Random, policy: PollPolicy
+    record: PollRecord,
+    obs: Observation,
+    now: datetime,
+    rng: random.Random,
+    policy: PollPolicy,
+    trusted: bool,
 ) -> Decision:
     category = obs.category
     learned = category is not None and obs.parse_error is None
@@ -337,7 +470,7 @@ def _status_body(
         )
     if category in _TERMINAL:
         return Finish(category, counters)
-    return _pending(record, obs, now, rng, policy, counters)
+    return _pending(record, obs, now, rng, policy, counters, trusted)
 
 
 def _pending(
@@ -347,6 +480,7 @@ def _pending(
     rng: random.Random,
     policy: PollPolicy,
     counters: Counters,
+    trusted: bool,
 ) -> Decision:
     notes: list[str] = []
     expiry = parse_rfc3339(obs.expires_at)
@@ -364,7 +498,8 @@ def _pending(
             f"webhook hint not confirmed: the provider still reports {_clip(obs.remote_state)}"
         )
     delay = policy.backoff.delay(counters.poll_attempt, rng)
-    return _wait(record, obs, now, counters, delay, notes, hints=True)
+    stretched = policy.stretched_delay(rng) if trusted else None
+    return _wait(record, obs, now, counters, delay, notes, policy, hints=True, stretched=stretched)
 
 
 def _wait(
@@ -374,8 +509,10 @@ def _wait(
     counters: Counters,
     delay_seconds: float,
     notes: list[str],
+    policy: PollPolicy,
     *,
     hints: bool,
+    stretched: float | None = None,
 ) -> Decision:
     # Stop now rather than schedule a read that before_request would refuse:
     # the record then shows the response that ended the run (seed 003 audit).
@@ -393,26 +530,72 @@ def _wait(
             counters,
         )
     room = record.deadline_at - now
-    # Anything beyond the deadline is capped below; bounding first keeps timedelta in range.
-    offset = timedelta(seconds=min(delay_seconds, room.total_seconds() + 1.0))
-    source = DelaySource.LOCAL_BACKOFF
-    if hints:
-        hint = _provider_hint(obs, now, room, notes)
-        if hint is not None:
+    delay = _delay(obs, now, room, delay_seconds, stretched, notes, hints=hints)
+    offset, source = delay.offset, delay.source
+    if source is DelaySource.WEBHOOK_TRUST:
+        notes.append(
+            f"wait stretched to {offset.total_seconds():.0f} s: the provider's webhooks are "
+            "trusted, so this read is only a fallback"
+        )
+    at = now + max(offset, timedelta(0)) if offset <= room else record.deadline_at
+    looked, final = final_look(at, now, record.deadline_at, delay.floor_at, policy)
+    if final:
+        notes.append(
+            f"final look at {isoformat(looked)}, before the deadline "
+            f"{isoformat(record.deadline_at)}"
+        )
+        return Wait(looked, source, tuple(notes), counters, final_look=True, hint_at=delay.hint_at)
+    if offset > room and source is not DelaySource.PROVIDER_RETRY_AFTER:
+        notes.append(f"next read capped at the deadline {isoformat(record.deadline_at)}")
+    return Wait(at, source, tuple(notes), counters, hint_at=delay.hint_at)
+
+
+@dataclass(frozen=True)
+class _Delay:
+    offset: timedelta
+    source: DelaySource
+    hint_at: datetime | None  # a valid provider hint's moment
+    floor_at: datetime | None  # the latest minimum (hint, Retry-After) before the deadline
+
+
+def _delay(
+    obs: Observation,
+    now: datetime,
+    room: timedelta,
+    delay_seconds: float,
+    stretched: float | None,
+    notes: list[str],
+    *,
+    hints: bool,
+) -> _Delay:
+    """How long to wait and why: Retry-After > valid hint > stretched wait or backoff."""
+    # Anything beyond the deadline is capped by the caller; bounding first keeps timedelta
+    # in range. While webhooks are trusted the read is only a fallback: the backoff gives way.
+    wanted = stretched if stretched is not None else delay_seconds
+    offset = timedelta(seconds=min(wanted, room.total_seconds() + 1.0))
+    source = DelaySource.WEBHOOK_TRUST if stretched is not None else DelaySource.LOCAL_BACKOFF
+    floor: timedelta | None = None
+    hint_at: datetime | None = None
+    hint = _provider_hint(obs, now, room, notes) if hints else None
+    if hint is not None:
+        floor, hint_at = hint, now + hint
+        # Without trust a valid hint replaces the backoff; with it, it is a minimum.
+        if stretched is None or hint >= offset:
             offset, source = hint, DelaySource.PROVIDER_POLL_HINT
     minimum = _retry_after(obs.retry_after, now, notes)
-    if minimum is not None and minimum >= offset:
-        offset, source = minimum, DelaySource.PROVIDER_RETRY_AFTER
-        if minimum > room:
-            notes.append(
-                f"Retry-After {_show(obs.retry_after)} reaches past the deadline: waiting until "
-                "the deadline, which then stops without a request"
-            )
-    if offset > room:
-        if source is not DelaySource.PROVIDER_RETRY_AFTER:
-            notes.append(f"next read capped at the deadline {isoformat(record.deadline_at)}")
-        return Wait(record.deadline_at, source, tuple(notes), counters)
-    return Wait(now + max(offset, timedelta(0)), source, tuple(notes), counters)
+    if minimum is not None:
+        floor = minimum if floor is None else max(floor, minimum)
+        if minimum >= offset:
+            offset, source = minimum, DelaySource.PROVIDER_RETRY_AFTER
+            if minimum > room:
+                notes.append(
+                    f"Retry-After {_show(obs.retry_after)} reaches past the deadline: waiting "
+                    "until the deadline, which then stops without a request"
+                )
+    floor_at = now + floor if floor is not None and floor <= room else None
+    if floor is not None and floor > room:
+        floor_at = now + room  # no moment before the deadline is left: no final look
+    return _Delay(offset, source, hint_at, floor_at)
 
 
 def _provider_hint(

@@ -1,7 +1,10 @@
 """Webhook signatures: the Standard Webhooks signer used for agent callbacks.
 
 Verification of incoming provider webhooks (one small class per scheme)
-lives below the signer.
+lives below the signer. ``reconciler.client`` verifies agents' callbacks with
+the same ``StandardWebhooksVerifier``, so this module needs only the standard
+library until an Ed25519 (``whpk_``) key is configured: ``cryptography`` is
+imported then.
 """
 
 from __future__ import annotations
@@ -14,13 +17,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import ClassVar, Protocol
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from reconciler.core.clock import Clock
 from reconciler.errors import ConfigError, RejectReason, SignatureRejected
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 WHSEC_PREFIX = "whsec_"
 
@@ -37,12 +40,21 @@ def standard_v1_signature(key: bytes, msg_id: str, timestamp: int, body: bytes) 
     return base64.b64encode(mac.digest()).decode("ascii")
 
 
-def sign_standard_webhook(key: bytes, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
-    """The three headers of a Standard Webhooks delivery."""
+def sign_standard_webhook(
+    key: bytes, msg_id: str, timestamp: int, body: bytes, *more_keys: bytes
+) -> dict[str, str]:
+    """The three headers of a Standard Webhooks delivery, one signature per key.
+
+    Several signatures in one header (space-separated) are how a receiver rotating its
+    secret verifies with either the old or the new one.
+    """
+    signatures = " ".join(
+        "v1," + standard_v1_signature(k, msg_id, timestamp, body) for k in (key, *more_keys)
+    )
     return {
         "webhook-id": msg_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": "v1," + standard_v1_signature(key, msg_id, timestamp, body),
+        "webhook-signature": signatures,
     }
 
 
@@ -246,6 +258,8 @@ class StandardWebhooksVerifier:
     def _ed25519_matches(self, signatures: Sequence[bytes], prefix: bytes, body: bytes) -> bool:
         if not signatures or not self._ed25519:
             return False
+        from cryptography.exceptions import InvalidSignature
+
         message = prefix + body
         for key in self._ed25519:
             for signature in signatures:
@@ -444,6 +458,8 @@ def _whsec(secret: str, position: int) -> bytes:
 
 
 def _whpk(secret: str, position: int) -> Ed25519PublicKey:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     try:
         raw = base64.b64decode(secret[len(WHPK_PREFIX) :], validate=True)
         return Ed25519PublicKey.from_public_bytes(raw)

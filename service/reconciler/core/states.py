@@ -128,3 +128,14 @@ def allowed(frm: State, to: State) -> bool:
 def check_transition(frm: State, to: State) -> None:
     if not allowed(frm, to):
         raise IllegalTransition(f"transition {frm.value} -> {to.value} is not allowed")
+
+
+# End states that a pending escalation can still reopen (the operator's decision).
+REOPENABLE: frozenset[State] = frozenset(frm for frm, _ in REOPENING)
+
+
+def awaits_decision(state: State, escalation_open: bool) -> bool:
+    """Waiting has stopped and the next move is a person's: ``escalated``, or an end
+    state that the open escalation's decision may reopen. Any other end state stands,
+    even with an escalation open (a callback that could not be delivered)."""
+    return state is State.ESCALATED or (escalation_open and state in REOPENABLE)

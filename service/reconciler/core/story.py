@@ -2,6 +2,8 @@
 
 10:20:05 polled, state queued, next poll 10:20:14 from local backoff
 10:20:31 received 503, Retry-After 120, next poll 10:22:31 from provider guidance
+10:20:02 polled, state running, next poll 10:39:11 from webhook trust (webhooks trusted: ...)
+10:31:40 webhook trust withdrawn: webhooks distrusted after a miss on op_…; next poll ...
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ SOURCE_WORDS = {
     DelaySource.LOCAL_BACKOFF.value: "local backoff",
     DelaySource.MANUAL_EXTENSION.value: "manual extension",
     DelaySource.WEBHOOK_HINT.value: "webhook hint",
+    DelaySource.WEBHOOK_TRUST.value: "webhook trust",
 }
 
+TRUSTED_WORDS = " (webhooks trusted: this read is only a fallback)"
 
-def _clock(value: Any) -> str:
+
+def clock_text(value: Any) -> str:
+    """A moment as the story prints it (HH:MM:SS, UTC)."""
     if isinstance(value, datetime):
         return utc(value).strftime("%H:%M:%S")
     if isinstance(value, str):
@@ -46,7 +52,7 @@ def _next(detail: dict[str, Any], source: str | None) -> str:
     if not at:
         return ""
     words = SOURCE_WORDS.get(source or "", source or "schedule")
-    return f", next poll {_clock(at)} from {words}"
+    return f", next poll {clock_text(at)} from {words}"
 
 
 def _status_read(detail: dict[str, Any], source: str | None) -> str:
@@ -62,15 +68,26 @@ def _status_read(detail: dict[str, Any], source: str | None) -> str:
         return text + ", collecting the result"
     if decision in ("stop", "finish"):
         return text
-    return text + _next(detail, source)
+    text += _next(detail, source)
+    if source == DelaySource.WEBHOOK_TRUST.value:
+        text += TRUSTED_WORDS
+    if detail.get("final_look"):
+        text += " (final look before the deadline)"
+    return text
 
 
 def _transition(entry: HistoryEntry, detail: dict[str, Any]) -> str:
     if entry.from_state is None:
         deadline = detail.get("deadline_at")
         budget = detail.get("max_status_requests")
-        extra = f", deadline {_clock(deadline)}, budget {budget}" if deadline else ""
+        extra = f", deadline {clock_text(deadline)}, budget {budget}" if deadline else ""
         return f"operation created{extra}"
+    if entry.to_state == "observing" and detail.get("next_poll_at"):
+        text = f"{entry.from_state} -> observing, first poll"
+        text += _next(detail, entry.delay_source).removeprefix(", next poll")
+        if entry.delay_source == DelaySource.WEBHOOK_TRUST.value:
+            text += TRUSTED_WORDS
+        return text
     if entry.to_state == "accepted":
         return (
             f"submitted job {detail.get('job_id', '?')} ({_result(detail)} via {detail.get('via')})"
@@ -78,7 +95,8 @@ def _transition(entry: HistoryEntry, detail: dict[str, Any]) -> str:
     return f"{entry.from_state} -> {entry.to_state} ({entry.cause})"
 
 
-def line(entry: HistoryEntry) -> str:
+def text_of(entry: HistoryEntry) -> str:
+    """What happened, in the story's words, without the time."""
     detail: dict[str, Any] = dict(entry.detail or {})
     kind = entry.kind
     if kind == HistoryKind.TRANSITION:
@@ -111,7 +129,11 @@ def line(entry: HistoryEntry) -> str:
         text = entry.cause.replace("_", " ")
         if detail.get("note"):
             text += f": {detail['note']}"
-    return f"{_clock(entry.at)} {text}"
+    return text
+
+
+def line(entry: HistoryEntry) -> str:
+    return f"{clock_text(entry.at)} {text_of(entry)}"
 
 
 def tell(entries: Iterable[HistoryEntry]) -> list[str]:

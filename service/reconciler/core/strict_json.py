@@ -1,11 +1,16 @@
-"""Strict JSON parsing: UTF-8, bounded depth and integer size, errors that say what is wrong.
+"""Strict JSON parsing: UTF-8, bounded depth and number size, errors that say what is wrong.
 
 Guarantee: bad input gets a clear 400, never a 500 or a parser recursing without end.
+A JSON escape can spell a lone surrogate (``"\ud800"``), which no database and no
+UTF-8 encoder accepts: ``require_text`` finds one anywhere in a parsed value and
+names the field, before anything is stored or echoed back.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterator
 from typing import Any
 
 from reconciler.errors import InvalidRequest
@@ -48,8 +53,17 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses as infinity, which JSON cannot say
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
 # One decoder for every call: json.loads with hooks builds a new decoder each time.
-_DECODER = json.JSONDecoder(parse_int=_parse_int, parse_constant=_reject_constant)
+_DECODER = json.JSONDecoder(
+    parse_int=_parse_int, parse_float=_parse_float, parse_constant=_reject_constant
+)
 
 
 def parse_json(body: bytes, what: str = "body") -> Any:
@@ -66,3 +80,48 @@ def parse_json(body: bytes, what: str = "body") -> Any:
         return _DECODER.decode(text)
     except (ValueError, RecursionError) as exc:
         raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None
+
+
+def is_text(value: str) -> bool:
+    """Whether ``value`` is Unicode text UTF-8 can encode (no lone surrogate)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _pointer_token(key: str) -> str:
+    # Shown escaped: the key itself may be the invalid text.
+    shown = json.dumps(key)[1:-1]
+    return shown.replace("~", "~0").replace("/", "~1")
+
+
+def _strings(value: Any) -> Iterator[tuple[str, str, bool]]:
+    """Every string in ``value`` (member names too) with its JSON pointer; depth is bounded."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            yield path, item, False
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                where = f"{path}/{_pointer_token(str(key))}"
+                yield where, str(key), True
+                stack.append((child, where))
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}/{i}") for i, child in enumerate(item))
+
+
+def require_text(body: Any) -> None:
+    """Refuse invalid Unicode (a lone surrogate) anywhere in an agent's body, naming the field."""
+    for path, text, is_name in _strings(body):
+        if is_text(text):
+            continue
+        field, _, rest = path.lstrip("/").partition("/")
+        where = f"'{field}'" + (f" at /{rest}" if rest else "")
+        what = "a member name" if is_name else "a string"
+        raise InvalidRequest(
+            f"{where}: {what} is not valid Unicode text (it holds a lone surrogate such as "
+            "\\ud800, which UTF-8 cannot encode); send text, or base64 for binary data"
+        )

@@ -14,6 +14,7 @@ class DelaySource(StrEnum):
     LOCAL_BACKOFF = "local_backoff"
     MANUAL_EXTENSION = "manual_extension"
     WEBHOOK_HINT = "webhook_hint"
+    WEBHOOK_TRUST = "webhook_trust"
 
 
 class EscalationReason(StrEnum):

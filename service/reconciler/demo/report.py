@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import sys
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import mean
 from types import TracebackType
@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from reconciler.core.states import END_STATES, State
+from reconciler.core.trust import TrustView
 
 FIXED_POLL_INTERVAL = 2.0
 PLAIN_EVERY_SECONDS = 2.0
@@ -199,6 +200,14 @@ class OpOutcome:
 
 
 @dataclass(frozen=True)
+class TrustSummary:
+    """The provider's webhook trust as the run watched it, and at the end."""
+
+    timeline: Sequence[tuple[float, str]]  # (seconds into the run, state) at each change
+    final: TrustView
+
+
+@dataclass(frozen=True)
 class RunReport:
     seed: int
     timeout: float
@@ -209,6 +218,23 @@ class RunReport:
     audit_text: str
     audit_ok: bool
     problems: Sequence[str] = field(default_factory=tuple)
+    mcp_lines: Sequence[str] = field(default_factory=tuple)  # one job through MCP, last
+    trust: TrustSummary | None = None
+    # Scenario -> "state" or "escalated:reason": how its operations must end.
+    expected_ends: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def unexpected_ends(self) -> list[OpOutcome]:
+        """Settled operations that ended otherwise than their scenario does."""
+        out = []
+        for o in self.outcomes:
+            want = self.expected_ends.get(o.kind)
+            if want is None or not settled(o.state):
+                continue
+            got = o.state if o.state != "escalated" else f"escalated:{o.escalation_reason}"
+            if got != want:
+                out.append(o)
+        return out
 
     @property
     def unsettled(self) -> list[OpOutcome]:
@@ -225,6 +251,12 @@ class RunReport:
 
     def failures(self) -> list[str]:
         reasons = list(self.problems)
+        for o in self.unexpected_ends:
+            reasons.append(
+                f"{o.op_id} ({o.kind}) ended {o.state}"
+                + (f" ({o.escalation_reason})" if o.escalation_reason else "")
+                + f", not {self.expected_ends[o.kind]}"
+            )
         if self.unsettled:
             moving = Counter(o.state for o in self.unsettled)
             reasons.append(
@@ -377,6 +409,31 @@ def _idempotency(report: RunReport) -> list[str]:
     return lines
 
 
+def _trust(report: RunReport) -> list[str]:
+    summary = report.trust
+    if summary is None:
+        return []
+    v = summary.final
+    lines = _section(f"Webhook trust (provider {v.provider})")
+    if v.state is None:
+        return [*lines, "  off: every operation on the normal schedule"]
+    changes = ", ".join(f"{state} at {max(0.0, at):.0f} s" for at, state in summary.timeline)
+    lines.append(f"  states seen: {changes}")
+    share = f"{v.webhook_first_share:.0%}" if v.webhook_first_share is not None else "n/a"
+    lines.append(
+        f"  now {v.state.value}: {v.webhook_first} webhook-first, {v.late} late, "
+        f"{v.misses} missed ({share} webhook-first), streak {v.streak} of {v.trust_after}"
+    )
+    finished = [o for o in report.outcomes if o.done and o.status_requests is not None]
+    if finished:
+        per_op = mean(o.status_requests or 0 for o in finished)
+        lines.append(
+            f"  status reads per finished operation: {per_op:.2f} (a webhook-first "
+            "completion under trust costs one: the confirmation read)"
+        )
+    return lines
+
+
 def render_report(report: RunReport) -> str:
     lines = [
         "",
@@ -384,10 +441,16 @@ def render_report(report: RunReport) -> str:
         *_end_states(report.outcomes),
         *_escalations(report.outcomes),
         *_requests(report.outcomes),
+        *_trust(report),
         *_callbacks(report),
         *_idempotency(report),
         *_section("Audit"),
         f"  {report.audit_text}",
+        *(
+            _section("One job through MCP (start_job, then wait_job)") + list(report.mcp_lines)
+            if report.mcp_lines
+            else []
+        ),
         "",
     ]
     failures = report.failures()

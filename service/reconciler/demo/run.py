@@ -45,13 +45,18 @@ import reconciler
 from reconciler import logs
 from reconciler.api.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import SystemClock
 from reconciler.core.signatures import StandardWebhooksVerifier
+from reconciler.core.trust import TrustView
+from reconciler.core.vocabulary import Scope
+from reconciler.demo.mcp_walk import McpWalk, walk
 from reconciler.demo.report import (
     OpOutcome,
     ProgressView,
     RunReport,
     Snapshot,
+    TrustSummary,
     make_view,
     render_report,
     settled,
@@ -60,7 +65,7 @@ from reconciler.errors import DemoFailed, SignatureRejected
 from reconciler.runtime import Runtime
 from reconciler.storage import audit, migrate
 from reconciler.storage.database import Database
-from reconciler.storage.tokens import create_token
+from reconciler.storage.tokens import callback_salt, create_token
 
 HOST = "127.0.0.1"
 PROVIDER = "sim"
@@ -78,17 +83,35 @@ DEMO_POLLING = {
     "max_transport_failures": 5,
     "max_rate_limited": 4,
     "rate_limit_delay_seconds": 2.0,
+    # Webhook trust, scaled to a one-minute run: trust is earned after 6 webhook-first
+    # completions (the default 20 would take most of the batch) and a webhook may come up
+    # to 3 s after a read found the end before it counts as a miss.
+    "trust_after": 6,
+    "webhook_grace_seconds": 3,
 }
+# The batch goes in two waves. The first is a warm-up: WARMUP_COUNT jobs whose provider
+# announces their end by webhook (enough webhook-first completions to earn trust), plus
+# the rate-limit storm, whose 429s must meet the normal schedule to escalate as
+# rate_limited rather than run into its deadline. The second, everything else, is sent
+# once the provider is trusted (or after TRUST_WAIT_SECONDS without): its healthy jobs
+# then cost one confirmation read each, and its first lost webhook shows the outage
+# response (distrust, stretched waits brought back) and the final look.
+WARMUP_KINDS = ("webhooks_delivered", "webhooks_duplicated")
+WARMUP_COUNT = 8
+ALWAYS_FIRST = frozenset({"rate_limit_storm"})
+TRUST_WAIT_SECONDS = 25.0
+JUDGE_WAIT_SECONDS = float(DEMO_POLLING["webhook_grace_seconds"]) + 1.5
 
 
 @dataclass(frozen=True)
 class DemoOptions:
     operations: int = 50
     seed: int = 7
-    timeout: float = 75.0
+    timeout: float = 120.0
     keep: bool = False
     sim_root: Path | None = None
     directory: Path = Path("demo-run")
+    keep_serving: bool = False  # after the summary, serve the console until Ctrl-C
 
 
 # --- the scenario mix (pure) ----------------------------------------------------------
@@ -99,7 +122,15 @@ def _secs(rng: random.Random, low: float, high: float) -> float:
 
 
 def _job(scenario: str, rng: random.Random, low: float, high: float, **knobs: Any) -> Any:
-    return {"scenario": scenario, "duration": _secs(rng, low, high), "webhooks": "normal", **knobs}
+    # The demo's provider announces a job's end by webhook, not its start: a "running"
+    # event would bring one more (pending) read forward per job, whatever the trust.
+    return {
+        "scenario": scenario,
+        "duration": _secs(rng, low, high),
+        "webhooks": "normal",
+        "webhook_on_running": False,
+        **knobs,
+    }
 
 
 # Each builds a create body for the simulated provider (see fixtures/provider_sim).
@@ -123,6 +154,24 @@ KINDS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
     "cancelled": lambda r: _job("slow_success", r, 30, 30),
 }
 CANCEL_AFTER = {"cancelled": (2.0, 5.0)}
+# How each scenario ends (the state, and the reason when it escalates); the report fails
+# the run when an operation ends otherwise, so trust can never buy fewer reads with a
+# different outcome.
+EXPECTED_ENDS: dict[str, str] = {
+    "webhooks_delivered": "succeeded",
+    "webhooks_lost": "succeeded",
+    "webhooks_duplicated": "succeeded",
+    "webhooks_lying": "succeeded",
+    "webhooks_out_of_order": "succeeded",
+    "webhooks_delayed": "succeeded",
+    "slow_job": "succeeded",
+    "late_failure": "failed",
+    "partial_results": "completed_with_errors",
+    "rate_limit_burst": "succeeded",
+    "rate_limit_storm": "escalated:rate_limited",
+    "unknown_state": "escalated:unknown_state",
+    "cancelled": "cancelled",
+}
 # Every scenario once (the cancellation twice) before the random fill; a small batch
 # takes a prefix.
 REQUIRED = (
@@ -176,6 +225,12 @@ def plan_batch(count: int, rng: random.Random, seed: int) -> list[Planned]:
         key = f"demo-{seed}-{index:03d}"
         planned.append(Planned(index, kind, request, key, cancel_after))
     return planned
+
+
+def first_wave(planned: list[Planned]) -> list[Planned]:
+    """The warm-up wave (see WARMUP_KINDS): sent before the rest, in plan order."""
+    warm = [p for p in planned if p.kind in WARMUP_KINDS][:WARMUP_COUNT]
+    return [p for p in planned if p in warm or p.kind in ALWAYS_FIRST]
 
 
 def pick_repeats(planned: list[Planned], rng: random.Random) -> list[Planned]:
@@ -306,7 +361,7 @@ class CallbackReceiver:
     """The agent's side: verifies each callback's signature and counts it per webhook-id."""
 
     def __init__(self, secret: str) -> None:
-        self._verifier = StandardWebhooksVerifier([secret], clock=SystemClock())
+        self.trust(secret)
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self._rejected = 0
@@ -323,6 +378,10 @@ class CallbackReceiver:
         with self._lock:
             self._counts[verified.event_id or ""] += 1
         return Response(status_code=204)
+
+    def trust(self, secret: str) -> None:
+        """Verify with ``secret`` from now on: the agent's own, once its token exists."""
+        self._verifier = StandardWebhooksVerifier([secret], clock=SystemClock())
 
     def counts(self) -> tuple[Counter[str], int]:
         with self._lock:
@@ -374,12 +433,15 @@ def service_logs(path: Path, level: str) -> Iterator[None]:
         handler.close()
 
 
-def _make_tokens(runtime: Runtime) -> tuple[str, str]:
+def _make_tokens(runtime: Runtime) -> tuple[str, str, str]:
+    """The agent's and the operator's tokens, and the agent's own callback secret."""
     now = runtime.clock.now()
     with runtime.db.write() as conn:
-        agent = create_token(conn, "demo-agent", "agent", now)
-        operator = create_token(conn, "demo-operator", "operator", now)
-    return agent, operator
+        agent = create_token(conn, "demo-agent", Scope.AGENT.value, now)
+        operator = create_token(conn, "demo-operator", Scope.OPERATOR.value, now)
+        salt = callback_salt(conn, "demo-agent")
+    assert runtime.callback_key is not None and salt is not None
+    return agent, operator, as_whsec(agent_key(runtime.callback_key, salt))
 
 
 # --- driving the batch -----------------------------------------------------------------
@@ -415,8 +477,13 @@ class Driver:
         tokens: tuple[str, str],
         callback_url: str,
         receiver: CallbackReceiver,
+        trust: Callable[[], TrustView] | None = None,
+        started: float | None = None,
     ) -> None:
         self.service, self.sim = service, sim
+        self.trust = trust
+        self.started = time.monotonic() if started is None else started
+        self.trust_seen: list[tuple[float, str]] = []  # (seconds into the run, state)
         self.agent = {"Authorization": f"Bearer {tokens[0]}"}
         self.operator = {"Authorization": f"Bearer {tokens[1]}"}
         self.callback_url = callback_url
@@ -441,7 +508,8 @@ class Driver:
         return op_id, at, response.status_code
 
     async def submit_all(self, planned: list[Planned], repeats: list[Planned]) -> None:
-        """Submit the batch (a few at a time), schedule its cancels, then send the repeats."""
+        """Submit the batch in its two waves (a few at a time), schedule its cancels, then
+        send the repeats."""
         limit = asyncio.Semaphore(8)
 
         async def one(p: Planned) -> None:
@@ -451,10 +519,33 @@ class Driver:
             if p.cancel_after is not None:
                 self.cancels.append(asyncio.create_task(self.cancel_later(sub, p.cancel_after)))
 
-        await asyncio.gather(*(one(p) for p in planned))
+        first = first_wave(planned)
+        await asyncio.gather(*(one(p) for p in first))
+        await self.wait_for_trust(TRUST_WAIT_SECONDS, sum(p.kind in WARMUP_KINDS for p in first))
+        await asyncio.gather(*(one(p) for p in planned if p not in first))
         for p in repeats:
             op_id, _, status = await self.post(p)
             self.repeats.append((self.submitted[p.index].op_id, op_id if status == 200 else None))
+
+    async def trust_state(self, elapsed: float) -> str | None:
+        """The provider's trust state now, noted in the timeline when it changed."""
+        if self.trust is None:
+            return None
+        state = (await asyncio.to_thread(self.trust)).state
+        text = state.value if state is not None else "off"
+        if not self.trust_seen or self.trust_seen[-1][1] != text:
+            self.trust_seen.append((elapsed, text))
+        return text
+
+    async def wait_for_trust(self, bound: float, warmups: int) -> None:
+        """Wait (bounded) for the warm-up to earn trust; not at all when it cannot."""
+        if self.trust is None or warmups < (await asyncio.to_thread(self.trust)).trust_after:
+            return
+        started = time.monotonic()
+        while time.monotonic() - started < bound:
+            if await self.trust_state(time.monotonic() - self.started) in (None, "off", "trusted"):
+                return
+            await asyncio.sleep(WATCH_INTERVAL / 2)
 
     async def cancel_later(self, sub: Submitted, after: float) -> None:
         await asyncio.sleep(max(0.0, sub.at + after - time.time()))
@@ -537,6 +628,7 @@ async def drive(
             cbs, _ = driver.receiver.counts()
             requests = await driver.status_requests()
             elapsed = time.monotonic() - started
+            await driver.trust_state(elapsed)
             states = driver.states(planned, ops)
             view.update(_snapshot(elapsed, planned, states, requests, sum(cbs.values())))
             if submitting.done():
@@ -601,6 +693,7 @@ class BatchResult:
     repeats: list[tuple[str, str | None]]
     rejected_callbacks: int
     problems: list[str]
+    trust: TrustSummary | None = None
 
 
 async def run_batch(
@@ -610,23 +703,31 @@ async def run_batch(
     plan: tuple[list[Planned], list[Planned]],
     started: float,
     deadline: float,
+    trust: Callable[[], TrustView] | None = None,
 ) -> BatchResult:
     service_url, sim_url, callback_url = urls
     async with (
         httpx.AsyncClient(base_url=service_url, timeout=30.0, trust_env=False) as service,
         httpx.AsyncClient(base_url=sim_url, timeout=30.0, trust_env=False) as sim,
     ):
-        driver = Driver(service, sim, tokens, callback_url, receiver)
+        driver = Driver(service, sim, tokens, callback_url, receiver, trust, started)
         with make_view() as view:
             ops = await drive(driver, plan, view, started, deadline)
+        # The last completions a read found first are judged once their grace is over:
+        # wait for that (bounded), so the trust state shown includes them.
+        await asyncio.sleep(min(JUDGE_WAIT_SECONDS, max(0.0, deadline - time.monotonic())))
         jobs = await driver.sim_jobs()
+        await driver.trust_state(time.monotonic() - started)
     cbs, rejected = receiver.counts()
     subs = [driver.submitted[i] for i in sorted(driver.submitted)]
     problems = []
     missing = len(plan[0]) - len(subs) + len(plan[1]) - len(driver.repeats)
     if missing:
         problems.append(f"{missing} submission(s) were not answered before the time bound")
-    return BatchResult(outcomes(subs, ops, jobs, cbs), driver.repeats, rejected, problems)
+    summary = None
+    if trust is not None:
+        summary = TrustSummary(tuple(driver.trust_seen), await asyncio.to_thread(trust))
+    return BatchResult(outcomes(subs, ops, jobs, cbs), driver.repeats, rejected, problems, summary)
 
 
 def _audit(url: str, key: bytes | None) -> tuple[bool, str]:
@@ -684,30 +785,71 @@ def _run(options: DemoOptions, base: Settings, workdir: Path, started: float) ->
         settings = demo_settings(base, workdir, sim_root, sim_url)
         runtime = Runtime.build(settings, environ=environ)
         migrate.upgrade(runtime.db)
-        tokens = _make_tokens(runtime)
+        *tokens, agent_secret = _make_tokens(runtime)
+        receiver.trust(agent_secret)
         service_url = stack.enter_context(
             serve_in_thread(create_app(runtime), "service", service_sock)
         )
         print(f"service {service_url}, simulated provider {sim_url}, callbacks {receiver_url}")
+        print(f"operator console {service_url}/console", flush=True)
         urls = (service_url, sim_url, f"{receiver_url}/callbacks")
         deadline = started + options.timeout
         batch = asyncio.run(
-            run_batch(urls, tokens, receiver, (planned, repeats), started, deadline)
+            run_batch(
+                urls,
+                (tokens[0], tokens[1]),
+                receiver,
+                (planned, repeats),
+                started,
+                deadline,
+                lambda: runtime.trust_views()[PROVIDER],
+            )
         )
-    key = settings.audit_key(environ)
-    audit_ok, audit_text = _audit(settings.database_url, key.reveal().encode() if key else None)
-    report = RunReport(
-        seed=options.seed,
-        timeout=options.timeout,
-        elapsed=time.monotonic() - started,
-        outcomes=batch.outcomes,
-        repeats=batch.repeats,
-        rejected_callbacks=batch.rejected_callbacks,
-        problems=batch.problems,
-        audit_text=audit_text,
-        audit_ok=audit_ok,
-    )
+        mcp = _walk_mcp(service_url, tokens[0])
+        key = settings.audit_key(environ)
+        audit_ok, audit_text = _audit(settings.database_url, key.reveal().encode() if key else None)
+        report = RunReport(
+            seed=options.seed,
+            timeout=options.timeout,
+            elapsed=time.monotonic() - started,
+            outcomes=batch.outcomes,
+            repeats=batch.repeats,
+            rejected_callbacks=batch.rejected_callbacks,
+            problems=[*batch.problems, *mcp.problems],
+            audit_text=audit_text,
+            audit_ok=audit_ok,
+            mcp_lines=mcp.lines,
+            trust=batch.trust,
+            expected_ends=EXPECTED_ENDS,
+        )
+        # Printed while the service still runs: --keep-serving leaves it up after this.
+        print(render_report(report), flush=True)
+        if options.keep_serving:
+            serve_until_interrupted(f"{service_url}/console", tokens[1])
     return report
+
+
+def _walk_mcp(service_url: str, token: str) -> McpWalk:
+    """One job through the agent tools, after the batch; a failure is reported, not raised."""
+    try:
+        return asyncio.run(walk(service_url, token, PROVIDER))
+    except Exception as exc:  # the SDK raises its own (and grouped) errors
+        return McpWalk((), (f"the MCP walk-through failed: {exc!r}",))
+
+
+def serve_until_interrupted(console_url: str, operator_token: str) -> None:
+    """Keep the demo's service (and its escalated operations) up for the console, until Ctrl-C."""
+    print(
+        f"\nThe service keeps running: open {console_url} and sign in with this operator "
+        f"token (demo-operator):\n  {operator_token}\nPress Ctrl-C to stop.",
+        flush=True,
+    )
+    stop = threading.Event()
+    try:
+        while not stop.wait(3600):
+            pass
+    except KeyboardInterrupt:
+        print("stopping the demo's service and simulated provider", flush=True)
 
 
 def run_demo(options: DemoOptions, base: Settings) -> int:
@@ -724,7 +866,6 @@ def run_demo(options: DemoOptions, base: Settings) -> int:
     except KeyboardInterrupt:
         print(f"interrupted; the simulated provider is stopped, files kept in {workdir}")
         raise
-    print(render_report(report), flush=True)
     failed = bool(report.failures())
     if failed or options.keep:
         print(f"demo files kept in {workdir} (service.log, sim.log, reconciler.db)")

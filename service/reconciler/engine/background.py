@@ -14,6 +14,7 @@ from reconciler.engine.steps.complete import CompleteStep
 from reconciler.engine.steps.create import CreateStep
 from reconciler.engine.steps.poll import PollStep
 from reconciler.engine.ticker import Scheduler
+from reconciler.engine.trust import TrustKeeper
 from reconciler.engine.worker import Steps, Worker
 from reconciler.outbound.callbacks import CallbackClient
 from reconciler.runtime import Runtime
@@ -46,7 +47,10 @@ class Background:
             complete=CompleteStep(self.ctx, hooks, self.callbacks),
         )
         self.worker = Worker(self.ctx, steps, on_next_due=self._next_due)
-        self.scheduler = Scheduler(self.worker, settings.scheduler.tick_seconds)
+        self.trust = TrustKeeper(self.ctx)
+        self.scheduler = Scheduler(
+            self.worker, settings.scheduler.tick_seconds, trust_sweep=self.trust.sweep
+        )
         self.run_scheduler = run_scheduler and settings.scheduler.enabled
         runtime.notifier.on_wake(self._wake)
 

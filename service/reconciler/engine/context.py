@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.poll import PollPolicy
 from reconciler.core.states import END_STATES, State
+from reconciler.core.trust import TrustPolicy
 from reconciler.core.vocabulary import EscalationReason, TransportError
 from reconciler.errors import StaleWrite
 from reconciler.metrics import status_label
@@ -30,9 +31,18 @@ from reconciler.storage.journal import Entry, Lease, retry_stale
 from reconciler.storage.models import Operation
 
 T = TypeVar("T")
+# The final look before a deadline (webhook trust) comes this long before it: at least a
+# second, so a tick that wakes a little late still sends it in time; at most one normal
+# maximum delay.
+FINAL_LOOK_MIN_SECONDS = 1.0
 # A step's write after a provider call is retried a few times on a lost race (another
 # writer was first on the same row: an agent's cancel, a webhook hint, an operator).
 APPLY_ATTEMPTS = 3
+
+
+def _final_look_seconds(spec: ProviderSpec) -> float:
+    polling = spec.polling
+    return min(polling.max_delay_seconds, max(polling.base_delay_seconds, FINAL_LOOK_MIN_SECONDS))
 
 
 @dataclass
@@ -78,12 +88,20 @@ class StepContext:
         return spec.polling.backoff()
 
     def poll_policy(self, spec: ProviderSpec) -> PollPolicy:
+        polling = spec.polling
+        trust = polling.trust()
         return PollPolicy(
             backoff=self.backoff(spec),
-            max_rate_limited=spec.polling.max_rate_limited,
-            rate_limit_delay_seconds=spec.polling.rate_limit_delay_seconds,
+            max_rate_limited=polling.max_rate_limited,
+            rate_limit_delay_seconds=polling.rate_limit_delay_seconds,
             not_found_grace_seconds=spec.status.not_found_grace_seconds,
+            # webhook_trust = "off" keeps the schedule exactly as it was without trust.
+            trusted_max_delay_seconds=trust.trusted_max_delay_seconds if trust.adaptive else None,
+            final_look_seconds=_final_look_seconds(spec) if trust.adaptive else None,
         )
+
+    def trust_policy(self, spec: ProviderSpec) -> TrustPolicy:
+        return spec.polling.trust()
 
     async def call(self, op: Operation, name: str, fn: Callable[[], Awaitable[T]]) -> T:
         """One provider call, bounded per provider so one slow provider cannot starve others."""
@@ -117,6 +135,9 @@ class StepContext:
             rt.notifier.changed(op.id)
             if State(after.state) in END_STATES:
                 rt.metrics.completions.labels(after.state).inc()
+                rt.metrics.reads_per_operation.labels(after.provider).observe(
+                    after.status_requests_used
+                )
         if after.escalation_id != op.escalation_id and after.escalation_id is not None:
             rt.metrics.escalations.labels(await rt.db.run(self._reason, after)).inc()
 

@@ -1,6 +1,7 @@
 """The APScheduler 3.x loop that tells the worker when to look.
 
-One interval job ticks every ``tick_seconds``; a wake-up (a webhook hint, a
+One interval job ticks every ``tick_seconds`` (a second keeps webhook trust, see
+``engine.trust``); a wake-up (a webhook hint, a
 new operation, a finished step that knows its next due time) moves that
 job's next run forward instead of adding jobs, so bursts of wake-ups
 coalesce into one tick.
@@ -9,7 +10,9 @@ coalesce into one tick.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
@@ -18,14 +21,21 @@ from reconciler.engine.worker import Worker
 log = logging.getLogger("reconciler.engine.ticker")
 
 JOB_ID = "reconciler-tick"
+TRUST_JOB_ID = "reconciler-webhook-trust"
 # Wake-ups closer together than this are merged; it bounds tick rate under hint floods.
 MIN_GAP = timedelta(milliseconds=2)
 
 
 class Scheduler:
-    def __init__(self, worker: Worker, tick_seconds: float) -> None:
+    def __init__(
+        self,
+        worker: Worker,
+        tick_seconds: float,
+        trust_sweep: Callable[[], Awaitable[Any]] | None = None,
+    ) -> None:
         self.worker = worker
         self.tick_seconds = tick_seconds
+        self.trust_sweep = trust_sweep
         self._scheduler: AsyncIOScheduler | None = None
 
     def start(self) -> None:
@@ -40,6 +50,19 @@ class Scheduler:
             misfire_grace_time=None,
             next_run_time=datetime.now(UTC),
         )
+        if self.trust_sweep is not None:
+            # Webhook trust is kept on the same cadence: pending completions are judged
+            # within a tick of their grace ending, and an outage's stretched waits are
+            # withdrawn within a tick of the miss.
+            scheduler.add_job(
+                self.trust_sweep,
+                "interval",
+                seconds=self.tick_seconds,
+                id=TRUST_JOB_ID,
+                max_instances=1,
+                coalesce=True,
+                misfire_grace_time=None,
+            )
         scheduler.start()
         self._scheduler = scheduler
 

@@ -154,8 +154,9 @@ class Worker:
         self._working.add(op_id)
         task = asyncio.get_running_loop().create_task(self._process(op_id))
         self._tasks.add(task)
-        task.add_done_callback(lambda _: self._working.discard(op_id))
         task.add_done_callback(self._finished)
+        # A task cancelled before it ran never reached the discard in _process.
+        task.add_done_callback(lambda t: self._working.discard(op_id) if t.cancelled() else None)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -211,6 +212,10 @@ class Worker:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
+            # Off the list before the lease is given back: once it is, a tick may claim the
+            # operation again, and that claim must start a task rather than be skipped as
+            # "ours already" (the lease would then sit idle until it expired).
+            self._working.discard(op_id)
             await self._release(op_id, last)
 
     async def _heartbeat(self, op_id: str) -> None:

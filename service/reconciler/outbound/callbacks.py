@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import random
 import ssl
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,7 +38,7 @@ from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.canonical import canonical_json
 from reconciler.core.clock import Clock
 from reconciler.core.signatures import sign_standard_webhook
-from reconciler.core.vocabulary import TransportError
+from reconciler.core.vocabulary import RETRYABLE_4XX, TransportError
 from reconciler.errors import InvalidRequest, ResolutionFailed
 from reconciler.outbound import ssrf
 from reconciler.providers.transport import classify_transport_error
@@ -47,7 +47,6 @@ EVENT_OPERATION_COMPLETED = "operation.completed"
 USER_AGENT = "reconciler-callbacks/1"
 MAX_WEBHOOK_ID = 256
 EXCERPT_CHARS = 160
-RETRYABLE_4XX = frozenset({408, 425, 429})
 # A receiver may ask for a long pause, but not one that outlives every deadline.
 DEFAULT_RETRY_AFTER_CEILING = timedelta(hours=6)
 
@@ -207,15 +206,26 @@ class CallbackClient:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def deliver(self, url: str, webhook_id: str, event: Mapping[str, Any]) -> DeliveryOutcome:
-        """One attempt: check, resolve, sign, POST to the checked address, classify."""
+    async def deliver(
+        self,
+        url: str,
+        webhook_id: str,
+        event: Mapping[str, Any],
+        signing_keys: Sequence[bytes] | None = None,
+    ) -> DeliveryOutcome:
+        """One attempt: check, resolve, sign, POST to the checked address, classify.
+
+        ``signing_keys`` are the receiving agent's own keys (its current one first; in a
+        rotation window the previous one too); without them the client's key signs.
+        """
         _check_webhook_id(webhook_id)
+        keys = tuple(signing_keys) if signing_keys else (self._key,)
         body = canonical_json(event).encode("utf-8")
         started = self._clock.monotonic()
         progress = _Progress()
         try:
             async with asyncio.timeout(self._timeout):
-                outcome = await self._attempt(url, webhook_id, body, progress)
+                outcome = await self._attempt(url, webhook_id, body, progress, keys)
         except TimeoutError:
             # Once the status line has arrived, the receiver has answered; a body
             # still dripping at the deadline does not change that answer.
@@ -226,7 +236,12 @@ class CallbackClient:
         return replace(outcome, elapsed_ms=round(elapsed * 1000))
 
     async def _attempt(
-        self, url: str, webhook_id: str, body: bytes, progress: _Progress
+        self,
+        url: str,
+        webhook_id: str,
+        body: bytes,
+        progress: _Progress,
+        keys: tuple[bytes, ...],
     ) -> DeliveryOutcome:
         try:
             checked = ssrf.check_url(url, self._allow)
@@ -241,7 +256,7 @@ class CallbackClient:
             "Content-Type": "application/json",
             "Accept-Encoding": "identity",
             "User-Agent": USER_AGENT,
-            **sign_standard_webhook(self._key, webhook_id, timestamp, body),
+            **sign_standard_webhook(keys[0], webhook_id, timestamp, body, *keys[1:]),
         }
         extensions: dict[str, Any] = {}
         if checked.scheme == "https" and checked.address is None:

@@ -8,10 +8,13 @@ refused: files name environment variables (``token_env``, ``value_env``,
 
 Keys beyond the SPEC example (each has a default or is optional):
 
-* top level: ``adapter = "pkg.module:Class"`` (a custom adapter instead of the
-  declarative one); ``job_id_slashes = true`` keeps ``/`` in job IDs substituted
-  into paths, for resource names such as ``operations/123`` (``.``/``..`` segments
-  are still refused by the adapter).
+* top level: ``description`` (one paragraph for agents: what the provider does) and
+  ``request_schema`` (a JSON Schema, as a table, that every operation's ``request``
+  must match; checked at load, see ``providers.request_schema``);
+  ``adapter = "pkg.module:Class"`` (a custom adapter instead of the declarative one);
+  ``job_id_slashes = true`` keeps ``/`` in job IDs substituted into paths, for
+  resource names such as ``operations/123`` (``.``/``..`` segments are still
+  refused by the adapter).
 * ``[http]``: ``max_connections`` (20), ``max_keepalive_connections`` (10),
   ``keepalive_expiry_seconds`` (4: below the 5 s idle timeout common to servers, so a
   pooled connection is not reused just as the server closes it), ``max_response_bytes``
@@ -35,7 +38,11 @@ Keys beyond the SPEC example (each has a default or is optional):
   per scheme; ``event_id`` and ``job_id`` take ``header:NAME`` or a pointer.
 * ``[polling]``: ``max_rate_limited`` (3 consecutive 429s before escalating
   ``rate_limited``), ``rate_limit_delay_seconds`` (60, the wait after a 429 or 503
-  without ``Retry-After``).
+  without ``Retry-After``). Webhook trust (SPEC): ``webhook_trust`` ("adaptive" by
+  default when the provider has a ``[webhook]`` table, else "off"; "adaptive" without
+  a ``[webhook]`` table is an error), ``trust_after`` (20), ``trusted_max_delay_seconds``
+  (10 x ``max_delay_seconds``; at least ``max_delay_seconds``),
+  ``distrust_after_misses`` (1), ``webhook_grace_seconds`` (30; 0 allowed).
 """
 
 from __future__ import annotations
@@ -50,8 +57,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from reconciler.core.signatures import WebhookScheme
+from reconciler.core.trust import TrustMode
 from reconciler.errors import ConfigError, PointerSyntaxError
 from reconciler.providers.pointer import Pointer
+from reconciler.providers.request_schema import RequestSchema, SchemaProblem
 from reconciler.providers.spec import (
     HEADER_PREFIX,
     HTTP_METHODS,
@@ -497,11 +506,32 @@ def _webhook(table: _Table) -> WebhookSpec | None:
     return spec
 
 
-def _polling(table: _Table) -> PollingSpec:
+def _trust_mode(sub: _Table, has_webhook: bool) -> TrustMode:
+    default = TrustMode.ADAPTIVE if has_webhook else TrustMode.OFF
+    text = sub.text("webhook_trust")
+    if text is None:
+        return default
+    try:
+        mode = TrustMode(text)
+    except ValueError:
+        choices = " or ".join(f'"{m.value}"' for m in TrustMode)
+        raise sub.fail("webhook_trust", f"expected {choices}") from None
+    if mode is TrustMode.ADAPTIVE and not has_webhook:
+        raise sub.fail(
+            "webhook_trust",
+            '"adaptive" needs a [webhook] table: trust is earned from verified webhooks',
+        )
+    return mode
+
+
+def _polling(table: _Table, has_webhook: bool) -> PollingSpec:
     sub = table.sub("polling")
     if sub is None:
-        return PollingSpec()
+        return PollingSpec(
+            webhook_trust=TrustMode.ADAPTIVE if has_webhook else TrustMode.OFF,
+        )
     d = PollingSpec()
+    cap = sub.raw("trusted_max_delay_seconds")
     spec = PollingSpec(
         base_delay_seconds=sub.seconds("base_delay_seconds", d.base_delay_seconds),
         max_delay_seconds=sub.seconds("max_delay_seconds", d.max_delay_seconds),
@@ -513,9 +543,24 @@ def _polling(table: _Table) -> PollingSpec:
         rate_limit_delay_seconds=sub.seconds(
             "rate_limit_delay_seconds", d.rate_limit_delay_seconds
         ),
+        webhook_trust=_trust_mode(sub, has_webhook),
+        trust_after=sub.integer("trust_after", d.trust_after),
+        trusted_max_delay_seconds=(
+            None if cap is None else sub.seconds("trusted_max_delay_seconds", 1.0)
+        ),
+        distrust_after_misses=sub.integer("distrust_after_misses", d.distrust_after_misses),
+        webhook_grace_seconds=sub.seconds(
+            "webhook_grace_seconds", d.webhook_grace_seconds, zero_ok=True
+        ),
     )
     if spec.max_delay_seconds < spec.base_delay_seconds:
         raise sub.fail("max_delay_seconds", "must be at least base_delay_seconds")
+    stretched = spec.trusted_max_delay_seconds
+    if stretched is not None and stretched < spec.max_delay_seconds:
+        raise sub.fail(
+            "trusted_max_delay_seconds",
+            "must be at least max_delay_seconds: trust only ever lengthens the wait",
+        )
     sub.finish()
     return spec
 
@@ -525,6 +570,25 @@ def _adapter(table: _Table) -> str | None:
     if ref is not None and not _IMPORT_REF.fullmatch(ref):
         raise table.fail("adapter", "expected 'package.module:ClassName'")
     return ref
+
+
+MAX_DESCRIPTION = 2000
+
+
+def _description(table: _Table) -> str | None:
+    text = table.text("description")
+    if text is not None and (not text.strip() or len(text) > MAX_DESCRIPTION):
+        raise table.fail("description", f"expected 1 to {MAX_DESCRIPTION} characters of text")
+    return text
+
+
+def _request_schema(table: _Table, name: str) -> RequestSchema | None:
+    if not table.has("request_schema"):
+        return None
+    try:
+        return RequestSchema.compile(name, table.raw("request_schema"))
+    except SchemaProblem as exc:
+        raise table.fail("request_schema", str(exc)) from None
 
 
 def parse_provider(name: str, data: Any, source: str) -> ProviderSpec:
@@ -541,6 +605,7 @@ def parse_provider(name: str, data: Any, source: str) -> ProviderSpec:
     http = _http(table)
     create = _create(table)
     status = _status(table)
+    webhook = _webhook(table)
     spec = ProviderSpec(
         name=name,
         source=source,
@@ -556,8 +621,10 @@ def parse_provider(name: str, data: Any, source: str) -> ProviderSpec:
         states=_states(table),
         cancel=_cancel(table),
         result=_result(table, status),
-        webhook=_webhook(table),
-        polling=_polling(table),
+        webhook=webhook,
+        polling=_polling(table, webhook is not None),
+        description=_description(table),
+        request_schema=_request_schema(table, name),
     )
     table.finish()
     return spec

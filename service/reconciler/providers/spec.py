@@ -17,8 +17,17 @@ from typing import Any, Literal
 from reconciler.config import Secret
 from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.signatures import WebhookScheme
+from reconciler.core.trust import (
+    DEFAULT_DISTRUST_AFTER_MISSES,
+    DEFAULT_GRACE_SECONDS,
+    DEFAULT_TRUST_AFTER,
+    TRUSTED_MAX_FACTOR,
+    TrustMode,
+    TrustPolicy,
+)
 from reconciler.errors import ConfigError
 from reconciler.providers.pointer import MISSING, Pointer
+from reconciler.providers.request_schema import RequestSchema
 from reconciler.providers.state_table import Classification, StateRule, StateTable, classify
 
 INLINE_SOURCE = "config inline providers"
@@ -176,9 +185,28 @@ class PollingSpec:
     max_transport_failures: int = 3
     max_rate_limited: int = 3
     rate_limit_delay_seconds: float = 60.0
+    # Webhook trust (SPEC "Webhook trust: polling as a fallback"); the loader makes the
+    # mode "adaptive" by default for a provider with a [webhook] table.
+    webhook_trust: TrustMode = TrustMode.OFF
+    trust_after: int = DEFAULT_TRUST_AFTER
+    trusted_max_delay_seconds: float | None = None  # None: TRUSTED_MAX_FACTOR x max_delay
+    distrust_after_misses: int = DEFAULT_DISTRUST_AFTER_MISSES
+    webhook_grace_seconds: float = DEFAULT_GRACE_SECONDS
 
     def backoff(self) -> BackoffPolicy:
         return BackoffPolicy(self.base_delay_seconds, self.max_delay_seconds, self.jitter_floor)
+
+    def trust(self) -> TrustPolicy:
+        cap = self.trusted_max_delay_seconds
+        return TrustPolicy(
+            mode=self.webhook_trust,
+            trust_after=self.trust_after,
+            distrust_after_misses=self.distrust_after_misses,
+            trusted_max_delay_seconds=(
+                cap if cap is not None else TRUSTED_MAX_FACTOR * self.max_delay_seconds
+            ),
+            webhook_grace_seconds=self.webhook_grace_seconds,
+        )
 
 
 @dataclass(frozen=True)
@@ -199,6 +227,9 @@ class ProviderSpec:
     result: ResultSpec | None = None
     webhook: WebhookSpec | None = None
     polling: PollingSpec = PollingSpec()
+    # What agents are told about the provider (GET /v1/providers, list_providers).
+    description: str | None = None
+    request_schema: RequestSchema | None = None
 
     def where(self, key: str) -> str:
         """Message prefix naming this provider's file and a dotted key."""

@@ -126,3 +126,39 @@ def reopen_given_up(conn: Connection, op: Operation) -> None:
         )
         .values(status=StepStatus.PENDING.value, attempts=0, next_attempt_at=None)
     )
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One downstream step of one completion round, as an operator reads it."""
+
+    round: int
+    step: str
+    status: StepStatus
+    attempts: int
+    started_at: datetime | None
+    finished_at: datetime | None
+    next_attempt_at: datetime | None
+    last_error: str | None
+
+
+def steps_of(conn: Connection, operation_id: str) -> list[StepRecord]:
+    """Every step row of one operation, by round then step."""
+    rows = conn.execute(
+        sa.select(STEPS)
+        .where(STEPS.c.operation_id == operation_id)
+        .order_by(STEPS.c.round, STEPS.c.id)
+    ).mappings()
+    return [
+        StepRecord(
+            r["round"],
+            r["step"],
+            StepStatus(r["status"]),
+            r["attempts"],
+            r["started_at"],
+            r["finished_at"],
+            r["next_attempt_at"],
+            r["last_error"],
+        )
+        for r in rows
+    ]

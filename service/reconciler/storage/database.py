@@ -5,10 +5,17 @@ start with ``BEGIN IMMEDIATE``: a deferred transaction that later upgrades
 to a write lock fails with SQLITE_BUSY without waiting, which would turn
 ordinary contention into errors. Reads use a separate engine with plain
 deferred transactions so they never queue behind writers.
+
+The WAL stays bounded: passive checkpoints run off the hot path every second,
+and once the WAL file passes ``WAL_TRUNCATE_BYTES`` a truncating checkpoint
+resets it (a passive checkpoint alone never shrinks the file, and readers that
+are always active keep it from being reused from the start);
+``journal_size_limit`` caps what SQLite keeps after any reset.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -27,6 +34,11 @@ T = TypeVar("T")
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 CHECKPOINT_SECONDS = 1.0
+# The WAL is reset (TRUNCATE checkpoint) once it grows past this; SQLite trims it to the
+# size limit after any other reset.
+WAL_TRUNCATE_BYTES = 16 * 1024 * 1024
+JOURNAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+CHECKPOINT_WAIT_MS = 50
 
 
 def is_sqlite(url: str) -> bool:
@@ -50,6 +62,7 @@ def _sqlite_engine(url: str, *, immediate: bool, background_checkpoint: bool = F
         cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT_BYTES}")
         # Checkpoints run on a background thread (Database.checkpointer), not inside
         # whichever commit happens to cross the threshold, which may be on the event loop.
         cur.execute(f"PRAGMA wal_autocheckpoint={0 if background_checkpoint else 1000}")
@@ -150,14 +163,47 @@ class Database:
         """Run a blocking database function off the event loop."""
         return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
+    def wal_bytes(self) -> int:
+        """The size of the SQLite WAL file now (0 without one)."""
+        path = sa.make_url(self.url).database
+        try:
+            return os.path.getsize(f"{path}-wal") if path else 0
+        except OSError:
+            return 0
+
     def _checkpoint_loop(self) -> None:
-        """Copy the WAL back into the database once a second, without blocking writers."""
+        """Copy the WAL back into the database once a second, and reset it when it grows.
+
+        A passive checkpoint never blocks writers. A truncating one waits for them (and for
+        readers of older snapshots) through the busy timeout, so it runs only when the WAL
+        is past its bound, here on this thread and never inside a commit.
+        """
         while not self._stop.wait(CHECKPOINT_SECONDS):
+            mode = "TRUNCATE" if self.wal_bytes() > WAL_TRUNCATE_BYTES else "PASSIVE"
             try:
-                with self.read_engine.connect() as conn:
-                    conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
-            except sa.exc.SQLAlchemyError:
+                self.checkpoint(mode)
+            except (sa.exc.SQLAlchemyError, sqlite3.Error):
                 continue  # busy or closing: the next round will do it
+
+    def checkpoint(self, mode: str = "PASSIVE") -> None:
+        """One SQLite checkpoint, outside any transaction (inside one it could not complete)."""
+        if mode not in ("PASSIVE", "FULL", "RESTART", "TRUNCATE"):
+            raise ValueError(f"unknown checkpoint mode {mode!r}")
+        with self.read_engine.connect() as conn:
+            # The driver connection is in autocommit (see _on_connect): no BEGIN precedes it.
+            raw = conn.connection.driver_connection
+            assert raw is not None
+            if mode == "PASSIVE":
+                raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                return
+            # A resetting checkpoint holds the write lock while it waits for older readers:
+            # it may wait only briefly, so writers are never held up for long; a busy
+            # answer just means the next round tries again.
+            raw.execute(f"PRAGMA busy_timeout={CHECKPOINT_WAIT_MS}")
+            try:
+                raw.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
+            finally:
+                raw.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
 
     def dispose(self) -> None:
         self._stop.set()

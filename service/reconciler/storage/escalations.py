@@ -141,3 +141,13 @@ def mark_decided(
         .where(ESCALATIONS.c.id == escalation_id, ESCALATIONS.c.decided_at.is_(None))
         .values(decided_at=now, decided_by=who, decision=decision)
     )
+
+
+def escalations_of(conn: Connection, operation_id: str) -> list[Escalation]:
+    """Every escalation of one operation, oldest first (decided ones with their decision)."""
+    rows = conn.execute(
+        sa.select(ESCALATIONS)
+        .where(ESCALATIONS.c.operation_id == operation_id)
+        .order_by(ESCALATIONS.c.id)
+    )
+    return [Escalation(**dict(r._mapping)) for r in rows]

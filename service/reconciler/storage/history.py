@@ -1,4 +1,4 @@
-"""The history table as read: an operation's entries oldest first, and its last hint.
+"""The history table as read: an operation's entries oldest first (whole or by page), its last hint.
 
 Guarantee: the history is append-only and hash-chained; entries are appended only
 by the journal (``storage.journal``), in the transaction of the change they record.
@@ -21,6 +21,22 @@ def history_of(conn: Connection, operation_id: str) -> list[HistoryEntry]:
         sa.select(HISTORY).where(HISTORY.c.operation_id == operation_id).order_by(HISTORY.c.seq)
     ).mappings()
     return [HistoryEntry(**dict(r)) for r in rows]
+
+
+def history_page(
+    conn: Connection, operation_id: str, after_seq: int, limit: int
+) -> tuple[list[HistoryEntry], int | None]:
+    """Up to ``limit`` entries after ``after_seq``, oldest first, and the seq to go on from."""
+    rows = conn.execute(
+        sa.select(HISTORY)
+        .where(HISTORY.c.operation_id == operation_id, HISTORY.c.seq > after_seq)
+        .order_by(HISTORY.c.seq)
+        .limit(limit + 1)
+    ).mappings()
+    entries = [HistoryEntry(**dict(r)) for r in rows]
+    more = len(entries) > limit
+    entries = entries[:limit]
+    return entries, (entries[-1].seq if more and entries else None)
 
 
 def last_hint_at(conn: Connection, operation_id: str) -> datetime | None:

@@ -9,6 +9,9 @@ Every change to an operation row goes through ``Journal.write`` (or its
   head the caller read, and the row's head and count move with them.
 
 A transition the table does not allow raises before anything is written.
+The big parts (request, metadata, confirming status, result) are not row
+columns: ``changes`` may name them and they are written to their own table
+(``storage.payloads``), so the row's other writes never rewrite them.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from reconciler.core.chain import HASHED_FIELDS, entry_hash
 from reconciler.core.states import END_STATES, State, check_transition
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.errors import StaleWrite
+from reconciler.storage import payloads
 from reconciler.storage.fastsql import insert_many, raw_for, update_many
-from reconciler.storage.models import HistoryEntry, Operation
+from reconciler.storage.models import PAYLOADS, HistoryEntry, Operation
 from reconciler.storage.notify import CHANGE_CHANNEL, notify_in_transaction
 
 log = logging.getLogger("reconciler.storage.journal")
@@ -82,7 +86,9 @@ def retry_stale(fn: Callable[[], T], attempts: int = STALE_ATTEMPTS) -> T:
 @dataclass
 class Journal:
     key: bytes | None = None
-    _columns: frozenset[str] = field(default_factory=lambda: frozenset(c.name for c in OPS.c))
+    _columns: frozenset[str] = field(
+        default_factory=lambda: frozenset(c.name for c in OPS.c) | frozenset(PAYLOADS)
+    )
 
     def insert(
         self,
@@ -112,6 +118,7 @@ class Journal:
         op.created_at = op.updated_at = now
         values = {c.name: getattr(op, c.name) for c in OPS.c}
         conn.execute(sa.insert(OPS).values(**values))
+        payloads.store(conn, op.id, {name: getattr(op, name) for name in PAYLOADS})
         conn.execute(sa.insert(HISTORY).values(**fields, prev_hash="", hash=digest))
         log.info(
             "operation %s created for provider %s",
@@ -138,15 +145,18 @@ class Journal:
             raise ValueError(f"unknown operation columns: {sorted(unknown)}")
         rows, head, seq = self._chain(op.id, op.history_head, op.history_seq, entries, now)
         changes.update(version=op.version + 1, history_head=head, history_seq=seq, updated_at=now)
+        columns, parts = payloads.split(changes)
         where = [OPS.c.id == op.id, OPS.c.version == op.version, OPS.c.state == op.state]
         if lease is not None:
             where += [OPS.c.lease_owner == lease.owner, OPS.c.lease_expires_at > now]
-        result = conn.execute(sa.update(OPS).where(*where).values(**changes))
+        result = conn.execute(sa.update(OPS).where(*where).values(**columns))
         if result.rowcount != 1:
             raise StaleWrite(
                 f"operation {op.id} changed since version {op.version} was read"
                 + (" or the lease was lost" if lease is not None else "")
             )
+        if parts:
+            payloads.store(conn, op.id, parts)
         if rows:
             conn.execute(sa.insert(HISTORY), rows)
         updated = copy.copy(op)
@@ -202,8 +212,8 @@ class Journal:
         updates: list[tuple[Any, ...]] = []
         history: list[tuple[Any, ...]] = []
         for op, changes, entries in items:
-            if tuple(sorted(changes)) != keys:
-                raise ValueError("write_many needs the same changed columns for every row")
+            if tuple(sorted(changes)) != keys or set(keys) & set(PAYLOADS):
+                raise ValueError("write_many needs the same row columns changed for every row")
             rows, head, seq = self._chain(op.id, op.history_head, op.history_seq, entries, now)
             history.extend([encode_history(row) for row in rows])
             updates.append(

@@ -12,6 +12,10 @@ Design notes that the rest of the code relies on:
   nothing is due, which keeps the due-index small.
 * ``history_seq``/``history_head`` anchor the per-operation hash chain, so
   deleting the newest history entries is detectable.
+* The big parts of an operation (the create request, metadata, the confirming
+  status answer, the result) live in ``operation_payloads``, written once each:
+  on SQLite an UPDATE rewrites the whole row, overflow pages included, and the
+  operations row is written by every claim, charge and status read.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+from pydantic_core import PydanticUndefined
 from sqlmodel import Field, SQLModel
 
 from reconciler.storage.types import UTCDateTime
@@ -44,18 +49,37 @@ class Operation(SQLModel, table=True):
         sa.Index("ix_operations_due", "next_poll_at"),
         sa.Index("ix_operations_state_id", "state", "id"),
         sa.Index("ix_operations_caller_id", "caller", "id"),
+        # Operations in flight per agent are counted from here (quotas), end states skipped.
+        sa.Index("ix_operations_caller_state", "caller", "state"),
+        # Operations waiting on a stretched (webhook-trust) schedule: the few rows a
+        # withdrawal of trust must bring back, found without scanning the table.
+        sa.Index(
+            "ix_operations_stretched",
+            "provider",
+            sqlite_where=sa.text("delay_source = 'webhook_trust'"),
+            postgresql_where=sa.text("delay_source = 'webhook_trust'"),
+        ),
     )
+
+    if TYPE_CHECKING:
+        # Stored in operation_payloads (see the module docstring), read with the row except
+        # ``request``, which only the create step needs (``payloads.load_request``).
+        request: Any = None
+        meta: Any = None
+        status_body: Any = None  # the status answer that confirmed success, for collection
+        result: Any = None
 
     id: str = Field(primary_key=True, max_length=40)
     provider: str = Field(max_length=100)
     caller: str = Field(max_length=100)
-    request: Any = Field(sa_type=sa.JSON, nullable=False)
     request_fingerprint: str = Field(max_length=80)
     idempotency_key: str | None = Field(default=None, max_length=200)
     idempotency_token: str = Field(max_length=80)
     trace_id: str = Field(max_length=80)
     callback_url: str | None = Field(default=None, max_length=2048)
-    meta: Any = _json()
+    # What creation granted, compared on an idempotent retry (an extension moves the limits).
+    requested_deadline_seconds: float | None = None
+    requested_max_status_requests: int | None = None
 
     state: str = Field(max_length=40)
     remote_job_id: str | None = Field(default=None, max_length=300)
@@ -69,6 +93,7 @@ class Operation(SQLModel, table=True):
     done_at: datetime | None = _ts()
 
     create_attempts: int = 0
+    create_lookups: int = 0  # idempotency-key lookups made while establishing the job id
     max_status_requests: int
     status_requests_used: int = 0
     max_transport_failures: int
@@ -89,11 +114,12 @@ class Operation(SQLModel, table=True):
     # The last status answer's Retry-After as a moment: no status read goes out before it,
     # not even one that a webhook hint or a cancel brings forward.
     retry_not_before: datetime | None = _ts()
+    # The moment a valid provider hint named for the next read, kept while a stretched
+    # (webhook-trust) wait runs, so a schedule brought back from it still honours it.
+    hint_not_before: datetime | None = _ts()
     provider_expires_at: datetime | None = _ts()
     progress: Any = _json()
-    status_body: Any = _json()  # the status answer that confirmed success, for collection
     result_attempts: int = 0
-    result: Any = _json()
     error: Any = _json()
 
     cancel_requested_at: datetime | None = _ts()
@@ -139,6 +165,20 @@ class ApiToken(SQLModel, table=True):
     token_hash: str = Field(max_length=64, unique=True)
     created_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
     revoked_at: datetime | None = _ts()
+    expires_at: datetime | None = _ts()
+    # The agent's callback secret is derived from the service's signing key and this salt
+    # (never stored); a rotation keeps the previous salt valid until the window closes.
+    callback_salt: str | None = Field(default=None, max_length=64)
+    previous_callback_salt: str | None = Field(default=None, max_length=64)
+    previous_callback_until: datetime | None = _ts()
+
+
+class OperationPayload(SQLModel, table=True):
+    __tablename__ = "operation_payloads"
+
+    operation_id: str = Field(foreign_key="operations.id", primary_key=True, max_length=40)
+    name: str = Field(primary_key=True, max_length=20)
+    value: Any = Field(sa_type=sa.JSON, nullable=False)
 
 
 class WebhookEvent(SQLModel, table=True):
@@ -146,6 +186,7 @@ class WebhookEvent(SQLModel, table=True):
     __table_args__ = (
         sa.UniqueConstraint("provider", "event_id", name="uq_webhook_events_provider_event"),
         sa.Index("ix_webhook_events_orphans", "provider", "remote_job_id"),
+        sa.Index("ix_webhook_events_provider_received", "provider", "received_at"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -194,21 +235,84 @@ class CompletionStep(SQLModel, table=True):
     last_error: str | None = None
 
 
+class ProviderHealth(SQLModel, table=True):
+    """One provider's webhook health (``core.trust.Health``), shared by every replica.
+
+    Changed only by a conditional UPDATE on ``version`` in the transaction that records
+    the completion deciding it (``storage.trust``).
+    """
+
+    __tablename__ = "provider_health"
+
+    provider: str = Field(primary_key=True, max_length=100)
+    state: str = Field(max_length=20)
+    streak: int = 0
+    misses: int = 0
+    webhook_first: int = 0
+    late: int = 0
+    missed: int = 0
+    changed_at: datetime | None = _ts()
+    updated_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    last_miss_operation: str | None = Field(default=None, max_length=40)
+    version: int = 1
+
+
+class WebhookVerdict(SQLModel, table=True):
+    """The evidence behind the health: how each completion was first learned of.
+
+    ``asked_at`` is when the status read that confirmed the end was sent, ``seen_at``
+    when its answer was in hand, ``hinted_at`` when the verified webhook was stored (the
+    one before the read, or the late one after it). A ``pending`` row waits for
+    ``settle_after`` (the grace) before it is judged ``late`` or ``miss``.
+    """
+
+    __tablename__ = "webhook_verdicts"
+    __table_args__ = (sa.Index("ix_webhook_verdicts_due", "verdict", "settle_after"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    operation_id: str = Field(foreign_key="operations.id", max_length=40)
+    provider: str = Field(max_length=100)
+    remote_job_id: str | None = Field(default=None, max_length=300)
+    verdict: str = Field(max_length=20)
+    asked_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    seen_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    hinted_at: datetime | None = _ts()
+    settle_after: datetime | None = _ts()
+    judged_at: datetime | None = _ts()
+
+
 TABLES = SQLModel.metadata
 
 # Reading rows into SQLModel instances runs SQLAlchemy's attribute instrumentation for
 # every field (about half a millisecond per row); the worker and the webhook path read
 # many rows, so reads produce a plain slotted record with the same attributes instead.
+# The payload names (``operation_payloads.name``), in the record's attribute names.
+PAYLOADS = ("request", "meta", "status_body", "result")
+
 if TYPE_CHECKING:
     OperationRecord = Operation
 else:
     OperationRecord = dataclasses.make_dataclass(
         "OperationRecord",
-        [(column.name, Any) for column in Operation.__table__.c],
+        [(column.name, Any) for column in Operation.__table__.c]
+        + [(name, Any, dataclasses.field(default=None)) for name in PAYLOADS],
         slots=True,
     )
 
+_DEFAULTS = {
+    name: info.default
+    for name, info in Operation.model_fields.items()
+    if info.default is not PydanticUndefined
+}
 
-def operation_record(row: Mapping[Any, Any]) -> Operation:
+
+def operation_record(
+    row: Mapping[Any, Any], payloads: Mapping[str, Any] | None = None
+) -> Operation:
     """An operation read from the database, as a fast plain record."""
-    return OperationRecord(**row)
+    return OperationRecord(**row, **(payloads or {}))
+
+
+def new_record(**values: Any) -> Operation:
+    """A new operation record: the model's defaults, then ``values`` (payloads included)."""
+    return OperationRecord(**{**_DEFAULTS, **values})

@@ -17,12 +17,15 @@ import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from reconciler.core.states import State
+from reconciler.core import ids
+from reconciler.core.states import END_STATES, State
 from reconciler.errors import InvalidRequest, NotFound
+from reconciler.storage import payloads
 from reconciler.storage.journal import OPS
 from reconciler.storage.models import Operation, operation_record
 from reconciler.storage.tokens import Principal
@@ -31,9 +34,15 @@ MAX_PAGE = 200
 BAD_CURSOR = "cursor is not valid; pass the next_cursor of a previous page"
 
 
+def _with_parts(conn: Connection, rows: Sequence[Any]) -> list[Operation]:
+    """Records from rows, with the parts read beside the row (all but the request)."""
+    parts = payloads.load(conn, [r["id"] for r in rows])
+    return [operation_record(r, parts.get(r["id"])) for r in rows]
+
+
 def get_operation(conn: Connection, operation_id: str) -> Operation | None:
     row = conn.execute(sa.select(OPS).where(OPS.c.id == operation_id)).mappings().first()
-    return operation_record(row) if row is not None else None
+    return _with_parts(conn, [row])[0] if row is not None else None
 
 
 def load_operation(conn: Connection, operation_id: str) -> Operation:
@@ -58,7 +67,7 @@ def find_by_key(conn: Connection, caller: str, key: str) -> Operation | None:
         .mappings()
         .first()
     )
-    return operation_record(row) if row is not None else None
+    return _with_parts(conn, [row])[0] if row is not None else None
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,7 @@ def list_operations(
     provider: str | None,
     limit: int,
     cursor: str | None,
+    done: bool | None = None,
 ) -> Page:
     """Newest first; the cursor is the last id of the previous page."""
     query = sa.select(OPS)
@@ -97,12 +107,15 @@ def list_operations(
         query = query.where(OPS.c.caller == principal.name)
     if state is not None:
         query = query.where(OPS.c.state == state.value)
+    if done is not None:
+        ends = [s.value for s in END_STATES]
+        query = query.where(OPS.c.state.in_(ends) if done else OPS.c.state.not_in(ends))
     if provider is not None:
         query = query.where(OPS.c.provider == provider)
     if cursor is not None:
         query = query.where(OPS.c.id < decode_cursor(cursor))
     rows = conn.execute(query.order_by(OPS.c.id.desc()).limit(limit + 1)).mappings().all()
-    items = [operation_record(r) for r in rows[:limit]]
+    items = _with_parts(conn, rows[:limit])
     more = len(rows) > limit
     return Page(items, encode_cursor(items[-1].id) if more and items else None)
 
@@ -170,3 +183,39 @@ def extend_lease(
 def count_by_state(conn: Connection) -> dict[str, int]:
     rows = conn.execute(sa.select(OPS.c.state, sa.func.count()).group_by(OPS.c.state))
     return {str(state): int(count) for state, count in rows}
+
+
+_LOCK_CALLER = sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
+IN_FLIGHT = tuple(s.value for s in State if s not in END_STATES)
+
+
+def lock_caller(conn: Connection, caller: str) -> None:
+    """Serialise one agent's creates for this transaction, so its quotas are exact.
+
+    PostgreSQL: a transaction-scoped advisory lock on the caller; SQLite serialises every
+    write transaction already.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(_LOCK_CALLER, {"key": f"quota\x1f{caller}"})
+
+
+def count_in_flight(conn: Connection, caller: str) -> int:
+    """The caller's operations not yet in an end state (an index range per state)."""
+    query = (
+        sa.select(sa.func.count())
+        .select_from(OPS)
+        .where(OPS.c.caller == caller, OPS.c.state.in_(IN_FLIGHT))
+    )
+    return int(conn.execute(query).scalar_one())
+
+
+def created_since(conn: Connection, caller: str, since: datetime, limit: int) -> list[datetime]:
+    """Creation times of the caller's operations from ``since`` on, oldest first (at most
+    ``limit``). Operation ids sort by creation time, so this is a range of the caller index."""
+    query = (
+        sa.select(OPS.c.created_at)
+        .where(OPS.c.caller == caller, OPS.c.id >= ids.operation_id_floor(since))
+        .order_by(OPS.c.id.desc())
+        .limit(limit)
+    )
+    return sorted(conn.execute(query).scalars())

@@ -5,8 +5,13 @@ insert it (unique on provider + event id); a new event for a known job marks the
 operation hinted (hinted time, next status read brought forward, delay source
 ``webhook_hint``, a history entry); an event for an unknown job is kept as an
 orphan, attached when the job id is learned; a seen event id has no effect (a
-different body under a seen id is counted as a conflict). Batching many requests
-into one commit is ``engine.group_commit``'s job.
+different body under a seen id is counted as a conflict). Hints coalesce: while
+one is pending (``hinted_at`` set, its read not yet made), further events for
+the operation are stored but add no history entry, and write the row only to
+move ``hinted_at`` when a read may be in flight (the lease is held), so its
+answer is known to predate them; a flood of signed events costs one entry per
+read, not one per event. Batching many requests into one commit is
+``engine.group_commit``'s job.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class Outcome(StrEnum):
     HINTED = "hinted"
     ORPHAN = "orphan"
     RECORDED = "recorded"  # new event for an operation with nothing left to look at
+    COALESCED = "coalesced"  # new event while a hint is pending: stored, no new entry
     DUPLICATE = "duplicate"
     CONFLICT = "conflict"
 
@@ -146,6 +152,8 @@ class _Head:
     history_seq: int
     next_poll_at: datetime | None
     retry_not_before: datetime | None
+    hinted_at: datetime | None
+    lease_expires_at: datetime | None
 
 
 HEAD_NAMES = tuple(f.name for f in dataclasses.fields(_Head))
@@ -167,6 +175,9 @@ def _hint(
     state = State(op.state)
     if state not in HINT_POLLS and state not in HINT_NOTES:
         return Outcome.RECORDED, None, []
+    if op.hinted_at is not None:
+        reading = op.lease_expires_at is not None and op.lease_expires_at > now
+        return Outcome.COALESCED, ({"hinted_at": now} if reading else None), []
     polls = state in HINT_POLLS
     # Operations whose read is not due to a hint keep their schedule unchanged.
     at, source = _hinted_read(op, now) if polls else (None, None)
@@ -175,18 +186,19 @@ def _hint(
         "next_poll_at": at,
         "delay_source": source.value if source is not None else None,
     }
-    entries = [
-        Entry(
-            kind=HistoryKind.HINT,
-            actor=f"provider:{op.provider}",
-            cause=f"webhook:{event.event_id}",
-            detail={"event_id": event.event_id, "body_sha256": event.body_sha256},
-            delay_source=source,
-            at=event.received_at,
-        )
-        for event in events
-    ]
-    return Outcome.HINTED, changes, entries
+    first = events[0]
+    detail: dict[str, Any] = {"event_id": first.event_id, "body_sha256": first.body_sha256}
+    if len(events) > 1:
+        detail["coalesced"] = len(events) - 1  # the batch's other events for this operation
+    entry = Entry(
+        kind=HistoryKind.HINT,
+        actor=f"provider:{op.provider}",
+        cause=f"webhook:{first.event_id}",
+        detail=detail,
+        delay_source=source,
+        at=first.received_at,
+    )
+    return Outcome.HINTED, changes, [entry]
 
 
 def _first_sightings(events: Sequence[IncomingEvent]) -> list[int]:
@@ -236,7 +248,7 @@ def _hint_writes(
     for op_id, indexes in by_op.items():
         op = by_id[op_id]
         outcome, changes, entries = _hint(op, [events[i] for i in indexes], now)
-        if changes is not None and changes["next_poll_at"] is not None:
+        if changes is not None and changes.get("next_poll_at") is not None:
             polls.append((op, changes, entries))
         elif changes is not None:
             notes.append((op, {"hinted_at": changes["hinted_at"]}, entries))

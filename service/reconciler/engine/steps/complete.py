@@ -8,6 +8,8 @@ webhook-versus-poll race gets there; only the lease holder runs steps at
 all. The guarantee is honest about crashes: a step interrupted by a crash
 (marked ``running`` but never ``done``) runs again, with the same
 idempotency key, so hooks can make their own side effects idempotent.
+The agent's callback is signed with that agent's own secret (see
+``core.callback_secrets``), never one that another agent holds.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from reconciler.storage.completion_steps import StepRow
 from reconciler.storage.history import last_hint_at
 from reconciler.storage.journal import Entry
 from reconciler.storage.models import Operation
+from reconciler.storage.tokens import callback_keys
 from reconciler.storage.views import view_of
 
 log = logging.getLogger("reconciler.engine.steps.complete")
@@ -148,9 +151,14 @@ class CompleteStep:
             return await self._failed(
                 op, row, "no callback signing secret is configured", None, permanent=True
             )
+        keys = await ctx.runtime.db.run(self._agent_keys, op)
+        if keys is None:
+            return await self._failed(
+                op, row, f"agent {op.caller!r} has no token to sign for", None, permanent=True
+            )
         outcome = await ctx.runtime.db.run(self._outcome, op)
         event = {"type": "operation.completed", "operation": outcome}
-        result = await self.callbacks.deliver(op.callback_url, webhook_id(op), event)
+        result = await self.callbacks.deliver(op.callback_url, webhook_id(op), event, keys)
         label = (
             "delivered"
             if result.delivered
@@ -171,6 +179,13 @@ class CompleteStep:
             permanent=result.permanent,
             http_status=result.http_status,
         )
+
+    def _agent_keys(self, op: Operation) -> list[bytes] | None:
+        """The calling agent's own signing keys: no agent can forge another's callbacks."""
+        service_key = self.ctx.runtime.callback_key
+        assert service_key is not None  # callbacks exist only with a signing key
+        with self.ctx.runtime.db.read() as conn:
+            return callback_keys(conn, op.caller, service_key, self.ctx.now())
 
     async def _done(self, op: Operation, row: StepRow, detail: dict[str, Any]) -> None:
         ctx = self.ctx

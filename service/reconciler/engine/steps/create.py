@@ -6,7 +6,9 @@ stops the call and a crash after sending leaves evidence that a job may
 exist. An ambiguous outcome (timeout, reset, 5xx without a job id) moves to
 ``create_unknown`` and is reconciled with the provider's lookup by
 idempotency key when the provider file has one, else by resending with the
-same token, until the create deadline.
+same token, until the create deadline. Every create and lookup is one backoff
+step: its count and the time of the next try are written before it is sent,
+so neither a provider that is down nor a lost write makes a tight loop.
 """
 
 from __future__ import annotations
@@ -15,14 +17,16 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.clock import isoformat
 from reconciler.core.create import (
     Ambiguous,
     CreateObservation,
     Rejected,
     before_create,
     decide_create,
+    next_try_at,
 )
-from reconciler.core.poll import Stop, first_poll_at
+from reconciler.core.poll import Stop, first_poll
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind
 from reconciler.engine.context import StepContext
@@ -30,6 +34,8 @@ from reconciler.providers.adapter import CallResult, CreateOutcome, LookupOutcom
 from reconciler.storage.journal import Entry
 from reconciler.storage.models import Operation
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
+from reconciler.storage.payloads import load_request
+from reconciler.storage.trust import is_trusted
 from reconciler.storage.webhook_events import attach_orphans
 
 
@@ -78,6 +84,7 @@ class CreateStep:
         # create_pending after a restart with an attempt on record. Look before resending.
         maybe_sent = State(op.state) is State.CREATE_UNKNOWN or op.create_attempts > 0
         if maybe_sent and spec.lookup is not None:
+            op = await self._reserve(op, {"create_lookups": op.create_lookups + 1})
             found = await ctx.call(
                 op, "lookup", lambda: ctx.adapter(op).lookup(op.idempotency_token, op.trace_id)
             )
@@ -99,24 +106,36 @@ class CreateStep:
             return
         await self._send(op)
 
-    async def _send(self, op: Operation, before: list[Entry] | None = None) -> None:
+    async def _reserve(
+        self, op: Operation, counts: dict[str, int], before: list[Entry] | None = None
+    ) -> Operation:
+        """Count the call and schedule the next try one backoff step away, before sending."""
         ctx = self.ctx
         now = ctx.now()
-        charged = await ctx.write(
+        calls = op.create_attempts + op.create_lookups + 1
+        retry_at = next_try_at(
+            op.create_deadline_at, calls, now, ctx.runtime.rng, ctx.backoff(ctx.spec(op))
+        )
+        changes = {
+            **counts,
+            "next_poll_at": retry_at,
+            "delay_source": DelaySource.LOCAL_BACKOFF.value,
+        }
+        return await ctx.write(
             op,
             lambda conn: ctx.runtime.journal.write(
-                conn,
-                op,
-                now=now,
-                lease=ctx.lease,
-                changes={"create_attempts": op.create_attempts + 1},
-                entries=before or [],
+                conn, op, now=now, lease=ctx.lease, changes=changes, entries=before or []
             ),
         )
+
+    async def _send(self, op: Operation, before: list[Entry] | None = None) -> None:
+        ctx = self.ctx
+        charged = await self._reserve(op, {"create_attempts": op.create_attempts + 1}, before)
+        request = await ctx.runtime.db.run(self._request, op.id)
         outcome = await ctx.call(
             op,
             "create",
-            lambda: ctx.adapter(op).create(op.request, op.idempotency_token, op.trace_id),
+            lambda: ctx.adapter(op).create(request, op.idempotency_token, op.trace_id),
         )
         if outcome.job_id:
             if charged.create_attempts > 1 and ctx.spec(op).lookup is not None:
@@ -136,6 +155,11 @@ class CreateStep:
             return
         await self._ambiguous_or_stop(charged, outcome.call, outcome, "create")
 
+    def _request(self, op_id: str) -> Any:
+        """The create body as stored (read only here: it is the operation's largest part)."""
+        with self.ctx.runtime.db.read() as conn:
+            return load_request(conn, op_id)
+
     async def _ambiguous_or_stop(
         self, op: Operation, call: CallResult, outcome: CreateOutcome | None, via: str
     ) -> None:
@@ -143,7 +167,7 @@ class CreateStep:
         now = ctx.now()
         decision = decide_create(
             op.create_deadline_at,
-            max(op.create_attempts, 1),
+            max(op.create_attempts + op.create_lookups, 1),
             _observation(call, None),
             now,
             ctx.runtime.rng,
@@ -226,7 +250,8 @@ class CreateStep:
         ctx = self.ctx
         spec = ctx.spec(op)
         now = ctx.now()
-        first = first_poll_at(now, op.deadline_at, ctx.runtime.rng, ctx.poll_policy(spec))
+        policy = ctx.poll_policy(spec)
+        adaptive = ctx.trust_policy(spec).adaptive
 
         def accept(conn: Connection, fresh: Operation) -> Operation:
             journal = ctx.runtime.journal
@@ -274,10 +299,13 @@ class CreateStep:
                     entries=hints,
                     lease=ctx.lease,
                 )
-            nxt: dict[str, Any] = {
-                "next_poll_at": first,
-                "delay_source": DelaySource.LOCAL_BACKOFF.value,
-            }
+            # The create answer is the first observation: while the provider's webhooks are
+            # trusted, even the first fallback read waits the stretched schedule.
+            trusted = adaptive and is_trusted(conn, op.provider)
+            first, source = first_poll(
+                now, op.deadline_at, ctx.runtime.rng, policy, trusted=trusted
+            )
+            nxt: dict[str, Any] = {"next_poll_at": first, "delay_source": source.value}
             if orphans:
                 nxt = {
                     "next_poll_at": now,
@@ -292,6 +320,7 @@ class CreateStep:
                 actor=ctx.actor,
                 cause="observing",
                 now=now,
+                detail={"next_poll_at": isoformat(nxt["next_poll_at"])},
                 changes=nxt,
                 entries=hints,
                 lease=ctx.lease,

@@ -4,6 +4,12 @@ Deadline and budget are checked before the request; the request is
 charged and persisted before it is sent (a crash in between leaves an
 unused reservation, never an invisible extra request); the response
 metadata is persisted with the decision it led to.
+
+Webhook trust: an ``observing`` read of an adaptive provider is decided with the
+provider's stored trust state (read in the same transaction as the write), and the
+read that confirms a terminal state records how the end was first learned of: a
+webhook stored before the read was sent counts into the provider's health at once
+(webhook-first), otherwise the completion waits out the grace (``engine.trust``).
 """
 
 from __future__ import annotations
@@ -18,11 +24,13 @@ from reconciler.core import poll as decisions
 from reconciler.core.backoff import parse_retry_after
 from reconciler.core.clock import isoformat
 from reconciler.core.states import State
+from reconciler.core.trust import Verdict, judge_read, settle_after
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind, RemoteCategory
 from reconciler.engine.context import StepContext
 from reconciler.engine.steps.create import call_detail
 from reconciler.errors import StaleWrite
 from reconciler.providers.adapter import StatusOutcome
+from reconciler.storage import trust as health
 from reconciler.storage.journal import Entry
 from reconciler.storage.models import Operation
 
@@ -169,7 +177,15 @@ class PollStep:
             )
         else:
             decision = decisions.decide(
-                record_of(op), obs, now, ctx.runtime.rng, ctx.poll_policy(spec)
+                record_of(op),
+                obs,
+                now,
+                ctx.runtime.rng,
+                ctx.poll_policy(spec),
+                # Only a pending answer can wait the stretched schedule: read trust for it.
+                trusted=obs.category is RemoteCategory.PENDING
+                and self._trust_applies(op)
+                and health.is_trusted(conn, op.provider),
             )
         changes, detail, delay_source = self._record(op, outcome, decision, now)
         entry = Entry(
@@ -184,6 +200,9 @@ class PollStep:
             return journal.write(
                 conn, op, now=now, changes=changes, entries=[entry], lease=ctx.lease
             )
+        if isinstance(decision, decisions.Collect | decisions.Finish):
+            # The evidence is stored before the move, the health counted last (see below).
+            self._judge(conn, op, outcome, now)
         if isinstance(decision, decisions.Collect):
             body = outcome.call.body
             size = len(outcome.call.body_bytes or b"")
@@ -193,7 +212,7 @@ class PollStep:
                 delay_source=None,
                 result_attempts=0,
             )
-            return journal.transition(
+            after = journal.transition(
                 conn,
                 op,
                 State.RESULT_COLLECTING,
@@ -205,8 +224,12 @@ class PollStep:
                 before=[entry],
                 lease=ctx.lease,
             )
+            self._count(conn, op, outcome, now)
+            return after
         if isinstance(decision, decisions.Finish):
-            return self._finish(conn, op, decision, view, changes, entry, now)
+            after = self._finish(conn, op, decision, view, changes, entry, now)
+            self._count(conn, op, outcome, now)
+            return after
         return ctx.escalate_in(
             conn,
             op,
@@ -215,6 +238,55 @@ class PollStep:
             before=[entry],
             changes=changes,
             transport_error=obs.transport_error,
+        )
+
+    def _trust_applies(self, op: Operation) -> bool:
+        """Trust is about how the provider announces its jobs' ends, so: observing reads only.
+
+        A cancellation we asked for is watched on its own schedule and is not evidence.
+        """
+        if State(op.state) is not State.OBSERVING:
+            return False
+        return self.ctx.trust_policy(self.ctx.spec(op)).adaptive
+
+    def _judge(
+        self, conn: Connection, op: Operation, outcome: StatusOutcome, now: datetime
+    ) -> None:
+        """Store how this terminal state was first learned of (the evidence of the health)."""
+        if not self._trust_applies(op):
+            return
+        policy = self.ctx.trust_policy(self.ctx.spec(op))
+        asked = outcome.call.sent_at
+        verdict = judge_read(op.hinted_at, asked)
+        first = verdict is Verdict.WEBHOOK_FIRST
+        health.record_verdict(
+            conn,
+            op,
+            verdict,
+            asked_at=asked,
+            seen_at=now,
+            hinted_at=op.hinted_at if first else None,
+            settle_after=None if first else settle_after(now, policy),
+        )
+
+    def _count(
+        self, conn: Connection, op: Operation, outcome: StatusOutcome, now: datetime
+    ) -> None:
+        """A webhook-first completion counts into the health now, the last write before commit.
+
+        A read that found the end first is judged once the grace is over (``engine.trust``):
+        a webhook may still follow.
+        """
+        if not self._trust_applies(op):
+            return
+        if judge_read(op.hinted_at, outcome.call.sent_at) is not Verdict.WEBHOOK_FIRST:
+            return
+        health.count_completions(
+            conn,
+            op.provider,
+            [(Verdict.WEBHOOK_FIRST, op.id)],
+            now,
+            self.ctx.trust_policy(self.ctx.spec(op)),
         )
 
     def _record(
@@ -262,8 +334,12 @@ class PollStep:
             next_poll_at=at,
             delay_source=source.value,
             poll_after_seconds=(at - now).total_seconds(),
+            # Only a stretched wait needs the hint's moment kept: trust may be withdrawn.
+            hint_not_before=decision.hint_at if source is DelaySource.WEBHOOK_TRUST else None,
         )
         detail.update(decision="wait", next_poll_at=isoformat(at))
+        if decision.final_look:
+            detail["final_look"] = True
         if decision.notes:
             detail["notes"] = list(decision.notes)
         return changes, detail, source

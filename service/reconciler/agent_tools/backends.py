@@ -1,0 +1,102 @@
+"""Where the tools' work is done: in this process (``/mcp``), or by a running service (stdio).
+
+Both answer with the Operation as the HTTP API shows it (a JSON object) and
+raise the ``reconciler.errors`` families, so the tool layer above them is one
+piece of code. ``LocalBackend`` calls ``api.actions`` (the HTTP routes' own
+actions) for one authenticated principal; ``RemoteBackend`` calls the HTTP API
+through ``reconciler.client`` with the token it was started with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from reconciler.api import actions
+from reconciler.api.validation import ListQuery
+from reconciler.client import AsyncClient
+from reconciler.runtime import Runtime
+from reconciler.storage.tokens import Principal
+
+View = dict[str, Any]
+
+
+class Backend(Protocol):
+    async def start(self, body: Mapping[str, Any]) -> View: ...
+
+    async def get(self, op_id: str) -> View: ...
+
+    async def wait(self, op_id: str, timeout: float) -> View: ...
+
+    async def cancel(self, op_id: str) -> View: ...
+
+    async def list(self, query: ListQuery) -> View: ...
+
+    async def providers(self) -> View: ...
+
+
+class LocalBackend:
+    def __init__(self, runtime: Runtime, who: Principal) -> None:
+        self.rt, self.who = runtime, who
+
+    async def start(self, body: Mapping[str, Any]) -> View:
+        op, _ = await actions.start(self.rt, self.who, dict(body))
+        return await actions.render(self.rt, op)
+
+    async def get(self, op_id: str) -> View:
+        return await actions.render(self.rt, await actions.load_visible(self.rt, op_id, self.who))
+
+    async def wait(self, op_id: str, timeout: float) -> View:
+        op = await actions.load_visible(self.rt, op_id, self.who)
+        return await actions.render(
+            self.rt, await actions.wait_until(self.rt, op, self.who, timeout)
+        )
+
+    async def cancel(self, op_id: str) -> View:
+        return await actions.render(self.rt, await actions.cancel(self.rt, self.who, op_id, None))
+
+    async def list(self, query: ListQuery) -> View:
+        return await actions.page(self.rt, self.who, query)
+
+    async def providers(self) -> View:
+        return await actions.providers(self.rt, self.who)
+
+
+class RemoteBackend:
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+
+    async def start(self, body: Mapping[str, Any]) -> View:
+        # The service parses it with the same parser as in-app: the same refusals, same words.
+        args = dict(body)
+        op = await self.client.start(
+            args.pop("provider", None),
+            args.pop("request", None),
+            **args,
+        )
+        return dict(op.raw)
+
+    async def get(self, op_id: str) -> View:
+        return dict((await self.client.get(op_id)).raw)
+
+    async def wait(self, op_id: str, timeout: float) -> View:
+        return dict((await self.client.wait(op_id, max_wait=timeout)).raw)
+
+    async def cancel(self, op_id: str) -> View:
+        return dict((await self.client.cancel(op_id)).raw)
+
+    async def list(self, query: ListQuery) -> View:
+        page = await self.client.list(
+            state=query.state.value if query.state else None,
+            provider=query.provider,
+            done=query.done,
+            limit=query.limit,
+            cursor=query.cursor,
+        )
+        return {
+            "operations": [dict(op.raw) for op in page.operations],
+            "next_cursor": page.next_cursor,
+        }
+
+    async def providers(self) -> View:
+        return {"providers": [dict(p.raw) for p in await self.client.providers()]}

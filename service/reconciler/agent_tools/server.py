@@ -1,0 +1,243 @@
+"""The MCP server of the agent tools (the SDK's low-level ``Server``), over any ``Backend``.
+
+Every tool answers with the Operation (or a page, or the providers) as
+``structuredContent`` and its ``message`` as text, worded for the tools
+(``wait_job`` where the HTTP API says ``GET .../wait``). Guarantee: a call that
+cannot be carried out is a tool error (``isError``) whose text says what to fix;
+protocol errors are left for malformed JSON-RPC only. Clients that declare the
+tasks extension on a modern (2026-07-28) request get ``start_job`` as a task
+(``agent_tools.tasks``), answered by ``tasks/get`` and ``tasks/cancel``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import Field
+
+from reconciler import __version__, errors
+from reconciler.agent_tools.backends import Backend, View
+from reconciler.agent_tools.definitions import ToolName, ToolSet
+from reconciler.agent_tools.tasks import TASKS_EXTENSION, task_view
+from reconciler.api.validation import parse_list
+from reconciler.core.views import WAIT_HINT
+
+log = logging.getLogger("reconciler.mcp")
+
+BackendFor = Callable[[ServerRequestContext[Any, Any]], Backend]
+# Errors that are the service's state, not the caller's: nothing was half-written.
+_TRANSIENT = (errors.StorageError, errors.ServiceError, errors.RemoteError)
+_CALLER = (
+    errors.InvalidRequest,
+    errors.NotFound,
+    errors.Conflict,
+    errors.AuthenticationFailed,
+    errors.PermissionDenied,
+)
+
+
+def tool_message(view: Mapping[str, Any]) -> str:
+    """The Operation's message, its next step named as a tool call."""
+    message = str(view["message"])
+    return message.replace(
+        WAIT_HINT.replace("{id}", view["id"]),
+        f'Wait with wait_job(id="{view["id"]}"); it waits on the server.',
+    )
+
+
+def operation_result(view: Mapping[str, Any]) -> types.CallToolResult:
+    text = tool_message(view)
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)],
+        structured_content={**view, "message": text},
+    )
+
+
+def _page_result(page: View, done: bool | None) -> types.CallToolResult:
+    ops = [{**op, "message": tool_message(op)} for op in page["operations"]]
+    scope = " that are not done" if done is False else (" that are done" if done else "")
+    if not ops:
+        lines = [f"You have no jobs{scope}."]
+    else:
+        lines = [f"{len(ops)} of your jobs{scope}, newest first:"]
+    lines += [f"- {op['id']} at {op['provider']}: {op['state']}, done={op['done']}" for op in ops]
+    if page.get("next_cursor"):
+        lines.append(f'More: call list_jobs with cursor="{page["next_cursor"]}".')
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text="\n".join(lines))],
+        structured_content={"operations": ops, "next_cursor": page.get("next_cursor")},
+    )
+
+
+def _providers_result(providers: View) -> types.CallToolResult:
+    lines = [
+        f"- {p['name']}: {p.get('description') or 'no description'}"
+        + (" (request_schema given)" if p.get("request_schema") else "")
+        for p in providers["providers"]
+    ]
+    text = "Providers you can start jobs at:\n" + "\n".join(lines) if lines else "No providers."
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)], structured_content=providers
+    )
+
+
+def tool_error(tool: str, exc: errors.ReconcilerError) -> types.CallToolResult:
+    if isinstance(exc, _TRANSIENT):
+        text = (
+            f"{tool} could not be completed right now ({exc.message}); nothing was lost. "
+            f"Call {tool} again in a few seconds."
+        )
+    elif isinstance(exc, errors.NotFound):
+        text = (
+            f"{tool}: {exc.message}. Check the id; list_jobs lists your jobs "
+            "(another token's jobs are not visible)."
+        )
+    elif isinstance(exc, errors.InvalidRequest):
+        text = f"{tool}: {exc.message}. Fix the arguments and call {tool} again."
+    else:
+        text = f"{tool}: {exc.message}"
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+
+
+def tasks_declared(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """SEP-2663: a task only for a modern request that declared the extension itself."""
+    caps = ctx.session.client_capabilities
+    return (
+        ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        and caps is not None
+        and caps.extensions is not None
+        and TASKS_EXTENSION in caps.extensions
+    )
+
+
+def _task(view: View, *, result_type: str) -> dict[str, Any]:
+    result = operation_result(view)
+    wire = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return task_view(view, tool_message(view), wire, result_type=result_type)
+
+
+class TaskIdParams(types.RequestParams):
+    task_id: str = Field(alias="taskId")
+
+
+class TaskUpdateParams(TaskIdParams):
+    input_responses: dict[str, Any] = Field(alias="inputResponses", default_factory=dict)
+
+
+def _task_error(exc: errors.ReconcilerError) -> MCPError:
+    if isinstance(exc, errors.NotFound | errors.InvalidRequest):
+        return MCPError(code=INVALID_PARAMS, message="Failed to retrieve task: Task not found")
+    if isinstance(exc, errors.Conflict):
+        return MCPError(code=INVALID_REQUEST, message=exc.message)
+    if isinstance(exc, _TRANSIENT):
+        return MCPError(code=INTERNAL_ERROR, message=f"try again shortly: {exc.message}")
+    return MCPError(code=INVALID_REQUEST, message=exc.message)
+
+
+class ToolServer:
+    """The tool calls and task requests of one server, dispatched to a backend per request."""
+
+    def __init__(self, toolset: ToolSet, backend_for: BackendFor) -> None:
+        self.toolset, self.backend_for = toolset, backend_for
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=list(self.toolset.tools))
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> Any:
+        arguments = dict(params.arguments or {})
+        try:
+            tool = self.toolset.check(params.name, arguments)
+            return await self._run(ctx, tool, arguments)
+        except _CALLER + _TRANSIENT as exc:
+            return tool_error(params.name, exc)
+
+    async def _run(
+        self, ctx: ServerRequestContext[Any, Any], tool: ToolName, args: dict[str, Any]
+    ) -> Any:
+        backend = self.backend_for(ctx)
+        if tool is ToolName.START_JOB:
+            wait_seconds = args.pop("wait_seconds", None)
+            view = await backend.start(args)
+            if tasks_declared(ctx):
+                # The operation is stored: tasks/get for this id resolves from now on.
+                return _task(view, result_type="task")
+            if wait_seconds and not view["done"]:
+                view = await backend.wait(view["id"], float(wait_seconds))
+            return operation_result(view)
+        if tool is ToolName.GET_JOB:
+            return operation_result(await backend.get(args["id"]))
+        if tool is ToolName.WAIT_JOB:
+            timeout = float(args.get("timeout_seconds", self.toolset.default_wait()))
+            return operation_result(await backend.wait(args["id"], timeout))
+        if tool is ToolName.CANCEL_JOB:
+            return operation_result(await backend.cancel(args["id"]))
+        if tool is ToolName.LIST_JOBS:
+            if "done" not in args and "state" not in args:
+                args["done"] = False  # what an agent that lost its context looks for
+            query = parse_list(args, "argument")
+            return _page_result(await backend.list(query), query.done)
+        return _providers_result(await backend.providers())
+
+    async def tasks_get(
+        self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams
+    ) -> dict[str, Any]:
+        try:
+            view = await self.backend_for(ctx).get(params.task_id)
+        except errors.ReconcilerError as exc:
+            raise _task_error(exc) from None
+        return _task(view, result_type="complete")
+
+    async def tasks_cancel(
+        self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams
+    ) -> dict[str, Any]:
+        try:
+            await self.backend_for(ctx).cancel(params.task_id)
+        except errors.ReconcilerError as exc:
+            raise _task_error(exc) from None
+        return {"resultType": "complete"}
+
+    async def tasks_update(
+        self, ctx: ServerRequestContext[Any, Any], params: TaskUpdateParams
+    ) -> dict[str, Any]:
+        # No task of ours ever asks for input; the id is still checked (and its owner).
+        try:
+            await self.backend_for(ctx).get(params.task_id)
+        except errors.ReconcilerError as exc:
+            raise _task_error(exc) from None
+        return {"resultType": "complete"}
+
+
+def build_server(toolset: ToolSet, backend_for: BackendFor, name: str = "reconciler") -> Server:
+    tools = ToolServer(toolset, backend_for)
+    server: Server = Server(
+        name,
+        version=__version__,
+        instructions=(
+            "Long-running jobs at remote providers. A started job is NOT done until `done` is "
+            "true. Call list_jobs at the start of a run to find jobs started earlier."
+        ),
+        on_list_tools=tools.list_tools,
+        on_call_tool=tools.call_tool,
+        get_tool_input_schema=toolset.input_schema,
+    )
+    server.add_request_handler("tasks/get", TaskIdParams, tools.tasks_get)
+    server.add_request_handler("tasks/cancel", TaskIdParams, tools.tasks_cancel)
+    server.add_request_handler("tasks/update", TaskUpdateParams, tools.tasks_update)
+    # tasks/result stays unregistered: SEP-2663 removed it (the SDK answers -32601).
+    server.extensions[TASKS_EXTENSION] = {}
+    # No tracing exporter is configured; without the default middleware each message
+    # skips a span that would be dropped anyway.
+    server.middleware = []
+    return server

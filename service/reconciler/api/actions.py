@@ -1,0 +1,158 @@
+"""The agent's actions, shared by the HTTP routes and the MCP tools so the two cannot drift.
+
+Each takes the runtime, the authenticated principal and JSON-typed input, validates
+it with ``api.validation``, writes through ``commands/`` and answers with Operation
+views from the one builder (``storage.views``). Guarantee: bad input raises
+``InvalidRequest`` before anything is stored; an agent only ever reaches its own
+operations (another's id is ``NotFound``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from reconciler.api.validation import ListQuery, history_cursor, parse_cancel, parse_create
+from reconciler.commands import create as creating
+from reconciler.commands.cancel import cancel as commands_cancel
+from reconciler.console.providers import webhook_trust
+from reconciler.core.states import END_STATES, State
+from reconciler.core.views import history_entry_view
+from reconciler.providers.views import provider_view
+from reconciler.runtime import Runtime
+from reconciler.storage import operations as store
+from reconciler.storage.history import history_page
+from reconciler.storage.models import Operation
+from reconciler.storage.tokens import Principal
+from reconciler.storage.views import operation_views, view_of
+
+Settled = Callable[[Operation], bool]
+
+
+def is_done(op: Operation) -> bool:
+    return State(op.state) in END_STATES
+
+
+async def render(rt: Runtime, op: Operation) -> dict[str, Any]:
+    def load() -> dict[str, Any]:
+        with rt.db.read() as conn:
+            return view_of(conn, op, rt.clock.now())
+
+    return await rt.db.run(load)
+
+
+async def load_visible(rt: Runtime, op_id: str, who: Principal) -> Operation:
+    def load() -> Operation:
+        with rt.db.read() as conn:
+            return store.visible_operation(conn, op_id, who)
+
+    return await rt.db.run(load)
+
+
+async def wait_until(
+    rt: Runtime, op: Operation, who: Principal, timeout: float, settled: Settled = is_done
+) -> Operation:
+    """Return as soon as ``settled(op)`` holds, or at ``timeout`` with the latest record."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not settled(op):
+        left = deadline - loop.time()
+        if left <= 0:
+            break
+        event = rt.notifier.subscribe(op.id)
+        try:
+            # Re-read after subscribing so a change between the read and the subscription
+            # is not missed.
+            op = await load_visible(rt, op.id, who)
+            if settled(op):
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout=left)
+        finally:
+            rt.notifier.unsubscribe(op.id, event)
+        op = await load_visible(rt, op.id, who)
+    return op
+
+
+async def start(rt: Runtime, who: Principal, body: Any) -> tuple[Operation, bool]:
+    """Store the operation (idempotent on its key); ``(operation, created)``.
+
+    The provider's ``request_schema`` is applied here, before anything is stored.
+    """
+    req = parse_create(body, rt.providers, rt.check_callback_url)
+    schema = rt.providers[req.provider].request_schema
+    if schema is not None:
+        schema.check(req.request)
+    limits = rt.limits_for(req.provider)
+    op, created = await rt.db.run(
+        creating.create_operation, rt.db, rt.journal, who, req, limits, rt.clock.now()
+    )
+    if created:
+        rt.notifier.wake()
+        # A short, bounded wait so the answer usually carries the job id already.
+        op = await wait_until(
+            rt,
+            op,
+            who,
+            rt.settings.server.create_wait_seconds,
+            lambda current: current.state != State.CREATE_PENDING,
+        )
+    return op, created
+
+
+async def cancel(rt: Runtime, who: Principal, op_id: str, body: Any) -> Operation:
+    intent = parse_cancel(body)
+    op = await rt.db.run(
+        commands_cancel, rt.db, rt.journal, rt.providers, op_id, who, intent.reason, rt.clock.now()
+    )
+    rt.notifier.changed(op.id)
+    rt.notifier.wake()
+    return op
+
+
+async def page(rt: Runtime, who: Principal, query: ListQuery) -> dict[str, Any]:
+    def load() -> dict[str, Any]:
+        with rt.db.read() as conn:
+            found = store.list_operations(
+                conn,
+                who,
+                state=query.state,
+                provider=query.provider,
+                done=query.done,
+                limit=query.limit,
+                cursor=query.cursor,
+            )
+            views = operation_views(conn, found.items, rt.clock.now())
+        return {"operations": views, "next_cursor": found.next_cursor}
+
+    return await rt.db.run(load)
+
+
+async def history(
+    rt: Runtime, who: Principal, op_id: str, limit: int, after: int = 0
+) -> dict[str, Any]:
+    """One page of the history, oldest first; ``next_cursor`` continues it (null at the end)."""
+
+    def load() -> dict[str, Any]:
+        with rt.db.read() as conn:
+            store.visible_operation(conn, op_id, who)
+            entries, last = history_page(conn, op_id, after, limit)
+        return {
+            "operation_id": op_id,
+            "entries": [history_entry_view(e) for e in entries],
+            "next_cursor": history_cursor(last),
+        }
+
+    return await rt.db.run(load)
+
+
+async def providers(rt: Runtime, who: Principal) -> dict[str, Any]:
+    views = []
+    for name in sorted(rt.providers):
+        spec = rt.providers[name]
+        # One slot for webhook trust, shared with the console's providers page.
+        trust = webhook_trust(rt, name) if who.is_operator else None
+        views.append(provider_view(spec, rt.environ, operator=who.is_operator, trust=trust))
+    return {"providers": views}

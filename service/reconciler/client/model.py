@@ -1,0 +1,300 @@
+"""Typed answers of the agent API: the Operation and its parts, pages, providers, run results.
+
+Pure: JSON in, frozen dataclasses out. Unknown keys are kept in ``raw`` and
+otherwise ignored, so a newer service does not break an older client. The one
+decision here is ``outcome_of``: which of six distinct outcomes an operation
+stands for (seed 002: success, failure and timeout are different words).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from reconciler.core.states import State, awaits_decision
+from reconciler.errors import ServiceError
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    return datetime.fromisoformat(value)
+
+
+def _object(data: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ServiceError(f"the service's answer is not {what}")
+    return data
+
+
+@dataclass(frozen=True)
+class Budget:
+    status_requests_used: int
+    max_status_requests: int
+
+
+@dataclass(frozen=True)
+class EscalationOption:
+    action: str
+    description: str
+    extra_seconds: float | None = None
+    extra_status_requests: int | None = None
+
+
+@dataclass(frozen=True)
+class Escalation:
+    """Why waiting stopped and what a person may decide; ``decided`` once they did."""
+
+    reason: str
+    message: str
+    options: tuple[EscalationOption, ...]
+    created_at: datetime | None
+    decided: bool
+    decision: Mapping[str, Any] | None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Escalation:
+        return cls(
+            reason=data["reason"],
+            message=data["message"],
+            options=tuple(
+                EscalationOption(
+                    action=o["action"],
+                    description=o.get("description", ""),
+                    extra_seconds=o.get("extra_seconds"),
+                    extra_status_requests=o.get("extra_status_requests"),
+                )
+                for o in data.get("options", ())
+            ),
+            created_at=_time(data.get("created_at")),
+            decided=bool(data.get("decided")),
+            decision=data.get("decision"),
+        )
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One operation as ``GET /v1/operations/{id}`` shows it (SPEC "Operation shape")."""
+
+    id: str
+    provider: str
+    state: str
+    done: bool
+    message: str
+    remote_job_id: str | None
+    remote_state: str | None
+    poll_after_seconds: float | None
+    progress: Any
+    deadline_at: datetime | None
+    budget: Budget
+    result: Mapping[str, Any] | None
+    error: Mapping[str, Any] | None
+    escalation: Escalation | None
+    idempotency_key: str | None = None
+    trace_id: str | None = None
+    callback_url: str | None = None
+    metadata: Mapping[str, Any] | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    done_at: datetime | None = None
+    cancel_requested: bool = False
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Operation:
+        view = _object(data, "an Operation")
+        try:
+            budget = view["budget"]
+            escalation = view.get("escalation")
+            return cls(
+                id=view["id"],
+                provider=view["provider"],
+                state=view["state"],
+                done=bool(view["done"]),
+                message=view["message"],
+                remote_job_id=view.get("remote_job_id"),
+                remote_state=view.get("remote_state"),
+                poll_after_seconds=view.get("poll_after_seconds"),
+                progress=view.get("progress"),
+                deadline_at=_time(view.get("deadline_at")),
+                budget=Budget(budget["status_requests_used"], budget["max_status_requests"]),
+                result=view.get("result"),
+                error=view.get("error"),
+                escalation=Escalation.from_json(escalation) if escalation else None,
+                idempotency_key=view.get("idempotency_key"),
+                trace_id=view.get("trace_id"),
+                callback_url=view.get("callback_url"),
+                metadata=view.get("metadata"),
+                created_at=_time(view.get("created_at")),
+                updated_at=_time(view.get("updated_at")),
+                done_at=_time(view.get("done_at")),
+                cancel_requested=bool(view.get("cancel_requested")),
+                raw=dict(view),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ServiceError(f"the service's Operation is missing or garbles {exc}") from None
+
+    @property
+    def awaiting_decision(self) -> bool:
+        """Waiting stopped and a person must decide (``escalated``, or an end state that
+        the open escalation's decision can still reopen)."""
+        try:
+            state = State(self.state)
+        except ValueError:
+            return False
+        escalation_open = self.escalation is not None and not self.escalation.decided
+        return awaits_decision(state, escalation_open)
+
+
+@dataclass(frozen=True)
+class Page:
+    operations: list[Operation]
+    next_cursor: str | None
+
+    @classmethod
+    def from_json(cls, data: Any) -> Page:
+        page = _object(data, "a page of operations")
+        return cls(
+            [Operation.from_json(op) for op in page.get("operations", [])],
+            page.get("next_cursor"),
+        )
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    seq: int
+    at: datetime | None
+    kind: str
+    actor: str
+    from_state: str | None
+    to_state: str | None
+    cause: str
+    delay_source: str | None
+    detail: Mapping[str, Any] | None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> HistoryEntry:
+        return cls(
+            seq=data["seq"],
+            at=_time(data.get("at")),
+            kind=data["kind"],
+            actor=data["actor"],
+            from_state=data.get("from"),
+            to_state=data.get("to"),
+            cause=data["cause"],
+            delay_source=data.get("delay_source"),
+            detail=data.get("detail"),
+        )
+
+
+@dataclass(frozen=True)
+class HistoryPage:
+    """One page of an operation's history; ``next_cursor`` is None on the last page."""
+
+    entries: list[HistoryEntry]
+    next_cursor: str | None
+
+    @classmethod
+    def from_json(cls, data: Any) -> HistoryPage:
+        body = _object(data, "a history")
+        entries = [HistoryEntry.from_json(entry) for entry in body.get("entries", [])]
+        cursor = body.get("next_cursor")
+        return cls(entries, cursor if isinstance(cursor, str) and cursor else None)
+
+
+@dataclass(frozen=True)
+class Provider:
+    """What may be started at one provider; operators also see ``webhook`` settings."""
+
+    name: str
+    description: str | None
+    request_schema: Mapping[str, Any] | None
+    can_cancel: bool
+    max_deadline_seconds: float | None
+    max_status_requests: int | None
+    webhook: Mapping[str, Any] | None = None
+    webhook_trust: Mapping[str, Any] | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Provider:
+        return cls(
+            name=data["name"],
+            description=data.get("description"),
+            request_schema=data.get("request_schema"),
+            can_cancel=bool(data.get("can_cancel")),
+            max_deadline_seconds=data.get("max_deadline_seconds"),
+            max_status_requests=data.get("max_status_requests"),
+            webhook=data.get("webhook"),
+            webhook_trust=data.get("webhook_trust"),
+            raw=dict(data),
+        )
+
+
+def providers_from_json(data: Any) -> list[Provider]:
+    body = _object(data, "a list of providers")
+    return [Provider.from_json(p) for p in body.get("providers", [])]
+
+
+class Outcome(StrEnum):
+    """How a ``run`` ended: six different words, never an ambiguous one."""
+
+    SUCCEEDED = "succeeded"
+    COMPLETED_WITH_ERRORS = "completed_with_errors"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"  # still running when max_wait passed: the id is kept
+    ESCALATED = "escalated"  # waiting stopped; a person must decide
+
+
+_END_OUTCOMES = {
+    State.SUCCEEDED: Outcome.SUCCEEDED,
+    State.COMPLETED_WITH_ERRORS: Outcome.COMPLETED_WITH_ERRORS,
+    State.CANCELLED: Outcome.CANCELLED,
+}
+
+
+def outcome_of(op: Operation) -> Outcome:
+    """The outcome an operation stands for now.
+
+    A decision still pending wins (``escalated``, even on an end state a decision
+    may reopen); then any other unfinished operation is ``timed_out``; every end
+    state that is not success, partial success or a confirmed cancel is ``failed``.
+    """
+    if op.awaiting_decision:
+        return Outcome.ESCALATED
+    if not op.done:
+        return Outcome.TIMED_OUT
+    try:
+        state = State(op.state)
+    except ValueError:
+        return Outcome.FAILED
+    return _END_OUTCOMES.get(state, Outcome.FAILED)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What ``run`` returns: the outcome, and the operation id whatever happened."""
+
+    outcome: Outcome
+    operation_id: str
+    operation: Operation
+
+    @classmethod
+    def of(cls, op: Operation) -> RunResult:
+        return cls(outcome_of(op), op.id, op)
+
+    @property
+    def message(self) -> str:
+        return self.operation.message
+
+    @property
+    def result(self) -> Mapping[str, Any] | None:
+        return self.operation.result
+
+    @property
+    def error(self) -> Mapping[str, Any] | None:
+        return self.operation.error

@@ -1,0 +1,204 @@
+"""One operation's page, the confirmation of a decision, and the decision itself.
+
+Guarantee: the buttons are exactly the open escalation's options, each with
+its stated cost; a decision needs a confirmation page and the session's CSRF
+token, goes through ``commands.decide`` (the API's and CLI's command) with the
+operator token's name as actor, and is refused with the API's message when it
+was not offered or was already made. URLs that may carry credentials in their
+query (callback URL, result reference) are shown without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from reconciler import errors
+from reconciler.api.validation import parse_decision
+from reconciler.commands.decide import decide as commands_decide
+from reconciler.console import timeline
+from reconciler.console.web import (
+    PREFIX,
+    Operator,
+    checked_form,
+    operator,
+    page,
+    render,
+    runtime_of,
+)
+from reconciler.core import risk
+from reconciler.core.operator_decision import plan_decision
+from reconciler.core.states import END_STATES, State
+from reconciler.core.vocabulary import DecisionAction
+from reconciler.providers.spec import cancel_deadline_seconds
+from reconciler.runtime import Runtime
+from reconciler.storage import operations as store
+from reconciler.storage.completion_steps import steps_of
+from reconciler.storage.escalations import escalations_of
+from reconciler.storage.history import history_of
+from reconciler.storage.models import Escalation, Operation
+from reconciler.storage.views import view_of
+
+MAX_ID = 40
+FORM_FIELDS = {"csrf", "action", "escalation", "extra_seconds", "extra_status_requests"}
+
+
+def without_query(url: str | None) -> str | None:
+    """A URL as an operator may see it: no user info, query or fragment (they may hold keys)."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    if not parts.scheme:
+        return url.split("?", 1)[0]
+    host = parts.hostname or ""
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    hidden = " (query hidden)" if parts.query or parts.username or parts.password else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, "", "")) + hidden
+
+
+def _op_id(request: Request) -> str:
+    op_id = str(request.path_params["op_id"])
+    if len(op_id) > MAX_ID or not op_id.isprintable():
+        raise errors.NotFound("no such operation: operation ids look like op_…")
+    return op_id
+
+
+def _open(op: Operation, escalations: list[Escalation]) -> Escalation | None:
+    for esc in escalations:
+        if esc.id == op.escalation_id and esc.decided_at is None:
+            return esc
+    return None
+
+
+def _load(rt: Runtime, op_id: str) -> dict[str, Any]:
+    now = rt.clock.now()
+    with rt.db.read() as conn:
+        op = store.load_operation(conn, op_id)
+        escalations = escalations_of(conn, op_id)
+        entries = history_of(conn, op_id)
+        steps = steps_of(conn, op_id)
+        view = view_of(conn, op, now)
+    return {
+        "op": op,
+        "view": view,
+        "done": State(op.state) in END_STATES,
+        "open": _open(op, escalations),
+        "escalations": escalations,
+        "timeline": timeline.rows(entries),
+        "deliveries": timeline.deliveries(steps, entries),
+        "callback_url": without_query(op.callback_url),
+        "result": _result(op.result),
+        "risks": risk.risks(op, now),
+    }
+
+
+def _result(stored: Any) -> dict[str, Any] | None:
+    """What the page shows of a result: never the document itself (it stays behind the API)."""
+    if not isinstance(stored, dict):
+        return None
+    failed = stored.get("failed_items")
+    return {
+        "ref": without_query(stored.get("ref")),
+        "content_type": stored.get("content_type"),
+        "size": stored.get("size"),
+        "sha256": stored.get("sha256"),
+        "summary": stored.get("summary") if isinstance(stored.get("summary"), dict) else None,
+        "failed_items": failed if isinstance(failed, list) else [],
+        "failed_items_truncated": bool(stored.get("failed_items_truncated")),
+    }
+
+
+@page
+async def operation_page(request: Request) -> Response:
+    who = await operator(request)
+    rt = runtime_of(request)
+    op_id = _op_id(request)
+    data = await rt.db.run(_load, rt, op_id)
+    decided = request.query_params.get("decided")
+    notice = ""
+    if decided in {a.value for a in DecisionAction}:
+        notice = f"Decision recorded: {decided}."
+    return render(request, "operation.html", {**data, "notice": notice}, who=who)
+
+
+def _option(rt: Runtime, who: Operator, data: dict[str, Any], action: str) -> dict[str, Any]:
+    """The offered option to confirm; refused exactly as the API would refuse the decision."""
+    request = parse_decision({"action": action})
+    op: Operation = data["op"]
+    esc: Escalation | None = data["open"]
+    # A dry run of the decision's pure planning: the same refusal, the same words.
+    plan_decision(
+        op,
+        esc,
+        request,
+        f"operator:{who.name}",
+        rt.clock.now(),
+        cancel_deadline_seconds(rt.providers.get(op.provider)),
+    )
+    assert esc is not None  # plan_decision refuses a missing escalation
+    return next(dict(o) for o in esc.options if o.get("action") == request.action.value)
+
+
+@page
+async def confirm_page(request: Request) -> Response:
+    """The confirmation step: the option, its cost, and the one button that decides."""
+    who = await operator(request)
+    rt = runtime_of(request)
+    op_id = _op_id(request)
+    action = request.query_params.get("action", "")
+    data = await rt.db.run(_load, rt, op_id)
+    option = _option(rt, who, data, action)
+    return render(request, "confirm.html", {**data, "option": option}, who=who)
+
+
+def _decision_body(form: dict[str, str]) -> dict[str, Any]:
+    """The form as the API's decision body, so the API's validation applies unchanged."""
+    unknown = sorted(set(form) - FORM_FIELDS)
+    if unknown:
+        raise errors.InvalidRequest(f"unknown form field(s): {', '.join(unknown)}")
+    body: dict[str, Any] = {"action": form.get("action", "")}
+    for name, kind in (("extra_seconds", float), ("extra_status_requests", int)):
+        raw = form.get(name, "")
+        if raw:
+            try:
+                body[name] = kind(raw)
+            except ValueError:
+                raise errors.InvalidRequest(f"'{name}' must be a number, got {raw!r}") from None
+    return body
+
+
+@page
+async def decide(request: Request) -> Response:
+    who, form = await checked_form(request)
+    rt = runtime_of(request)
+    op_id = _op_id(request)
+    decision = parse_decision(_decision_body(form))
+
+    def check_escalation() -> None:
+        # The confirmation named one escalation: refuse if another one is open by now.
+        with rt.db.read() as conn:
+            op = store.load_operation(conn, op_id)
+        confirmed = form.get("escalation", "")
+        if op.escalation_id is not None and confirmed and confirmed != str(op.escalation_id):
+            raise errors.DecisionNotAllowed(
+                "the escalation changed since the confirmation page was shown; review it again"
+            )
+
+    await rt.db.run(check_escalation)
+    op = await rt.db.run(
+        commands_decide,
+        rt.db,
+        rt.journal,
+        rt.providers,
+        op_id,
+        who.principal,
+        decision,
+        rt.clock.now(),
+    )
+    rt.notifier.changed(op.id)
+    rt.notifier.wake()
+    target = f"{PREFIX}/operations/{op.id}?decided={decision.action.value}#timeline"
+    return RedirectResponse(target, status_code=303)

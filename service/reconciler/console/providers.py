@@ -1,0 +1,116 @@
+"""The providers page: webhooks, status reads per completed operation, error rates, trust.
+
+Which figure comes from where (the page says it too): webhook events,
+duplicates, conflicts and orphans, and status reads per completed operation are
+read from the database (every replica's work); rejected webhook deliveries
+(nothing is stored for them) and calls by HTTP status are this process's
+metrics since it started.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from reconciler.console.web import operator, page, render, runtime_of
+from reconciler.metrics import totals
+from reconciler.runtime import Runtime
+from reconciler.storage import provider_stats
+from reconciler.storage.inbox import providers_seen
+from reconciler.storage.trust import trust_view
+from reconciler.storage.webhook_events import Outcome
+
+# Webhook results in the metrics that are not a stored event's outcome.
+_NOT_REJECTED = {o.value for o in Outcome}
+
+
+def webhook_trust(runtime: Runtime, provider: str) -> dict[str, Any] | None:
+    """The provider's webhook trust (``storage.trust.trust_view``), for the page and the API.
+
+    None for a provider that is no longer configured (its trust keys are unknown).
+    """
+    spec = runtime.providers.get(provider)
+    if spec is None:
+        return None
+    with runtime.db.read() as conn:
+        return trust_view(conn, provider, spec.polling.trust()).as_dict()
+
+
+@dataclass
+class ProviderFigures:
+    name: str
+    configured: bool
+    webhooks: provider_stats.WebhookCounts
+    reads: provider_stats.ReadCounts
+    trust: Any | None
+    rejected: dict[str, int] = field(default_factory=dict)  # this process
+    statuses: dict[str, int] = field(default_factory=dict)  # status reads by HTTP status
+    calls: dict[str, dict[str, int]] = field(default_factory=dict)  # other calls, by status
+
+    @property
+    def status_total(self) -> int:
+        return sum(self.statuses.values())
+
+    def share(self, count: int) -> str:
+        total = self.status_total
+        return f"{100 * count / total:.1f}%" if total else "—"
+
+
+def _process_figures(rt: Runtime) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    rejected: dict[str, dict[str, int]] = defaultdict(dict)
+    for (provider, result), value in totals(rt.metrics.webhooks).items():
+        if result not in _NOT_REJECTED:
+            rejected[provider][result.removeprefix("rejected_")] = int(value)
+    statuses: dict[str, dict[str, int]] = defaultdict(dict)
+    for (provider, status), value in totals(rt.metrics.status_requests).items():
+        statuses[provider][status] = int(value)
+    calls: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))
+    for (provider, call, status), value in totals(rt.metrics.provider_calls).items():
+        calls[provider][call][status] = int(value)
+    return rejected, statuses, calls
+
+
+@page
+async def providers_page(request: Request) -> Response:
+    who = await operator(request)
+    rt = runtime_of(request)
+
+    def load() -> tuple[Any, Any, list[str]]:
+        with rt.db.read() as conn:
+            return (
+                provider_stats.webhook_counts(conn),
+                provider_stats.status_reads(conn),
+                providers_seen(conn),
+            )
+
+    webhooks, reads, seen = await rt.db.run(load)
+    rejected, statuses, calls = _process_figures(rt)
+    names = sorted(set(rt.providers) | set(seen) | set(webhooks))
+    figures = [
+        ProviderFigures(
+            name=name,
+            configured=name in rt.providers,
+            webhooks=webhooks.get(name, provider_stats.WebhookCounts()),
+            reads=reads.get(name, provider_stats.ReadCounts()),
+            trust=webhook_trust(rt, name),
+            rejected=rejected.get(name, {}),
+            statuses=dict(sorted(statuses.get(name, {}).items())),
+            calls={k: dict(sorted(v.items())) for k, v in sorted(calls.get(name, {}).items())},
+        )
+        for name in names
+    ]
+    unknown = rejected.get("unknown", {})
+    return render(
+        request,
+        "providers.html",
+        {
+            "figures": figures,
+            "unknown_provider": sum(unknown.values()),
+            "buckets": [b[0] for b in provider_stats.READ_BUCKETS],
+        },
+        who=who,
+    )

@@ -1,0 +1,145 @@
+"""An operation's story as timeline rows, and its callback deliveries with every attempt.
+
+Pure: history entries (``storage.history``) and step rows
+(``storage.completion_steps``) in, rows out. The words are the story's
+(``core.story``); the columns are what an operator scans for: when, the HTTP
+result, the remote state, the next poll and why, who acted and on what cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from reconciler.core import story
+from reconciler.core.vocabulary import HistoryKind
+from reconciler.storage.completion_steps import StepRecord
+from reconciler.storage.models import HistoryEntry
+
+
+@dataclass(frozen=True)
+class Row:
+    seq: int
+    at: datetime
+    kind: str
+    text: str
+    actor: str
+    cause: str
+    http: str = ""
+    remote_state: str = ""
+    next_poll: datetime | None = None
+    delay_source: str = ""
+    transition: str = ""  # "from -> to" for a transition
+
+
+def _http(detail: dict[str, Any]) -> str:
+    if detail.get("transport_error"):
+        return f"no response ({detail['transport_error']})"
+    status = detail.get("http_status")
+    return f"HTTP {status}" if status is not None else ""
+
+
+def _moment(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    return None
+
+
+def _transition(entry: HistoryEntry) -> str:
+    if entry.kind != HistoryKind.TRANSITION:
+        return ""
+    return f"{entry.from_state or '(new)'} → {entry.to_state}"
+
+
+def row_of(entry: HistoryEntry) -> Row:
+    detail: dict[str, Any] = dict(entry.detail or {})
+    return Row(
+        seq=entry.seq,
+        at=entry.at,
+        kind=entry.kind,
+        text=story.text_of(entry),
+        actor=entry.actor,
+        cause=entry.cause,
+        http=_http(detail) if entry.kind in (HistoryKind.OBSERVATION, HistoryKind.STEP) else "",
+        remote_state=str(detail.get("remote_state") or ""),
+        next_poll=_moment(detail.get("next_poll_at")),
+        delay_source=entry.delay_source or "",
+        transition=_transition(entry),
+    )
+
+
+def rows(entries: Iterable[HistoryEntry]) -> list[Row]:
+    return [row_of(e) for e in entries]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    at: datetime
+    number: int | None
+    answer: str  # "HTTP 204", "no response (timeout)", the error text
+    outcome: str  # "delivered" | "failed, retry at …" | "gave up"
+
+
+@dataclass
+class Delivery:
+    """One downstream step of one completion round: its state and each attempt's answer."""
+
+    round: int
+    step: str
+    status: str
+    attempts: int
+    next_attempt_at: datetime | None
+    last_error: str | None
+    tried: list[Attempt] = field(default_factory=list)
+
+
+def _attempt(entry: HistoryEntry) -> Attempt:
+    detail: dict[str, Any] = dict(entry.detail or {})
+    number = detail.get("attempt")
+    if entry.cause.startswith("step_done"):
+        return Attempt(entry.at, number, _http(detail) or "done", "delivered")
+    answer = _http(detail)
+    error = str(detail.get("error") or "")
+    if error and error != answer:
+        answer = f"{answer}: {error}" if answer else error
+    if detail.get("gave_up"):
+        outcome = "gave up"
+    elif detail.get("retry_at"):
+        outcome = f"failed, retry at {detail['retry_at']}"
+    else:
+        outcome = "failed"
+    return Attempt(entry.at, number, answer, outcome)
+
+
+def deliveries(steps: Sequence[StepRecord], entries: Iterable[HistoryEntry]) -> list[Delivery]:
+    """Each step row with the attempts its history entries record, in order.
+
+    History entries carry no round, so an attempt belongs to the latest round of
+    its step that had started when the attempt was recorded.
+    """
+    found = [
+        Delivery(s.round, s.step, s.status.value, s.attempts, s.next_attempt_at, s.last_error)
+        for s in steps
+    ]
+    starts = [s.started_at for s in steps]
+    for entry in entries:
+        if entry.kind != HistoryKind.STEP:
+            continue
+        name = str((entry.detail or {}).get("step", ""))
+        candidates = [
+            i
+            for i, (d, start) in enumerate(zip(found, starts, strict=True))
+            if d.step == name and (start is None or start <= entry.at)
+        ]
+        if not candidates:
+            candidates = [i for i, d in enumerate(found) if d.step == name]
+        if candidates:
+            found[candidates[-1]].tried.append(_attempt(entry))
+    return found

@@ -1,0 +1,66 @@
+"""When a running operation is "at risk": its deadline, budget or transport failures nearly spent.
+
+Pure: an operation and the time in, the risks out. The thresholds are fractions
+declared once here; ``storage.inbox`` builds its SQL filter from the same
+numbers, so the inbox's list and the labels it shows cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from fractions import Fraction
+
+from reconciler.core.states import END_STATES, State
+from reconciler.storage.models import Operation
+
+# At risk when at most this share of the deadline window is left ...
+DEADLINE_LEFT = Fraction(1, 5)
+# ... or at least this share of the status-request budget is used ...
+BUDGET_USED = Fraction(4, 5)
+# ... or at least this share of the transport-failure budget (and at least one failure).
+TRANSPORT_USED = Fraction(2, 3)
+
+# Running states: an escalated operation is already in the inbox's first list.
+WATCHED: frozenset[State] = frozenset(State) - END_STATES - {State.ESCALATED}
+
+
+@dataclass(frozen=True)
+class Risk:
+    kind: str  # "deadline" | "budget" | "transport"
+    text: str
+
+
+def risks(op: Operation, now: datetime) -> list[Risk]:
+    """What is nearly spent on a running operation (empty when nothing is, or it is not running)."""
+    if State(op.state) not in WATCHED:
+        return []
+    found: list[Risk] = []
+    window = (op.deadline_at - op.created_at).total_seconds()
+    left = (op.deadline_at - now).total_seconds()
+    if window > 0 and left <= window * DEADLINE_LEFT:
+        text = "deadline passed" if left <= 0 else f"{_percent(left / window)} of the time left"
+        found.append(Risk("deadline", text))
+    budget = op.max_status_requests
+    if budget > 0 and op.status_requests_used >= budget * BUDGET_USED:
+        found.append(
+            Risk(
+                "budget",
+                f"{op.status_requests_used} of {op.max_status_requests} status requests used",
+            )
+        )
+    if (
+        op.transport_failures_used > 0
+        and op.transport_failures_used >= op.max_transport_failures * TRANSPORT_USED
+    ):
+        found.append(
+            Risk(
+                "transport",
+                f"{op.transport_failures_used} of {op.max_transport_failures} transport failures",
+            )
+        )
+    return found
+
+
+def _percent(share: float) -> str:
+    return f"{max(0, round(share * 100))}%"

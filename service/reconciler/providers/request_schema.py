@@ -1,0 +1,108 @@
+"""A provider's ``request_schema``: checked to be a usable JSON Schema at load, applied at intake.
+
+Guarantee: a request that does not match its provider's schema is refused with a
+message naming the failing field before anything is stored, and a schema that
+could fail at intake (invalid, or with a ``$ref`` this document cannot resolve)
+stops the service at start instead. References are resolved inside the schema
+only: nothing is fetched from the network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+from jsonschema import exceptions as schema_errors
+from jsonschema import validators
+
+from reconciler.errors import InvalidRequest, PointerSyntaxError
+from reconciler.providers.pointer import MISSING, Pointer
+
+MAX_MESSAGE = 300
+_REF_KEYS = ("$ref", "$dynamicRef")
+
+
+class SchemaProblem(ValueError):
+    """Why a schema cannot be used; the loader prefixes file and key."""
+
+
+def _refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _REF_KEYS and isinstance(value, str):
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs(item)
+
+
+def _check_refs(schema: Mapping[str, Any]) -> None:
+    for ref in _refs(schema):
+        if not ref.startswith("#"):
+            raise SchemaProblem(f"$ref {ref!r} points outside the schema; only '#/...' is allowed")
+        try:
+            target = Pointer.parse(unquote(ref[1:])).resolve(schema)
+        except PointerSyntaxError:
+            raise SchemaProblem(f"$ref {ref!r} is not a JSON pointer ('#/...')") from None
+        if target is MISSING:
+            raise SchemaProblem(f"$ref {ref!r} does not resolve inside the schema")
+
+
+def _where(error: schema_errors.ValidationError) -> str:
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+    return "request" + path
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
+
+
+def _draft(schema: Mapping[str, Any]) -> Any:
+    """The validator class of the draft ``$schema`` names (2020-12 when it names none)."""
+    if "$schema" not in schema:
+        return validators.Draft202012Validator
+    named = schema["$schema"]
+    found = validators.validator_for(schema, default=None) if isinstance(named, str) else None
+    if found is None:
+        raise SchemaProblem(f"$schema {named!r} is not a JSON Schema draft this service knows")
+    return found
+
+
+@dataclass(frozen=True)
+class RequestSchema:
+    """A compiled JSON Schema for the ``request`` of one provider's operations."""
+
+    provider: str
+    schema: Mapping[str, Any]
+    _validator: Any = field(repr=False, compare=False)
+
+    @classmethod
+    def compile(cls, provider: str, schema: Any) -> RequestSchema:
+        """Check ``schema`` (the draft its ``$schema`` names, else 2020-12); ``SchemaProblem``."""
+        if not isinstance(schema, dict):
+            raise SchemaProblem("expected a table (a JSON Schema object)")
+        validator_class = _draft(schema)
+        try:
+            validator_class.check_schema(schema)
+        except schema_errors.SchemaError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "the top level"
+            raise SchemaProblem(
+                f"not a valid JSON Schema at {where}: {_short(exc.message)}"
+            ) from None
+        _check_refs(schema)
+        return cls(provider, schema, validator_class(schema))
+
+    def check(self, request: Any) -> None:
+        """Raise ``InvalidRequest`` naming the failing field when ``request`` does not match."""
+        error = schema_errors.best_match(self._validator.iter_errors(request))
+        if error is None:
+            return
+        raise InvalidRequest(
+            f"'{_where(error)}' does not match the request_schema of provider "
+            f"'{self.provider}': {_short(error.message)} (list_providers or GET /v1/providers "
+            "shows the schema)"
+        )

@@ -1,0 +1,280 @@
+"""MCP Tasks (io.modelcontextprotocol/tasks, SEP-2663): a started job is a task whose id is
+the operation id; it lives in the database, so it outlives the service that made it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import mcp_types as types
+import pytest
+import sqlalchemy as sa
+from fixtures.provider_sim import SimConfig, SimState
+from fixtures.provider_sim import create_app as create_sim
+from mcp.client import advertise
+from mcp.client.session import ClientSession
+from mcp.shared.exceptions import MCPError
+
+from reconciler.api.app import create_app
+from reconciler.config import SchedulerSettings, Settings
+from reconciler.runtime import Runtime
+from reconciler.storage.tokens import create_token
+from tests.support.mcp import (
+    TASKS_EXTENSION,
+    AckResult,
+    CreateTaskResult,
+    GetTaskResult,
+    TaskIdParams,
+    TaskResult,
+    TasksExtension,
+    cancel_task,
+    connect,
+    get_task,
+    run,
+    text_of,
+)
+from tests.support.servers import serve_asgi
+from tests.support.stack import (
+    CALLBACK_SECRET,
+    SIM_TOKEN,
+    WEBHOOK_SECRET,
+    Stack,
+    make_tokens,
+    running_stack,
+    sim_provider_table,
+)
+
+FAST_POLLING = {"base_delay_seconds": 0.1, "max_delay_seconds": 0.5}
+
+
+@pytest.fixture
+def stack(tmp_path: Path, db_url: str) -> Iterator[Stack]:
+    with running_stack(tmp_path, db_url, provider={"polling": FAST_POLLING}) as running:
+        yield running
+
+
+def job(scenario: str, duration: float = 0.3, **knobs: Any) -> dict[str, Any]:
+    return {"provider": "sim", "request": {"scenario": scenario, "duration": duration, **knobs}}
+
+
+async def start_task(session: ClientSession, arguments: dict[str, Any]) -> CreateTaskResult:
+    created = await session.call_tool("start_job", arguments, allow_claimed=True)
+    assert isinstance(created, CreateTaskResult), created
+    return created
+
+
+async def until(
+    session: ClientSession, task_id: str, statuses: set[str], seconds: float = 30
+) -> GetTaskResult:
+    with anyio.fail_after(seconds):
+        while (task := await get_task(session, task_id)).status not in statuses:
+            await anyio.sleep(0.1)
+    return task
+
+
+def inline(task: GetTaskResult) -> types.CallToolResult:
+    assert task.result is not None
+    return types.CallToolResult.model_validate(task.result)
+
+
+def stored(stack: Stack, op_id: str) -> bool:
+    with stack.runtime.db.read() as conn:
+        found = conn.execute(
+            sa.text("SELECT count(*) FROM operations WHERE id = :id"), {"id": op_id}
+        )
+        return int(found.scalar_one()) == 1
+
+
+def test_a_task_is_the_operation_from_creation_to_its_inline_result(stack: Stack) -> None:
+    async def main() -> None:
+        async with connect(stack.url, stack.agent_token, extensions=[TasksExtension()]) as client:
+            created = await start_task(client.session, job("success", 0.5))
+            # Created only once durable: the record exists and tasks/get resolves at once.
+            assert created.task_id.startswith("op_") and stored(stack, created.task_id)
+            assert (created.status, created.ttl_ms) == ("working", None)
+            assert created.poll_interval_ms is not None and created.poll_interval_ms >= 1000
+            assert "NOT complete" in (created.status_message or "")
+            first = await get_task(client.session, created.task_id)
+            assert first.result_type == "complete" and first.task_id == created.task_id
+            # The task is also the job: the tools see it under the same id.
+            seen = await client.call_tool("get_job", {"id": created.task_id})
+            assert seen.structured_content is not None
+            assert seen.structured_content["id"] == created.task_id
+            done = await until(client.session, created.task_id, {"completed"})
+            result = inline(done)
+            assert result.is_error is False
+            assert result.structured_content is not None
+            assert result.structured_content["state"] == "succeeded"
+            assert text_of(result) == result.structured_content["message"]
+            assert done.poll_interval_ms is None
+
+            failed = await start_task(client.session, job("late_failure", 0.3))
+            ended = inline(await until(client.session, failed.task_id, {"completed"}))
+            # A failed job is an answer (completed, its Operation inline), not a protocol error.
+            assert ended.structured_content is not None
+            assert ended.structured_content["state"] == "failed"
+
+    run(main)
+
+
+def test_the_client_extension_resolves_a_task_into_the_final_result(stack: Stack) -> None:
+    async def main() -> None:
+        async with connect(stack.url, stack.agent_token, extensions=[TasksExtension()]) as client:
+            result = await client.call_tool("start_job", job("partial", 0.3))
+        assert result.structured_content is not None
+        assert result.structured_content["state"] == "completed_with_errors"
+
+    run(main)
+
+
+def test_tasks_cancel_records_the_intent_like_the_http_api(stack: Stack) -> None:
+    async def main() -> str:
+        async with connect(stack.url, stack.agent_token, extensions=[TasksExtension()]) as client:
+            created = await start_task(client.session, job("success", 30))
+            await until(client.session, created.task_id, {"working"})
+            stack.wait_state(created.task_id, {"accepted", "observing"})
+            ack = await cancel_task(client.session, created.task_id)
+            assert isinstance(ack, AckResult) and ack.result_type == "complete"
+            again = await cancel_task(client.session, created.task_id)  # idempotent
+            assert again.result_type == "complete"
+            ended = await until(client.session, created.task_id, {"cancelled", "completed"})
+            assert ended.status == "cancelled" and ended.result is None
+            assert "CANCELLED" in (ended.status_message or "")
+            return created.task_id
+
+    op_id = run(main)
+    requests = [e for e in stack.history(op_id) if e["cause"].startswith("cancel_request:")]
+    assert [e["cause"] for e in requests] == ["cancel_request:agent:agent-1"]
+    assert requests[0]["to"] == "cancel_requested"
+
+
+def test_an_escalated_task_is_working_with_the_escalation_as_its_message(stack: Stack) -> None:
+    async def main() -> None:
+        async with connect(stack.url, stack.agent_token, extensions=[TasksExtension()]) as client:
+            created = await start_task(client.session, job("unknown_state", 0.2))
+            stack.wait_state(created.task_id, {"escalated"})
+            task = await get_task(client.session, created.task_id)
+        assert task.status == "working" and task.result is None
+        assert (task.status_message or "").startswith("External job needs a decision")
+        assert task.poll_interval_ms is not None and task.poll_interval_ms > 0
+
+    run(main)
+
+
+def test_unknown_foreign_and_removed_requests_are_refused(stack: Stack) -> None:
+    with stack.runtime.db.write() as conn:
+        other = create_token(conn, "agent-2", "agent", stack.runtime.clock.now())
+
+    async def main() -> str:
+        async with connect(stack.url, stack.agent_token, extensions=[TasksExtension()]) as mine:
+            created = await start_task(mine.session, job("success", 20))
+            for call in (get_task, cancel_task):
+                with pytest.raises(MCPError) as caught:
+                    await call(mine.session, "op_doesnotexist")
+                assert caught.value.code == types.INVALID_PARAMS
+            with pytest.raises(MCPError) as caught:
+                await mine.session.send_request(
+                    TaskResult(params=TaskIdParams(taskId=created.task_id)), AckResult
+                )
+            assert caught.value.code == types.METHOD_NOT_FOUND
+        async with connect(stack.url, other, extensions=[TasksExtension()]) as theirs:
+            for call in (get_task, cancel_task):
+                with pytest.raises(MCPError) as caught:
+                    await call(theirs.session, created.task_id)
+                assert caught.value.code == types.INVALID_PARAMS
+        return created.task_id
+
+    op_id = run(main)
+    assert stack.get(op_id)["cancel_requested"] is False
+
+
+def test_without_the_extension_start_job_answers_plainly(stack: Stack) -> None:
+    async def main() -> None:
+        async with connect(stack.url, stack.agent_token) as plain:
+            result = await plain.session.call_tool("start_job", job("success"), allow_claimed=True)
+            assert isinstance(result, types.CallToolResult)
+        # On the legacy (initialize) wire there is no task, whatever the client advertises.
+        async with connect(
+            stack.url, stack.agent_token, mode="legacy", extensions=[advertise(TASKS_EXTENSION)]
+        ) as legacy:
+            result = await legacy.call_tool("start_job", job("success"))
+            assert result.structured_content is not None
+            assert result.structured_content["id"].startswith("op_")
+
+    run(main)
+
+
+def test_the_wire_shape_of_a_created_task(stack: Stack) -> None:
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXTENSION: {}}},
+    }
+    headers = {
+        **stack.headers(),
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": "start_job",
+    }
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "start_job", "arguments": job("success", 5), "_meta": meta},
+    }
+    answer = httpx.post(f"{stack.url}/mcp", json=body, headers=headers, timeout=10).json()
+    created = answer["result"]
+    assert created["resultType"] == "task"
+    assert set(created) >= {"taskId", "status", "createdAt", "lastUpdatedAt", "ttlMs"}
+    assert created["ttlMs"] is None and isinstance(created["pollIntervalMs"], int)
+
+
+def test_a_task_survives_a_restart_of_the_service(tmp_path: Path, db_url: str) -> None:
+    """Started on one service; that service stops; a new one on the same database answers."""
+    providers_dir = tmp_path / "no-provider-files"
+    providers_dir.mkdir()
+    environ = {
+        "SIM_TOKEN": SIM_TOKEN,
+        "SIM_WEBHOOK_SECRETS": WEBHOOK_SECRET,
+        "RECONCILER_CALLBACK_SECRET": CALLBACK_SECRET,
+    }
+    with ExitStack() as stack:
+        sim = SimState(SimConfig(token=SIM_TOKEN, webhook_secret=WEBHOOK_SECRET))
+        sim_url = stack.enter_context(serve_asgi(create_sim(state=sim)))
+        settings = Settings(
+            database_url=db_url,
+            providers_dir=str(providers_dir),
+            providers={"sim": sim_provider_table(sim_url, polling=FAST_POLLING)},
+            scheduler=SchedulerSettings(tick_seconds=0.2, lease_seconds=2.0),
+        )
+        first = Runtime.build(settings, environ=environ)
+        token, _ = make_tokens(first)
+
+        async def before(url: str) -> CreateTaskResult:
+            async with connect(url, token, extensions=[TasksExtension()]) as client:
+                created = await start_task(client.session, job("success", 3))
+                assert (await get_task(client.session, created.task_id)).status == "working"
+                return created
+
+        with serve_asgi(create_app(first)) as url:
+            sim.config.webhook_url = f"{url}/webhooks/sim"
+            created = run(lambda: before(url))
+
+        async def after(url: str) -> GetTaskResult:
+            async with connect(url, token, extensions=[TasksExtension()]) as client:
+                seen = await get_task(client.session, created.task_id)
+                assert seen.created_at == created.created_at
+                return await until(client.session, created.task_id, {"completed"}, seconds=40)
+
+        second = Runtime.build(settings, environ=environ)
+        with serve_asgi(create_app(second)) as url:
+            sim.config.webhook_url = f"{url}/webhooks/sim"
+            done = run(lambda: after(url))
+        result = inline(done)
+        assert result.structured_content is not None
+        assert result.structured_content["state"] == "succeeded"
+        assert result.structured_content["id"] == created.task_id

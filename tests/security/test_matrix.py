@@ -1,0 +1,121 @@
+# ruff: noqa: E501  (test node ids are kept whole so they can be searched for)
+"""The attack matrix in one place: every attack, and the tests that pin its refusal.
+
+Tried as an adversary would (authenticated agents and anonymous senders, loopback
+only). Storage-bound rows run on SQLite and PostgreSQL (the ``db_url`` fixture).
+Attacks refused before issue 17 keep their tests where they already were; this table
+names them, and ``test_every_listed_test_exists`` fails if one is renamed or removed,
+so the matrix cannot silently lose a row.
+
+| attack | refused how | tests |
+| --- | --- | --- |
+| disk flood through status reads (1 MB requests) | payloads written once, beside the row | amplification |
+| WAL growth under a flood | truncating checkpoint off the hot path, size limit | amplification |
+| create-reconcile retry storm, provider down | one call per backoff step, reserved before sending | amplification |
+| extend beyond the offer, huge/negative/NaN amounts | 400 naming the field, API and CLI | offered_options |
+| forging another agent's callback | per-agent derived secrets, rotation window | callback_secrets |
+| instant escalations, unbounded creates | min deadline, in-flight cap, 429 + Retry-After | quotas |
+| hint flood filling the history | hints coalesce while one is pending | quotas |
+| unbounded /history | pages with a cursor | quotas |
+| tokens that never expire, open /metrics | --expires-in, metrics_token_env | quotas |
+| idempotent retry dropping new fields | 409 naming the field; numbers by value | idempotency |
+| lone surrogates in agent bodies | 400 naming the field, connection kept | bad_unicode |
+| signed webhook with unstorable ids | 400 counted `unstorable`, never a 503 loop | bad_unicode |
+| disconnect mid-body | counted `client_disconnected`, info, no traceback | bad_unicode |
+| IDOR on every route, token tricks | 404 / 403 / 401 | refused_attacks |
+| SSRF forms (private, metadata, numeric, rebinding) | refused at intake and at delivery | ssrf, callback_delivery |
+| forged and replayed webhooks | 401 with nothing stored; seen ids have no effect | webhook_endpoint, signatures |
+| oversized and nested JSON, lying lengths | 413 while streaming, depth bound, 400 | agent_api, webhook_endpoint, intake |
+| secrets in logs, history, answers | never written | no_secret_leaks |
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+MATRIX: dict[str, list[str]] = {
+    "disk flood through status reads": [
+        "tests.security.test_amplification::test_a_status_read_does_not_rewrite_the_request",
+    ],
+    "WAL growth under a flood": [
+        "tests.security.test_amplification::test_the_wal_is_reset_once_it_passes_its_bound",
+    ],
+    "create-reconcile retry storm": [
+        "tests.security.test_amplification::test_every_create_or_lookup_waits_one_growing_backoff_step",
+        "tests.security.test_amplification::test_provider_down_costs_one_call_per_backoff_step",
+    ],
+    "extensions beyond the offer": [
+        "tests.security.test_offered_options::test_the_planner_refuses_more_than_was_offered",
+        "tests.security.test_offered_options::test_api_extensions_beyond_the_offer_are_400_naming_the_field",
+        "tests.security.test_offered_options::test_cli_extensions_beyond_the_offer_fail_cleanly",
+    ],
+    "forged callbacks": [
+        "tests.security.test_callback_secrets::test_agent_a_cannot_sign_a_callback_that_verifies_for_agent_b",
+        "tests.security.test_callback_secrets::test_a_delivered_callback_verifies_with_the_agents_own_secret_only",
+        "tests.security.test_callback_secrets::test_rotation_signs_with_both_secrets_inside_the_window_only",
+        "tests.security.test_callback_secrets::test_secrets_are_stored_nowhere_in_clear",
+    ],
+    "quotas": [
+        "tests.security.test_quotas::test_a_vanishing_deadline_is_refused",
+        "tests.security.test_quotas::test_creates_beyond_the_rate_are_429_with_retry_after",
+        "tests.security.test_quotas::test_operations_in_flight_are_capped_per_agent",
+        "tests.security.test_quotas::test_a_hint_flood_adds_one_history_entry_while_the_read_is_pending",
+        "tests.security.test_quotas::test_history_is_paged_with_a_cursor",
+        "tests.security.test_quotas::test_expired_tokens_are_refused",
+        "tests.security.test_quotas::test_metrics_can_require_a_bearer_token",
+    ],
+    "idempotent retries": [
+        "tests.security.test_idempotency::test_a_retry_with_another_term_is_409_naming_it",
+        "tests.security.test_idempotency::test_numbers_compare_by_value",
+        "tests.security.test_idempotency::test_the_migration_carries_stored_operations_over",
+        "tests.integration.test_agent_api::test_same_key_with_another_request_is_a_conflict",
+    ],
+    "bad Unicode and disconnects": [
+        "tests.security.test_bad_unicode_and_disconnects::test_a_lone_surrogate_in_a_create_is_400_naming_the_field",
+        "tests.security.test_bad_unicode_and_disconnects::test_a_lone_surrogate_in_a_cancel_or_decision_is_400",
+        "tests.security.test_bad_unicode_and_disconnects::test_a_signed_webhook_with_unstorable_ids_is_400_and_counted",
+        "tests.security.test_bad_unicode_and_disconnects::test_a_sender_that_hangs_up_mid_body_is_counted_at_info",
+    ],
+    "IDOR and token tricks": [
+        "tests.security.test_refused_attacks::test_no_route_reaches_another_agents_operation",
+        "tests.security.test_refused_attacks::test_token_tricks_are_401",
+        "tests.security.test_refused_attacks::test_revoked_and_expired_tokens_stop_working",
+        "tests.integration.test_agent_api::test_another_agents_operation_is_not_found",
+        "tests.integration.test_tokens::test_authentication_outcomes",
+    ],
+    "SSRF forms": [
+        "tests.unit.test_ssrf::test_forbidden_addresses_are_refused_with_their_class",
+        "tests.unit.test_ssrf::test_numeric_forms_are_normalised_like_libc",
+        "tests.unit.test_ssrf::test_name_resolving_to_private_address_is_refused",
+        "tests.unit.test_ssrf::test_embedded_ipv4_is_judged_by_the_ipv4_address",
+        "tests.integration.test_callback_delivery::test_dns_rebinding_between_attempts_is_refused",
+        "tests.integration.test_callback_delivery::test_literal_metadata_address_is_refused_and_never_connected",
+        "tests.integration.test_callback_delivery::test_redirect_is_not_followed_and_the_target_never_contacted",
+        "tests.unit.test_intake::test_a_refused_callback_url_is_an_invalid_request",
+    ],
+    "forged and replayed webhooks": [
+        "tests.integration.test_webhook_endpoint::test_rejected_deliveries_are_401_and_store_nothing",
+        "tests.integration.test_webhook_endpoint::test_repeated_event_id_is_acknowledged_without_effect",
+        "tests.integration.test_webhook_endpoint::test_same_event_id_with_another_body_is_a_conflict_without_effect",
+        "tests.unit.test_signatures::test_timestamp_outside_tolerance_is_rejected",
+        "tests.unit.test_signatures::test_tampering_is_a_mismatch",
+    ],
+    "oversized and nested JSON": [
+        "tests.integration.test_webhook_endpoint::test_oversized_body_is_413",
+        "tests.integration.test_webhook_endpoint::test_small_declared_length_with_a_huge_chunked_body_is_refused",
+        "tests.integration.test_agent_api::test_bodies_that_lie_about_their_length_are_refused",
+        "tests.integration.test_agent_api::test_each_bad_create_is_refused_with_a_message_and_nothing_stored",
+        "tests.unit.test_intake::test_any_json_value_is_either_parsed_or_refused_with_invalid_request",
+    ],
+    "secrets never leak": [
+        "tests.integration.test_no_secret_leaks::test_a_full_run_leaks_no_secret",
+    ],
+}
+
+
+@pytest.mark.parametrize("node", [n for nodes in MATRIX.values() for n in nodes])
+def test_every_listed_test_exists(node: str) -> None:
+    module, _, name = node.partition("::")
+    assert callable(getattr(importlib.import_module(module), name, None)), node

@@ -1,0 +1,130 @@
+"""The official MCP SDK's client against our service, and the SEP-2663 tasks client side.
+
+mcp 2.3.0 ships the hooks for extensions but no tasks client, so the three
+request/result shapes of ``io.modelcontextprotocol/tasks`` are declared here
+(``tasks/get``, ``tasks/cancel``) together with a ``ClientExtension`` that
+declares the extension on each request and resolves a task by polling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Literal, TypeVar
+
+import anyio
+import httpx2
+import mcp_types as types
+from mcp import Client
+from mcp.client import ClaimContext, ClientExtension, ResultClaim
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from pydantic import ConfigDict, Field
+
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+T = TypeVar("T")
+
+
+def run(main: Callable[[], Awaitable[T]]) -> T:
+    """Run one async test body on a fresh event loop (the tests themselves are sync)."""
+    return anyio.run(main)
+
+
+@contextlib.asynccontextmanager
+async def connect(
+    base_url: str,
+    token: str | None,
+    *,
+    mode: str = "auto",
+    extensions: Sequence[ClientExtension] | None = None,
+    path: str = "/mcp",
+) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=120.0))
+    transport = streamable_http_client(base_url + path, http_client=http)
+    async with http, Client(transport, mode=mode, extensions=extensions) as client:
+        yield client
+
+
+def text_of(result: Any) -> str:
+    return "\n".join(c.text for c in result.content if getattr(c, "type", None) == "text")
+
+
+class _TaskFields(types.Result):
+    model_config = ConfigDict(extra="allow")
+
+    task_id: str
+    status: Literal["working", "input_required", "completed", "failed", "cancelled"]
+    status_message: str | None = None
+    created_at: str
+    last_updated_at: str
+    ttl_ms: int | None
+    poll_interval_ms: int | None = None
+
+
+class CreateTaskResult(_TaskFields):
+    result_type: Literal["task"] = "task"
+
+
+class GetTaskResult(_TaskFields):
+    result_type: Literal["complete"] = "complete"
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+class AckResult(types.Result):
+    model_config = ConfigDict(extra="allow")
+    result_type: str | None = None
+
+
+class TaskIdParams(types.RequestParams):
+    task_id: str = Field(alias="taskId")
+
+
+class GetTask(types.Request[TaskIdParams, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    params: TaskIdParams
+    name_param = "taskId"  # SEP-2663: Mcp-Name carries the task id
+
+
+class CancelTask(types.Request[TaskIdParams, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    params: TaskIdParams
+    name_param = "taskId"
+
+
+class TaskResult(types.Request[TaskIdParams, Literal["tasks/result"]]):
+    method: Literal["tasks/result"] = "tasks/result"
+    params: TaskIdParams
+    name_param = "taskId"
+
+
+async def get_task(session: ClientSession, task_id: str) -> GetTaskResult:
+    return await session.send_request(GetTask(params=TaskIdParams(taskId=task_id)), GetTaskResult)
+
+
+async def cancel_task(session: ClientSession, task_id: str) -> AckResult:
+    return await session.send_request(CancelTask(params=TaskIdParams(taskId=task_id)), AckResult)
+
+
+async def _resolve(created: CreateTaskResult, ctx: ClaimContext) -> types.CallToolResult:
+    interval = (created.poll_interval_ms or 1000) / 1000
+    while True:
+        task = await get_task(ctx.session, created.task_id)
+        if task.status == "completed" and task.result is not None:
+            return types.CallToolResult.model_validate(task.result)
+        if task.status in ("failed", "cancelled"):
+            text = task.status_message or f"task {task.status}"
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=text)], is_error=True
+            )
+        await anyio.sleep(min(interval, (task.poll_interval_ms or 1000) / 1000))
+
+
+class TasksExtension(ClientExtension):
+    """Declares the tasks extension (modern wire only) and resolves task results."""
+
+    identifier = TASKS_EXTENSION
+
+    def claims(self) -> list[ResultClaim[Any]]:
+        return [ResultClaim(result_type="task", model=CreateTaskResult, resolve=_resolve)]

@@ -1,0 +1,145 @@
+"""The console's pure parts: session signing and CSRF, the inbox query, URLs, the timeline."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from reconciler.config import ConsoleSettings, Settings, load_settings
+from reconciler.console.formatting import first_line
+from reconciler.console.inbox import parse_query
+from reconciler.console.operation import without_query
+from reconciler.console.session import Signer, key_from
+from reconciler.console.timeline import deliveries, rows
+from reconciler.core.vocabulary import EscalationReason
+from reconciler.errors import ConfigError, InvalidRequest
+from reconciler.storage.completion_steps import StepRecord, StepStatus
+from reconciler.storage.models import HistoryEntry
+
+NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+
+
+def test_a_session_survives_only_unaltered_and_unexpired() -> None:
+    signer = Signer(b"k" * 32)
+    cookie, session = signer.issue(7, "ops-1", NOW, 3600)
+    assert signer.session(cookie, NOW) == session
+    assert signer.session(cookie, NOW + timedelta(seconds=3601)) is None
+    assert Signer(b"j" * 32).session(cookie, NOW) is None  # another replica's key
+    body, _, mac = cookie.rpartition(".")
+    assert signer.session(body[:-1] + "A." + mac, NOW) is None
+    for junk in (None, "", ".", "x" * 5000, "é.x", "abc.def"):
+        assert signer.session(junk, NOW) is None
+    assert "kkkk" not in repr(signer)
+
+
+def test_csrf_tokens_are_bound_to_their_session() -> None:
+    signer = Signer(b"k" * 32)
+    _, one = signer.issue(1, "a", NOW, 60)
+    _, two = signer.issue(1, "a", NOW, 60)
+    assert one.sid != two.sid
+    assert signer.csrf_ok(one.sid, signer.csrf(one.sid))
+    assert not signer.csrf_ok(one.sid, signer.csrf(two.sid))
+    assert not signer.csrf_ok(one.sid, None)
+    assert not signer.csrf_ok(None, signer.csrf(one.sid))
+    cookie, nonce = signer.signin_nonce(NOW)
+    assert signer.signin_nonce_of(cookie, NOW) == nonce
+    assert signer.signin_nonce_of(cookie, NOW + timedelta(hours=1)) is None
+
+
+def test_the_session_key_comes_from_the_environment_or_the_process() -> None:
+    settings = Settings()
+    shared = {"RECONCILER_CONSOLE_SECRET": "s" * 40}
+    assert key_from(settings, shared) == key_from(settings, shared)
+    assert key_from(settings, {}) != key_from(settings, {})
+    with pytest.raises(ConfigError, match="at least 32 characters") as caught:
+        key_from(settings, {"RECONCILER_CONSOLE_SECRET": "short-secret"})
+    assert "short-secret" not in str(caught.value)
+    renamed = dataclasses.replace(settings, console=ConsoleSettings(session_secret_env="MINE"))
+    assert key_from(renamed, {"MINE": "m" * 40}) != key_from(settings, shared)
+
+
+def test_public_url_is_checked() -> None:
+    assert load_settings(environ={}).public_url() == "http://127.0.0.1:8080"
+    env = {"RECONCILER_SERVER_PUBLIC_URL": "https://ops.example/"}
+    assert load_settings(environ=env).public_url() == "https://ops.example"
+    with pytest.raises(ConfigError, match="server.public_url"):
+        load_settings(environ={"RECONCILER_SERVER_PUBLIC_URL": "ops.example"})
+
+
+def test_the_inbox_query_is_parsed_strictly() -> None:
+    query = parse_query({"reason": "unknown_state", "q": " op_1 ", "page": "2"}, {"sim"})
+    assert query.filter.reason is EscalationReason.UNKNOWN_STATE
+    assert query.filter.query == "op_1" and query.pages["page"] == 2
+    assert query.link(page=3) == "?reason=unknown_state&q=+op_1+&page=3"
+    assert query.link(page=None) == "?reason=unknown_state&q=+op_1+"
+    with pytest.raises(InvalidRequest, match="'provider' must be one of: sim"):
+        parse_query({"provider": "other"}, {"sim"})
+    assert parse_query({"state": "", "q": ""}, set()).filter == parse_query({}, set()).filter
+
+
+def test_urls_lose_what_may_carry_credentials() -> None:
+    assert (
+        without_query("https://u:p@h.example:8443/a?sig=x#f")
+        == "https://h.example:8443/a (query hidden)"
+    )
+    assert without_query("https://h.example/a") == "https://h.example/a"
+    assert without_query("s3-key/only?x=1") == "s3-key/only"
+    assert without_query(None) is None
+
+
+def test_first_line_is_why_it_stopped() -> None:
+    message = "External job needs a decision\nOperation: op_1\nStopped because: deadline_exceeded"
+    assert first_line(message) == "deadline_exceeded"
+    assert first_line("just one line") == "just one line"
+    assert first_line(None) == ""
+
+
+def _entry(seq: int, kind: str, cause: str, at: datetime, **detail: object) -> HistoryEntry:
+    return HistoryEntry(
+        operation_id="op_1",
+        seq=seq,
+        at=at,
+        kind=kind,
+        actor="worker:1",
+        cause=cause,
+        detail=detail,
+        prev_hash="",
+        hash="",
+    )
+
+
+def test_timeline_rows_and_delivery_attempts() -> None:
+    read = _entry(
+        1,
+        "observation",
+        "status_read",
+        NOW,
+        http_status=200,
+        remote_state="running",
+        decision="wait",
+        next_poll_at="2026-12-01T10:00:05+00:00",
+    )
+    [row] = rows([read])
+    assert (row.http, row.remote_state) == ("HTTP 200", "running")
+    assert row.next_poll == NOW + timedelta(seconds=5)
+    failed = _entry(
+        2,
+        "step",
+        "step_failed:callback",
+        NOW,
+        step="callback",
+        attempt=1,
+        error="HTTP 500",
+        http_status=500,
+        gave_up=False,
+        retry_at="2026-12-01T10:00:02+00:00",
+    )
+    done = _entry(3, "step", "step_done:callback", NOW, step="callback", attempt=2, http_status=204)
+    step = StepRecord(1, "callback", StepStatus.DONE, 2, NOW, NOW, None, None)
+    [delivery] = deliveries([step], [read, failed, done])
+    assert [(a.number, a.answer, a.outcome) for a in delivery.tried] == [
+        (1, "HTTP 500", "failed, retry at 2026-12-01T10:00:02+00:00"),
+        (2, "HTTP 204", "delivered"),
+    ]
