@@ -345,3 +345,32 @@ async def test_a_late_answer_is_applied_on_the_fresh_row_after_a_cancel(
         assert op.status_requests_used == 1
         assert op.next_poll_at == rig.clock.now()  # the cancel is sent at once
         assert rig.causes(op_id)[-1] == "status_read"
+
+
+async def test_a_read_charged_in_time_but_not_sendable_before_the_deadline_is_withheld(
+    tmp_path: Path, db_url: str
+) -> None:
+    """Seed 003: the deadline is checked again just before transmission.
+
+    Persisting the charge takes time on a loaded machine; the clock is moved past the
+    deadline between the charge and the send (at the provider call, before the request
+    is made), so the read is withheld as an unused reservation, never sent late.
+    """
+    async with step_rig(tmp_path, db_url, provider=provider_for(deadline_seconds=20)) as rig:
+        op_id, _ = await observing(rig)
+        deadline = rig.row(op_id).deadline_at
+        sent_before = len(rig.provider.requests)
+        rig.clock.set(deadline - timedelta(seconds=1))
+        call = rig.ctx.call
+
+        async def late_call(op: Any, name: str, fn: Callable[[], Any]) -> Any:
+            rig.clock.set(deadline + timedelta(seconds=1))  # the charge took two seconds
+            return await call(op, name, fn)
+
+        rig.ctx.call = late_call  # type: ignore[method-assign]
+        op = await rig.step(op_id)
+        assert op.state == "result_timed_out"
+        assert len(rig.provider.requests) == sent_before, "no request after the deadline"
+        assert op.status_requests_used == 1  # the withheld read was charged in time
+        stop = [e for e in rig.history(op_id) if e.kind == "escalation"][-1]
+        assert "before the status request was sent" in stop.detail["detail"]

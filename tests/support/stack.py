@@ -202,6 +202,7 @@ def running_stack(
     callbacks: dict[str, Any] | None = None,
     drop: tuple[str, ...] = (),
     server: dict[str, Any] | None = None,
+    scheduler: dict[str, Any] | None = None,
 ) -> Iterator[Stack]:
     with ExitStack() as stack:
         sim = SimState(
@@ -216,7 +217,9 @@ def running_stack(
             providers={"sim": sim_provider_table(sim_url, drop=drop, **(provider or {}))},
             hooks=hooks,
             server=ServerSettings(**{"wait_max_seconds": 30.0, **(server or {})}),
-            scheduler=SchedulerSettings(tick_seconds=tick_seconds, lease_seconds=10.0),
+            scheduler=SchedulerSettings(
+                **{"tick_seconds": tick_seconds, "lease_seconds": 10.0, **(scheduler or {})}
+            ),
             callbacks=CallbackSettings(**{"allow_hosts": ("127.0.0.1",), **(callbacks or {})}),
         )
         environ = {
