@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -33,6 +32,7 @@ from tests.support.stack import (
     SIM_TOKEN,
     SIM_TOML,
     WEBHOOK_SECRET,
+    quiescent,
 )
 
 HOOKS = (hooks.RECORD, hooks.SLOW, hooks.AUDIT)
@@ -168,7 +168,8 @@ def test_sigkill_inside_a_hook_reruns_only_that_step_with_the_same_key(
             30,
             "the restarted service to finish the completion",
         )
-        time.sleep(0.5)  # room for a stray second run to show up
+        # Unleased with nothing due: the one task that ran it is over, none can start.
+        wait_until(lambda: quiescent(db, op_id), 30, "the restarted worker to let go")
 
         assert (
             api.get(f"/v1/operations/{op_id}", headers={"Authorization": f"Bearer {agent}"}).json()[

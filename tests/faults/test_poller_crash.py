@@ -234,8 +234,8 @@ def test_request_charged_before_a_crash_counts_and_restart_sends_no_burst(
         stored_next = crashed.next_poll_at
         assert stored_next is not None and crashed.lease_expires_at is not None
 
-        # Stay down for many polling intervals: a catch-up would now send a burst.
-        time.sleep(2.0)
+        # The restarted worker must wait out the dead one's lease (LEASE_SECONDS, dozens of
+        # polling intervals): by then a catch-up would send a burst.
         restarted_at = time.time()
         r.start("second")
         wait_until(lambda: len(r.status_requests(job_id)) >= len(sent) + 3, 30, "three reads")

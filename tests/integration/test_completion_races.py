@@ -3,13 +3,12 @@
 Each test counts what really ran: the hook log (one fsynced line per run, per
 idempotency key; see ``tests.support.hooks``), the deliveries a real callback
 receiver saw per ``webhook-id``, and the ``completion_steps`` rows (one attempt
-each). A short settle after the handler closes gives a stray second run the
-chance to show up before the counts are taken.
+each). The counts are taken once every worker is idle and nothing is due on the
+operations: no stray second run can start after that, so the counts are final.
 """
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -26,11 +25,9 @@ from reconciler.storage.models import WebhookEvent
 from tests.support import hooks
 from tests.support.hooks import CallbackReceiver, serve_receiver, wait_until
 from tests.support.servers import serve_asgi
-from tests.support.stack import Stack, running_stack
+from tests.support.stack import Stack, running_stack, worker_of
 
 HOOKS = (hooks.RECORD, hooks.RECORD_ASYNC, hooks.AUDIT)
-# Long enough for a duplicate run to reach the log or the receiver after the handler closed.
-SETTLE_SECONDS = 0.6
 
 
 @pytest.fixture
@@ -44,7 +41,9 @@ def hook_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def replica(stack: Stack) -> Iterator[Runtime]:
     """A second service (own runtime, worker and scheduler) on the stack's database."""
     runtime = Runtime.build(stack.runtime.settings, environ=stack.runtime.environ)
-    with serve_asgi(create_app(runtime)):
+    app = create_app(runtime)
+    with serve_asgi(app):
+        stack.workers.append(worker_of(app))
         yield runtime
 
 
@@ -62,7 +61,7 @@ def wait_closed(stack: Stack, op_ids: Sequence[str], timeout: float = 30.0) -> N
         timeout,
         "every completion handler to close",
     )
-    time.sleep(SETTLE_SECONDS)
+    stack.settled(op_ids)
 
 
 def assert_each_step_once(

@@ -20,11 +20,13 @@ import httpx
 import pytest
 
 from reconciler.cli import main
+from reconciler.core.clock import utc
 from reconciler.core.escalation import abandon_state
 from reconciler.core.vocabulary import EscalationReason
+from tests.support import hooks
 from tests.support.hooks import Reply, serve_receiver
 from tests.support.stack import QUICK_POLLING as POLLING
-from tests.support.stack import ROOT, Stack, running_stack
+from tests.support.stack import ROOT, Stack, quiescent, running_stack
 
 NEVER = {"scenario": "never_finishes", "webhooks": "never", "cancel_delay": 0.3}
 # Requests and fields that make the poller stop with each reason, quickly.
@@ -211,7 +213,7 @@ def test_abandon_ends_as_the_escalation_says(stack: Stack, reason: str) -> None:
 
     [entry] = decision_entries(stack, op["id"])
     assert entry["cause"] == "decision:abandon" and entry["actor"] == "operator:ops-1"
-    time.sleep(0.5)
+    stack.settled([op["id"]])  # idle, nothing due: no read can follow
     assert stack.get(op["id"])["state"] == expected
     assert len(status_reads(stack, op["remote_job_id"])) == reads_before
 
@@ -258,7 +260,10 @@ def test_decision_without_an_open_escalation_is_409(stack: Stack) -> None:
     op_id = created.json()["id"]
     response = decide(stack, op_id, {"action": "abandon"})
     assert response.status_code == 409
-    assert stack.get(op_id)["state"] in {"accepted", "observing"}
+    # Nothing was decided: the operation goes on (its create may still be on its way).
+    after = stack.get(op_id, operator=True)
+    assert after["state"] in {"create_pending", "accepted", "observing"}
+    assert after["escalation"] is None and after["done"] is False
     missing = decide(stack, "op_0000000000doesnotexist000", {"action": "abandon"})
     assert missing.status_code == 404
 
@@ -369,6 +374,10 @@ def test_decision_on_a_timed_out_operation_whose_callback_is_retrying(
         op = stack.wait_state(op_id, {"result_timed_out"}, timeout=15)
         assert op["state"] == "result_timed_out"
         wait_until(lambda: receiver.deliveries("down"))  # it failed; a retry is due in 2.5-5 s
+        wait_until(
+            lambda: hooks.completion_steps(stack.runtime.db, op_id)["callback"]["next_attempt_at"]
+        )
+        retry_at = hooks.completion_steps(stack.runtime.db, op_id)["callback"]["next_attempt_at"]
         reads = len(status_reads(stack, op["remote_job_id"]))
 
         body = (
@@ -380,7 +389,20 @@ def test_decision_on_a_timed_out_operation_whose_callback_is_retrying(
             wait_until(lambda: len(status_reads(stack, op["remote_job_id"])) > reads, timeout=4)
         else:
             wait_until(lambda: stack.get(op_id)["state"] == "cancelled", timeout=6)
-        time.sleep(5.5)  # past the failed callback's retry time
+        # Past the failed callback's retry time, with the worker seen at work after it: a
+        # status read (extend), or the cancelled operation's own completion round.
+        retry_epoch = utc(retry_at).timestamp()
+
+        def looked_after_the_retry_time() -> bool:
+            if time.time() <= retry_epoch:
+                return False
+            if quiescent(stack.runtime.db, op_id):
+                return True  # nothing due and no lease: nothing can be sent any more
+            if action == "extend":
+                return any(r["at"] > retry_epoch for r in status_reads(stack, op["remote_job_id"]))
+            return any(d.webhook_id == f"{op_id}_r2" for d in receiver.deliveries("down"))
+
+        wait_until(looked_after_the_retry_time, timeout=15)
         for delivery in receiver.deliveries("down"):
             event = json.loads(delivery.body)
             assert event["operation"]["done"] is True, event["operation"]["state"]

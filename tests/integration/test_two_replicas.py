@@ -120,6 +120,7 @@ class Forwarded:
     event_id: str
     replica: int
     status: int | None
+    error: str | None = None  # the forwarder's own transport error, when there was no answer
 
 
 class RoundRobin:
@@ -139,8 +140,12 @@ class RoundRobin:
 
     @asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        # Longer than the provider waits: an answer it gave up on is still logged here.
-        async with httpx.AsyncClient(timeout=60.0, trust_env=False) as client:
+        # Longer than the provider waits: an answer it gave up on is still logged here. A
+        # new connection per request, as the provider makes: a pooled one can be closed by
+        # the replica's keep-alive timeout just as it is reused, which is this stand-in's
+        # failure and not the replica's.
+        limits = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=60.0, trust_env=False, limits=limits) as client:
             self._client = client
             yield
 
@@ -163,8 +168,9 @@ class RoundRobin:
         url = f"{self.targets[replica]}{request.url.path}"
         try:
             answer = await self._client.post(url, content=body, headers=headers)
-        except httpx.HTTPError:
-            self._note(Forwarded(headers.get("webhook-id", ""), replica, None))
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            self._note(Forwarded(headers.get("webhook-id", ""), replica, None, error))
             return Response(status_code=502)
         self._note(Forwarded(headers.get("webhook-id", ""), replica, answer.status_code))
         return Response(answer.content, status_code=answer.status_code)

@@ -9,7 +9,9 @@ agent would wait that long (seen as lease_seconds-long stalls under load).
 from __future__ import annotations
 
 import asyncio
+import random
 
+from reconciler.config import Settings
 from reconciler.core.clock import ManualClock
 from reconciler.core.states import State
 from reconciler.engine.context import StepContext
@@ -18,9 +20,21 @@ from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.models import Operation
 from tests.support.factories import insert_operation
+from tests.support.stack import sim_provider_table
+from tests.support.steps import BASE_URL, ENVIRON
 
 
-def test_a_claim_in_the_release_window_is_worked(runtime: Runtime, clock: ManualClock) -> None:
+def test_a_claim_in_the_release_window_is_worked(db_url: str, clock: ManualClock) -> None:
+    # Only operations of a configured provider are claimed: the sim's table, never called.
+    settings = Settings(database_url=db_url, providers={"sim": sim_provider_table(BASE_URL)})
+    runtime = Runtime.build(settings, clock=clock, rng=random.Random(7), environ=ENVIRON)
+    try:
+        _claim_in_the_release_window(runtime, clock)
+    finally:
+        runtime.db.dispose()
+
+
+def _claim_in_the_release_window(runtime: Runtime, clock: ManualClock) -> None:
     op = insert_operation(
         runtime.db,
         runtime.journal,

@@ -11,7 +11,7 @@ import base64
 import copy
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,12 +20,17 @@ from typing import Any
 import httpx
 from fixtures.provider_sim import SimConfig, SimState
 from fixtures.provider_sim import create_app as create_sim
+from starlette.applications import Starlette
 
 from reconciler.api.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.core.callback_secrets import agent_key, as_whsec
+from reconciler.engine.worker import Worker
 from reconciler.runtime import Runtime
+from reconciler.storage import operations as store
+from reconciler.storage.database import Database
 from reconciler.storage.tokens import callback_salt, create_token
+from tests.support.hooks import wait_until
 from tests.support.servers import serve_asgi
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +81,7 @@ class Stack:
     runtime: Runtime
     agent_token: str
     operator_token: str
+    workers: list[Worker] = field(default_factory=list)  # every worker serving this stack
     client: httpx.Client = field(init=False)
 
     def __post_init__(self) -> None:
@@ -118,6 +124,22 @@ class Stack:
             op = self.get(op_id, operator=True)
         return op
 
+    def settled(self, op_ids: Sequence[str], timeout: float = 30.0) -> None:
+        """Wait (bounded) until nothing runs on these operations and nothing will start.
+
+        Every worker of the stack is idle and each operation is unleased with nothing
+        due, so no worker can claim it again: whatever was going to happen has happened,
+        and a count taken now is final. This replaces "sleep a while and look again".
+        """
+        wait_until(
+            lambda: (
+                all(w.in_flight == 0 for w in self.workers)
+                and all(quiescent(self.runtime.db, op_id) for op_id in op_ids)
+            ),
+            timeout,
+            "the workers to go idle with nothing due",
+        )
+
     def history(self, op_id: str) -> list[dict[str, Any]]:
         response = self.client.get(
             f"/v1/operations/{op_id}/history", headers=self.headers(operator=True)
@@ -147,6 +169,20 @@ class Stack:
         return jobs
 
 
+def worker_of(app: Starlette) -> Worker:
+    """The worker behind an app made by ``create_app``."""
+    worker: Worker = app.state.background.worker
+    return worker
+
+
+def quiescent(db: Database, op_id: str) -> bool:
+    """No lease on the operation and nothing due on it: no worker can start work on it
+    (a claim needs a due ``next_poll_at``) until something outside the workers changes it."""
+    with db.read() as conn:
+        op = store.load_operation(conn, op_id)
+    return op.lease_owner is None and op.next_poll_at is None
+
+
 def make_tokens(runtime: Runtime) -> tuple[str, str]:
     with runtime.db.write() as conn:
         agent = create_token(conn, "agent-1", "agent", runtime.clock.now())
@@ -166,6 +202,7 @@ def running_stack(
     callbacks: dict[str, Any] | None = None,
     drop: tuple[str, ...] = (),
     server: dict[str, Any] | None = None,
+    scheduler: dict[str, Any] | None = None,
 ) -> Iterator[Stack]:
     with ExitStack() as stack:
         sim = SimState(
@@ -180,7 +217,9 @@ def running_stack(
             providers={"sim": sim_provider_table(sim_url, drop=drop, **(provider or {}))},
             hooks=hooks,
             server=ServerSettings(**{"wait_max_seconds": 30.0, **(server or {})}),
-            scheduler=SchedulerSettings(tick_seconds=tick_seconds, lease_seconds=10.0),
+            scheduler=SchedulerSettings(
+                **{"tick_seconds": tick_seconds, "lease_seconds": 10.0, **(scheduler or {})}
+            ),
             callbacks=CallbackSettings(**{"allow_hosts": ("127.0.0.1",), **(callbacks or {})}),
         )
         environ = {
@@ -190,9 +229,10 @@ def running_stack(
         }
         runtime = Runtime.build(settings, environ=environ)
         agent, operator = make_tokens(runtime)
-        url = stack.enter_context(serve_asgi(create_app(runtime)))
+        app = create_app(runtime)
+        url = stack.enter_context(serve_asgi(app))
         sim.config.webhook_url = f"{url}/webhooks/sim"
-        result = Stack(url, sim_url, sim, runtime, agent, operator)
+        result = Stack(url, sim_url, sim, runtime, agent, operator, [worker_of(app)])
         try:
             yield result
         finally:
