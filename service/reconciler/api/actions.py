@@ -62,8 +62,8 @@ async def wait_until(
     ``deadline`` is on the loop's clock, taken when the request arrived, so time spent
     queueing for a read counts against the wait. Each round subscribes before it reads
     (a change in between is not missed) and reads once; the timeout itself costs no read,
-    and neither does a change made in this process, which hands over the record it
-    committed. ``current``: the caller holds the record as stored already (it just wrote
+    and neither does a change made in this process that settles it, which hands over
+    the record it committed. ``current``: the caller holds the record as stored already (it just wrote
     it), so the first round reads nothing either. Waiting holds no thread and no
     connection: only an event.
     """
@@ -83,9 +83,12 @@ async def wait_until(
             rt.notifier.unsubscribe(op_id, event)
         if not event.is_set():
             return op  # timed out without a change: the last read stands
-        # Changed here: the committed record (this caller's own operation, seen above);
-        # changed elsewhere: read it.
+        # Changed here: the committed record, enough when it settles the wait (settling is
+        # final). Otherwise read it after subscribing again: a later change may have come
+        # between this wake-up and the next subscription, and the handed record predates it.
         op = event.record
+        if op is not None and not settled(op):
+            op = None
 
 
 async def start(rt: Runtime, who: Principal, body: Any) -> tuple[Operation, bool]:
