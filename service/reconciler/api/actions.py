@@ -63,9 +63,9 @@ async def wait_until(
     queueing for a read counts against the wait. Each round subscribes before it reads
     (a change in between is not missed) and reads once; the timeout itself costs no read,
     and neither does a change made in this process that settles it, which hands over
-    the record it committed. ``current``: the caller holds the record as stored already (it just wrote
-    it), so the first round reads nothing either. Waiting holds no thread and no
-    connection: only an event.
+    the record it committed. ``current``: the caller holds the record as stored already
+    (it just wrote it), so the first round reads nothing either. Waiting holds no thread
+    and no connection: only an event.
     """
     loop = asyncio.get_running_loop()
     op = current
