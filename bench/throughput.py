@@ -72,6 +72,8 @@ from bench.poller import cpu_seconds  # noqa: E402
 from bench.support import free_port, stop, wait_ready  # noqa: E402
 
 SIM_TOKEN = "bench-sim-token"
+SUBMIT_TRIES = 3
+RESENT = -1  # in a run's answers: a submission sent again after a dropped connection
 AGENT = "bench-agent"
 HOOK = "bench.throughput_parts:completion_hook"
 # The first fallback read is 15-30 s after acceptance: each completion is the webhook's.
@@ -332,13 +334,26 @@ async def submit(url: str, token: str, args: argparse.Namespace, callback: str) 
                 "webhook_on_running": False,
                 "n": index,
             }
-            body = {"provider": "sim", "request": request, "callback_url": callback}
+            # An agent's submission carries a key, so a call whose kept-alive connection
+            # was dropped is simply sent again (the key makes it the same operation).
+            body = {
+                "provider": "sim",
+                "request": request,
+                "callback_url": callback,
+                "idempotency_key": f"bench-{index}",
+            }
             async with gate:
-                try:
-                    response = await client.post("/v1/operations", json=body, headers=headers)
-                    answers[response.status_code] += 1
-                except httpx.HTTPError:
-                    answers[0] += 1
+                for attempt in range(SUBMIT_TRIES):
+                    try:
+                        response = await client.post("/v1/operations", json=body, headers=headers)
+                    except httpx.TransportError:
+                        if attempt + 1 < SUBMIT_TRIES:
+                            answers[RESENT] += 1
+                            continue
+                        answers[0] += 1
+                    else:
+                        answers[response.status_code] += 1
+                    break
 
         await asyncio.gather(*(one(i) for i in range(args.operations)))
     return answers
@@ -396,6 +411,9 @@ def run_ours(
                         started = time.time()
                         answers = asyncio.run(submit(url, token, args, f"{rcv}/cb"))
                         created = sum(n for code, n in answers.items() if 200 <= code < 300)
+                        if created < args.operations or answers[RESENT]:
+                            # 0: no answer after every try; -1: sent again after no answer
+                            print(f"    submissions of {tree.label} answered {dict(answers)}")
                         stats = await_callbacks(rcv, created, timeout=max(300, created))
                         deadline = time.monotonic() + 60
                         while finished(db_url) < created and time.monotonic() < deadline:
