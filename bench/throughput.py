@@ -26,7 +26,10 @@ per second and the ratio ours / bare (the bare run of the same round), the servi
 CPU per operation (``/proc/<pid>/stat``, from the first submission until every
 operation's completion is recorded), write transactions per operation
 (``reconciler_write_transactions_total`` on ``/metrics``) and status reads per operation
-(``reconciler_status_requests_total``), with the machine's load average.
+(``reconciler_status_requests_total``), with the machine's load average. The bare run
+prints its own CPU per operation (it runs in this process): what the same four outbound
+calls cost in this HTTP stack with nothing else, a floor under the service's figure
+(which adds the two inbound requests, the database and the completion bookkeeping).
 
 ``--tree TREE`` measures another checkout (with its own ``.venv``) instead of this one;
 ``--baseline TREE``: another checkout (e.g. a worktree at the commit before a change)
@@ -518,14 +521,19 @@ def run_bare(backend: str, args: argparse.Namespace, work: Path) -> Run:
     try:
         with receiver(work, secret) as rcv:
             started = time.time()
+            # The bare client runs in this process: its CPU is this process's, and it shows
+            # what the same outbound calls cost in this HTTP stack with nothing else.
+            cpu0 = time.process_time()
             done = asyncio.run(bare_client(sim_url, rcv, secret, args))
+            cpu = time.process_time() - cpu0
             stats = await_callbacks(rcv, done, timeout=60)
     finally:
         stop(sim)
     last = stats["last_at"] or time.time()
     if stats["rejected"]:
         raise RuntimeError(f"the receiver refused {stats['rejected']} bare callbacks")
-    return Run("bare", backend, int(stats["distinct"]), last - started)
+    arrived = int(stats["distinct"])
+    return Run("bare", backend, arrived, last - started, cpu_ms=cpu * 1000 / max(1, arrived))
 
 
 # --- report ------------------------------------------------------------------------------
