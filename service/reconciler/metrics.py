@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from reconciler.core.states import State
@@ -36,6 +36,21 @@ class _StateCounts(Collector):
             counts = {}
         for state in State:
             family.add_metric([state.value], counts.get(state.value, 0))
+        yield family
+
+
+class _WriteCount(Collector):
+    """The database's count of write transactions begun by this process (no query)."""
+
+    def __init__(self, count: Callable[[], int]) -> None:
+        self._count = count
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "reconciler_write_transactions",
+            "Write transactions this process began (each BEGIN ... COMMIT or ROLLBACK).",
+        )
+        family.add_metric([], float(self._count()))
         yield family
 
 
@@ -167,6 +182,9 @@ class Metrics:
 
     def watch_states(self, counts: Callable[[], dict[str, int]]) -> None:
         self.registry.register(_StateCounts(counts))
+
+    def watch_writes(self, count: Callable[[], int]) -> None:
+        self.registry.register(_WriteCount(count))
 
     def watch_trust(self, views: Callable[[], dict[str, TrustView]]) -> None:
         self.registry.register(_TrustGauges(views))

@@ -69,6 +69,7 @@ class Runtime:
         self.views = ViewBatcher(self.db, self.clock.now)
         self.metrics.watch_states(self._state_counts)
         self.metrics.watch_trust(self.trust_views)
+        self.metrics.watch_writes(lambda: self.db.write_transactions)
 
     def trust_views(self) -> dict[str, TrustView]:
         """Every provider's webhook trust as operators see it (``storage.trust.trust_views``)."""

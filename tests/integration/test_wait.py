@@ -19,10 +19,12 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from reconciler.api.app import create_app
 from reconciler.config import ServerSettings
 from reconciler.runtime import Runtime
+from reconciler.storage.operations import load_operation
 from tests.support.hooks import wait_until
 from tests.support.servers import serve_asgi
 from tests.support.stack import Stack, running_stack
@@ -240,3 +242,25 @@ def test_two_hundred_waiters_share_one_wakeup(tmp_path: Path, db_url: str):
         # reloads the operation itself, so 200 answers take a few seconds to drain here.
         finished = done_at(answers[0])
         assert finished <= min(returned) and max(returned) - finished < 15
+
+
+def test_a_change_between_wake_up_and_resubscribing_is_not_missed(tmp_path: Path, db_url: str):
+    # A change made in this process hands its waiters the committed record. When that
+    # record does not settle the wait, a later change may already have come (and found
+    # no subscriber): the waiter must read, not wait on the handed record until timeout.
+    with running_stack(tmp_path, db_url, provider=POLLING) as stack:
+        op = observing(stack)
+        rt = stack.runtime
+        with rt.db.read() as conn:
+            stale = load_operation(conn, op["id"])
+        waiter = Waiter(stack.url, stack, op["id"], timeout=20)
+        waiter.start()
+        wait_until(lambda: parked(rt, op["id"]), 10, "the waiter to park")
+        with rt.db.write() as conn:  # the later change, whose notification nobody heard
+            conn.execute(
+                sa.text("UPDATE operations SET state = 'succeeded' WHERE id = :id"),
+                {"id": op["id"]},
+            )
+        rt.notifier.changed(op["id"], stale)
+        answer = waiter.result()
+        assert answer["state"] == "succeeded" and answer["done"] is True

@@ -49,19 +49,31 @@ async def load_visible(rt: Runtime, op_id: str, who: Principal) -> Operation:
 
 
 async def wait_until(
-    rt: Runtime, op_id: str, who: Principal, deadline: float, settled: Settled = is_done
+    rt: Runtime,
+    op_id: str,
+    who: Principal,
+    deadline: float,
+    settled: Settled = is_done,
+    *,
+    current: Operation | None = None,
 ) -> Operation:
     """The operation as soon as ``settled`` holds, or at ``deadline`` with the latest record.
 
     ``deadline`` is on the loop's clock, taken when the request arrived, so time spent
     queueing for a read counts against the wait. Each round subscribes before it reads
-    (a change in between is not missed) and reads once; the timeout itself costs no read.
+    (a change in between is not missed) and reads once; the timeout itself costs no read,
+    and neither does a change made in this process that settles it, which hands over
+    the record it committed. ``current``: the caller holds the record as stored already
+    (it just wrote it), so the first round reads nothing either. Waiting holds no thread
+    and no connection: only an event.
     """
     loop = asyncio.get_running_loop()
+    op = current
     while True:
         event = rt.notifier.subscribe(op_id)
         try:
-            op = await load_visible(rt, op_id, who)
+            if op is None:
+                op = await load_visible(rt, op_id, who)
             left = deadline - loop.time()
             if settled(op) or left <= 0 or rt.notifier.closing:
                 return op  # closing: shutting down, answer now rather than be cut off
@@ -71,6 +83,12 @@ async def wait_until(
             rt.notifier.unsubscribe(op_id, event)
         if not event.is_set():
             return op  # timed out without a change: the last read stands
+        # Changed here: the committed record, enough when it settles the wait (settling is
+        # final). Otherwise read it after subscribing again: a later change may have come
+        # between this wake-up and the next subscription, and the handed record predates it.
+        op = event.record
+        if op is not None and not settled(op):
+            op = None
 
 
 async def start(rt: Runtime, who: Principal, body: Any) -> tuple[Operation, bool]:
@@ -88,10 +106,17 @@ async def start(rt: Runtime, who: Principal, body: Any) -> tuple[Operation, bool
     )
     if created:
         rt.notifier.wake()
-        # A short, bounded wait so the answer usually carries the job id already.
+        # A short, bounded wait so the answer usually carries the job id already; it
+        # holds neither a thread nor a connection, and reads nothing when the job id is
+        # learned in this process (the change hands over its record).
         deadline = asyncio.get_running_loop().time() + rt.settings.server.create_wait_seconds
         op = await wait_until(
-            rt, op.id, who, deadline, lambda current: current.state != State.CREATE_PENDING
+            rt,
+            op.id,
+            who,
+            deadline,
+            lambda current: current.state != State.CREATE_PENDING,
+            current=op,
         )
     return op, created
 

@@ -43,6 +43,9 @@ def _overdue(op: Operation, default_interval: float) -> Overdue:
 def spread_overdue(conn: Connection, rt: Runtime, now: datetime, actor: str) -> int:
     """Spread the due reads of every provider that has one long overdue; returns how many."""
     late_by = timedelta(seconds=rt.settings.scheduler.catch_up_after_seconds)
+    skip = DelaySource.CATCH_UP.value
+    if not store.any_status_read_due_before(conn, now, now - late_by, skip):
+        return 0  # nothing long overdue (the usual case): no reason to look at every due read
     by_provider: dict[str, list[Operation]] = defaultdict(list)
     for op in store.due_status_reads(conn, now, DelaySource.CATCH_UP.value, SCAN_LIMIT):
         by_provider[op.provider].append(op)

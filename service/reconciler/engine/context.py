@@ -1,8 +1,12 @@
 """What every step shares: the runtime, the lease, bounded provider calls and guarded writes.
 
-Guarantee: one owner per operation. Every write a step makes goes through
-``apply``: it reads the row afresh inside the transaction, refuses to write
-without the lease, and decides again on the fresh row after a lost race.
+Guarantee: one owner per operation. Every write a step makes is conditional on
+the lease and on the version it was decided on (``storage.journal``). ``apply``
+first writes on the record the task holds (the one its own last write or the
+claim left: no read), and after a lost race reads the row afresh inside the
+transaction, refuses to write without the lease, and decides again on the fresh
+row. A write marked ``final`` ends the step: the task's ``Flow`` then prepares
+the next step or gives the lease back in the same transaction (``engine.flow``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from reconciler.core.poll import PollPolicy
 from reconciler.core.states import END_STATES, State
 from reconciler.core.trust import TrustPolicy
 from reconciler.core.vocabulary import EscalationReason, HistoryKind, TransportError
+from reconciler.engine.flow import Prep, flow_var
 from reconciler.errors import StaleWrite
 from reconciler.metrics import status_label
 from reconciler.providers.adapter import CallResult, ProviderAdapter
@@ -92,6 +97,16 @@ class StepContext:
 
         return await self.runtime.db.run(load)
 
+    def fresh(self, conn: Connection, op_id: str) -> Operation:
+        """The row as stored now, inside a write; ``StaleWrite`` once the lease is not ours."""
+        found = store.load_records(conn, [op_id], lock=True)
+        if not found:
+            raise StaleWrite(f"operation {op_id} does not exist any more")
+        current = found[0]
+        if not self.holds_lease(current):
+            raise StaleWrite(f"operation {op_id}: the lease was lost")
+        return current
+
     def spec(self, op: Operation) -> ProviderSpec:
         return self.runtime.providers[op.provider]
 
@@ -127,32 +142,21 @@ class StepContext:
             self.count_call(op, name, call)
         return result
 
-    async def write(self, op: Operation, fn: Callable[[Connection], Operation]) -> Operation:
-        """Run ``fn`` in one write transaction off the loop, then signal the change."""
-        rt = self.runtime
+    async def write(
+        self, op: Operation, fn: Callable[[Connection], Operation], *, final: bool = False
+    ) -> Operation:
+        """Run ``fn`` in one write transaction off the loop, then signal the change.
 
-        def run() -> Operation:
-            with rt.db.write() as conn:
-                return fn(conn)
-
-        after = await rt.db.run_write(run)
-        await self._changed(op, after)
-        return after
-
-    async def _changed(self, op: Operation, after: Operation) -> None:
-        rt = self.runtime
-        if after.state != op.state:
-            rt.notifier.changed(op.id)
-            if State(after.state) in END_STATES:
-                rt.metrics.completions.labels(after.state).inc()
-                rt.metrics.reads_per_operation.labels(after.provider).observe(
-                    after.status_requests_used
-                )
-        if after.escalation_id != op.escalation_id and after.escalation_id is not None:
-            rt.metrics.escalations.labels(await rt.db.run(self._reason, after)).inc()
+        ``fn`` writes on ``op`` as the task holds it; a lost race raises ``StaleWrite``.
+        """
+        return (await self._commit(op, lambda conn, _: fn(conn), final, retry=False)).op
 
     async def apply(
-        self, op: Operation, build: Callable[[Connection, Operation], Operation]
+        self,
+        op: Operation,
+        build: Callable[[Connection, Operation], Operation],
+        *,
+        final: bool = False,
     ) -> Operation:
         """Write what a provider call taught us onto the freshest row we still lease.
 
@@ -161,18 +165,60 @@ class StepContext:
         as it is now, so the provider's answer is recorded instead of being lost to the
         version guard. Losing the lease still stops the write.
         """
+        return (await self._commit(op, build, final, retry=True)).op
+
+    async def apply_plan(
+        self, op: Operation, build: Callable[[Connection, Operation], Prep], *, final: bool = False
+    ) -> Prep:
+        """``apply`` for a build that also answers what it learned (``Prep.data``)."""
+        return await self._commit(op, build, final, retry=True)
+
+    async def _commit(
+        self,
+        op: Operation,
+        build: Callable[[Connection, Operation], Operation | Prep],
+        final: bool,
+        *,
+        retry: bool,
+    ) -> Prep:
         rt = self.runtime
+        flow = flow_var.get()
+        attempts = [0]
 
-        def fresh() -> Operation:
+        def once() -> tuple[Prep, Prep | None, bool]:
+            attempts[0] += 1
             with rt.db.write() as conn:
-                current = store.load_operation(conn, op.id)
-                if not self.holds_lease(current):
-                    raise StaleWrite(f"operation {op.id}: the lease was lost")
-                return build(conn, current)
+                # First on the record we hold (no read): the write's own guards say whether
+                # it is still current. After a lost race, on the row as it is now.
+                current = op if attempts[0] == 1 else self.fresh(conn, op.id)
+                built = build(conn, current)
+                done = built if isinstance(built, Prep) else Prep(built)
+                nxt, released = (None, False)
+                if flow is not None:
+                    nxt, released = flow.after_write(conn, done.op, self.now(), final or done.final)
+                return done, nxt, released
 
-        after = await rt.db.run_write(lambda: retry_stale(fresh, APPLY_ATTEMPTS))
-        await self._changed(op, after)
-        return after
+        def run() -> tuple[Prep, Prep | None, bool]:
+            return retry_stale(once, APPLY_ATTEMPTS) if retry else once()
+
+        done, nxt, released = await rt.db.run_write(run)
+        if flow is not None:
+            flow.wrote(done.op, nxt, released)
+        await self._changed(op, nxt.op if nxt is not None else done.op)
+        return done
+
+    async def _changed(self, op: Operation, after: Operation) -> None:
+        rt = self.runtime
+        if after.state != op.state:
+            # Local waiters get the record itself: they need not read it again.
+            rt.notifier.changed(op.id, after)
+            if State(after.state) in END_STATES:
+                rt.metrics.completions.labels(after.state).inc()
+                rt.metrics.reads_per_operation.labels(after.provider).observe(
+                    after.status_requests_used
+                )
+        if after.escalation_id != op.escalation_id and after.escalation_id is not None:
+            rt.metrics.escalations.labels(await rt.db.run(self._reason, after)).inc()
 
     def outage_note(self, start: datetime, end: datetime, **detail: Any) -> OutageNote | None:
         """Record, as ours, any outage of our database that overlapped ``[start, end]``.
@@ -239,7 +285,8 @@ class StepContext:
         """Stop automatic work on ``op`` and ask a person (on the fresh row, under the lease)."""
         return await self.apply(
             op,
-            lambda conn, fresh: self.escalate_in(
+            final=True,
+            build=lambda conn, fresh: self.escalate_in(
                 conn,
                 fresh,
                 reason,

@@ -24,6 +24,9 @@ JOB_ID = "reconciler-tick"
 TRUST_JOB_ID = "reconciler-webhook-trust"
 # Wake-ups closer together than this are merged; it bounds tick rate under hint floods.
 MIN_GAP = timedelta(milliseconds=2)
+# A planned run that has not started this long after its time may have been skipped (all
+# instances busy): ask the scheduler again rather than trust it.
+TRUST_PLANNED = timedelta(milliseconds=50)
 
 
 class Scheduler:
@@ -37,11 +40,19 @@ class Scheduler:
         self.tick_seconds = tick_seconds
         self.trust_sweep = trust_sweep
         self._scheduler: AsyncIOScheduler | None = None
+        # The latest moment the tick job will run next, as far as this object moved it: a
+        # wake-up before then needs no call into the scheduler (thousands come per second).
+        self._planned: datetime | None = None
+
+    async def _tick(self) -> int:
+        # The interval job's next run is at most one interval from this one.
+        self._planned = datetime.now(UTC) + timedelta(seconds=self.tick_seconds)
+        return await self.worker.tick()
 
     def start(self) -> None:
         scheduler = AsyncIOScheduler(timezone=UTC)
         scheduler.add_job(
-            self.worker.tick,
+            self._tick,
             "interval",
             seconds=self.tick_seconds,
             id=JOB_ID,
@@ -75,15 +86,20 @@ class Scheduler:
         scheduler = self._scheduler
         if scheduler is None or not scheduler.running:
             return
+        now = datetime.now(UTC)
+        when = max(when, now)
+        planned = self._planned
+        if planned is not None and planned <= when + MIN_GAP and now <= planned + TRUST_PLANNED:
+            return  # a run is due by then already
         job = scheduler.get_job(JOB_ID)
         if job is None:
             return
-        now = datetime.now(UTC)
-        when = max(when, now)
         current = job.next_run_time
         if current is not None and current <= when + MIN_GAP:
+            self._planned = current
             return
         job.modify(next_run_time=when)
+        self._planned = when
 
     def shutdown(self) -> None:
         if self._scheduler is not None and self._scheduler.running:

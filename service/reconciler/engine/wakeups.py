@@ -2,7 +2,9 @@
 
 In-process: the worker's wake callback runs on the event loop, and waiters
 on one operation share an ``asyncio.Event`` per operation id (thousands of
-waiters cost a dict entry and a future each, no polling).
+waiters cost a dict entry and a future each, no polling). A change made in
+this process hands its waiters the record as it was committed (``Change.record``),
+so they need not read it again.
 
 Across replicas (PostgreSQL): writers send ``pg_notify`` in the same
 transaction as the change, so a notification is delivered exactly when the
@@ -20,15 +22,23 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from reconciler.storage.models import Operation
 from reconciler.storage.notify import WAKE_CHANNEL, notifications
 
 log = logging.getLogger("reconciler.engine.wakeups")
 
 
+class Change(asyncio.Event):
+    """Set at the next change of one operation; ``record`` is the committed record when the
+    change was made in this process (None: from another replica, or on shutdown)."""
+
+    record: Operation | None = None
+
+
 class Notifier:
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiters: dict[str, asyncio.Event] = {}
+        self._waiters: dict[str, Change] = {}
         self._counts: dict[str, int] = {}
         self._wake_handlers: list[Callable[[], None]] = []
         self._listener: asyncio.Task[None] | None = None
@@ -44,8 +54,8 @@ class Notifier:
     def wake(self) -> None:
         self._call(self._wake_local)
 
-    def changed(self, operation_id: str) -> None:
-        self._call(self._changed_local, operation_id)
+    def changed(self, operation_id: str, record: Operation | None = None) -> None:
+        self._call(self._changed_local, operation_id, record)
 
     def _call(self, fn: Callable[..., None], *args: Any) -> None:
         loop = self._loop
@@ -65,10 +75,11 @@ class Notifier:
         for handler in self._wake_handlers:
             handler()
 
-    def _changed_local(self, operation_id: str) -> None:
+    def _changed_local(self, operation_id: str, record: Operation | None = None) -> None:
         event = self._waiters.pop(operation_id, None)
         self._counts.pop(operation_id, None)
         if event is not None:
+            event.record = record
             event.set()
 
     def close_waits(self) -> None:
@@ -82,15 +93,15 @@ class Notifier:
         for event in waiters.values():
             event.set()
 
-    def subscribe(self, operation_id: str) -> asyncio.Event:
+    def subscribe(self, operation_id: str) -> Change:
         """An event set at the next change of this operation (shared by all its waiters)."""
         if self.closing:
-            done = asyncio.Event()
+            done = Change()
             done.set()
             return done
         event = self._waiters.get(operation_id)
         if event is None:
-            event = self._waiters[operation_id] = asyncio.Event()
+            event = self._waiters[operation_id] = Change()
         self._counts[operation_id] = self._counts.get(operation_id, 0) + 1
         return event
 

@@ -1,11 +1,19 @@
 """The worker: claims due operations under a lease and runs one step at a time on each.
 
 The scheduler only says *when* to look (``tick``); whether there is work,
-and who may do it, is decided by the database: ``store.claim_due`` leases
+and who may do it, is decided by the database: ``store.claim_records`` leases
 due rows to this worker, and every write a step makes is conditional on
 still holding that lease (``journal.Lease``), so a worker whose lease
 expired cannot write. A claimed operation is reloaded before anything is
-sent (seed 003: another worker may have finished it meanwhile).
+sent (seed 003: another worker may have finished it meanwhile): the claim
+reads each row back once the lease is taken, in the same statement.
+
+Fewer transactions: the claim also prepares each claimed operation's step (the
+charge, reservation or start record it writes before it sends anything,
+``prepare``), and a step's last write prepares the next step or gives the lease
+back (``engine.flow``), so a happy path costs one transaction per step. After
+its own writes a task keeps the record they returned: nothing is read again
+that the lease already guarantees.
 """
 
 from __future__ import annotations
@@ -15,11 +23,14 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+from sqlalchemy.engine import Connection
 
 from reconciler.core.states import END_STATES, State
 from reconciler.engine.catch_up import spread_overdue
 from reconciler.engine.context import StepContext
+from reconciler.engine.flow import Flow, Prep, Preparer, flow_var
 from reconciler.engine.shares import COMPLETION, Shares, share_of
 from reconciler.errors import Bug, ReconcilerError, StaleWrite, StorageUnavailable
 from reconciler.logs import operation_id_var, trace_id_var
@@ -29,7 +40,10 @@ from reconciler.storage.models import Operation
 log = logging.getLogger("reconciler.engine.worker")
 
 # A step does one unit of work on a leased, freshly loaded operation and writes its outcome.
-Step = Callable[[Operation], Awaitable[None]]
+# A step with a ``prepare`` method may be handed its first write done (``Prep``) as a
+# second argument.
+Step = Callable[..., Awaitable[None]]
+STATUS_READ_STATES = frozenset({State.OBSERVING, State.CANCELLING})
 
 
 class Steps(NamedTuple):
@@ -72,6 +86,16 @@ def _filter(share: str) -> store.ShareFilter:
     return store.ShareFilter(provider=share, completion=False)
 
 
+class _Claimed(NamedTuple):
+    op: Operation
+    previous: str | None  # the holder of an expired lease taken over
+    prep: Prep | None
+
+
+class _PrepFailed(Exception):
+    """A step's ``prepare`` failed inside the claim: claim again without preparing."""
+
+
 class Worker:
     def __init__(
         self,
@@ -93,6 +117,8 @@ class Worker:
         self.shares = Shares(capacities)
         self._tasks: set[asyncio.Task[None]] = set()
         self._working: set[str] = set()  # operations one of our tasks is on
+        # Claims of operations a task of ours is still on (see ``_spawn``), for that task.
+        self._reclaimed: dict[str, tuple[_Claimed, str]] = {}
         self._claiming = False
         self._again = False
         self._stopping = False
@@ -122,11 +148,11 @@ class Worker:
                     break
                 claims = await self._claim(wants)
                 more = False
-                for key, ids in claims.items():
-                    for op_id in ids:
-                        self._spawn(op_id, key)
-                    claimed += len(ids)
-                    more = more or len(ids) == wants[key]
+                for key, batch in claims.items():
+                    for item in batch:
+                        self._spawn(item, key)
+                    claimed += len(batch)
+                    more = more or len(batch) == wants[key]
                 if not more and not self._again:
                     break
         finally:
@@ -145,47 +171,101 @@ class Worker:
                 room -= n
         return wants
 
-    async def _claim(self, wants: dict[str, int]) -> dict[str, list[str]]:
+    async def _claim(self, wants: dict[str, int]) -> dict[str, list[_Claimed]]:
         rt = self.runtime
         now = rt.clock.now()
         lease = rt.settings.scheduler.lease_seconds
+        # Operations a task of ours is on are not prepared by the claim: that task is
+        # inside a step of theirs now, and picks the claim up when it is done.
+        busy = frozenset(self._working)
 
-        def claim() -> dict[str, list[store.Claim]]:
+        def claim(prepare: bool) -> dict[str, list[_Claimed]]:
             with rt.db.write() as conn:
                 spread_overdue(conn, rt, now, self.ctx.actor)
-                return {
-                    key: store.claim_due(conn, self.owner, now, lease, n, _filter(key))
-                    for key, n in wants.items()
-                }
+                out: dict[str, list[_Claimed]] = {}
+                for key, n in wants.items():
+                    claimed = store.claim_records(conn, self.owner, now, lease, n, _filter(key))
+                    out[key] = [
+                        _Claimed(
+                            op,
+                            previous,
+                            self._prepare_claimed(conn, op, now)
+                            if prepare and op.id not in busy
+                            else None,
+                        )
+                        for op, previous in claimed
+                    ]
+                return out
+
+        def claim_and_prepare() -> dict[str, list[_Claimed]]:
+            try:
+                return claim(prepare=True)
+            except _PrepFailed as failed:
+                # One operation's step could not prepare: nothing of this claim was kept.
+                # Claim plainly; that step prepares on its own (and fails in its own task).
+                log.error("preparing a claimed step failed", exc_info=failed.__cause__)
+                return claim(prepare=False)
 
         try:
-            claims = await rt.db.run_write(claim)
+            claims = await rt.db.run_write(claim_and_prepare)
         except StorageUnavailable:
             log.warning("claim failed: database unavailable")
             return {}
         for c in (c for batch in claims.values() for c in batch):
-            if c.taken_over_from is not None and c.taken_over_from != self.owner:
+            if c.previous is not None and c.previous != self.owner:
                 rt.metrics.lease_takeovers.inc()
                 log.info(
                     "took over an expired lease",
-                    extra={"operation": c.operation_id, "previous_owner": c.taken_over_from},
+                    extra={"operation": c.op.id, "previous_owner": c.previous},
                 )
-        return {key: [c.operation_id for c in batch] for key, batch in claims.items()}
+        return claims
 
-    def _spawn(self, op_id: str, share: str) -> None:
-        if op_id in self._working:
-            # Our own lease lapsed while a task of ours is still on the operation (a slow
-            # step whose heartbeat fell behind); the claim renewed it. Both tasks would pass
-            # every lease guard, so a second one would run the same step again.
-            return
+    def _prepare_claimed(self, conn: Connection, op: Operation, now: datetime) -> Prep | None:
+        step = self._preparer(op, now)
+        if step is None:
+            return None
+        try:
+            return step.prepare(conn, op, now)
+        except StorageUnavailable:
+            raise
+        except Exception as exc:  # the claim is retried without it: see claim_and_prepare
+            raise _PrepFailed() from exc
+
+    def _preparer(self, op: Operation, now: datetime) -> Preparer | None:
+        """The step that will run on ``op`` now, if it can do its first write ahead."""
+        if op.next_poll_at is None or op.next_poll_at > now:
+            return None
+        step = self._step_for(op)
+        return step if step is not None and hasattr(step, "prepare") else None
+
+    def _spawn(self, claimed: _Claimed, share: str) -> None:
+        op_id = claimed.op.id
         if not self.shares.take(share):
             return  # cannot happen (the claim asked for free slots only); the lease expires
+        if op_id in self._working:
+            # A task of ours is still on the operation: a hint made it due again just as
+            # that task gave the lease back, or our own lease lapsed during a slow step
+            # and the claim renewed it. A second task would pass every lease guard and
+            # run the same step twice; the task on it works this claim when it is done.
+            previous = self._reclaimed.pop(op_id, None)
+            if previous is not None:
+                self._give(previous[1])
+            self._reclaimed[op_id] = (claimed, share)
+            return
         self._working.add(op_id)
-        task = asyncio.get_running_loop().create_task(self._process(op_id, share))
+        task = asyncio.get_running_loop().create_task(
+            self._process(op_id, share, claimed.op, claimed.prep)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._finished)
         # A task cancelled before it ran never reached the discard in _process.
-        task.add_done_callback(lambda t: self._working.discard(op_id) if t.cancelled() else None)
+        task.add_done_callback(lambda t: self._cancelled(op_id) if t.cancelled() else None)
+
+    def _cancelled(self, op_id: str) -> None:
+        self._working.discard(op_id)
+        left = self._reclaimed.pop(op_id, None)
+        if left is not None:
+            self._give(left[1])
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -205,45 +285,24 @@ class Worker:
             return self.completion
         return self.steps.get(state)
 
-    async def _process(self, op_id: str, share: str) -> None:
-        rt = self.runtime
+    async def _process(
+        self, op_id: str, share: str, op: Operation | None = None, prep: Prep | None = None
+    ) -> None:
         operation_id_var.set(op_id)
-        last: Operation | None = None
-        sent_status_read = False
+        task = _Task(self, share)
+        flow_var.set(task.flow)
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(op_id))
         try:
-            for _ in range(MAX_STEPS_PER_CLAIM):
-                op = await self.ctx.reload(op_id)  # reload after the claim, before anything is sent
-                if op is None or op.lease_owner != self.owner:
-                    return
-                last = op
-                trace_id_var.set(op.trace_id)
-                now = rt.clock.now()
-                if op.next_poll_at is None or op.next_poll_at > now:
+            while True:
+                await task.run(op_id, op, prep)
+                # A claim of ours landed while this task was on the operation: work it now.
+                again = self._reclaimed.pop(op_id, None)
+                if again is None:
                     break
-                wanted = share_of(op)
-                if not self.shares.move(share, wanted):
-                    # The next step belongs to a full share (a callback after a provider's
-                    # answer): give this slot back and let that share claim it when it can.
-                    rt.notifier.wake()
-                    break
-                if wanted != share:
-                    self._give_moved(share)
-                    share = wanted
-                step = self._step_for(op)
-                if step is None:
-                    await self._park(op)
-                    break
-                is_status_read = State(op.state) in (State.OBSERVING, State.CANCELLING)
-                if is_status_read and sent_status_read:
-                    break  # never two status reads in one claim: a late wake sends no burst
-                sent_status_read = sent_status_read or is_status_read
-                try:
-                    await step(op)
-                except StaleWrite:
-                    # Someone else wrote first (an agent's cancel, a webhook hint, an operator):
-                    # reload and look again rather than act on an old picture.
-                    continue
+                claimed, claimed_share = again
+                self._give(task.share)
+                task.claimed(claimed_share)
+                op, prep = claimed.op, claimed.prep
         except Bug as exc:
             log.error("bug in the step for operation %s: %s", op_id, exc.message, exc_info=exc)
         except ReconcilerError as exc:
@@ -256,10 +315,18 @@ class Worker:
             # operation again, and that claim must start a task rather than be skipped as
             # "ours already" (the lease would then sit idle until it expired).
             self._working.discard(op_id)
+            again = self._reclaimed.pop(op_id, None)
             try:
-                await self._release(op_id, last)
+                if again is not None:
+                    # Claimed again just now (after an error): a task of its own works it.
+                    self._give(again[1])
+                    self._spawn(again[0], again[1])
+                elif task.flow.released:
+                    self._due_at(task.last)  # the step's last write gave the lease back
+                else:
+                    await self._release(op_id, task.last)
             finally:
-                self._give(share)
+                self._give(task.share)
 
     def _give_moved(self, share: str) -> None:
         """A slot freed by a move to another share: wake the claim if the old one was full."""
@@ -303,17 +370,22 @@ class Worker:
     async def _release(self, op_id: str, last: Operation | None) -> None:
         rt = self.runtime
 
-        def release() -> Operation | None:
+        def release() -> dict[str, Any]:
             with rt.db.write() as conn:
-                store.release(conn, [op_id], self.owner)
-                return store.get_operation(conn, op_id)
+                return store.release(conn, [op_id], self.owner)
 
         try:
-            op = await rt.db.run_write(release)
+            released = await rt.db.run_write(release)
         except StorageUnavailable:
             return  # the lease expires on its own
-        if op is not None and op.next_poll_at is not None and self.on_next_due is not None:
-            self.on_next_due(op.next_poll_at)
+        if op_id in released:
+            at = released[op_id]
+            if at is not None and self.on_next_due is not None:
+                self.on_next_due(at)
+
+    def _due_at(self, last: Operation | None) -> None:
+        if last is not None and last.next_poll_at is not None and self.on_next_due is not None:
+            self.on_next_due(last.next_poll_at)
 
     async def drain(self, timeout: float = 10.0) -> None:
         """Stop claiming and wait for in-flight steps (bounded); leases expire otherwise."""
@@ -322,3 +394,114 @@ class Worker:
             await asyncio.wait(set(self._tasks), timeout=timeout)
         for task in list(self._tasks):
             task.cancel()
+
+
+class _Task:
+    """One task's run of steps on one operation under one claim (its ``Flow``'s owner)."""
+
+    def __init__(self, worker: Worker, share: str) -> None:
+        self.worker = worker
+        self.share = share
+        self.steps_left = MAX_STEPS_PER_CLAIM
+        self.sent_status_read = False
+        self.completion_slot = False
+        self.last: Operation | None = None
+        self.flow = Flow(next_step=self._next_step, release=self._release_in)
+
+    def claimed(self, share: str) -> None:
+        """A new claim of the same operation: its share, and a fresh allowance of steps."""
+        self.share = share
+        self.steps_left = MAX_STEPS_PER_CLAIM
+        self.sent_status_read = False
+
+    def _release_in(self, conn: Connection, op_id: str) -> None:
+        store.release(conn, [op_id], self.worker.owner)
+
+    def _next_step(self, after: Operation, now: datetime) -> Preparer | None:
+        """Inside a write: the step this task would run next on ``after`` now (see ``run``)."""
+        if self.steps_left <= 0:
+            return None
+        wanted = share_of(after)
+        if wanted != self.share and not (wanted == COMPLETION and self.completion_slot):
+            return None
+        if State(after.state) in STATUS_READ_STATES and self.sent_status_read:
+            return None
+        return self.worker._preparer(after, now)
+
+    async def run(self, op_id: str, op: Operation | None, prep: Prep | None) -> None:
+        worker = self.worker
+        rt = worker.runtime
+        while self.steps_left > 0:
+            if op is None:
+                # Reload after the claim (when it did not read the row) or a lost race.
+                op, prep = await worker.ctx.reload(op_id), None
+                if op is None or op.lease_owner != worker.owner:
+                    return
+            self.last = op
+            trace_id_var.set(op.trace_id)
+            now = rt.clock.now()
+            if op.next_poll_at is None or op.next_poll_at > now:
+                return
+            wanted = share_of(op)
+            if not worker.shares.move(self.share, wanted):
+                # The next step belongs to a full share (a callback after a provider's
+                # answer): give this slot back and let that share claim it when it can.
+                rt.notifier.wake()
+                return
+            if wanted != self.share:
+                worker._give_moved(self.share)
+                self.share = wanted
+            step = worker._step_for(op)
+            if step is None:
+                await worker._park(op)
+                return
+            is_status_read = State(op.state) in STATUS_READ_STATES
+            if is_status_read and self.sent_status_read:
+                return  # never two status reads in one claim: a late wake sends no burst
+            self.sent_status_read = self.sent_status_read or is_status_read
+            self.steps_left -= 1
+            self._reserve_completion(op)
+            self.flow.begin_step()
+            try:
+                await (step(op, prep) if prep is not None else step(op))
+            except StaleWrite:
+                # Someone else wrote first (an agent's cancel, a webhook hint, an operator):
+                # reload and look again rather than act on an old picture.
+                op, prep = None, None
+                continue
+            finally:
+                self._settle_completion()
+            if self.flow.released:
+                self.last = self.flow.last
+                return
+            # What our own writes left (the lease guarantees nobody else wrote since);
+            # a step that wrote nothing is looked at again.
+            op, prep = (self.flow.last, self.flow.prepared) if self.flow.changed else (None, None)
+
+    def _reserve_completion(self, op: Operation) -> None:
+        """Hold a completion slot while collecting a result, so its last write can start the
+        completion handler (in the same transaction) instead of leaving it to a claim."""
+        shares = self.worker.shares
+        self.completion_slot = (
+            self.share != COMPLETION
+            and State(op.state) is State.RESULT_COLLECTING
+            and shares.take(COMPLETION)
+        )
+
+    def _settle_completion(self) -> None:
+        if not self.completion_slot:
+            return
+        self.completion_slot = False
+        last = self.flow.last if self.flow.changed else None
+        if (
+            last is not None
+            and not self.flow.released
+            and share_of(last) == COMPLETION
+            and self.share != COMPLETION
+        ):
+            # The result is in and the completion handler is due: this task runs it in the
+            # slot it held, and the provider's slot goes back.
+            self.worker._give(self.share)
+            self.share = COMPLETION
+            return
+        self.worker._give(COMPLETION)

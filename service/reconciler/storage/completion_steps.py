@@ -7,14 +7,16 @@ naming that row, and ``done`` is written only over ``running``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
+from reconciler.storage.fastsql import Raw, raw_for, run
 from reconciler.storage.models import CompletionStep, Operation
 
 STEPS = CompletionStep.__table__  # type: ignore[attr-defined]
@@ -44,55 +46,86 @@ def step_key(op: Operation, step: str) -> str:
     return f"{op.id}:{op.completion_round}:{step}"
 
 
-def _this_step(op: Operation, step: str) -> tuple[sa.ColumnElement[bool], ...]:
-    """The WHERE clause naming one step of this operation's current completion round."""
-    return (
-        STEPS.c.operation_id == op.id,
-        STEPS.c.round == op.completion_round,
-        STEPS.c.step == step,
+_STEP_COLUMNS = ("step", "status", "attempts", "next_attempt_at", "idempotency_key")
+
+
+def _step_row(raw: Raw, row: Sequence[Any]) -> StepRow:
+    step, status, attempts, next_attempt_at, key = row
+    return StepRow(step, StepStatus(status), attempts, raw.read_time(next_attempt_at), key)
+
+
+def ensure_all(conn: Connection, op: Operation, names: Sequence[str]) -> list[StepRow]:
+    """This round's rows of the named steps, in that order; made ``pending`` the first time.
+
+    One INSERT for the missing ones (the unique key decides, so concurrent handlers
+    cannot both make a row) and one SELECT for all of them.
+    """
+    if not names:
+        return []
+    raw = raw_for(conn.dialect.name)
+    one = f"({raw.placeholders(6)})"
+    insert = (
+        "INSERT INTO completion_steps "
+        "(operation_id, round, step, status, idempotency_key, attempts) "
+        f"VALUES {', '.join([one] * len(names))} "
+        "ON CONFLICT (operation_id, round, step) DO NOTHING"
     )
+    params: list[Any] = []
+    for name in names:
+        params += [
+            op.id,
+            op.completion_round,
+            name,
+            StepStatus.PENDING.value,
+            step_key(op, name),
+            0,
+        ]
+    run(conn, insert, params)
+    where, wanted = raw.in_list("step", names)
+    select = (
+        f"SELECT {', '.join(_STEP_COLUMNS)} FROM completion_steps "
+        f"WHERE operation_id = {raw.mark} AND round = {raw.mark} AND {where}"
+    )
+    found = {
+        row[0]: _step_row(raw, row)
+        for row in run(conn, select, [op.id, op.completion_round, *wanted]).fetchall()
+    }
+    return [found[name] for name in names]
 
 
 def ensure(conn: Connection, op: Operation, step: str) -> StepRow:
     """The step's row for this round, made ``pending`` the first time it is asked for."""
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    conn.execute(
-        dialect.insert(STEPS)
-        .values(
-            operation_id=op.id,
-            round=op.completion_round,
-            step=step,
-            status=StepStatus.PENDING.value,
-            idempotency_key=step_key(op, step),
-            attempts=0,
-        )
-        .on_conflict_do_nothing(index_elements=["operation_id", "round", "step"])
+    return ensure_all(conn, op, [step])[0]
+
+
+def _set(
+    conn: Connection, op: Operation, step: str, values: Mapping[str, Any], only: str = ""
+) -> int:
+    """UPDATE one step row of this round (``only``: an extra condition on its status)."""
+    raw = raw_for(conn.dialect.name)
+    keys = tuple(values)
+    sql = raw.statement(
+        ("step-set", keys, bool(only)),
+        lambda r: (
+            f"UPDATE completion_steps SET {', '.join(f'{k} = {r.mark}' for k in keys)} "
+            f"WHERE operation_id = {r.mark} AND round = {r.mark} AND step = {r.mark}"
+            + (f" AND status = {r.mark}" if only else "")
+        ),
     )
-    row = conn.execute(sa.select(STEPS).where(*_this_step(op, step))).mappings().one()
-    return StepRow(
-        row["step"],
-        StepStatus(row["status"]),
-        row["attempts"],
-        row["next_attempt_at"],
-        row["idempotency_key"],
-    )
+    encoded = [code(values[k]) for code, k in zip(raw.encoders(STEPS, keys), keys, strict=True)]
+    params = [*encoded, op.id, op.completion_round, step, *([only] if only else [])]
+    return int(run(conn, sql, params).rowcount)
 
 
 def mark_running(conn: Connection, op: Operation, row: StepRow, now: datetime) -> None:
     """Recorded before the step runs: a crash from here on means "may have run"."""
-    conn.execute(
-        sa.update(STEPS)
-        .where(*_this_step(op, row.step))
-        .values(status=StepStatus.RUNNING.value, attempts=row.attempts + 1, started_at=now)
-    )
+    values = {"status": StepStatus.RUNNING.value, "attempts": row.attempts + 1, "started_at": now}
+    _set(conn, op, row.step, values)
 
 
 def mark_done(conn: Connection, op: Operation, step: str, now: datetime) -> None:
-    conn.execute(
-        sa.update(STEPS)
-        .where(*_this_step(op, step), STEPS.c.status == StepStatus.RUNNING.value)
-        .values(status=StepStatus.DONE.value, finished_at=now, last_error=None)
-    )
+    values = {"status": StepStatus.DONE.value, "finished_at": now, "last_error": None}
+    _set(conn, op, step, values, only=StepStatus.RUNNING.value)
 
 
 def mark_failed(
@@ -104,15 +137,12 @@ def mark_failed(
     give_up: bool,
     retry_at: datetime | None,
 ) -> None:
-    conn.execute(
-        sa.update(STEPS)
-        .where(*_this_step(op, step))
-        .values(
-            status=(StepStatus.GAVE_UP if give_up else StepStatus.PENDING).value,
-            last_error=error,
-            next_attempt_at=None if give_up else retry_at,
-        )
-    )
+    values = {
+        "status": (StepStatus.GAVE_UP if give_up else StepStatus.PENDING).value,
+        "last_error": error,
+        "next_attempt_at": None if give_up else retry_at,
+    }
+    _set(conn, op, step, values)
 
 
 def reopen_given_up(conn: Connection, op: Operation) -> None:

@@ -177,6 +177,9 @@ class Database:
         # to 100 ms) and lack of order let some writers starve for seconds under load.
         # Other processes (the CLI, a second service) still meet the busy timeout.
         self._write_lock = threading.Lock() if self.sqlite else None
+        # Write transactions begun by this process (``reconciler_write_transactions_total``).
+        self.write_transactions = 0
+        self._count_guard = threading.Lock()
 
     @property
     def dialect(self) -> str:
@@ -194,6 +197,8 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
+        with self._count_guard:
+            self.write_transactions += 1
         lock = self._write_lock
         if lock is not None and not lock.acquire(timeout=self._remaining()):
             self.availability.failed(WriteFailure.LOCKED)

@@ -1,12 +1,15 @@
-"""Plain DB-API statements for the hottest writes (the webhook batch), encoded like SQLAlchemy.
+"""Plain DB-API statements for the hot paths, encoded and decoded exactly like SQLAlchemy.
 
-SQLAlchemy's per-row parameter processing costs more than SQLite's own work
-on a small row; at thousands of webhook events per second that dominates. The
-few statements on that path are therefore written here as SQL text and run
-with the driver's ``executemany``, and their values are encoded exactly as the
-ORM types would store them (so every other reader sees the same rows):
-timestamps as naive UTC (a text column on SQLite), JSON as text on SQLite and
-as a JSON parameter on PostgreSQL.
+SQLAlchemy's per-statement work (building the statement, its cache key, the
+parameter and result processing) costs more than SQLite's own work on a small
+row; on the webhook batch and on every step of an operation's lifecycle that
+dominates. The statements on those paths are therefore written as SQL text
+(built once per shape and kept) and run on the driver's own cursor, and their
+values are encoded exactly as the ORM types would store them (so every other
+reader sees the same rows): timestamps as naive UTC (a text column on SQLite),
+JSON as text on SQLite and as a JSON parameter on PostgreSQL, booleans as the
+driver stores them. Rows read this way are decoded back the same way
+(``Raw.row_decoder``): aware UTC timestamps, parsed JSON, booleans.
 """
 
 from __future__ import annotations
@@ -35,7 +38,13 @@ def _kind(column: sa.Column[Any]) -> str:
         return "time"
     if isinstance(column.type, sa.JSON):
         return "json"
+    if isinstance(column.type, sa.Boolean):
+        return "bool"
     return "plain"
+
+
+def _read_json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str | bytes) else value
 
 
 class Raw:
@@ -46,6 +55,9 @@ class Raw:
         self.mark = "?" if self.sqlite else "%s"
         self._encoders: dict[tuple[str, tuple[str, ...]], tuple[Callable[[Any], Any], ...]] = {}
         self._rows: dict[tuple[str, tuple[str, ...]], RowEncoder] = {}
+        self._decoders: dict[tuple[str, tuple[str, ...]], Callable[[Sequence[Any]], list[Any]]] = {}
+        # Statement texts by name and shape, built once (see ``statement``).
+        self._statements: dict[Any, str] = {}
         self._last_time: tuple[datetime | None, Any] = (None, None)
 
     def time(self, value: datetime | None) -> Any:
@@ -81,6 +93,48 @@ class Raw:
         from psycopg.types.json import Json
 
         return Json(value)
+
+    def decoder(self, column: sa.Column[Any]) -> Callable[[Any], Any] | None:
+        """How a stored value of ``column`` becomes what the ORM would return (None: as it is)."""
+        kind = _kind(column)
+        if kind == "time":
+            return self.read_time
+        if kind == "json" and self.sqlite:
+            # SQLite keeps JSON as text; psycopg returns it parsed already.
+            return _read_json
+        if kind == "bool" and self.sqlite:
+            return bool
+        return None
+
+    def row_decoder(
+        self, table: sa.Table, columns: Sequence[str]
+    ) -> Callable[[Sequence[Any]], list[Any]]:
+        """A function from a stored row (``columns`` order) to its decoded values."""
+        key = (f"decode:{table.name}", tuple(columns))
+        found = self._decoders.get(key)
+        if found is None:
+            special = [
+                (i, code)
+                for i, c in enumerate(columns)
+                if (code := self.decoder(table.c[c])) is not None
+            ]
+
+            def decode(row: Sequence[Any]) -> list[Any]:
+                values = list(row)
+                for i, code in special:
+                    value = values[i]
+                    if value is not None:
+                        values[i] = code(value)
+                return values
+
+            found = self._decoders[key] = decode
+        return found
+
+    def in_list(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        """``column IN (...)`` and its parameters (PostgreSQL: one array, one statement text)."""
+        if self.sqlite:
+            return f"{column} IN ({self.placeholders(len(values))})", list(values)
+        return f"{column} = ANY({self.mark})", [list(values)]
 
     def encode(self, column: sa.Column[Any], value: Any) -> Any:
         return self.encoder(column)(value)
@@ -127,6 +181,13 @@ class Raw:
     def placeholders(self, count: int) -> str:
         return ", ".join([self.mark] * count)
 
+    def statement(self, key: Any, build: Callable[[Raw], str]) -> str:
+        """The SQL text for ``key``, built by ``build`` the first time only."""
+        found = self._statements.get(key)
+        if found is None:
+            found = self._statements[key] = build(self)
+        return found
+
 
 @lru_cache(maxsize=4)
 def raw_for(dialect: str) -> Raw:
@@ -171,10 +232,17 @@ def insert_many(
     if not rows:
         return
     raw = raw_for(conn.dialect.name)
-    sql = (
-        f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({raw.placeholders(len(columns))})"
+    sql = raw.statement(
+        ("insert", table.name, tuple(columns)),
+        lambda r: (
+            f"INSERT INTO {table.name} ({', '.join(columns)}) "
+            f"VALUES ({r.placeholders(len(columns))})"
+        ),
     )
-    run(conn, sql, list(rows), many=True)
+    if len(rows) == 1:
+        run(conn, sql, rows[0])
+    else:
+        run(conn, sql, list(rows), many=True)
 
 
 def insert_new(

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core.vocabulary import HistoryKind
+from reconciler.storage.fastsql import raw_for, run
 from reconciler.storage.journal import HISTORY
 from reconciler.storage.models import HistoryEntry
 
@@ -40,13 +41,16 @@ def history_page(
 
 
 def last_hint_at(conn: Connection, operation_id: str) -> datetime | None:
-    value = conn.execute(
-        sa.select(HISTORY.c.at)
-        .where(HISTORY.c.operation_id == operation_id, HISTORY.c.kind == HistoryKind.HINT.value)
-        .order_by(HISTORY.c.seq.desc())
-        .limit(1)
-    ).scalar()
-    return value if isinstance(value, datetime) else None
+    raw = raw_for(conn.dialect.name)
+    sql = raw.statement(
+        "last-hint",
+        lambda r: (
+            f"SELECT at FROM history WHERE operation_id = {r.mark} AND kind = {r.mark} "
+            "ORDER BY seq DESC LIMIT 1"
+        ),
+    )
+    row = run(conn, sql, [operation_id, HistoryKind.HINT.value]).fetchone()
+    return raw.read_time(row[0]) if row is not None else None
 
 
 def notes_with_cause(conn: Connection, operation_id: str, cause: str) -> list[dict[str, object]]:

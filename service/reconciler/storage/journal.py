@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core.chain import HASHED_FIELDS, entry_hash
@@ -32,7 +31,7 @@ from reconciler.core.states import END_STATES, State, check_transition
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.errors import StaleWrite
 from reconciler.storage import payloads
-from reconciler.storage.fastsql import insert_many, raw_for, update_many
+from reconciler.storage.fastsql import Raw, insert_many, raw_for, run, update_many
 from reconciler.storage.models import PAYLOADS, HistoryEntry, Operation
 from reconciler.storage.notify import CHANGE_CHANNEL, notify_in_transaction
 
@@ -83,6 +82,19 @@ def retry_stale(fn: Callable[[], T], attempts: int = STALE_ATTEMPTS) -> T:
     raise AssertionError("unreachable")
 
 
+OPS_COLUMNS = tuple(c.name for c in OPS.c)
+
+
+def _update_sql(raw: Raw, keys: Sequence[str], guarded: bool) -> str:
+    """The journal's conditional UPDATE of ``keys``: version and state (and lease) guarded."""
+    m = raw.mark
+    sets = ", ".join(f"{k} = {m}" for k in keys)
+    where = f"id = {m} AND version = {m} AND state = {m}"
+    if guarded:
+        where += f" AND lease_owner = {m} AND lease_expires_at > {m}"
+    return f"UPDATE operations SET {sets} WHERE {where}"
+
+
 @dataclass
 class Journal:
     key: bytes | None = None
@@ -116,10 +128,17 @@ class Journal:
         digest = entry_hash(fields, "", self.key)
         op.history_seq, op.history_head, op.version = 1, digest, 1
         op.created_at = op.updated_at = now
-        values = {c.name: getattr(op, c.name) for c in OPS.c}
-        conn.execute(sa.insert(OPS).values(**values))
+        raw = raw_for(conn.dialect.name)
+        encode = raw.row_encoder(OPS, OPS_COLUMNS)
+        insert_many(conn, OPS, OPS_COLUMNS, [encode({c: getattr(op, c) for c in OPS_COLUMNS})])
         payloads.store(conn, op.id, {name: getattr(op, name) for name in PAYLOADS})
-        conn.execute(sa.insert(HISTORY).values(**fields, prev_hash="", hash=digest))
+        encode_history = raw.row_encoder(HISTORY, HISTORY_COLUMNS)
+        insert_many(
+            conn,
+            HISTORY,
+            HISTORY_COLUMNS,
+            [encode_history({**fields, "prev_hash": "", "hash": digest})],
+        )
         log.info(
             "operation %s created for provider %s",
             op.id,
@@ -146,11 +165,17 @@ class Journal:
         rows, head, seq = self._chain(op.id, op.history_head, op.history_seq, entries, now)
         changes.update(version=op.version + 1, history_head=head, history_seq=seq, updated_at=now)
         columns, parts = payloads.split(changes)
-        where = [OPS.c.id == op.id, OPS.c.version == op.version, OPS.c.state == op.state]
+        raw = raw_for(conn.dialect.name)
+        keys = tuple(sorted(columns))
+        guarded = lease is not None
+        sql = raw.statement(
+            ("journal-write", keys, guarded), lambda r: _update_sql(r, keys, guarded)
+        )
+        params = [code(columns[k]) for code, k in zip(raw.encoders(OPS, keys), keys, strict=True)]
+        params += [op.id, op.version, op.state]
         if lease is not None:
-            where += [OPS.c.lease_owner == lease.owner, OPS.c.lease_expires_at > now]
-        result = conn.execute(sa.update(OPS).where(*where).values(**columns))
-        if result.rowcount != 1:
+            params += [lease.owner, raw.time(now)]
+        if run(conn, sql, params).rowcount != 1:
             raise StaleWrite(
                 f"operation {op.id} changed since version {op.version} was read"
                 + (" or the lease was lost" if lease is not None else "")
@@ -158,7 +183,8 @@ class Journal:
         if parts:
             payloads.store(conn, op.id, parts)
         if rows:
-            conn.execute(sa.insert(HISTORY), rows)
+            encode_history = raw.row_encoder(HISTORY, HISTORY_COLUMNS)
+            insert_many(conn, HISTORY, HISTORY_COLUMNS, [encode_history(row) for row in rows])
         updated = copy.copy(op)
         for name, value in changes.items():
             setattr(updated, name, value)

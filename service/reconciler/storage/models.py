@@ -21,7 +21,7 @@ Design notes that the rest of the code relies on:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -311,6 +311,13 @@ def operation_record(
 ) -> Operation:
     """An operation read from the database, as a fast plain record."""
     return OperationRecord(**row, **(payloads or {}))
+
+
+def record_of_values(values: Sequence[Any]) -> Operation:
+    """An operation from its stored values in column order (payloads left at None)."""
+    make: Any = OperationRecord  # the slotted record: its fields are the columns, in order
+    record: Operation = make(*values)
+    return record
 
 
 def new_record(**values: Any) -> Operation:

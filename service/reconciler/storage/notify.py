@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+
+from reconciler.storage.fastsql import run
 
 WAKE_CHANNEL = "reconciler_wake"
 CHANGE_CHANNEL = "reconciler_change"
@@ -19,7 +20,7 @@ CHANGE_CHANNEL = "reconciler_change"
 def notify_in_transaction(conn: Connection, channel: str, payload: str = "") -> None:
     """Queue a cross-replica notification that fires only if this transaction commits."""
     if conn.dialect.name == "postgresql":
-        conn.execute(sa.text("SELECT pg_notify(:c, :p)"), {"c": channel, "p": payload})
+        run(conn, "SELECT pg_notify(%s, %s)", (channel, payload))
 
 
 async def notifications(dsn: str) -> AsyncIterator[tuple[str, str]]:

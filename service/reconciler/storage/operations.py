@@ -7,7 +7,12 @@ Lease claims are single conditional statements (state rules in the write,
 not check-then-act): on PostgreSQL ``FOR UPDATE SKIP LOCKED`` lets replicas
 claim disjoint batches without waiting on each other; on SQLite the claim is
 one ``UPDATE ... WHERE id IN (...) AND <still free>`` inside a write
-transaction, which SQLite serialises.
+transaction, which SQLite serialises. The claim returns each row as it is once
+the lease is ours (``RETURNING``, in the same statement): that is the reload
+after the claim, with nothing between owning the row and reading it.
+
+The reads and lease writes of the worker's hot path are plain statements
+(``storage.fastsql``) that yield plain records (``models.operation_record``).
 """
 
 from __future__ import annotations
@@ -26,12 +31,15 @@ from reconciler.core import ids
 from reconciler.core.states import END_STATES, State
 from reconciler.errors import InvalidRequest, NotFound
 from reconciler.storage import payloads
+from reconciler.storage.fastsql import Raw, raw_for, run
 from reconciler.storage.journal import OPS
-from reconciler.storage.models import Operation, operation_record
+from reconciler.storage.models import Operation, operation_record, record_of_values
 from reconciler.storage.tokens import Principal
 
 MAX_PAGE = 200
 BAD_CURSOR = "cursor is not valid; pass the next_cursor of a previous page"
+OPS_COLUMNS = tuple(c.name for c in OPS.c)
+_COLUMN_LIST = ", ".join(OPS_COLUMNS)
 
 
 def _with_parts(conn: Connection, rows: Sequence[Any]) -> list[Operation]:
@@ -40,9 +48,40 @@ def _with_parts(conn: Connection, rows: Sequence[Any]) -> list[Operation]:
     return [operation_record(r, parts.get(r["id"])) for r in rows]
 
 
+def records_of(conn: Connection, rows: Sequence[Sequence[Any]]) -> list[Operation]:
+    """Plain records from stored rows in ``OPS_COLUMNS`` order, with their parts."""
+    if not rows:
+        return []
+    raw = raw_for(conn.dialect.name)
+    decode = raw.row_decoder(OPS, OPS_COLUMNS)
+    ops = [record_of_values(decode(row)) for row in rows]
+    parts = payloads.load(conn, [op.id for op in ops])
+    for op in ops:
+        for name, value in parts.get(op.id, {}).items():
+            setattr(op, name, value)
+    return ops
+
+
+def load_records(
+    conn: Connection, operation_ids: Sequence[str], *, lock: bool = False
+) -> list[Operation]:
+    """The operations with these ids (absent ones left out), in no particular order.
+
+    ``lock`` (PostgreSQL): lock the rows for this transaction.
+    """
+    if not operation_ids:
+        return []
+    raw = raw_for(conn.dialect.name)
+    where, params = raw.in_list("id", operation_ids)
+    sql = f"SELECT {_COLUMN_LIST} FROM operations WHERE {where}"
+    if lock and not raw.sqlite:
+        sql += " FOR UPDATE"
+    return records_of(conn, run(conn, sql, params).fetchall())
+
+
 def get_operation(conn: Connection, operation_id: str) -> Operation | None:
-    row = conn.execute(sa.select(OPS).where(OPS.c.id == operation_id)).mappings().first()
-    return _with_parts(conn, [row])[0] if row is not None else None
+    found = load_records(conn, [operation_id])
+    return found[0] if found else None
 
 
 def load_operation(conn: Connection, operation_id: str) -> Operation:
@@ -62,12 +101,16 @@ def visible_operation(conn: Connection, operation_id: str, principal: Principal)
 
 
 def find_by_key(conn: Connection, caller: str, key: str) -> Operation | None:
-    row = (
-        conn.execute(sa.select(OPS).where(OPS.c.caller == caller, OPS.c.idempotency_key == key))
-        .mappings()
-        .first()
+    raw = raw_for(conn.dialect.name)
+    sql = raw.statement(
+        "find-by-key",
+        lambda r: (
+            f"SELECT {_COLUMN_LIST} FROM operations "
+            f"WHERE caller = {r.mark} AND idempotency_key = {r.mark}"
+        ),
     )
-    return _with_parts(conn, [row])[0] if row is not None else None
+    found = records_of(conn, run(conn, sql, [caller, key]).fetchall())
+    return found[0] if found else None
 
 
 @dataclass(frozen=True)
@@ -152,6 +195,71 @@ def _share_clause(share: ShareFilter) -> sa.ColumnElement[bool]:
     return sa.and_(sa.true(), *clauses)
 
 
+_END_VALUES = tuple(s.value for s in END_STATES)
+_FREE = "(lease_expires_at IS NULL OR lease_expires_at <= {m})"
+
+
+def _share_sql(raw: Raw, share: ShareFilter | None) -> tuple[str, list[Any]]:
+    """The share's condition as SQL text and its parameters (see ``_share_clause``)."""
+    if share is None:
+        return "", []
+    sql, params = "", list[Any]()
+    if share.provider is not None:
+        sql += f" AND provider = {raw.mark}"
+        params.append(share.provider)
+    if share.completion is not None:
+        ends, values = raw.in_list("state", _END_VALUES)
+        completing = f"(completion_pending = {raw.mark} AND {ends})"
+        sql += f" AND {completing}" if share.completion else f" AND NOT {completing}"
+        params += [True, *values]
+    return sql, params
+
+
+def _due_sql(raw: Raw, share_sql: str) -> str:
+    free = _FREE.format(m=raw.mark)
+    lock = "" if raw.sqlite else " FOR UPDATE SKIP LOCKED"
+    return (
+        f"SELECT id, lease_owner FROM operations WHERE next_poll_at <= {raw.mark} AND {free}"
+        f"{share_sql} ORDER BY next_poll_at LIMIT {raw.mark}{lock}"
+    )
+
+
+def claim_records(
+    conn: Connection,
+    owner: str,
+    now: datetime,
+    lease_seconds: float,
+    limit: int,
+    share: ShareFilter | None = None,
+) -> list[tuple[Operation, str | None]]:
+    """Lease up to ``limit`` due operations to ``owner``, earliest due first.
+
+    Returns each claimed operation as stored once the lease is ours, with the previous
+    holder of an expired lease (None if it was free). The candidates are locked as they
+    are read (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite: the write transaction is
+    ``BEGIN IMMEDIATE``), and the lease is re-checked in the UPDATE itself, so two
+    claimers can never both win a row. ``share`` limits the claim to what one share of
+    the worker can start now.
+    """
+    raw = raw_for(conn.dialect.name)
+    share_sql, share_params = _share_sql(raw, share)
+    stamp = raw.time(now)
+    due = raw.statement(("claim-due", share_sql), lambda r: _due_sql(r, share_sql))
+    candidates = dict(run(conn, due, [stamp, stamp, *share_params, limit]).fetchall())
+    if not candidates:
+        return []
+    where, ids = raw.in_list("id", list(candidates))
+    free = _FREE.format(m=raw.mark)
+    sql = (
+        f"UPDATE operations SET lease_owner = {raw.mark}, lease_expires_at = {raw.mark} "
+        f"WHERE {where} AND {free} RETURNING {_COLUMN_LIST}"
+    )
+    until = raw.time(now + timedelta(seconds=lease_seconds))
+    ops = records_of(conn, run(conn, sql, [owner, until, *ids, stamp]).fetchall())
+    ops.sort(key=lambda op: op.next_poll_at or now)
+    return [(op, candidates[op.id]) for op in ops]
+
+
 def claim_due(
     conn: Connection,
     owner: str,
@@ -160,38 +268,34 @@ def claim_due(
     limit: int,
     share: ShareFilter | None = None,
 ) -> list[Claim]:
-    """Lease up to ``limit`` due operations to ``owner``, earliest due first.
-
-    The candidates are locked as they are read (PostgreSQL: ``FOR UPDATE SKIP LOCKED``;
-    SQLite: the write transaction is ``BEGIN IMMEDIATE``), and the lease is re-checked in
-    the UPDATE itself, so two claimers can never both win a row. ``share`` limits the
-    claim to what one share of the worker can start now.
-    """
-    free = sa.or_(OPS.c.lease_expires_at.is_(None), OPS.c.lease_expires_at <= now)
-    due = (
-        sa.select(OPS.c.id, OPS.c.lease_owner)
-        .where(OPS.c.next_poll_at <= now, free)
-        .order_by(OPS.c.next_poll_at)
-        .limit(limit)
-    )
-    if share is not None:
-        due = due.where(_share_clause(share))
-    if conn.dialect.name == "postgresql":
-        due = due.with_for_update(skip_locked=True)
-    candidates = {r.id: r.lease_owner for r in conn.execute(due)}
-    if not candidates:
-        return []
-    result = conn.execute(
-        sa.update(OPS)
-        .where(OPS.c.id.in_(list(candidates)), free)
-        .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_seconds))
-        .returning(OPS.c.id, OPS.c.next_poll_at)
-    )
-    rows = sorted(result.all(), key=lambda r: r.next_poll_at)
-    return [Claim(r.id, candidates[r.id]) for r in rows]
+    """``claim_records``, answering only which operations were claimed (and from whom)."""
+    claimed = claim_records(conn, owner, now, lease_seconds, limit, share)
+    return [Claim(op.id, previous) for op, previous in claimed]
 
 
 STATUS_READ_STATES = (State.OBSERVING, State.CANCELLING)
+
+
+def any_status_read_due_before(
+    conn: Connection, now: datetime, before: datetime, skip_source: str
+) -> bool:
+    """Whether any status read unleased at ``now`` was due before ``before`` (one probe).
+
+    The same rows as ``due_status_reads`` but only asks for the most overdue one: the
+    catch-up looks at them all only when there is one long overdue.
+    """
+    raw = raw_for(conn.dialect.name)
+    states, params = raw.in_list("state", [s.value for s in STATUS_READ_STATES])
+    sql = raw.statement(
+        ("status-read-overdue", states),
+        lambda r: (
+            f"SELECT id FROM operations WHERE next_poll_at < {r.mark} AND {states} "
+            f"AND {_FREE.format(m=r.mark)} "
+            f"AND (delay_source IS NULL OR delay_source != {r.mark}) LIMIT 1"
+        ),
+    )
+    params = [raw.time(before), *params, raw.time(now), skip_source]
+    return run(conn, sql, params).fetchone() is not None
 
 
 def due_status_reads(
@@ -219,27 +323,33 @@ def due_status_reads(
     return [operation_record(r) for r in conn.execute(query).mappings()]
 
 
-def release(conn: Connection, operation_ids: Sequence[str], owner: str) -> None:
-    """Give leases back (only those still ours)."""
+def release(conn: Connection, operation_ids: Sequence[str], owner: str) -> dict[str, Any]:
+    """Give leases back (only those still ours); returns the released ones' next due times."""
     if not operation_ids:
-        return
-    conn.execute(
-        sa.update(OPS)
-        .where(OPS.c.id.in_(list(operation_ids)), OPS.c.lease_owner == owner)
-        .values(lease_owner=None, lease_expires_at=None)
+        return {}
+    raw = raw_for(conn.dialect.name)
+    where, ids = raw.in_list("id", operation_ids)
+    sql = (
+        "UPDATE operations SET lease_owner = NULL, lease_expires_at = NULL "
+        f"WHERE {where} AND lease_owner = {raw.mark} RETURNING id, next_poll_at"
     )
+    rows = run(conn, sql, [*ids, owner]).fetchall()
+    return {op_id: raw.read_time(at) for op_id, at in rows}
 
 
 def extend_lease(
     conn: Connection, operation_id: str, owner: str, now: datetime, lease_seconds: float
 ) -> bool:
     """Push a held, unexpired lease forward; False if it is no longer ours."""
-    result = conn.execute(
-        sa.update(OPS)
-        .where(OPS.c.id == operation_id, OPS.c.lease_owner == owner, OPS.c.lease_expires_at > now)
-        .values(lease_expires_at=now + timedelta(seconds=lease_seconds))
+    raw = raw_for(conn.dialect.name)
+    m = raw.mark
+    sql = (
+        f"UPDATE operations SET lease_expires_at = {m} "
+        f"WHERE id = {m} AND lease_owner = {m} AND lease_expires_at > {m}"
     )
-    return result.rowcount == 1
+    until = raw.time(now + timedelta(seconds=lease_seconds))
+    cursor = run(conn, sql, [until, operation_id, owner, raw.time(now)])
+    return bool(cursor.rowcount == 1)
 
 
 def count_by_state(conn: Connection) -> dict[str, int]:

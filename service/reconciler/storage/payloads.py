@@ -15,10 +15,9 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
+from reconciler.storage.fastsql import raw_for, run
 from reconciler.storage.models import PAYLOADS, OperationPayload
 
 PAYLOAD_TABLE = OperationPayload.__table__  # type: ignore[attr-defined]
@@ -39,27 +38,29 @@ def split(changes: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def store(conn: Connection, operation_id: str, parts: Mapping[str, Any]) -> None:
     """Write the given parts (insert, or replace that part only); None removes a part."""
+    raw = raw_for(conn.dialect.name)
     gone = [name for name, value in parts.items() if value is None]
     if gone:
-        conn.execute(
-            sa.delete(PAYLOAD_TABLE).where(
-                PAYLOAD_TABLE.c.operation_id == operation_id, PAYLOAD_TABLE.c.name.in_(gone)
-            )
+        where, names = raw.in_list("name", gone)
+        run(
+            conn,
+            f"DELETE FROM operation_payloads WHERE operation_id = {raw.mark} AND {where}",
+            [operation_id, *names],
         )
     rows = [
-        {"operation_id": operation_id, "name": name, "value": value}
-        for name, value in parts.items()
-        if value is not None
+        (operation_id, name, raw.json(value)) for name, value in parts.items() if value is not None
     ]
     if not rows:
         return
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    statement = insert(PAYLOAD_TABLE).values(rows)
-    conn.execute(
-        statement.on_conflict_do_update(
-            index_elements=["operation_id", "name"], set_={"value": statement.excluded.value}
-        )
+    sql = raw.statement(
+        "payload-upsert",
+        lambda r: (
+            "INSERT INTO operation_payloads (operation_id, name, value) "
+            f"VALUES ({r.placeholders(3)}) "
+            "ON CONFLICT (operation_id, name) DO UPDATE SET value = excluded.value"
+        ),
     )
+    run(conn, sql, rows, many=True)
 
 
 def load(
@@ -68,13 +69,16 @@ def load(
     """The named parts of each operation, by operation id (absent parts are left out)."""
     if not operation_ids:
         return {}
-    query = sa.select(PAYLOAD_TABLE.c.operation_id, PAYLOAD_TABLE.c.name, PAYLOAD_TABLE.c.value)
-    if len(operation_ids) == 1:
-        query = query.where(PAYLOAD_TABLE.c.operation_id == operation_ids[0])
-    else:
-        query = query.where(PAYLOAD_TABLE.c.operation_id.in_(list(operation_ids)))
+    raw = raw_for(conn.dialect.name)
+    ids_sql, ids = raw.in_list("operation_id", operation_ids)
+    names_sql, wanted = raw.in_list("name", names)
+    sql = (
+        f"SELECT operation_id, name, value FROM operation_payloads WHERE {ids_sql} AND {names_sql}"
+    )
+    decode = raw.row_decoder(PAYLOAD_TABLE, ("operation_id", "name", "value"))
     out: dict[str, dict[str, Any]] = defaultdict(dict)
-    for op_id, name, value in conn.execute(query.where(PAYLOAD_TABLE.c.name.in_(list(names)))):
+    for row in run(conn, sql, [*ids, *wanted]).fetchall():
+        op_id, name, value = decode(row)
         out[op_id][name] = value
     return out
 

@@ -31,6 +31,7 @@ from reconciler.errors import (
     NotFound,
     PermissionDenied,
 )
+from reconciler.storage.fastsql import raw_for, run
 from reconciler.storage.models import ApiToken
 
 TOKENS = ApiToken.__table__  # type: ignore[attr-defined]
@@ -172,20 +173,23 @@ def callback_keys(
 ) -> list[bytes] | None:
     """The keys that sign a callback to ``caller``: its own, and in a rotation window the
     previous one too. None when the caller has no token (nothing may sign for it)."""
-    row = conn.execute(
-        sa.select(
-            TOKENS.c.callback_salt,
-            TOKENS.c.previous_callback_salt,
-            TOKENS.c.previous_callback_until,
-        ).where(TOKENS.c.name == caller)
-    ).first()
+    raw = raw_for(conn.dialect.name)
+    sql = raw.statement(
+        "callback-salts",
+        lambda r: (
+            "SELECT callback_salt, previous_callback_salt, previous_callback_until "
+            f"FROM api_tokens WHERE name = {r.mark}"
+        ),
+    )
+    row = run(conn, sql, [caller]).fetchone()
     if row is None:
         return None
-    salt = row.callback_salt if row.callback_salt is not None else callback_secrets.SHARED
+    current, previous, raw_until = row
+    salt = current if current is not None else callback_secrets.SHARED
     keys = [callback_secrets.agent_key(service_key, salt)]
-    until = row.previous_callback_until
-    if row.previous_callback_salt is not None and until is not None and until > now:
-        keys.append(callback_secrets.agent_key(service_key, row.previous_callback_salt))
+    until = raw.read_time(raw_until)
+    if previous is not None and until is not None and until > now:
+        keys.append(callback_secrets.agent_key(service_key, previous))
     return keys
 
 

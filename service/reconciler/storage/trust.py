@@ -29,6 +29,7 @@ from reconciler.core.trust import count as count_verdict
 from reconciler.core.trust import view as trust_view_of
 from reconciler.core.vocabulary import DelaySource
 from reconciler.errors import StaleWrite
+from reconciler.storage.fastsql import insert_many, raw_for, run
 from reconciler.storage.journal import OPS
 from reconciler.storage.models import (
     Operation,
@@ -41,6 +42,17 @@ from reconciler.storage.models import (
 HEALTH = ProviderHealth.__table__  # type: ignore[attr-defined]
 VERDICTS = WebhookVerdict.__table__  # type: ignore[attr-defined]
 EVENTS = WebhookEvent.__table__  # type: ignore[attr-defined]
+VERDICT_COLUMNS = (
+    "operation_id",
+    "provider",
+    "remote_job_id",
+    "verdict",
+    "asked_at",
+    "seen_at",
+    "hinted_at",
+    "settle_after",
+    "judged_at",
+)
 # Written as literal SQL so that SQLite's planner can match the partial index's predicate.
 STRETCHED = sa.text(f"operations.delay_source = '{DelaySource.WEBHOOK_TRUST.value}'")
 
@@ -69,10 +81,12 @@ def load_all(conn: Connection) -> dict[str, Health]:
 
 
 def is_trusted(conn: Connection, provider: str) -> bool:
-    state = conn.execute(
-        sa.select(HEALTH.c.state).where(HEALTH.c.provider == provider)
-    ).scalar_one_or_none()
-    return state == TrustState.TRUSTED.value
+    raw = raw_for(conn.dialect.name)
+    sql = raw.statement(
+        "trust-state", lambda r: f"SELECT state FROM provider_health WHERE provider = {r.mark}"
+    )
+    row = run(conn, sql, [provider]).fetchone()
+    return row is not None and row[0] == TrustState.TRUSTED.value
 
 
 def _ensure_row(conn: Connection, provider: str, now: datetime) -> None:
@@ -130,17 +144,18 @@ def _trusted_increment(conn: Connection, provider: str, count: int, now: datetim
     add up; the state is untouched (``core.trust.count`` never moves a trusted provider on
     a webhook-first completion). False when the provider is not trusted: count normally.
     """
-    result = conn.execute(
-        sa.update(HEALTH)
-        .where(HEALTH.c.provider == provider, HEALTH.c.state == TrustState.TRUSTED.value)
-        .values(
-            streak=HEALTH.c.streak + count,
-            webhook_first=HEALTH.c.webhook_first + count,
-            updated_at=now,
-            version=HEALTH.c.version + 1,
-        )
+    raw = raw_for(conn.dialect.name)
+    sql = raw.statement(
+        "trust-increment",
+        lambda r: (
+            f"UPDATE provider_health SET streak = streak + {r.mark}, "
+            f"webhook_first = webhook_first + {r.mark}, updated_at = {r.mark}, "
+            "version = version + 1 "
+            f"WHERE provider = {r.mark} AND state = {r.mark}"
+        ),
     )
-    return result.rowcount == 1
+    params = [count, count, raw.time(now), provider, TrustState.TRUSTED.value]
+    return bool(run(conn, sql, params).rowcount == 1)
 
 
 def count_completions(
@@ -181,19 +196,19 @@ def record_verdict(
     hinted_at: datetime | None,
     settle_after: datetime | None,
 ) -> None:
-    conn.execute(
-        sa.insert(VERDICTS).values(
-            operation_id=op.id,
-            provider=op.provider,
-            remote_job_id=op.remote_job_id,
-            verdict=verdict.value,
-            asked_at=asked_at,
-            seen_at=seen_at,
-            hinted_at=hinted_at,
-            settle_after=settle_after,
-            judged_at=None if verdict is Verdict.PENDING else seen_at,
-        )
-    )
+    raw = raw_for(conn.dialect.name)
+    row = {
+        "operation_id": op.id,
+        "provider": op.provider,
+        "remote_job_id": op.remote_job_id,
+        "verdict": verdict.value,
+        "asked_at": asked_at,
+        "seen_at": seen_at,
+        "hinted_at": hinted_at,
+        "settle_after": settle_after,
+        "judged_at": None if verdict is Verdict.PENDING else seen_at,
+    }
+    insert_many(conn, VERDICTS, VERDICT_COLUMNS, [raw.row_encoder(VERDICTS, VERDICT_COLUMNS)(row)])
 
 
 @dataclass(frozen=True)

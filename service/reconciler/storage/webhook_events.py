@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, HistoryKind
-from reconciler.storage.fastsql import insert_new, raw_for, select_where_in
+from reconciler.storage.fastsql import insert_new, raw_for, run, select_where_in
 from reconciler.storage.journal import OPS, Entry, Journal
 from reconciler.storage.models import Operation, WebhookEvent
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
@@ -126,7 +126,11 @@ def lock_jobs(conn: Connection, jobs: Iterable[tuple[str, str]]) -> None:
     answer is missed by both and stays an orphan. SQLite serialises all writes already.
     """
     keys = sorted({f"{provider}\x1f{job}" for provider, job in jobs})
-    if keys and conn.dialect.name == "postgresql":
+    if not keys or conn.dialect.name != "postgresql":
+        return
+    if len(keys) == 1:
+        run(conn, "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", keys)
+    else:
         conn.execute(_LOCK_JOBS, {"keys": keys})
 
 
@@ -298,14 +302,13 @@ def write_batch(
 def attach_orphans(conn: Connection, provider: str, job_id: str, operation_id: str) -> list[str]:
     """Events that arrived before the job id was known become this operation's hint."""
     lock_jobs(conn, [(provider, job_id)])  # an event committing meanwhile is seen here
-    rows = conn.execute(
-        sa.update(EVENTS)
-        .where(
-            EVENTS.c.provider == provider,
-            EVENTS.c.remote_job_id == job_id,
-            EVENTS.c.operation_id.is_(None),
-        )
-        .values(operation_id=operation_id)
-        .returning(EVENTS.c.event_id)
+    raw = raw_for(conn.dialect.name)
+    sql = raw.statement(
+        "attach-orphans",
+        lambda r: (
+            f"UPDATE webhook_events SET operation_id = {r.mark} "
+            f"WHERE provider = {r.mark} AND remote_job_id = {r.mark} AND operation_id IS NULL "
+            "RETURNING event_id"
+        ),
     )
-    return [r.event_id for r in rows]
+    return [str(row[0]) for row in run(conn, sql, [operation_id, provider, job_id]).fetchall()]

@@ -9,11 +9,15 @@ refused at once. Reads never queue here (``Database.run``).
 A job that already started when its caller gave up may still commit: the
 caller was told "retry", and a retry meets the idempotency key or the
 webhook's event id, so nothing is applied twice.
+
+Outcomes go back to the loop through one mailbox per loop: a busy writer that
+finishes several jobs before the loop runs again wakes it once, not once each.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import queue
 import sqlite3
@@ -35,7 +39,7 @@ class _Job:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     deadline: float  # time.monotonic() after which the job is not started
-    loop: asyncio.AbstractEventLoop
+    mailbox: _Mailbox
     future: asyncio.Future[Any]
     abandoned: bool = field(default=False)
 
@@ -71,6 +75,35 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
         future.set_result(result)
 
 
+class _Mailbox:
+    """Finished jobs waiting for their loop; the loop is woken only when it is not yet due.
+
+    The writer appends, then schedules a drain unless one is pending; the drain clears the
+    flag before it empties the box, so an outcome appended meanwhile is either taken by
+    this drain or schedules the next (``deque`` appends and pops are atomic).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.box: collections.deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = (
+            collections.deque()
+        )
+        self.pending = False
+
+    def post(self, future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+        self.box.append((future, result, error))
+        if not self.pending:
+            self.pending = True
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
+                self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        self.pending = False
+        box = self.box
+        while box:
+            _settle(*box.popleft())
+
+
 class Writer:
     """``threads`` writer threads fed by one queue of at most ``queue_limit`` jobs."""
 
@@ -85,6 +118,9 @@ class Writer:
         self.wait_seconds = wait_seconds
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_limit)
         self._local = threading.local()
+        # The mailbox of the loop that asked last (each job keeps its own, so a second loop
+        # only costs the first its coalescing, never an outcome).
+        self._mailbox: _Mailbox | None = None
         self._on_timeout = on_timeout
         self._threads = [
             threading.Thread(target=self._loop, name=f"db-writer-{i}", daemon=True)
@@ -102,7 +138,10 @@ class Writer:
         """Run ``fn(*args)`` on a writer thread; wait at most ``wait`` (default: the bound)."""
         bound = self.wait_seconds if wait is None else wait
         loop = asyncio.get_running_loop()
-        job = _Job(fn, args, time.monotonic() + bound, loop, loop.create_future())
+        mailbox = self._mailbox
+        if mailbox is None or mailbox.loop is not loop:
+            mailbox = self._mailbox = _Mailbox(loop)
+        job = _Job(fn, args, time.monotonic() + bound, mailbox, loop.create_future())
         try:
             self._queue.put_nowait(job)
         except queue.Full:
@@ -149,8 +188,7 @@ class Writer:
 
     @staticmethod
     def _post(job: _Job, result: Any, error: BaseException | None) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
-            job.loop.call_soon_threadsafe(_settle, job.future, result, error)
+        job.mailbox.post(job.future, result, error)
 
     def close(self, timeout: float = 5.0) -> None:
         for _ in self._threads:

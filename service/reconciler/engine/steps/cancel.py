@@ -8,13 +8,14 @@ failure that won the race is reported as it happened.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Connection
 
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.engine.context import StepContext
+from reconciler.engine.flow import Prep
 from reconciler.engine.steps.create import call_detail
 from reconciler.storage.journal import Entry
 from reconciler.storage.models import Operation
@@ -24,7 +25,21 @@ class CancelStep:
     def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
 
-    async def __call__(self, op: Operation) -> None:
+    def _mark_sent(self, conn: Connection, op: Operation, now: datetime) -> Operation:
+        """The send is recorded before it happens: a crash after it never sends again."""
+        journal = self.ctx.runtime.journal
+        return journal.write(
+            conn, op, now=now, lease=self.ctx.lease, changes={"cancel_sent_at": now}
+        )
+
+    def prepare(self, conn: Connection, op: Operation, now: datetime) -> Prep | None:
+        if op.cancel_sent_at is not None or op.remote_job_id is None:
+            return None
+        if self.ctx.spec(op).cancel is None:
+            return None
+        return Prep(self._mark_sent(conn, op, now))
+
+    async def __call__(self, op: Operation, prep: Prep | None = None) -> None:
         ctx = self.ctx
         spec = ctx.spec(op)
         journal = ctx.runtime.journal
@@ -37,7 +52,9 @@ class CancelStep:
                 "next_poll_at": op.retry_not_before,
                 "delay_source": DelaySource.PROVIDER_RETRY_AFTER.value,
             }
-        if op.cancel_sent_at is not None or spec.cancel is None or op.remote_job_id is None:
+        if prep is None and (
+            op.cancel_sent_at is not None or spec.cancel is None or op.remote_job_id is None
+        ):
             # Already sent by an earlier owner (at most once), or nothing we can send.
             note = (
                 "cancel call already sent earlier"
@@ -57,15 +74,15 @@ class CancelStep:
                     changes=watch,
                     lease=ctx.lease,
                 ),
+                final=True,
             )
             return
+        assert op.remote_job_id is not None
         job_id = op.remote_job_id
-        sent = await ctx.write(
-            op,
-            lambda conn: journal.write(
-                conn, op, now=now, lease=ctx.lease, changes={"cancel_sent_at": now}
-            ),
-        )
+        if prep is not None:
+            sent = prep.op
+        else:
+            sent = await ctx.write(op, lambda conn: self._mark_sent(conn, op, now))
         call = await ctx.call(op, "cancel", lambda: ctx.adapter(op).cancel(job_id, op.trace_id))
         now = ctx.now()
         entry = Entry(
@@ -92,4 +109,4 @@ class CancelStep:
                 lease=ctx.lease,
             )
 
-        await ctx.apply(sent, record)
+        await ctx.apply(sent, record, final=True)

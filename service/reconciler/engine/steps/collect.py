@@ -10,13 +10,16 @@ arrives but does not validate ends ``result_validation_failed``.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
+
+from sqlalchemy.engine import Connection
 
 from reconciler.core.collect import Invalid, RetryFetch, Unavailable, Verified, decide_collect
 from reconciler.core.states import State
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.engine.context import StepContext
+from reconciler.engine.flow import Prep
 from reconciler.engine.steps.create import call_detail
 from reconciler.providers.adapter import check_result
 from reconciler.storage.journal import Entry
@@ -36,7 +39,24 @@ class CollectStep:
     def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
 
-    async def __call__(self, op: Operation) -> None:
+    def _charge(self, conn: Connection, op: Operation, now: datetime) -> Operation:
+        """The fetch is counted before it is sent (its failures are budgeted)."""
+        return self.ctx.runtime.journal.write(
+            conn,
+            op,
+            now=now,
+            lease=self.ctx.lease,
+            changes={"result_attempts": op.result_attempts + 1},
+        )
+
+    def prepare(self, conn: Connection, op: Operation, now: datetime) -> Prep | None:
+        """The count of the fetch, inside the transaction that hands the operation over
+        (the confirming status read's, usually)."""
+        if self.ctx.spec(op).result is None or op.remote_job_id is None:
+            return None
+        return Prep(self._charge(conn, op, now))
+
+    async def __call__(self, op: Operation, prep: Prep | None = None) -> None:
         ctx = self.ctx
         spec = ctx.spec(op)
         journal = ctx.runtime.journal
@@ -56,20 +76,15 @@ class CollectStep:
                     changes={"result": {"ref": ref, "status": op.status_body}},
                     lease=ctx.lease,
                 ),
+                final=True,
             )
             return
         assert op.remote_job_id is not None
         job_id = op.remote_job_id
-        charged = await ctx.write(
-            op,
-            lambda conn: journal.write(
-                conn,
-                op,
-                now=now,
-                lease=ctx.lease,
-                changes={"result_attempts": op.result_attempts + 1},
-            ),
-        )
+        if prep is not None:
+            charged = prep.op
+        else:
+            charged = await ctx.write(op, lambda conn: self._charge(conn, op, now))
         call = await ctx.call(
             op, "result", lambda: ctx.adapter(op).fetch_result(job_id, ref, op.trace_id)
         )
@@ -104,6 +119,7 @@ class CollectStep:
                     entries=[entry],
                     changes={"next_poll_at": retry_at},
                 ),
+                final=True,
             )
             return
         target, cause, changes, detail = self._ending(decision)
@@ -121,6 +137,7 @@ class CollectStep:
                 before=[entry],
                 lease=ctx.lease,
             ),
+            final=True,
         )
 
     @staticmethod

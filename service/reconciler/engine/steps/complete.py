@@ -10,11 +10,18 @@ all. The guarantee is honest about crashes: a step interrupted by a crash
 idempotency key, so hooks can make their own side effects idempotent.
 The agent's callback is signed with that agent's own secret (see
 ``core.callback_secrets``), never one that another agent holds.
+
+One transaction between two steps: the write that records a step's outcome also
+marks the next one running (with what it needs: the operation as it is, the
+callback's signing keys), or records the completion finished and gives the lease
+back. The first step is marked running by the transaction that hands the
+operation over (the result's, or the claim's: ``prepare``).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -25,11 +32,11 @@ from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import EscalationReason, HistoryKind
 from reconciler.engine.context import StepContext
+from reconciler.engine.flow import Prep
 from reconciler.engine.hooks import Hook
 from reconciler.outbound.callbacks import CallbackClient, next_attempt_delay
 from reconciler.storage import completion_steps as steps
-from reconciler.storage import operations as store
-from reconciler.storage.completion_steps import StepRow
+from reconciler.storage.completion_steps import StepRow, StepStatus
 from reconciler.storage.history import last_hint_at
 from reconciler.storage.journal import Entry
 from reconciler.storage.models import Operation
@@ -46,6 +53,33 @@ def webhook_id(op: Operation) -> str:
     return op.id if op.completion_round <= 1 else f"{op.id}_r{op.completion_round}"
 
 
+@dataclass(frozen=True)
+class Plan:
+    """Where one completion round stands after a write, and what the next step needs."""
+
+    rows: tuple[StepRow, ...]  # this round's steps in order, as stored now
+    index: int = -1  # the step marked running by that write (-1: none runs now)
+    view: dict[str, Any] | None = None  # the Operation the running step is given
+    keys: list[bytes] | None = None  # the callback's signing keys (None: nobody may sign)
+    hinted_at: datetime | None = None  # the last webhook hint (for the lag metric)
+
+    @property
+    def current(self) -> StepRow | None:
+        return self.rows[self.index] if self.index >= 0 else None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What running one step came to."""
+
+    done: bool
+    detail: dict[str, Any]
+    reason: str = ""
+    retry_after: str | None = None
+    permanent: bool = False
+    http_status: int | None = None
+
+
 class CompleteStep:
     def __init__(
         self, ctx: StepContext, hooks: tuple[Hook, ...], callbacks: CallbackClient | None
@@ -56,79 +90,124 @@ class CompleteStep:
         # Which completions this process has started, only to observe the lag once.
         self._started: set[tuple[str, int]] = set()
 
-    def _last_hint(self, op_id: str) -> datetime | None:
-        with self.ctx.runtime.db.read() as conn:
-            return last_hint_at(conn, op_id)
-
     def steps_for(self, op: Operation) -> list[str]:
         steps = [f"hook:{name}" for name in self.hooks]
         if op.callback_url:
             steps.append(CALLBACK_STEP)
         return steps
 
-    async def __call__(self, op: Operation) -> None:
-        ctx = self.ctx
-        rt = ctx.runtime
-        started = (op.id, op.completion_round)
-        if started not in self._started:
-            self._started.add(started)
-            hinted = await rt.db.run(self._last_hint, op.id)
-            if hinted is not None:
-                rt.metrics.lag.observe(max(0.0, (ctx.now() - hinted).total_seconds()))
-        for step in self.steps_for(op):
-            row = await rt.db.run_write(self._ensure, op, step)
-            if row.status in steps.FINISHED:
-                continue
-            now = ctx.now()
-            if row.next_attempt_at is not None and row.next_attempt_at > now:
-                await self._later(op, row.next_attempt_at)
-                return
-            op = await self._start(op, row)
-            finished = await self._run(op, row)
-            if not finished:
-                return
-        await self._close(op)
+    def prepare(self, conn: Connection, op: Operation, now: datetime) -> Prep:
+        """Begin (or resume) the round: its step rows, and the first unfinished step started."""
+        rows = tuple(steps.ensure_all(conn, op, self.steps_for(op)))
+        return self._advance(conn, op, rows, 0, now, [], last_hint_at(conn, op.id))
 
-    async def _later(self, op: Operation, at: datetime) -> None:
+    async def __call__(self, op: Operation, prep: Prep | None = None) -> None:
         ctx = self.ctx
-        now = ctx.now()
-        await ctx.apply(
-            op,
-            lambda conn, fresh: ctx.runtime.journal.write(
-                conn, fresh, now=now, changes={"next_poll_at": at}, lease=ctx.lease
-            ),
+        if prep is None:
+            now = ctx.now()
+            prep = await ctx.apply_plan(op, lambda conn, fresh: self.prepare(conn, fresh, now))
+        plan: Plan = prep.data
+        self._observe_lag(prep.op, plan)
+        while plan.current is not None:
+            outcome = await self._run(prep.op, plan)
+            prep = await self._recorded(prep.op, plan, outcome)
+            plan = prep.data
+
+    async def _recorded(self, op: Operation, plan: Plan, outcome: Outcome) -> Prep:
+        now = self.ctx.now()
+        return await self.ctx.apply_plan(
+            op, lambda conn, fresh: self._record(conn, fresh, plan, outcome, now)
         )
 
-    def _ensure(self, op: Operation, step: str) -> StepRow:
-        with self.ctx.runtime.db.write() as conn:
-            return steps.ensure(conn, op, step)
+    def _observe_lag(self, op: Operation, plan: Plan) -> None:
+        started = (op.id, op.completion_round)
+        if started in self._started:
+            return
+        self._started.add(started)
+        if plan.hinted_at is not None:
+            lag = max(0.0, (self.ctx.now() - plan.hinted_at).total_seconds())
+            self.ctx.runtime.metrics.lag.observe(lag)
 
-    async def _start(self, op: Operation, row: StepRow) -> Operation:
-        """Mark the step running before it runs: a crash now means "may have run"."""
+    def _advance(
+        self,
+        conn: Connection,
+        op: Operation,
+        rows: tuple[StepRow, ...],
+        start: int,
+        now: datetime,
+        entries: list[Entry],
+        hinted_at: datetime | None = None,
+    ) -> Prep:
+        """From step ``start`` on: start the first unfinished step, or wait for its retry,
+        or record the round finished; ``entries`` (the last step's record) go with it."""
         ctx = self.ctx
-        now = ctx.now()
-
-        def start(conn: Connection, fresh: Operation) -> Operation:
+        journal = ctx.runtime.journal
+        for index in range(start, len(rows)):
+            row = rows[index]
+            if row.status in steps.FINISHED:
+                continue
+            if row.next_attempt_at is not None and row.next_attempt_at > now:
+                later = journal.write(
+                    conn,
+                    op,
+                    now=now,
+                    entries=entries,
+                    changes={"next_poll_at": row.next_attempt_at},
+                    lease=ctx.lease,
+                )
+                return Prep(later, Plan(rows, hinted_at=hinted_at), final=True)
+            # Marked running before it runs: a crash from now on means "may have run". The
+            # row is touched under the lease, so a worker that lost it cannot start a step.
             steps.mark_running(conn, op, row, now)
-            # Touch the row under the lease so a worker that lost it cannot start a step.
-            return ctx.runtime.journal.write(conn, fresh, now=now, lease=ctx.lease)
+            touched = journal.write(conn, op, now=now, entries=entries, lease=ctx.lease)
+            running = replace(row, status=StepStatus.RUNNING, attempts=row.attempts + 1)
+            keys = None
+            if row.step == CALLBACK_STEP and self.callbacks is not None:
+                keys = self._agent_keys(conn, touched, now)
+            plan = Plan(
+                (*rows[:index], running, *rows[index + 1 :]),
+                index,
+                view_of(conn, touched, now),
+                keys,
+                hinted_at,
+            )
+            return Prep(touched, plan)
+        if State(op.state) not in END_STATES:
+            # Reopened meanwhile by a decision: keep the schedule its flow set.
+            after = journal.write(conn, op, now=now, entries=entries, lease=ctx.lease)
+            return Prep(after, Plan(rows, hinted_at=hinted_at), final=True)
+        entry = Entry(
+            kind=HistoryKind.NOTE,
+            actor=ctx.actor,
+            cause="completion_finished",
+            detail={"round": op.completion_round},
+        )
+        closed = journal.write(
+            conn,
+            op,
+            now=now,
+            entries=[*entries, entry],
+            lease=ctx.lease,
+            changes={"completion_pending": False, "next_poll_at": None, "delay_source": None},
+        )
+        return Prep(closed, Plan(rows, hinted_at=hinted_at), final=True)
 
-        # The fresh row: a step's own writes (and an operator's decision) move the version.
-        return await ctx.apply(op, start)
+    def _agent_keys(self, conn: Connection, op: Operation, now: datetime) -> list[bytes] | None:
+        """The calling agent's own signing keys: no agent can forge another's callbacks."""
+        service_key = self.ctx.runtime.callback_key
+        assert service_key is not None  # callbacks exist only with a signing key
+        return callback_keys(conn, op.caller, service_key, now)
 
-    async def _run(self, op: Operation, row: StepRow) -> bool:
+    async def _run(self, op: Operation, plan: Plan) -> Outcome:
+        row = plan.current
+        assert row is not None and plan.view is not None
         if row.step == CALLBACK_STEP:
-            return await self._callback(op, row)
-        return await self._hook(op, row)
+            return await self._callback(op, plan, plan.view)
+        return await self._hook(row, plan.view)
 
-    def _outcome(self, op: Operation) -> dict[str, Any]:
-        with self.ctx.runtime.db.read() as conn:
-            return view_of(conn, store.get_operation(conn, op.id) or op, self.ctx.now())
-
-    async def _hook(self, op: Operation, row: StepRow) -> bool:
-        ctx = self.ctx
+    async def _hook(self, row: StepRow, outcome: dict[str, Any]) -> Outcome:
+        metrics = self.ctx.runtime.metrics
         hook = self.hooks[row.step.removeprefix("hook:")]
-        outcome = await ctx.runtime.db.run(self._outcome, op)
         try:
             if hook.is_async:
                 await hook.fn(outcome, row.idempotency_key)
@@ -136,150 +215,101 @@ class CompleteStep:
                 await anyio.to_thread.run_sync(hook.fn, outcome, row.idempotency_key)
         except Exception as exc:  # a hook is operator code: its failure is data, not a crash
             log.warning("hook %s failed: %s", hook.name, type(exc).__name__)
-            ctx.runtime.metrics.hook_runs.labels("failed").inc()
-            return await self._failed(
-                op, row, f"{type(exc).__name__}: {str(exc)[:200]}", None, permanent=False
-            )
-        ctx.runtime.metrics.hook_runs.labels("ok").inc()
-        await self._done(op, row, {})
-        return True
+            metrics.hook_runs.labels("failed").inc()
+            return Outcome(False, {}, f"{type(exc).__name__}: {str(exc)[:200]}")
+        metrics.hook_runs.labels("ok").inc()
+        return Outcome(True, {})
 
-    async def _callback(self, op: Operation, row: StepRow) -> bool:
-        ctx = self.ctx
+    async def _callback(self, op: Operation, plan: Plan, outcome: dict[str, Any]) -> Outcome:
         assert op.callback_url is not None
         if self.callbacks is None:
-            return await self._failed(
-                op, row, "no callback signing secret is configured", None, permanent=True
+            return Outcome(False, {}, "no callback signing secret is configured", permanent=True)
+        if plan.keys is None:
+            return Outcome(
+                False, {}, f"agent {op.caller!r} has no token to sign for", permanent=True
             )
-        keys = await ctx.runtime.db.run(self._agent_keys, op)
-        if keys is None:
-            return await self._failed(
-                op, row, f"agent {op.caller!r} has no token to sign for", None, permanent=True
-            )
-        outcome = await ctx.runtime.db.run(self._outcome, op)
         event = {"type": "operation.completed", "operation": outcome}
-        result = await self.callbacks.deliver(op.callback_url, webhook_id(op), event, keys)
+        result = await self.callbacks.deliver(op.callback_url, webhook_id(op), event, plan.keys)
         label = (
             "delivered"
             if result.delivered
             else ("refused" if result.refused else "permanent" if result.permanent else "retryable")
         )
-        ctx.runtime.metrics.callback_attempts.labels(label).inc()
+        self.ctx.runtime.metrics.callback_attempts.labels(label).inc()
         if result.delivered:
-            await self._done(
-                op, row, {"http_status": result.http_status, "webhook_id": webhook_id(op)}
-            )
-            return True
-        reason = result.refused or result.error or f"HTTP {result.http_status}"
-        return await self._failed(
-            op,
-            row,
-            reason,
+            return Outcome(True, {"http_status": result.http_status, "webhook_id": webhook_id(op)})
+        return Outcome(
+            False,
+            {},
+            result.refused or result.error or f"HTTP {result.http_status}",
             result.retry_after,
-            permanent=result.permanent,
-            http_status=result.http_status,
+            result.permanent,
+            result.http_status,
         )
 
-    def _agent_keys(self, op: Operation) -> list[bytes] | None:
-        """The calling agent's own signing keys: no agent can forge another's callbacks."""
-        service_key = self.ctx.runtime.callback_key
-        assert service_key is not None  # callbacks exist only with a signing key
-        with self.ctx.runtime.db.read() as conn:
-            return callback_keys(conn, op.caller, service_key, self.ctx.now())
-
-    async def _done(self, op: Operation, row: StepRow, detail: dict[str, Any]) -> None:
-        ctx = self.ctx
-        now = ctx.now()
-
-        def done(conn: Connection, fresh: Operation) -> Operation:
+    def _record(
+        self, conn: Connection, op: Operation, plan: Plan, outcome: Outcome, now: datetime
+    ) -> Prep:
+        """The running step's outcome, and in the same transaction what comes after it."""
+        row = plan.current
+        assert row is not None
+        if outcome.done:
             steps.mark_done(conn, op, row.step, now)
             entry = Entry(
                 kind=HistoryKind.STEP,
-                actor=ctx.actor,
+                actor=self.ctx.actor,
                 cause=f"step_done:{row.step}",
                 detail={
                     "step": row.step,
-                    "attempt": row.attempts + 1,
+                    "attempt": row.attempts,
                     "idempotency_key": row.idempotency_key,
-                    **detail,
+                    **outcome.detail,
                 },
             )
-            return ctx.runtime.journal.write(conn, fresh, now=now, entries=[entry], lease=ctx.lease)
-
-        await ctx.apply(op, done)
-
-    async def _failed(
-        self,
-        op: Operation,
-        row: StepRow,
-        reason: str,
-        retry_after: str | None,
-        *,
-        permanent: bool,
-        http_status: int | None = None,
-    ) -> bool:
-        ctx = self.ctx
-        settings = ctx.runtime.settings.callbacks
-        now = ctx.now()
-        attempts = row.attempts + 1
-        give_up = permanent or attempts >= settings.max_attempts
+            rows = self._with(plan, replace(row, status=StepStatus.DONE))
+            return self._advance(conn, op, rows, plan.index + 1, now, [entry])
+        settings = self.ctx.runtime.settings.callbacks
+        attempts = row.attempts
+        give_up = outcome.permanent or attempts >= settings.max_attempts
         policy = BackoffPolicy(settings.base_delay_seconds, settings.max_delay_seconds, 0.5)
-        delay = next_attempt_delay(attempts - 1, retry_after, now, policy, ctx.runtime.rng)
-        retry_at = now + delay
-
-        def failed(conn: Connection, fresh: Operation) -> Operation:
-            steps.mark_failed(conn, op, row.step, reason[:500], give_up=give_up, retry_at=retry_at)
-            entry = Entry(
-                kind=HistoryKind.STEP,
-                actor=ctx.actor,
-                cause=f"step_failed:{row.step}",
-                detail={
-                    "step": row.step,
-                    "attempt": attempts,
-                    "error": reason[:500],
-                    "http_status": http_status,
-                    "gave_up": give_up,
-                    "retry_at": None if give_up else retry_at.isoformat(),
-                },
-            )
-            if not give_up:
-                return ctx.runtime.journal.write(
-                    conn,
-                    fresh,
-                    now=now,
-                    entries=[entry],
-                    changes={"next_poll_at": retry_at},
-                    lease=ctx.lease,
-                )
-            detail = f"{row.step} failed after {attempts} attempt(s): {reason}"
-            return ctx.escalate_in(
-                conn, fresh, EscalationReason.CALLBACK_UNDELIVERABLE, detail, before=[entry]
-            )
-
-        await ctx.apply(op, failed)
-        # A step that gave up does not block the ones after it.
-        return give_up
-
-    async def _close(self, op: Operation) -> None:
-        ctx = self.ctx
-        now = ctx.now()
-        fresh = await ctx.reload(op.id)
-        if fresh is None or State(fresh.state) not in END_STATES:
-            return  # reopened meanwhile by a decision: keep the schedule its flow set
-        entry = Entry(
-            kind=HistoryKind.NOTE,
-            actor=ctx.actor,
-            cause="completion_finished",
-            detail={"round": fresh.completion_round},
+        delay = next_attempt_delay(
+            attempts - 1, outcome.retry_after, now, policy, self.ctx.runtime.rng
         )
-        await ctx.write(
-            fresh,
-            lambda conn: ctx.runtime.journal.write(
+        retry_at = now + delay
+        reason = outcome.reason[:500]
+        steps.mark_failed(conn, op, row.step, reason, give_up=give_up, retry_at=retry_at)
+        entry = Entry(
+            kind=HistoryKind.STEP,
+            actor=self.ctx.actor,
+            cause=f"step_failed:{row.step}",
+            detail={
+                "step": row.step,
+                "attempt": attempts,
+                "error": reason,
+                "http_status": outcome.http_status,
+                "gave_up": give_up,
+                "retry_at": None if give_up else retry_at.isoformat(),
+            },
+        )
+        if not give_up:
+            waiting = self.ctx.runtime.journal.write(
                 conn,
-                fresh,
+                op,
                 now=now,
                 entries=[entry],
-                lease=ctx.lease,
-                changes={"completion_pending": False, "next_poll_at": None, "delay_source": None},
-            ),
+                changes={"next_poll_at": retry_at},
+                lease=self.ctx.lease,
+            )
+            failed = replace(row, status=StepStatus.PENDING, next_attempt_at=retry_at)
+            return Prep(waiting, Plan(self._with(plan, failed)), final=True)
+        detail = f"{row.step} failed after {attempts} attempt(s): {reason}"
+        escalated = self.ctx.escalate_in(
+            conn, op, EscalationReason.CALLBACK_UNDELIVERABLE, detail, before=[entry]
         )
+        # A step that gave up does not block the ones after it.
+        rows = self._with(plan, replace(row, status=StepStatus.GAVE_UP))
+        return self._advance(conn, escalated, rows, plan.index + 1, now, [])
+
+    @staticmethod
+    def _with(plan: Plan, row: StepRow) -> tuple[StepRow, ...]:
+        return (*plan.rows[: plan.index], row, *plan.rows[plan.index + 1 :])

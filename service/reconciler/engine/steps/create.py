@@ -32,6 +32,7 @@ from reconciler.core.poll import Stop, first_poll
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind
 from reconciler.engine.context import STORAGE_OUTAGE, StepContext
+from reconciler.engine.flow import Prep
 from reconciler.providers.adapter import CallResult, CreateOutcome, LookupOutcome, LookupVerdict
 from reconciler.storage.history import notes_with_cause
 from reconciler.storage.journal import Entry
@@ -75,8 +76,24 @@ class CreateStep:
     def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
 
-    async def __call__(self, op: Operation) -> None:
+    def prepare(self, conn: Connection, op: Operation, now: datetime) -> Prep | None:
+        """A first create's count and next try, inside the claim; with it, the request.
+
+        Only a create that cannot have reached the provider yet: one that may have (an
+        attempt on record, or ``create_unknown``) is looked up first, by the step itself.
+        """
+        if before_create(op.create_deadline_at, now) is not None:
+            return None
+        if State(op.state) is not State.CREATE_PENDING or op.create_attempts > 0:
+            return None
+        charged = self._reserve_in(conn, op, {"create_attempts": 1}, [], now)
+        return Prep(charged, load_request(conn, op.id))
+
+    async def __call__(self, op: Operation, prep: Prep | None = None) -> None:
         ctx = self.ctx
+        if prep is not None:
+            await self._send(op, prepared=prep)
+            return
         spec = ctx.spec(op)
         now = ctx.now()
         stop = before_create(op.create_deadline_at, now)
@@ -168,14 +185,19 @@ class CreateStep:
             lambda conn, fresh: ctx.runtime.journal.write(
                 conn, fresh, now=now, changes=changes, entries=[given, *rest], lease=ctx.lease
             ),
+            final=True,
         )
 
-    async def _reserve(
-        self, op: Operation, counts: dict[str, int], before: list[Entry] | None = None
+    def _reserve_in(
+        self,
+        conn: Connection,
+        op: Operation,
+        counts: dict[str, int],
+        before: list[Entry],
+        now: datetime,
     ) -> Operation:
         """Count the call and schedule the next try one backoff step away, before sending."""
         ctx = self.ctx
-        now = ctx.now()
         calls = op.create_attempts + op.create_lookups + 1
         retry_at = next_try_at(
             op.create_deadline_at, calls, now, ctx.runtime.rng, ctx.backoff(ctx.spec(op))
@@ -185,17 +207,27 @@ class CreateStep:
             "next_poll_at": retry_at,
             "delay_source": DelaySource.LOCAL_BACKOFF.value,
         }
-        return await ctx.write(
-            op,
-            lambda conn: ctx.runtime.journal.write(
-                conn, op, now=now, lease=ctx.lease, changes=changes, entries=before or []
-            ),
+        return ctx.runtime.journal.write(
+            conn, op, now=now, lease=ctx.lease, changes=changes, entries=before
         )
 
-    async def _send(self, op: Operation, before: list[Entry] | None = None) -> None:
+    async def _reserve(
+        self, op: Operation, counts: dict[str, int], before: list[Entry] | None = None
+    ) -> Operation:
+        now = self.ctx.now()
+        return await self.ctx.write(
+            op, lambda conn: self._reserve_in(conn, op, counts, before or [], now)
+        )
+
+    async def _send(
+        self, op: Operation, before: list[Entry] | None = None, *, prepared: Prep | None = None
+    ) -> None:
         ctx = self.ctx
-        charged = await self._reserve(op, {"create_attempts": op.create_attempts + 1}, before)
-        request = await ctx.runtime.db.run(self._request, op.id)
+        if prepared is not None:
+            charged, request = prepared.op, prepared.data
+        else:
+            charged = await self._reserve(op, {"create_attempts": op.create_attempts + 1}, before)
+            request = await ctx.runtime.db.run(self._request, op.id)
         outcome = await ctx.call(
             op,
             "create",
@@ -267,6 +299,7 @@ class CreateStep:
                     before=[entry],
                     lease=ctx.lease,
                 ),
+                final=True,
             )
         elif isinstance(decision, Stop):
             await self._escalate(op, decision.reason, decision.detail, [entry])
@@ -306,7 +339,7 @@ class CreateStep:
                 conn, fresh, now=now, changes=changes, entries=[entry], lease=ctx.lease
             )
 
-        await ctx.apply(op, later)
+        await ctx.apply(op, later, final=True)
 
     async def _accept(
         self,
@@ -398,7 +431,7 @@ class CreateStep:
                 lease=ctx.lease,
             )
 
-        await ctx.apply(op, accept)
+        await ctx.apply(op, accept, final=True)
 
     async def _violation(self, op: Operation, outcome: CreateOutcome, check: LookupOutcome) -> None:
         detail = (

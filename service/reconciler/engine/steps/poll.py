@@ -28,6 +28,7 @@ from reconciler.core.states import State
 from reconciler.core.trust import Verdict, judge_read, settle_after
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind, RemoteCategory
 from reconciler.engine.context import StepContext
+from reconciler.engine.flow import Prep
 from reconciler.engine.steps.create import call_detail
 from reconciler.errors import StaleWrite
 from reconciler.providers.adapter import StatusOutcome
@@ -109,8 +110,36 @@ class PollStep:
     def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
 
-    async def __call__(self, op: Operation) -> None:
+    def _charge(self, conn: Connection, op: Operation, now: datetime) -> Operation:
+        """The request is charged and persisted before it is sent."""
+        return self.ctx.runtime.journal.write(
+            conn,
+            op,
+            now=now,
+            lease=self.ctx.lease,
+            changes={"status_requests_used": op.status_requests_used + 1},
+        )
+
+    def prepare(self, conn: Connection, op: Operation, now: datetime) -> Prep | None:
+        """The charge, inside the transaction that hands the operation to this step.
+
+        Only the ordinary read: the deadline and budget are checked first, as the step
+        does; a read that would escalate, or the last look after a cancel window, is
+        left to the step.
+        """
+        if State(op.state) is State.CANCELLING and (
+            op.cancel_deadline_at is not None and now >= op.cancel_deadline_at
+        ):
+            return None
+        if op.remote_job_id is None or decisions.before_request(record_of(op), now) is not None:
+            return None
+        return Prep(self._charge(conn, op, now))
+
+    async def __call__(self, op: Operation, prep: Prep | None = None) -> None:
         ctx = self.ctx
+        if prep is not None:
+            await self._read(op, prep.op, last_look=False)
+            return
         now = ctx.now()
         state = State(op.state)
         last_look = False
@@ -136,17 +165,14 @@ class PollStep:
                 await self._escalate(op, stop.reason, stop.detail, [])
                 return
         assert op.remote_job_id is not None
-        job_id = op.remote_job_id
-        charged = await ctx.write(
-            op,
-            lambda conn: ctx.runtime.journal.write(
-                conn,
-                op,
-                now=now,
-                lease=ctx.lease,
-                changes={"status_requests_used": op.status_requests_used + 1},
-            ),
-        )
+        charged = await ctx.write(op, lambda conn: self._charge(conn, op, now))
+        await self._read(op, charged, last_look)
+
+    async def _read(self, op: Operation, charged: Operation, last_look: bool) -> None:
+        """Send the charged status request and write what its answer means."""
+        ctx = self.ctx
+        assert charged.remote_job_id is not None
+        job_id = charged.remote_job_id
         deadline = record_of(charged).deadline_at
 
         async def send() -> StatusOutcome | None:
@@ -166,7 +192,9 @@ class PollStep:
         with contextlib.suppress(StaleWrite):
             # Lost every race, or the lease: the next claim reads afresh and decides again.
             await ctx.apply(
-                charged, lambda conn, fresh: self._apply(conn, fresh, outcome, last_look)
+                charged,
+                lambda conn, fresh: self._apply(conn, fresh, outcome, last_look),
+                final=True,
             )
 
     def _outage(self, op: Operation) -> list[Entry]:

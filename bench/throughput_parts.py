@@ -1,0 +1,196 @@
+"""The processes of ``bench/throughput.py`` other than the driver: the service and the receiver.
+
+    python bench/throughput_parts.py serve --root TREE --config PATH [--profile FILE]
+    python bench/throughput_parts.py receiver --port N --secret whsec_...
+
+``serve`` runs the service of the checkout ``TREE`` (its ``service/`` first on the path,
+so a second checkout at another commit can be measured against this one in the same
+run) exactly as ``reconciler serve --config PATH`` does. A checkout whose database
+does not count its write transactions yet gets the count from outside (a wrapper
+around ``Database.write``, one increment per transaction) as
+``reconciler_write_transactions_total`` on ``/metrics``, so both are counted alike.
+
+``receiver`` is the agent's callback receiver: it verifies every delivery with the
+agent's own callback secret (``reconciler.client.verify_callback``), answers 204, and
+reports on ``GET /stats`` how many distinct operations arrived and when the last did.
+
+``completion_hook`` is the one (empty) completion hook of the happy path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parents[1]
+
+
+async def completion_hook(operation: dict[str, Any], idempotency_key: str) -> None:
+    """The happy path's one hook: it does nothing."""
+
+
+def _count_writes_from_outside() -> None:
+    """Count write transactions in a checkout whose ``Database`` does not (yet) count them."""
+    import itertools
+    from collections.abc import Iterator
+    from contextlib import contextmanager
+
+    from prometheus_client.core import CounterMetricFamily
+
+    from reconciler.metrics import Metrics
+    from reconciler.storage.database import Database
+
+    if hasattr(Metrics, "watch_writes"):
+        return  # counted by the service itself
+    counter = itertools.count()
+    taken = [0]
+    write = Database.write
+
+    @contextmanager
+    def counted(self: Any) -> Iterator[Any]:
+        taken[0] = next(counter) + 1
+        with write(self) as conn:
+            yield conn
+
+    Database.write = counted  # type: ignore[method-assign]
+
+    class _Writes:
+        def collect(self) -> Any:
+            family = CounterMetricFamily(
+                "reconciler_write_transactions", "Write transactions begun (counted outside)."
+            )
+            family.add_metric([], taken[0])
+            yield family
+
+    init = Metrics.__init__
+
+    def with_writes(self: Any) -> None:
+        init(self)
+        self.registry.register(_Writes())
+
+    Metrics.__init__ = with_writes  # type: ignore[method-assign]
+
+
+def serve(root: Path, config: Path, profile: Path | None) -> int:
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() not in (HERE, HERE / "bench")]
+    sys.path.insert(0, str(root / "service"))
+    sys.path.append(str(HERE))  # for this module's hook, as bench.throughput_parts
+    _count_writes_from_outside()
+    from reconciler.api.server import serve as run
+    from reconciler.config import load_settings
+
+    settings = load_settings(str(config))
+    if profile is None:
+        return run(settings)
+    import pyinstrument  # only with --profile
+
+    profiler = pyinstrument.Profiler(interval=0.0005, async_mode="disabled")
+    profiler.start()
+    try:
+        return run(settings)
+    finally:
+        profiler.stop()
+        profile.write_text(profiler.output_text(unicode=False, show_all=False), "utf-8")
+
+
+class Arrivals:
+    """Verified deliveries by webhook id, with the time the last new one arrived."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ids: set[str] = set()
+        self.deliveries = 0
+        self.rejected = 0
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+
+    def add(self, webhook_id: str) -> None:
+        now = time.time()
+        with self.lock:
+            self.deliveries += 1
+            if webhook_id not in self.ids:
+                self.ids.add(webhook_id)
+                self.first_at = self.first_at or now
+                self.last_at = now
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "distinct": len(self.ids),
+                "deliveries": self.deliveries,
+                "rejected": self.rejected,
+                "first_at": self.first_at,
+                "last_at": self.last_at,
+            }
+
+    def reset(self) -> None:
+        with self.lock:
+            self.ids.clear()
+            self.deliveries = self.rejected = 0
+            self.first_at = self.last_at = None
+
+
+def receiver(port: int, secret: str) -> int:
+    sys.path.insert(0, str(HERE / "service"))
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    from reconciler.client import verify_callback
+    from reconciler.errors import ReconcilerError
+
+    arrivals = Arrivals()
+
+    async def callback(request: Request) -> Response:
+        body = await request.body()
+        try:
+            event = verify_callback(body, request.headers, secret)
+        except ReconcilerError:
+            with arrivals.lock:
+                arrivals.rejected += 1
+            return Response(status_code=401)
+        arrivals.add(event.webhook_id)
+        return Response(status_code=204)
+
+    async def stats(request: Request) -> Response:
+        return JSONResponse(arrivals.stats())
+
+    async def reset(request: Request) -> Response:
+        arrivals.reset()
+        return Response(status_code=204)
+
+    app = Starlette(
+        routes=[
+            Route("/cb", callback, methods=["POST"]),
+            Route("/stats", stats, methods=["GET"]),
+            Route("/reset", reset, methods=["POST"]),
+        ]
+    )
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    srv = sub.add_parser("serve")
+    srv.add_argument("--root", type=Path, required=True)
+    srv.add_argument("--config", type=Path, required=True)
+    srv.add_argument("--profile", type=Path, default=None)
+    rcv = sub.add_parser("receiver")
+    rcv.add_argument("--port", type=int, required=True)
+    rcv.add_argument("--secret", required=True)
+    args = parser.parse_args()
+    if args.command == "serve":
+        return serve(args.root, args.config, args.profile)
+    return receiver(args.port, args.secret)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,92 @@
+"""What a step's last write may do besides the step's own changes: start the next, or let go.
+
+Guarantee: fewer transactions, not fewer records. A worker's task runs one
+operation through consecutive steps under one lease. The write that finishes a
+step (``final``) is also the write that either prepares the next step (its
+charge, reservation or start record: what that step would otherwise write in a
+transaction of its own before it sends anything) or, when nothing is due,
+gives the lease back, in the same transaction. Which one is decided by the
+worker's own rules (``Flow.runs_next``), so a task never prepares a step it
+would not run: a second status read in one claim, a full share, the step limit.
+
+``Prep`` is a prepared step: the record as that write left it, and what the
+step's ``prepare`` learned for it (the create request, the completion plan).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from sqlalchemy.engine import Connection
+
+from reconciler.storage.models import Operation
+
+
+@dataclass(frozen=True)
+class Prep:
+    """A step prepared in a write that committed: the record after it, and the step's data.
+
+    ``final`` (set by a build that decides it inside its transaction): this write ends
+    the step, as ``final=True`` on the write would say.
+    """
+
+    op: Operation
+    data: Any = None
+    final: bool = False
+
+
+class Preparer(Protocol):
+    """A step that can do its first write inside another transaction."""
+
+    def prepare(self, conn: Connection, op: Operation, now: datetime) -> Prep | None: ...
+
+
+@dataclass
+class Flow:
+    """One task's view of its operation between steps (set on the loop, used in writes)."""
+
+    # Decides, inside a write, which step the worker would run next on ``after`` (None:
+    # it would stop there). Reads only this task's state, never the loop's.
+    next_step: Callable[[Operation, datetime], Preparer | None]
+    release: Callable[[Connection, str], None]
+    # What the task's writes left: the latest record, a prepared next step, the lease given up.
+    last: Operation | None = None
+    changed: bool = False
+    prepared: Prep | None = None
+    released: bool = False
+
+    def begin_step(self) -> None:
+        self.changed = False
+        self.prepared = None
+        self.released = False
+
+    def after_write(
+        self, conn: Connection, after: Operation, now: datetime, final: bool
+    ) -> tuple[Prep | None, bool]:
+        """Inside the write's transaction: prepare the next step, or release, or neither.
+
+        Returns (the prepared next step, whether the lease was given back); nothing on the
+        task changes until ``wrote`` (the transaction may still roll back and be retried).
+        """
+        if not final:
+            return None, False
+        if after.next_poll_at is None or after.next_poll_at > now:
+            # Nothing due: the lease goes back with the step's own changes.
+            self.release(conn, after.id)
+            return None, True
+        step = self.next_step(after, now)
+        return (step.prepare(conn, after, now) if step is not None else None), False
+
+    def wrote(self, after: Operation, prep: Prep | None, released: bool) -> None:
+        """On the loop, once the write committed."""
+        self.last = prep.op if prep is not None else after
+        self.changed = True
+        self.prepared = prep
+        self.released = self.released or released
+
+
+flow_var: ContextVar[Flow | None] = ContextVar("reconciler_flow", default=None)
