@@ -21,11 +21,10 @@ import httpx
 from fixtures.provider_sim import RequestRecord, SimConfig, SimState
 from fixtures.provider_sim import create_app as create_sim
 
-from reconciler.storage import operations as store
 from reconciler.storage.database import Database
-from reconciler.storage.history import history_of
 from reconciler.storage.models import HistoryEntry, Operation
 from reconciler.storage.tokens import create_token
+from tests.support.faults import history, stored, submit
 from tests.support.hooks import wait_until
 from tests.support.process import ServiceProcess, cli, service_config, service_process
 from tests.support.servers import serve_asgi
@@ -89,25 +88,13 @@ class Rig:
         return found
 
     def create(self, svc: ServiceProcess, request: dict[str, Any]) -> str:
-        response = httpx.post(
-            f"{svc.url}/v1/operations",
-            json={"provider": "sim", "request": request},
-            headers={"Authorization": f"Bearer {self.agent}"},
-            timeout=30,
-        )
-        assert response.status_code == 202, response.text
-        op_id: str = response.json()["id"]
-        return op_id
+        return submit(svc.url, self.agent, {"provider": "sim", "request": request})
 
     def row(self, op_id: str) -> Operation:
-        with self.db.read() as conn:
-            op = store.get_operation(conn, op_id)
-        assert op is not None
-        return op
+        return stored(self.db, op_id)
 
     def history(self, op_id: str) -> list[HistoryEntry]:
-        with self.db.read() as conn:
-            return history_of(conn, op_id)
+        return history(self.db, op_id)
 
     def status_requests(self, job_id: str) -> list[RequestRecord]:
         """Every status request the provider received for the job, answered or not."""

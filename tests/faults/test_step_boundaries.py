@@ -24,12 +24,11 @@ import pytest
 from fixtures.provider_sim import RequestRecord, SimConfig, SimState
 from fixtures.provider_sim import create_app as create_sim
 
-from reconciler.storage import operations as store
 from reconciler.storage.database import Database
-from reconciler.storage.history import history_of
 from reconciler.storage.models import HistoryEntry, Operation
 from reconciler.storage.tokens import create_token
 from tests.support import hooks
+from tests.support.faults import history, stored, submit
 from tests.support.hooks import CallbackReceiver, Reply, serve_receiver, wait_until
 from tests.support.process import ServiceProcess, cli, service_config, service_env, service_process
 from tests.support.servers import serve_asgi
@@ -74,25 +73,14 @@ class Rig:
         return svc
 
     def create(self, svc: ServiceProcess, name: str) -> str:
-        response = httpx.post(
-            f"{svc.url}/v1/operations",
-            json={"provider": "sim", "request": JOB, "callback_url": f"{self.cb_url}/cb/{name}"},
-            headers={"Authorization": f"Bearer {self.agent}"},
-            timeout=30,
-        )
-        assert response.status_code == 202, response.text
-        op_id: str = response.json()["id"]
-        return op_id
+        body = {"provider": "sim", "request": JOB, "callback_url": f"{self.cb_url}/cb/{name}"}
+        return submit(svc.url, self.agent, body)
 
     def row(self, op_id: str) -> Operation:
-        with self.db.read() as conn:
-            op = store.get_operation(conn, op_id)
-        assert op is not None
-        return op
+        return stored(self.db, op_id)
 
     def history(self, op_id: str) -> list[HistoryEntry]:
-        with self.db.read() as conn:
-            return history_of(conn, op_id)
+        return history(self.db, op_id)
 
     def requests(self, job_id: str, endpoint: str) -> list[RequestRecord]:
         return [r for r in self.sim.requests if r.endpoint == endpoint and r.job_id == job_id]

@@ -24,6 +24,9 @@ from reconciler.api.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
+from reconciler.storage.database import Database
+from reconciler.storage.history import history_of
+from reconciler.storage.models import HistoryEntry, Operation
 from tests.support.servers import HOST, serve_asgi
 from tests.support.stack import (
     CALLBACK_SECRET,
@@ -250,3 +253,29 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def submit(url: str, agent: str, body: dict[str, Any]) -> str:
+    """``POST /v1/operations`` as ``agent``; the new operation's id (the answer must be 202)."""
+    response = httpx.post(
+        f"{url}/v1/operations",
+        json=body,
+        headers={"Authorization": f"Bearer {agent}"},
+        timeout=30,
+    )
+    assert response.status_code == 202, response.text
+    op_id: str = response.json()["id"]
+    return op_id
+
+
+def stored(db: Database, op_id: str) -> Operation:
+    """The operation as stored now."""
+    with db.read() as conn:
+        op = store.get_operation(conn, op_id)
+    assert op is not None
+    return op
+
+
+def history(db: Database, op_id: str) -> list[HistoryEntry]:
+    with db.read() as conn:
+        return history_of(conn, op_id)

@@ -107,6 +107,14 @@ class StepContext:
             raise StaleWrite(f"operation {op_id}: the lease was lost")
         return current
 
+    def change_in(
+        self, conn: Connection, op: Operation, now: datetime, **changes: Any
+    ) -> Operation:
+        """``changes`` on ``op`` under this step's lease, in ``conn``'s transaction: how a
+        step records a request before sending it (a crash after the send never repeats it
+        uncounted)."""
+        return self.runtime.journal.write(conn, op, now=now, lease=self.lease, changes=changes)
+
     def spec(self, op: Operation) -> ProviderSpec:
         return self.runtime.providers[op.provider]
 

@@ -27,10 +27,7 @@ class CancelStep:
 
     def _mark_sent(self, conn: Connection, op: Operation, now: datetime) -> Operation:
         """The send is recorded before it happens: a crash after it never sends again."""
-        journal = self.ctx.runtime.journal
-        return journal.write(
-            conn, op, now=now, lease=self.ctx.lease, changes={"cancel_sent_at": now}
-        )
+        return self.ctx.change_in(conn, op, now, cancel_sent_at=now)
 
     def prepare(self, conn: Connection, op: Operation, now: datetime) -> Prep | None:
         if op.cancel_sent_at is not None or op.remote_job_id is None:

@@ -41,13 +41,7 @@ class CollectStep:
 
     def _charge(self, conn: Connection, op: Operation, now: datetime) -> Operation:
         """The fetch is counted before it is sent (its failures are budgeted)."""
-        return self.ctx.runtime.journal.write(
-            conn,
-            op,
-            now=now,
-            lease=self.ctx.lease,
-            changes={"result_attempts": op.result_attempts + 1},
-        )
+        return self.ctx.change_in(conn, op, now, result_attempts=op.result_attempts + 1)
 
     def prepare(self, conn: Connection, op: Operation, now: datetime) -> Prep | None:
         """The count of the fetch, inside the transaction that hands the operation over

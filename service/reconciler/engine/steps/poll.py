@@ -112,13 +112,7 @@ class PollStep:
 
     def _charge(self, conn: Connection, op: Operation, now: datetime) -> Operation:
         """The request is charged and persisted before it is sent."""
-        return self.ctx.runtime.journal.write(
-            conn,
-            op,
-            now=now,
-            lease=self.ctx.lease,
-            changes={"status_requests_used": op.status_requests_used + 1},
-        )
+        return self.ctx.change_in(conn, op, now, status_requests_used=op.status_requests_used + 1)
 
     def prepare(self, conn: Connection, op: Operation, now: datetime) -> Prep | None:
         """The charge, inside the transaction that hands the operation to this step.
