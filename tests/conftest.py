@@ -122,22 +122,3 @@ def module_db_url(
         yield url
     finally:
         factory.drop(url)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules that run real processes for tens of seconds go first.
-
-    pytest-xdist hands tests out in this order; a long test that starts last keeps the
-    whole run waiting on one worker while the others are idle. Modules stay whole, so a
-    module-scoped service is still set up once.
-    """
-
-    def module_of(item: pytest.Item) -> str:
-        return item.nodeid.split("::", 1)[0]
-
-    heavy = {
-        module_of(item)
-        for item in items
-        if module_of(item).startswith("tests/faults/") or item.get_closest_marker("slow")
-    }
-    items.sort(key=lambda item: module_of(item) not in heavy)  # stable: order kept within
