@@ -660,6 +660,13 @@ def test_retry_after_is_a_minimum_up_to_the_ceiling(attempt: int, asked: int, se
     assert delay <= max(floor, dt.timedelta(seconds=POLICY.raw(attempt)))
 
 
+@given(attempt=st.integers(min_value=0, max_value=3), seed=st.integers())
+def test_a_retry_never_shares_the_second_of_the_attempt_before(attempt: int, seed: int) -> None:
+    quick = BackoffPolicy(base_seconds=0.05, max_seconds=0.2, jitter_floor=0.0)
+    delay = next_attempt_delay(attempt, None, NOW, quick, random.Random(seed))
+    assert delay >= dt.timedelta(seconds=1)  # a new signed timestamp, not a replay
+
+
 def test_retry_after_as_http_date_and_invalid_values() -> None:
     rng = random.Random(1)
     date = "Fri, 18 Apr 2025 10:30:00 GMT"  # ten minutes after NOW

@@ -113,6 +113,12 @@ def _failure(kind: TransportError, address: str | None, detail: str = "") -> Del
     return DeliveryOutcome(delivered=False, error=text, transport_error=kind, address=address)
 
 
+# A receiver tells a retry from a replayed capture by the signed timestamp, which counts
+# whole seconds: a retry sent within the second of the attempt before would carry the
+# same webhook-id and timestamp, and a replay guard would refuse it for good.
+MIN_RETRY_DELAY = timedelta(seconds=1)
+
+
 def next_attempt_delay(
     attempt: int,
     retry_after_raw: str | None,
@@ -123,10 +129,11 @@ def next_attempt_delay(
 ) -> timedelta:
     """Delay before the next attempt; ``attempt`` is 0 after the first failure.
 
-    Capped exponential backoff with jitter, and never less than the receiver's
-    ``Retry-After`` (seconds or HTTP-date) — up to ``ceiling``.
+    Capped exponential backoff with jitter, never less than the receiver's
+    ``Retry-After`` (seconds or HTTP-date) up to ``ceiling``, and never less than
+    ``MIN_RETRY_DELAY``.
     """
-    delay = timedelta(seconds=policy.delay(attempt, rng))
+    delay = max(timedelta(seconds=policy.delay(attempt, rng)), MIN_RETRY_DELAY)
     asked = parse_retry_after(retry_after_raw, now)
     if asked is not None:
         delay = max(delay, min(asked, ceiling))
