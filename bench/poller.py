@@ -10,7 +10,7 @@ history heads (bulk INSERTs of the rows ``Journal.insert`` writes; the migrated 
 are in place while inserting), of which ``--due`` are due now and the rest due in 1-2 h.
 Figures per size, from ``--rounds`` rounds that alternate between the sizes:
 
-* claim step: ``store.claim_due`` (batch_size 100) in one write transaction plus
+* claim step: ``store.claim_records`` (batch_size 100) in one write transaction plus
   ``store.release`` of what it claimed in another: the database part of a tick
   (``--claim-repeats`` samples per round); also the same with nothing due (idle claim);
 * full tick: ``Worker.tick()`` of the real worker (``Background`` with the scheduler off,
@@ -310,9 +310,9 @@ def time_claim(db: Any, owner: str, now: datetime, limit: int) -> tuple[float, i
 
     started = time.perf_counter()
     with db.write() as conn:
-        claims = store.claim_due(conn, owner, now, 30.0, limit)
+        claims = store.claim_records(conn, owner, now, 30.0, limit)
     with db.write() as conn:
-        store.release(conn, [c.operation_id for c in claims], owner)
+        store.release(conn, [op.id for op, _ in claims], owner)
     return time.perf_counter() - started, len(claims)
 
 

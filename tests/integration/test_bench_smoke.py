@@ -84,9 +84,9 @@ def test_seeded_rows_are_valid_and_a_tick_reads_each_due_operation_once(
     try:
         assert audit.verify(db, None).ok
         with db.write() as conn:
-            claims = store.claim_due(conn, "smoke", seeded_at, 30.0, 100)
-            store.release(conn, [c.operation_id for c in claims], "smoke")
-        assert sorted(c.operation_id for c in claims) == sorted(due_ids)
+            claims = store.claim_records(conn, "smoke", seeded_at, 30.0, 100)
+            store.release(conn, [op.id for op, _ in claims], "smoke")
+        assert sorted(op.id for op, _ in claims) == sorted(due_ids)
         seconds, claimed = poller.time_claim(db, "smoke", seeded_at, 100)
         assert claimed == 5 and seconds >= 0.0
 

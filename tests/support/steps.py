@@ -169,10 +169,8 @@ class StepRig:
 
         def claim() -> list[str]:
             with rt.db.write() as conn:
-                return [
-                    c.operation_id
-                    for c in store.claim_due(conn, owner, self.clock.now(), LEASE_SECONDS, 1000)
-                ]
+                claimed = store.claim_records(conn, owner, self.clock.now(), LEASE_SECONDS, 1000)
+                return [op.id for op, _ in claimed]
 
         claimed = await rt.db.run(claim)
         assert op_id in claimed, f"{op_id} is not due at {self.clock.now()}"

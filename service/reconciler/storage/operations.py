@@ -164,12 +164,6 @@ def list_operations(
 
 
 @dataclass(frozen=True)
-class Claim:
-    operation_id: str
-    taken_over_from: str | None  # a previous holder whose lease expired (it stopped or hung)
-
-
-@dataclass(frozen=True)
 class ShareFilter:
     """Which operations one share of a worker may claim.
 
@@ -258,19 +252,6 @@ def claim_records(
     ops = records_of(conn, run(conn, sql, [owner, until, *ids, stamp]).fetchall())
     ops.sort(key=lambda op: op.next_poll_at or now)
     return [(op, candidates[op.id]) for op in ops]
-
-
-def claim_due(
-    conn: Connection,
-    owner: str,
-    now: datetime,
-    lease_seconds: float,
-    limit: int,
-    share: ShareFilter | None = None,
-) -> list[Claim]:
-    """``claim_records``, answering only which operations were claimed (and from whom)."""
-    claimed = claim_records(conn, owner, now, lease_seconds, limit, share)
-    return [Claim(op.id, previous) for op, previous in claimed]
 
 
 STATUS_READ_STATES = (State.OBSERVING, State.CANCELLING)
