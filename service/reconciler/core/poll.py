@@ -34,6 +34,11 @@ values of the policy and of the decision:
 
 ``restore`` is the way back: the wait a stretched operation gets on its normal
 schedule when trust is withdrawn.
+
+Our own outages (``deadline_lapse``): a deadline that passed while this service could
+not look (its storage down, or the service not running) is not the provider's doing.
+Such an operation gets one status read after recovery, the recovery look, before
+anything is decided; only then does it time out, with the outage on record.
 """
 
 from __future__ import annotations
@@ -206,6 +211,69 @@ def before_request(record: PollRecord, now: datetime) -> Stop | None:
             f"{record.status_requests_used} of {record.max_status_requests} status requests used",
         )
     return None
+
+
+@dataclass(frozen=True)
+class Lapse:
+    """A stretch in which this service could not look at its operations.
+
+    Known (its storage refused every write, ``storage.availability``) or inferred (an
+    operation claimed long after it was due: the service was stopped or its storage
+    down, which across a restart nothing else remembers).
+    """
+
+    started_at: datetime
+    ended_at: datetime
+    inferred: bool = False
+
+
+def deadline_lapse(
+    deadline_at: datetime,
+    due_at: datetime | None,
+    now: datetime,
+    known: tuple[Lapse, ...] | list[Lapse],
+    *,
+    slack_seconds: float,
+) -> Lapse | None:
+    """The lapse of ours that covered this deadline, or None: then the deadline is the story.
+
+    ``due_at`` is when the operation asked to be looked at next (its last plan, at the
+    latest the deadline). A lapse covers the deadline when it began by the deadline and
+    lasted until that plan's moment or later: the read it planned, or a webhook that
+    would have brought the read forward, was lost to us. A claim later than
+    ``slack_seconds`` after its due time is a lapse in itself, from the due time plus the
+    slack until now (the bounded window: within the slack a wake is merely a tick late):
+    it needs no memory, so it holds across a restart. A read made after the lapse ended,
+    before the deadline, was that look already: the lapse then ends before the plan.
+    """
+    if now < deadline_at:
+        return None
+    due = deadline_at if due_at is None else min(due_at, deadline_at)
+    lapses = list(known)
+    if (now - due).total_seconds() > slack_seconds:
+        lapses.append(Lapse(due + timedelta(seconds=slack_seconds), now, inferred=True))
+    covering = [lp for lp in lapses if lp.started_at <= deadline_at and lp.ended_at >= due]
+    if not covering:
+        return None
+    return Lapse(
+        min(lp.started_at for lp in covering),
+        max(lp.ended_at for lp in covering),
+        inferred=all(lp.inferred for lp in covering),
+    )
+
+
+def outage_stop(deadline_at: datetime, lapse: Lapse, said: str | None) -> Stop:
+    """The escalation of a deadline that passed during our own outage: never a plain timeout."""
+    looked = (
+        f"a status read after recovery still said {_clip(said)}"
+        if said is not None
+        else "no status read after recovery could settle it"
+    )
+    return Stop(
+        EscalationReason.DEADLINE_EXCEEDED,
+        f"deadline {isoformat(deadline_at)} passed during this service's own storage outage "
+        f"({isoformat(lapse.started_at)} to {isoformat(lapse.ended_at)}); {looked}",
+    )
 
 
 def first_poll_at(

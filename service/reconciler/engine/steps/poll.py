@@ -27,18 +27,21 @@ from reconciler.core.clock import isoformat
 from reconciler.core.states import State
 from reconciler.core.trust import Verdict, judge_read, settle_after
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind, RemoteCategory
-from reconciler.engine.context import StepContext
+from reconciler.engine.context import STORAGE_OUTAGE, StepContext
 from reconciler.engine.flow import Prep
 from reconciler.engine.steps.create import call_detail
 from reconciler.errors import StaleWrite
 from reconciler.providers.adapter import StatusOutcome
 from reconciler.storage import trust as health
+from reconciler.storage.history import notes_with_cause
 from reconciler.storage.journal import Entry
 from reconciler.storage.models import Operation
 
 MAX_KEPT_STATUS_BYTES = 65_536
 # States in which a status answer may still be applied after a concurrent write.
 READ_STATES = frozenset({State.OBSERVING, State.CANCELLING, State.CANCEL_REQUESTED})
+# The storage_outage note's mark of the one status read made after recovery.
+RECOVERY_LOOK = "recovery_look"
 
 
 def record_of(op: Operation) -> decisions.PollRecord:
@@ -156,13 +159,76 @@ class PollStep:
         else:
             stop = decisions.before_request(record_of(op), now)
             if stop is not None:
-                await self._escalate(op, stop.reason, stop.detail, [])
+                lapse = self._lapse(op, stop, now)
+                if lapse is None:
+                    await self._escalate(op, stop.reason, stop.detail, [])
+                    return
+                await self._recovery_look(op, lapse, now)
                 return
         assert op.remote_job_id is not None
         charged = await ctx.write(op, lambda conn: self._charge(conn, op, now))
         await self._read(op, charged, last_look)
 
-    async def _read(self, op: Operation, charged: Operation, last_look: bool) -> None:
+    def _lapse(self, op: Operation, stop: decisions.Stop, now: datetime) -> decisions.Lapse | None:
+        """Our own outage that covered this deadline, if any (``core.poll.deadline_lapse``)."""
+        if stop.reason is not EscalationReason.DEADLINE_EXCEEDED:
+            return None
+        if State(op.state) is not State.OBSERVING:
+            return None
+        deadline = op.deadline_at
+        due = op.next_poll_at if op.next_poll_at is not None else deadline
+        known = [
+            decisions.Lapse(o.started_at, o.ended_at)
+            for o in self.ctx.runtime.db.availability.outages_between(min(due, deadline), now)
+        ]
+        return decisions.deadline_lapse(
+            deadline,
+            op.next_poll_at,
+            now,
+            known,
+            slack_seconds=self.ctx.runtime.settings.scheduler.catch_up_after_seconds,
+        )
+
+    async def _recovery_look(self, op: Operation, lapse: decisions.Lapse, now: datetime) -> None:
+        """One status read after our own outage covered the deadline, before any decision.
+
+        The read is charged with the note that says why, in one transaction: a crash after
+        it finds the note and escalates instead of reading again (one look, ever).
+        """
+        ctx = self.ctx
+        note = _lapse_note(ctx.actor, op.deadline_at, lapse)
+        looked = await ctx.runtime.db.run(self._looked_before, op.id)
+        if looked or op.remote_job_id is None:
+            stop = decisions.outage_stop(op.deadline_at, lapse, None)
+            await self._escalate(op, stop.reason, stop.detail, [note])
+            return
+        looking = replace(note, detail={**(note.detail or {}), RECOVERY_LOOK: True})
+
+        def charge(conn: Connection) -> Operation:
+            return ctx.runtime.journal.write(
+                conn,
+                op,
+                now=now,
+                lease=ctx.lease,
+                changes={"status_requests_used": op.status_requests_used + 1},
+                entries=[looking],
+            )
+
+        charged = await ctx.write(op, charge)
+        await self._read(op, charged, last_look=True, lapse=lapse)
+
+    def _looked_before(self, op_id: str) -> bool:
+        with self.ctx.runtime.db.read() as conn:
+            notes = notes_with_cause(conn, op_id, STORAGE_OUTAGE)
+        return any(n.get(RECOVERY_LOOK) for n in notes)
+
+    async def _read(
+        self,
+        op: Operation,
+        charged: Operation,
+        last_look: bool,
+        lapse: decisions.Lapse | None = None,
+    ) -> None:
         """Send the charged status request and write what its answer means."""
         ctx = self.ctx
         assert charged.remote_job_id is not None
@@ -187,7 +253,7 @@ class PollStep:
             # Lost every race, or the lease: the next claim reads afresh and decides again.
             await ctx.apply(
                 charged,
-                lambda conn, fresh: self._apply(conn, fresh, outcome, last_look),
+                lambda conn, fresh: self._apply(conn, fresh, outcome, last_look, lapse),
                 final=True,
             )
 
@@ -199,12 +265,19 @@ class PollStep:
         return [note.entry] if note is not None else []
 
     def _apply(
-        self, conn: Connection, op: Operation, outcome: StatusOutcome, last_look: bool = False
+        self,
+        conn: Connection,
+        op: Operation,
+        outcome: StatusOutcome,
+        last_look: bool = False,
+        lapse: decisions.Lapse | None = None,
     ) -> Operation:
         """Decide what the answer means for the row as it is now, and write it.
 
-        ``last_look``: the read made after the cancel window closed; an end state it shows
-        is recorded, anything else ends in ``cancellation_unconfirmed``.
+        ``last_look``: the read made after the cancel window closed, or after our own
+        outage covered the deadline (``lapse``); an end state it shows is recorded,
+        anything else ends in ``cancellation_unconfirmed`` or in a timeout that names
+        the outage.
         """
         if State(op.state) not in READ_STATES:
             return op  # moved on meanwhile (an operator's decision): the answer is moot
@@ -223,7 +296,10 @@ class PollStep:
             record = record_of(op)
             if last_look:
                 # Judge the answer as if in the window; only an end state settles it.
-                record = replace(record, deadline_at=now + timedelta(days=1))
+                room = max(record.max_status_requests, op.status_requests_used + 1)
+                record = replace(
+                    record, deadline_at=now + timedelta(days=1), max_status_requests=room
+                )
             decision = decisions.decide(
                 record,
                 obs,
@@ -236,7 +312,13 @@ class PollStep:
                 and self._trust_applies(op)
                 and health.is_trusted(conn, op.provider),
             )
-            if last_look and isinstance(decision, decisions.Wait):
+            if lapse is not None and isinstance(decision, decisions.Wait):
+                said = obs.remote_state or (
+                    f"HTTP {obs.http_status}" if obs.http_status is not None else "no answer"
+                )
+                stop = decisions.outage_stop(op.deadline_at, lapse, said)
+                decision = replace(stop, counters=decision.counters)
+            elif last_look and isinstance(decision, decisions.Wait):
                 decision = decisions.Stop(
                     EscalationReason.CANCELLATION_UNCONFIRMED,
                     f"no cancelled state by {isoformat(op.cancel_deadline_at)}; a last status "
@@ -244,7 +326,7 @@ class PollStep:
                     decision.counters,
                 )
         changes, detail, delay_source = self._record(op, outcome, decision, now)
-        lead = self._outage(op) if last_look else []
+        lead = self._outage(op) if last_look and lapse is None else []
         entry = Entry(
             kind=HistoryKind.OBSERVATION,
             actor=ctx.actor,
@@ -440,6 +522,24 @@ class PollStep:
         self, op: Operation, reason: EscalationReason, detail: str, before: list[Entry]
     ) -> None:
         await self.ctx.escalate(op, _stop_reason(op, reason), detail, before=before)
+
+
+def _lapse_note(actor: str, deadline: datetime, lapse: decisions.Lapse) -> Entry:
+    """The history note that says the deadline passed while this service could not look."""
+    return Entry(
+        kind=HistoryKind.NOTE,
+        actor=actor,
+        cause=STORAGE_OUTAGE,
+        detail={
+            "from": isoformat(lapse.started_at),
+            "to": isoformat(lapse.ended_at),
+            "seconds": round((lapse.ended_at - lapse.started_at).total_seconds(), 3),
+            "deadline_at": isoformat(deadline),
+            "inferred": lapse.inferred,
+            "meaning": "the deadline passed while this service could not look (its database "
+            "was unavailable or it was not running); not the provider's doing",
+        },
+    )
 
 
 def _stop_reason(op: Operation, reason: EscalationReason) -> EscalationReason:
