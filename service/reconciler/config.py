@@ -67,6 +67,10 @@ class ServerSettings:
     public_url: str = ""
     # How long a request waits for the database to take its write before a 503.
     write_wait_seconds: float = 5.0
+    # A provider's webhook delivery waits at most this long for its commit, then 503 with
+    # Retry-After: below the providers' own client timeouts (5-10 s), so that they see a
+    # refusal to retry, never a timeout they may count as a failed delivery.
+    webhook_wait_seconds: float = 2.0
     # The front door (enforced by the server's protocol, before the app sees a request).
     max_connections: int = 4096  # open connections; the excess is refused on accept
     max_header_bytes: int = 65_536  # request line and headers together
@@ -250,6 +254,7 @@ def _positive(settings: Settings) -> None:
         ("server.max_body_bytes", settings.server.max_body_bytes),
         ("server.wait_max_seconds", settings.server.wait_max_seconds),
         ("server.write_wait_seconds", settings.server.write_wait_seconds),
+        ("server.webhook_wait_seconds", settings.server.webhook_wait_seconds),
         ("server.max_connections", settings.server.max_connections),
         ("server.max_header_bytes", settings.server.max_header_bytes),
         ("server.max_headers", settings.server.max_headers),

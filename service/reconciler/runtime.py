@@ -64,7 +64,11 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.webhooks = GroupCommitter(
-            self.db, self.journal, self.clock.now, on_hint=self.notifier.wake
+            self.db,
+            self.journal,
+            self.clock.now,
+            on_hint=self.notifier.wake,
+            wait_seconds=self.settings.server.webhook_wait_seconds,
         )
         self.views = ViewBatcher(self.db, self.clock.now)
         self.metrics.watch_states(self._state_counts)

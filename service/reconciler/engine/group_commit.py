@@ -48,8 +48,12 @@ class GroupCommitter:
         journal: Journal,
         now: Callable[[], datetime],
         on_hint: Callable[[], None],
+        *,
+        wait_seconds: float | None = None,
     ) -> None:
         self.db = db
+        # The longest a delivery waits for its commit (``server.webhook_wait_seconds``).
+        self.wait_seconds = wait_seconds
         self.journal = journal
         self.now = now
         self.on_hint = on_hint
@@ -65,7 +69,7 @@ class GroupCommitter:
         if not self._flushing:
             self._flushing = True
             self._flusher = loop.create_task(self._flush())
-        bound = self.db.write_wait_seconds
+        bound = min(self.db.write_wait_seconds, self.wait_seconds or self.db.write_wait_seconds)
         try:
             return await asyncio.wait_for(asyncio.shield(future), bound)
         except TimeoutError:
