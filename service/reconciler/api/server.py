@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import signal
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -55,6 +58,20 @@ class Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.runtime.notifier.close_waits()
         super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's signal handling, without raising SIGTERM again after a clean stop.
+
+        uvicorn re-raises every signal it caught once it has shut down, so the process dies
+        of SIGTERM (status -15) and supervisors report the stop they asked for as a
+        failure. A SIGTERM that led to a clean shutdown ends with status 0 instead; any
+        other signal is re-raised as uvicorn does.
+        """
+        with super().capture_signals():
+            yield
+            caught = self._captured_signals
+            caught[:] = [s for s in caught if s != signal.SIGTERM]
 
 
 def server_config(app: Any, settings: Settings, runtime: Runtime) -> uvicorn.Config:
