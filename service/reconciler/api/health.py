@@ -4,12 +4,18 @@
 database does (a liveness probe must not kill a process for its database's
 trouble). ``/readyz`` is 503 while the database cannot be read within a
 bound or while this process's writes fail (``storage.availability``).
+
+``/readyz`` is probed every few seconds by every replica's supervisor: each probe
+is one ``SELECT 1``. The schema check (an Alembic migration context) runs once it
+is needed: until it has succeeded, after any failed probe, and every
+``SCHEMA_RECHECK_SECONDS`` (an upgrade by another process is seen within that).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import time
 
 import sqlalchemy as sa
 from starlette.requests import Request
@@ -25,10 +31,12 @@ async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-def _ready(runtime: Runtime) -> tuple[bool, str]:
+def _ready(runtime: Runtime, check_schema: bool) -> tuple[bool, str]:
     try:
         with runtime.db.read() as conn:
             conn.execute(sa.text("SELECT 1"))
+        if not check_schema:
+            return True, "ready"
         current = migrate.current_revision(runtime.db)
     except Exception as exc:  # any failure here means "not ready", never a 500
         return False, f"database unreachable: {type(exc).__name__}"
@@ -41,14 +49,25 @@ def _ready(runtime: Runtime) -> tuple[bool, str]:
 
 # A readiness probe is answered within this, whatever the database does.
 READY_WAIT_SECONDS = 2.0
+# A schema found at head is checked again after this long (or after any failed probe).
+SCHEMA_RECHECK_SECONDS = 300.0
 
 
 async def readyz(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
+    state = request.app.state
+    confirmed: float | None = getattr(state, "schema_at_head_since", None)
+    check_schema = confirmed is None or time.monotonic() - confirmed > SCHEMA_RECHECK_SECONDS
     try:
-        ok, message = await asyncio.wait_for(runtime.db.run(_ready, runtime), READY_WAIT_SECONDS)
+        ok, message = await asyncio.wait_for(
+            runtime.db.run(_ready, runtime, check_schema), READY_WAIT_SECONDS
+        )
     except TimeoutError:
         ok, message = False, f"database did not answer within {READY_WAIT_SECONDS:g} s"
+    if not ok:
+        state.schema_at_head_since = None
+    elif check_schema:
+        state.schema_at_head_since = time.monotonic()
     if ok:
         ok, message = runtime.db.availability.readiness()
     return JSONResponse(
