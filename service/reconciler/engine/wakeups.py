@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,45 @@ from reconciler.storage.models import Operation
 from reconciler.storage.notify import WAKE_CHANNEL, notifications
 
 log = logging.getLogger("reconciler.engine.wakeups")
+
+# The listener tries to reconnect this often while PostgreSQL is away.
+RECONNECT_SECONDS = 1.0
+
+
+class _ListenerHealth:
+    """One WARNING when the listener loses PostgreSQL, one line when it is back.
+
+    Reconnecting every second while the database is down must not write a line every
+    second: the later failures of one outage are logged at debug only.
+    """
+
+    def __init__(self) -> None:
+        self.down_since: float | None = None
+        self.attempts = 0
+
+    def lost(self, exc: Exception) -> None:
+        self.attempts += 1
+        if self.down_since is not None:
+            log.debug("notification listener still down: %s", type(exc).__name__)
+            return
+        self.down_since = time.monotonic()
+        log.warning(
+            "notification listener lost its connection: %s; reconnecting every %g s, "
+            "other replicas' changes are seen at the next tick meanwhile",
+            type(exc).__name__,
+            RECONNECT_SECONDS,
+        )
+
+    def listening(self) -> None:
+        if self.down_since is None:
+            return
+        log.info(
+            "notification listener reconnected after %.1f s (%d failed attempts)",
+            time.monotonic() - self.down_since,
+            self.attempts,
+        )
+        self.down_since = None
+        self.attempts = 0
 
 
 class Change(asyncio.Event):
@@ -121,9 +161,10 @@ class Notifier:
 
     async def listen(self, dsn: str) -> None:
         """Relay PostgreSQL notifications to local handlers until cancelled; reconnects."""
+        health = _ListenerHealth()
         while True:
             try:
-                async for channel, payload in notifications(dsn):
+                async for channel, payload in notifications(dsn, health.listening):
                     if channel == WAKE_CHANNEL:
                         self._wake_local()
                     else:
@@ -131,8 +172,8 @@ class Notifier:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the listener must outlive database restarts
-                log.warning("notification listener lost its connection: %s", type(exc).__name__)
-                await asyncio.sleep(1.0)
+                health.lost(exc)
+                await asyncio.sleep(RECONNECT_SECONDS)
 
     def start_listener(self, url: str) -> None:
         dsn = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)

@@ -7,7 +7,7 @@ process, whose wake-ups stay in memory (``engine.wakeups``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from sqlalchemy.engine import Connection
 
@@ -23,12 +23,19 @@ def notify_in_transaction(conn: Connection, channel: str, payload: str = "") -> 
         run(conn, "SELECT pg_notify(%s, %s)", (channel, payload))
 
 
-async def notifications(dsn: str) -> AsyncIterator[tuple[str, str]]:
-    """``(channel, payload)`` for every notification on one dedicated connection."""
+async def notifications(
+    dsn: str, on_listening: Callable[[], None] | None = None
+) -> AsyncIterator[tuple[str, str]]:
+    """``(channel, payload)`` for every notification on one dedicated connection.
+
+    ``on_listening`` is called once the connection listens (the listener is back).
+    """
     import psycopg  # the PostgreSQL extra; never imported on SQLite
 
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
         await aconn.execute(f"LISTEN {WAKE_CHANNEL}")
         await aconn.execute(f"LISTEN {CHANGE_CHANNEL}")
+        if on_listening is not None:
+            on_listening()
         async for note in aconn.notifies():
             yield note.channel, note.payload
