@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from reconciler.errors import ReconcilerError, StorageUnavailable
+from reconciler.storage.availability import explain
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.webhook_events import IncomingEvent, Outcome, write_batch
@@ -109,7 +110,15 @@ class GroupCommitter:
             self._flushing = False
 
     def _fail(self, batch: list[_Pending], exc: Exception) -> None:
-        log.error("webhook batch failed: %s", type(exc).__name__)
+        if isinstance(exc, StorageUnavailable):
+            # Expected of a database (locked, down, full): each sender is told to retry.
+            log.warning(
+                "webhook batch of %d not stored (%s); answered 503 with Retry-After",
+                len(batch),
+                explain(exc),
+            )
+        else:
+            log.error("webhook batch failed: %s", type(exc).__name__)
         error = (
             exc
             if isinstance(exc, ReconcilerError)

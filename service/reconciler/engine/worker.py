@@ -35,6 +35,7 @@ from reconciler.engine.shares import COMPLETION, Shares, share_of
 from reconciler.errors import Bug, ReconcilerError, StaleWrite, StorageUnavailable
 from reconciler.logs import operation_id_var, trace_id_var
 from reconciler.storage import operations as store
+from reconciler.storage.availability import explain
 from reconciler.storage.models import Operation
 
 log = logging.getLogger("reconciler.engine.worker")
@@ -208,8 +209,8 @@ class Worker:
 
         try:
             claims = await rt.db.run_write(claim_and_prepare)
-        except StorageUnavailable:
-            log.warning("claim failed: database unavailable")
+        except StorageUnavailable as exc:
+            log.warning("claim failed: %s", explain(exc))
             return {}
         for c in (c for batch in claims.values() for c in batch):
             if c.previous is not None and c.previous != self.owner:
