@@ -50,6 +50,9 @@ class Verdict(StrEnum):
     PENDING = "pending"
     LATE = "late"
     MISS = "miss"
+    # No webhook, but our own storage was down while it was due (we refused it): not the
+    # provider's miss, and counted nowhere.
+    EXCUSED = "excused"
 
 
 @dataclass(frozen=True)
@@ -107,16 +110,19 @@ def settle_after(seen_at: datetime, policy: TrustPolicy) -> datetime:
     return seen_at + timedelta(seconds=policy.webhook_grace_seconds)
 
 
-def settle(asked_at: datetime, webhook_at: datetime | None, until: datetime) -> Verdict:
+def settle(
+    asked_at: datetime, webhook_at: datetime | None, until: datetime, *, outage: bool = False
+) -> Verdict:
     """A pending completion once its grace is over: did a webhook follow the read in time?
 
     ``webhook_at`` is the earliest verified webhook for the job stored after the read was
     sent (one stored before it was answered by an earlier read, or the completion would
-    have been webhook-first); ``until`` is the end of the grace.
+    have been webhook-first); ``until`` is the end of the grace. ``outage``: our own
+    storage was down during the webhook's window, so a missing webhook is excused.
     """
     if webhook_at is not None and asked_at < webhook_at <= until:
         return Verdict.LATE
-    return Verdict.MISS
+    return Verdict.EXCUSED if outage else Verdict.MISS
 
 
 def count(
@@ -126,6 +132,8 @@ def count(
     if verdict is Verdict.PENDING:
         raise ValueError("a pending completion is counted only once the grace has decided it")
     before = health.state
+    if verdict is Verdict.EXCUSED:
+        return health, None
     if verdict is Verdict.LATE:
         return replace(health, late=health.late + 1), None
     if verdict is Verdict.WEBHOOK_FIRST:

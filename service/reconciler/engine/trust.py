@@ -103,7 +103,9 @@ class TrustKeeper:
                 webhook = store.first_webhook_after(
                     conn, item.provider, item.remote_job_id, item.asked_at
                 )
-                verdict = settle(item.asked_at, webhook, item.settle_after)
+                # A webhook due while our storage was down was refused by us, not lost.
+                ours = rt.db.availability.outages_between(item.asked_at, item.settle_after)
+                verdict = settle(item.asked_at, webhook, item.settle_after, outage=bool(ours))
                 store.judge(conn, item, verdict, webhook if verdict is Verdict.LATE else None, now)
                 by_provider[item.provider].append((verdict, item.operation_id))
             changes: list[tuple[str, Change]] = []

@@ -397,6 +397,13 @@ class PollStep:
         policy = self.ctx.trust_policy(self.ctx.spec(op))
         asked = outcome.call.sent_at
         verdict = judge_read(op.hinted_at, asked)
+        since = op.last_http_at or op.accepted_at or asked
+        if verdict is Verdict.PENDING and self.ctx.runtime.db.availability.outages_between(
+            since, asked
+        ):
+            # The job ended since our last read, while our storage was down at some point:
+            # its webhook may have come then and been refused by us. Not the provider's miss.
+            verdict = Verdict.EXCUSED
         first = verdict is Verdict.WEBHOOK_FIRST
         health.record_verdict(
             conn,
@@ -405,7 +412,7 @@ class PollStep:
             asked_at=asked,
             seen_at=now,
             hinted_at=op.hinted_at if first else None,
-            settle_after=None if first else settle_after(now, policy),
+            settle_after=settle_after(now, policy) if verdict is Verdict.PENDING else None,
         )
 
     def _count(
