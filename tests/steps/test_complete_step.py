@@ -95,6 +95,12 @@ async def test_hooks_then_the_callback_run_once_each_in_order(
     ) as rig:
         op_id = await finished(rig, callback_url=CALLBACK_URL)
         op = await rig.step(op_id)
+        # The hooks ran in their share; the callback is handed, due now, to its host's.
+        assert op.completion_pending and op.completion_lane == "cb:127.0.0.1"
+        assert op.next_poll_at is not None and op.next_poll_at <= rig.clock.now()
+        assert receiver.requests == [] and len(hooks.read_runs(hook_log)) == len(HOOKS)
+        assert hooks.completion_steps(rig.runtime.db, op_id)["callback"]["attempts"] == 0
+        op = await rig.step(op_id)
         assert not op.completion_pending and op.next_poll_at is None
         assert hooks.completion_finished(rig.runtime.db, op_id)
         # Each hook once, in the configured order, with its own idempotency key.
