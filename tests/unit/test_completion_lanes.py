@@ -78,3 +78,17 @@ def test_shares_hold_a_host_to_its_cap_and_the_pool_to_its_size(
         assert shares.free(CALLBACKS) == 6 - sum(held.values()) >= 0
         assert set(shares.full_hosts()) == {lane for lane, n in held.items() if n >= 2}
     assert shares.free(HOOKS_LANE) == 2  # callbacks never touch the hooks' share
+
+
+def test_while_a_claim_is_in_flight_only_the_claim_takes_completion_slots() -> None:
+    """The claim chose on the free slots as they were; a task taking one meanwhile would
+    leave a claimed operation without a slot, its lease idle until it expired."""
+    shares = Shares({"prov": 1, HOOKS_LANE: 1}, callbacks=4, per_host=2)
+    lane = callback_lane("a.example")
+    shares.claiming = True
+    assert not shares.take(lane) and not shares.take(HOOKS_LANE)
+    assert not shares.move("prov", lane)
+    assert shares.take("prov")  # provider shares are not part of the completion claim
+    assert shares.take(lane, claimed=True) and shares.take(HOOKS_LANE, claimed=True)
+    shares.claiming = False
+    assert shares.take(lane) and not shares.take(lane)  # the host's two, and no more

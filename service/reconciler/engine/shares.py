@@ -55,6 +55,10 @@ class Shares:
         self._pool = callbacks
         self.host_cap = host_cap(callbacks, per_host) if callbacks > 0 else 0
         self._hosts: dict[str, int] = {}
+        # While a claim is in flight its choice was made on the free slots as they were;
+        # a task taking a completion slot meanwhile could leave a claimed operation with
+        # no slot (its lease idle until it expired), so only the claim's own take may.
+        self.claiming = False
 
     def __iter__(self) -> Iterator[str]:
         """The fixed shares, then the callback pool (claimed as one, see ``CALLBACKS``)."""
@@ -87,8 +91,11 @@ class Shares:
         """Free slots of each host with deliveries running (others have ``host_cap``)."""
         return {lane: self.host_cap - n for lane, n in self._hosts.items()}
 
-    def take(self, key: str) -> bool:
+    def take(self, key: str, *, claimed: bool = False) -> bool:
+        """One slot of ``key``; ``claimed``: for an operation the claim just leased."""
         if key == CALLBACKS or self.free(key) <= 0:
+            return False
+        if self.claiming and not claimed and (key == HOOKS or is_callback_lane(key)):
             return False
         if is_callback_lane(key):
             self._hosts[key] = self._hosts.get(key, 0) + 1

@@ -220,11 +220,14 @@ class Worker:
                 log.error("preparing a claimed step failed", exc_info=failed.__cause__)
                 return claim(prepare=False)
 
+        self.shares.claiming = True
         try:
             claims = await rt.db.run_write(claim_and_prepare)
         except StorageUnavailable:
             log.warning("claim failed: database unavailable")
             return {}
+        finally:
+            self.shares.claiming = False
         for c in (c for batch in claims.values() for c in batch):
             if c.previous is not None and c.previous != self.owner:
                 rt.metrics.lease_takeovers.inc()
@@ -267,7 +270,7 @@ class Worker:
 
     def _spawn(self, claimed: _Claimed, share: str) -> None:
         op_id = claimed.op.id
-        if not self.shares.take(share):
+        if not self.shares.take(share, claimed=True):
             return  # cannot happen (the claim asked for free slots only); the lease expires
         if op_id in self._working:
             # A task of ours is still on the operation: a hint made it due again just as
