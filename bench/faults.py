@@ -2,8 +2,9 @@
 
     python bench/faults.py [--only NAME[,NAME]] [--hold 20] [--postgres]
 
-Faults: ``slow_provider`` (status reads hang 60 s), ``hanging_receiver`` (callbacks
-to a receiver that never answers), ``db_lock`` (another connection holds
+Faults: ``slow_provider`` (status reads hang 60 s), ``hanging_receiver`` (400
+callbacks to two receiver hosts that never answer; the figure is when the healthy
+operations' callbacks *arrive* at their own receiver), ``db_lock`` (another connection holds
 ``BEGIN EXCLUSIVE`` for ``--hold`` s, write bound 5 s), ``disk_full`` (a small
 tmpfs filled up; needs root), ``oversized_headers`` (100 connections sending 20 MB
 headers), ``slow_clients`` (3,000 connections dripping a byte every 0.5 s),
@@ -28,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ import httpx  # noqa: E402
 from fixtures.provider_sim import FaultRates  # noqa: E402
 from tests.support.databases import sqlite_url  # noqa: E402
 from tests.support.faults import hanging_server, p99, rss_kib, two_providers  # noqa: E402
+from tests.support.hooks import serve_receiver  # noqa: E402
 
 
 @dataclass
@@ -59,12 +62,11 @@ class Row:
 QUICK = {"scenario": "success", "duration": 0.3}
 
 
-def _isolation(tmp: Path, *, receiver: bool) -> Row:
+def _slow_provider(tmp: Path) -> Row:
     def run(loaded: bool) -> tuple[list[float], int, int]:
         work = Path(tempfile.mkdtemp(dir=tmp))
         slow = {"status": FaultRates(delay=1.0, delay_seconds=60)}
         with (
-            hanging_server() as hang,
             sqlite_url(work) as db,
             two_providers(
                 work,
@@ -72,32 +74,85 @@ def _isolation(tmp: Path, *, receiver: bool) -> Row:
                 slow=slow,
                 slow_provider={"status": {"timeout_seconds": 60}},
                 scheduler={"provider_concurrency": 16},
-                callbacks={"concurrency": 32, "timeout_seconds": 60},
             ) as stack,
         ):
-            if loaded and receiver:
-                for i in range(400):
-                    stack.create("good", QUICK, callback_url=f"{hang}/hook/{i}")
-            elif loaded:
+            if loaded:
                 for _ in range(300):
                     stack.create("slow", {"scenario": "never_finishes"})
-            time.sleep(2.0 if loaded else 0.0)
+                time.sleep(2.0)
             healthy = [stack.create("good", QUICK) for _ in range(50)]
             stack.wait_done(healthy, timeout=120)
             done = [op for op in stack.rows(healthy) if op.done_at is not None]
             stuck = len(healthy) - len(done)
             with stack.runtime.db.read() as conn:
                 ops = conn.exec_driver_sql("SELECT count(*) FROM operations").scalar_one()
-            expected = 50 + (400 if loaded and receiver else 300 if loaded else 0)
+            expected = 50 + (300 if loaded else 0)
             dup = sum(len(s.keys.get(k, [])) > 1 for s in stack.sims.values() for k in s.keys)
             return stack.latencies([op.id for op in done]), stuck, dup + (expected - ops)
 
     base, _, _ = run(False)
     loaded, stuck, bad = run(True)
     ratio = p99(loaded) / p99(base)
-    name = "hanging_receiver" if receiver else "slow_provider"
     note = f"p99 unloaded {p99(base):.2f} s, loaded {p99(loaded):.2f} s"
-    return Row(name, "healthy p99 ratio", ratio, "<= 2", ratio <= 2, bad, 0, stuck, note)
+    return Row("slow_provider", "healthy p99 ratio", ratio, "<= 2", ratio <= 2, bad, 0, stuck, note)
+
+
+HANGING_OPERATIONS = 400
+HANGING_HOSTS = ("127.0.0.2", "127.0.0.3")
+HEALTHY_OPERATIONS = 100
+CALLBACK_WAIT = 300.0  # before isolation the healthy callbacks queue behind N / 32 x 10 s
+
+
+def _hanging_receiver(tmp: Path) -> Row:
+    """The healthy operations' callback *arrival* at their own receiver (create -> request
+    received), beside 400 operations whose receivers (two hosts) never answer."""
+
+    def run(loaded: bool) -> tuple[list[float], int, int]:
+        work = Path(tempfile.mkdtemp(dir=tmp))
+        with ExitStack() as stack:
+            hangs = [stack.enter_context(hanging_server(host)) for host in HANGING_HOSTS]
+            receiver, base = stack.enter_context(serve_receiver())
+            db = stack.enter_context(sqlite_url(work))
+            rig = stack.enter_context(
+                two_providers(
+                    work,
+                    db,
+                    scheduler={"provider_concurrency": 16},
+                    callbacks={"concurrency": 32, "timeout_seconds": 10},
+                )
+            )
+            if loaded:
+                for i in range(HANGING_OPERATIONS):
+                    hang = hangs[i % len(hangs)]
+                    rig.create("good", QUICK, callback_url=f"{hang}/hook/{i}")
+                time.sleep(2.0)
+            started: dict[str, float] = {}
+            for i in range(HEALTHY_OPERATIONS):
+                started[f"h{i}"] = time.monotonic()
+                rig.create("good", QUICK, callback_url=f"{base}/cb/h{i}")
+            deadline = time.monotonic() + CALLBACK_WAIT
+            while time.monotonic() < deadline:
+                if len({d.path for d in receiver.deliveries()}) >= HEALTHY_OPERATIONS:
+                    break
+                time.sleep(0.1)
+            first: dict[str, float] = {}
+            for d in receiver.deliveries():
+                first.setdefault(d.path.removeprefix("/cb/"), d.at)
+            arrivals = [first[name] - at for name, at in started.items() if name in first]
+            stuck = HEALTHY_OPERATIONS - len(arrivals)
+            dup = sum(n > 1 for n in receiver.by_webhook_id().values())
+            return arrivals, stuck, dup
+
+    base, _, _ = run(False)
+    loaded, stuck, dup = run(True)
+    ratio = p99(loaded) / p99(base)
+    note = (
+        f"callback arrival p50/p99 unloaded {statistics.median(base):.2f}/{p99(base):.2f} s, "
+        f"loaded {statistics.median(loaded or [0.0]):.2f}/{p99(loaded):.2f} s"
+    )
+    return Row(
+        "hanging_receiver", "callback p99 ratio", ratio, "<= 2", ratio <= 2, 0, dup, stuck, note
+    )
 
 
 def _probe(url: str, path: str, out: list[tuple[float, int | None]], stop: threading.Event) -> None:
@@ -308,8 +363,8 @@ def main() -> int:
     parser.add_argument("--postgres", action="store_true")
     args = parser.parse_args()
     faults: dict[str, Callable[[Path], Row]] = {
-        "slow_provider": lambda t: _isolation(t, receiver=False),
-        "hanging_receiver": lambda t: _isolation(t, receiver=True),
+        "slow_provider": _slow_provider,
+        "hanging_receiver": _hanging_receiver,
         "db_lock": lambda t: _db_lock(t, args.hold),
         "disk_full": _disk_full,
         "oversized_headers": _oversized,

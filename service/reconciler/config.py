@@ -100,7 +100,11 @@ class CallbackSettings:
     base_delay_seconds: float = 2.0
     max_delay_seconds: float = 300.0
     max_response_bytes: int = 65_536
-    concurrency: int = 32  # completion handlers (hooks, callback deliveries) in flight
+    concurrency: int = 32  # callback deliveries in flight, all receiver hosts together
+    # Deliveries in flight to one receiver host (at most half of ``concurrency``): a host
+    # that hangs holds only these.
+    per_host_concurrency: int = 4
+    hook_concurrency: int = 16  # hooks in flight, a share apart from the callbacks
 
 
 @dataclass(frozen=True)
@@ -121,10 +125,59 @@ class ConsoleSettings:
 
 
 @dataclass(frozen=True)
+class HookSpec:
+    """One configured hook: ``"pkg.mod:fn"``, or ``{ target = "pkg.mod:fn", transactional =
+    true }`` for a hook that writes its effects in the transaction recording its step."""
+
+    target: str
+    transactional: bool = False
+
+
+_HOOK_KEYS = frozenset(f.name for f in dataclasses.fields(HookSpec))
+
+
+def _hook_spec(value: Any, where: str) -> HookSpec:
+    if isinstance(value, str):
+        return HookSpec(value)
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"{where}: expected 'pkg.module:function' or a table "
+            f"{{ target = ..., transactional = ... }}, got {type(value).__name__}"
+        )
+    for key in value:
+        if key not in _HOOK_KEYS:
+            raise ConfigError(
+                f"{where}.{key}: unknown key (known: {', '.join(sorted(_HOOK_KEYS))})"
+            )
+    if "target" not in value:
+        raise ConfigError(f"{where}: target is missing; give 'pkg.module:function'")
+    target = value["target"]
+    if not isinstance(target, str):
+        raise ConfigError(f"{where}.target: expected a string, got {type(target).__name__}")
+    transactional = value.get("transactional", False)
+    if not isinstance(transactional, bool):
+        raise ConfigError(f"{where}.transactional: expected true or false, got {transactional!r}")
+    return HookSpec(target, transactional)
+
+
+def _hooks(value: Any, where: str) -> tuple[HookSpec, ...]:
+    if isinstance(value, str):  # RECONCILER_HOOKS: comma-separated targets
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
+    specs = tuple(_hook_spec(v, f"{where}[{i}]") for i, v in enumerate(value))
+    for i, spec in enumerate(specs):
+        module, sep, attr = spec.target.partition(":")
+        if not sep or not module or not attr:
+            raise ConfigError(f"{where}[{i}]: {spec.target!r} must look like 'pkg.module:function'")
+    return specs
+
+
+@dataclass(frozen=True)
 class Settings:
     database_url: str = "sqlite:///reconciler.db"
     providers_dir: str = DEFAULT_PROVIDERS_DIR
-    hooks: tuple[str, ...] = ()
+    hooks: tuple[str | HookSpec, ...] = ()  # read from a file: HookSpec only
     log_level: str = "INFO"
     server: ServerSettings = field(default_factory=ServerSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
@@ -271,6 +324,8 @@ def _positive(settings: Settings) -> None:
         ("limits.max_history_page", settings.limits.max_history_page),
         ("console.session_hours", settings.console.session_hours),
         ("callbacks.concurrency", settings.callbacks.concurrency),
+        ("callbacks.per_host_concurrency", settings.callbacks.per_host_concurrency),
+        ("callbacks.hook_concurrency", settings.callbacks.hook_concurrency),
         ("scheduler.catch_up_after_seconds", settings.scheduler.catch_up_after_seconds),
     ]
     for key, value in checks:
@@ -349,6 +404,8 @@ def _typed(data: Mapping[str, Any], where: str) -> dict[str, Any]:
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: providers: expected a table of provider tables")
             top[key] = value
+        elif key == "hooks":
+            top[key] = _hooks(value, f"{where}: hooks")
         elif key in _TOP_LEVEL:
             top[key] = coerce(value, hints[key], f"{where}: {key}")
         else:

@@ -17,6 +17,7 @@ from typing import Any
 from reconciler.commands.create import ProviderLimits
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Secret, Settings
 from reconciler.core.clock import Clock, SystemClock
+from reconciler.core.completion_lanes import first_lane
 from reconciler.core.ids import worker_id
 from reconciler.core.quotas import Quota
 from reconciler.core.signatures import Verifier, build_verifier, decode_whsec
@@ -26,6 +27,7 @@ from reconciler.engine.wakeups import Notifier
 from reconciler.errors import ConfigError, InvalidRequest
 from reconciler.metrics import Metrics
 from reconciler.outbound import ssrf
+from reconciler.outbound.callbacks import receiver_host
 from reconciler.providers.adapter import ProviderAdapter
 from reconciler.providers.http_adapter import build_adapter
 from reconciler.providers.loader import load_providers
@@ -34,6 +36,7 @@ from reconciler.storage import operations as store
 from reconciler.storage import trust
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
+from reconciler.storage.models import Operation
 from reconciler.storage.tokens import Principal
 from reconciler.storage.views import ViewBatcher
 
@@ -106,6 +109,13 @@ class Runtime:
             missing_ok=settings.providers_dir == DEFAULT_PROVIDERS_DIR,
         )
         ssrf.validate_allow_hosts(settings.callbacks.allow_hosts)
+        allow = ssrf.as_allow_list(settings.callbacks.allow_hosts)
+        has_hooks = bool(settings.hooks)
+
+        def first(op: Operation) -> str:
+            host = receiver_host(op.callback_url, allow) if op.callback_url else None
+            return first_lane(has_hooks, host)
+
         runtime = cls(
             settings=settings,
             db=Database(
@@ -114,13 +124,13 @@ class Runtime:
                 write_wait_seconds=settings.server.write_wait_seconds,
                 now=clock.now,
             ),
-            journal=Journal(key=key.reveal().encode("utf-8") if key else None),
+            journal=Journal(key=key.reveal().encode("utf-8") if key else None, first_lane=first),
             providers=providers,
             environ=env,
             clock=clock,
             rng=rng or random.Random(),
             callback_key=_callback_key(settings, env),
-            allow_hosts=ssrf.as_allow_list(settings.callbacks.allow_hosts),
+            allow_hosts=allow,
             transport=transport,
             metrics_token=settings.metrics_token(env),
         )

@@ -1,4 +1,4 @@
-"""A provider that hangs, or a callback receiver that hangs, fills only its own share.
+"""A provider that hangs, or a callback receiver host that hangs, fills only its own share.
 
 The latency ratio (loaded ÷ unloaded p99 of the healthy side) is measured by
 bench/faults.py; here the property is functional and ordered: the healthy
@@ -11,10 +11,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from fixtures.provider_sim import FaultRates
 
+from tests.support import hooks
 from tests.support.databases import sqlite_url
 from tests.support.faults import TwoProviders, hanging_server, two_providers
+from tests.support.hooks import serve_receiver, wait_until
 
 QUICK = {"scenario": "success", "duration": 0.3}
 HANG = 60.0  # the slow provider answers after this; no test waits for it
@@ -69,24 +72,75 @@ def test_a_hanging_provider_fills_only_its_own_share(tmp_path: Path) -> None:
         assert not any(op.done_at for op in stack.rows(stuck))
 
 
-def test_a_hanging_callback_receiver_fills_only_the_completion_share(tmp_path: Path) -> None:
-    share = 4
+def _completing_leased(stack: TwoProviders, op_ids: list[str]) -> int:
+    return sum(1 for op in stack.rows(op_ids) if op.completion_pending and op.lease_owner)
+
+
+def _finished(stack: TwoProviders, op_ids: list[str]) -> bool:
+    return all(op.done_at and not op.completion_pending for op in stack.rows(op_ids))
+
+
+def test_a_hanging_receiver_host_holds_only_its_own_slots(tmp_path: Path) -> None:
+    """Callbacks to a healthy host arrive while a hanging host holds its own share.
+
+    Pool 4, two per host: the hanging host's 40 callbacks take two slots and the
+    claim leaves the rest of them out, so the healthy host's callbacks are
+    claimed and delivered although the hanging ones are due first.
+    """
     with (
         sqlite_url(tmp_path) as db,
-        hanging_server() as receiver,
+        hanging_server("127.0.0.2") as hanging,
+        serve_receiver() as (receiver, healthy_url),
         two_providers(
             tmp_path,
             db,
-            callbacks={"concurrency": share, "timeout_seconds": HANG},
+            callbacks={"concurrency": 4, "per_host_concurrency": 2, "timeout_seconds": HANG},
         ) as stack,
     ):
-        hung = [stack.create("good", QUICK, callback_url=f"{receiver}/hook/{i}") for i in range(40)]
-        _wait_leased(stack, hung, share)
-        unrelated = [stack.create("good", QUICK) for _ in range(20)]
+        hung = [stack.create("good", QUICK, callback_url=f"{hanging}/hook/{i}") for i in range(40)]
+        wait_until(lambda: _completing_leased(stack, hung) >= 2, 30, "the hanging deliveries")
+        healthy = [
+            stack.create("good", QUICK, callback_url=f"{healthy_url}/cb/h{i}") for i in range(10)
+        ]
 
-        assert stack.wait_done(unrelated, timeout=60), "unrelated operations stalled"
-        assert _counted(stack, "callback_attempts") == 0, (
-            "a hanging callback returned before the unrelated operations ended"
+        wait_until(
+            lambda: _counted(stack, "callback_attempts", result="delivered") == 10,
+            60,
+            "the healthy host's callbacks to arrive",
         )
-        completing = [op for op in stack.rows(hung) if op.done_at and op.completion_pending]
-        assert sum(1 for op in completing if op.lease_owner) == share
+        assert len({d.path for d in receiver.deliveries()}) == 10
+        # Ordered, not timed: every healthy callback arrived while none of the hanging
+        # host's attempts had come back, and that host never held more than its two.
+        assert _counted(stack, "callback_attempts") == 10
+        assert _completing_leased(stack, hung) == 2
+        wait_until(lambda: _finished(stack, healthy), 30, "the healthy completions to finish")
+
+
+def test_hooks_run_while_every_callback_slot_hangs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hooks have a share of their own: a full callback pool does not hold them up."""
+    log = tmp_path / "hooks.log"
+    monkeypatch.setenv(hooks.LOG_ENV, str(log))
+    with (
+        sqlite_url(tmp_path) as db,
+        hanging_server("127.0.0.2") as first,
+        hanging_server("127.0.0.3") as second,
+        two_providers(
+            tmp_path,
+            db,
+            hooks=(hooks.RECORD,),
+            callbacks={"concurrency": 4, "per_host_concurrency": 2, "timeout_seconds": HANG},
+        ) as stack,
+    ):
+        hung = [
+            stack.create("good", QUICK, callback_url=f"{(first, second)[i % 2]}/hook/{i}")
+            for i in range(20)
+        ]
+        wait_until(lambda: _completing_leased(stack, hung) >= 4, 30, "the pool to fill")
+        plain = [stack.create("good", QUICK) for _ in range(10)]
+
+        wait_until(lambda: _finished(stack, plain), 60, "the hooks of the other operations")
+        ran = hooks.finished_by_key(log)
+        assert all(ran[hooks.hook_key(op_id, hooks.RECORD)] == 1 for op_id in plain)
+        assert _counted(stack, "callback_attempts") == 0, "a hanging delivery came back first"

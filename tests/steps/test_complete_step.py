@@ -17,6 +17,9 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
+from reconciler.config import HookSpec
+from reconciler.engine.hooks import load_hooks
+from reconciler.errors import ConfigError
 from tests.support import hooks
 from tests.support.steps import StepRig, step_rig
 
@@ -94,6 +97,12 @@ async def test_hooks_then_the_callback_run_once_each_in_order(
         callback_transport=httpx.MockTransport(receiver.handle),
     ) as rig:
         op_id = await finished(rig, callback_url=CALLBACK_URL)
+        op = await rig.step(op_id)
+        # The hooks ran in their share; the callback is handed, due now, to its host's.
+        assert op.completion_pending and op.completion_lane == "cb:127.0.0.1"
+        assert op.next_poll_at is not None and op.next_poll_at <= rig.clock.now()
+        assert receiver.requests == [] and len(hooks.read_runs(hook_log)) == len(HOOKS)
+        assert hooks.completion_steps(rig.runtime.db, op_id)["callback"]["attempts"] == 0
         op = await rig.step(op_id)
         assert not op.completion_pending and op.next_poll_at is None
         assert hooks.completion_finished(rig.runtime.db, op_id)
@@ -283,3 +292,55 @@ async def test_no_callback_url_means_no_callback(tmp_path: Path, db_url: str) ->
         await rig.step(op_id)
         assert receiver.requests == [] and hooks.completion_finished(rig.runtime.db, op_id)
         assert rig.provider.requests[-1].endpoint == "result"
+
+
+async def test_a_transactional_hook_writes_in_the_commit_that_records_its_step(
+    tmp_path: Path, db_url: str, hook_log: Path
+) -> None:
+    """Its row and its step's ``done`` are one commit; a plain hook beside it keeps its key."""
+    specs = (HookSpec(hooks.EFFECT, transactional=True), hooks.RECORD)
+    async with step_rig(tmp_path, db_url, hooks=specs) as rig:
+        hooks.create_effects_table(rig.runtime.db)
+        op_id = await finished(rig)
+        op = await rig.step(op_id)
+        assert not op.completion_pending
+        key = hooks.hook_key(op_id, hooks.EFFECT)
+        assert hooks.effects_by_key(rig.runtime.db) == {key: 1}
+        assert hooks.finished_by_key(hook_log) == {hooks.hook_key(op_id, hooks.RECORD): 1}
+        [done] = [e for e in rig.history(op_id) if e.cause == f"step_done:hook:{hooks.EFFECT}"]
+        assert done.detail == {
+            "step": f"hook:{hooks.EFFECT}",
+            "attempt": 1,
+            "idempotency_key": key,
+            "transactional": True,
+        }
+        rig.advance(86_400)
+        assert await rig.tick() == 0
+        assert hooks.effects_by_key(rig.runtime.db) == {key: 1}
+
+
+async def test_a_failing_transactional_hook_leaves_nothing_and_is_retried(
+    tmp_path: Path, db_url: str
+) -> None:
+    specs = (HookSpec(hooks.FAILING_EFFECT, transactional=True),)
+    async with step_rig(tmp_path, db_url, hooks=specs, callbacks=CALLBACKS) as rig:
+        hooks.create_effects_table(rig.runtime.db)
+        op_id = await finished(rig)
+        op = await rig.step(op_id)
+        # What it wrote before failing went with its savepoint; the failure is recorded.
+        assert hooks.effects_by_key(rig.runtime.db) == {}
+        assert op.completion_pending and op.next_poll_at is not None
+        [failed] = [
+            e for e in rig.history(op_id) if e.cause == f"step_failed:hook:{hooks.FAILING_EFFECT}"
+        ]
+        assert failed.detail is not None
+        assert failed.detail["error"] == "RuntimeError: the downstream system said no"
+        step = hooks.completion_steps(rig.runtime.db, op_id)[f"hook:{hooks.FAILING_EFFECT}"]
+        assert (step["status"], step["attempts"]) == ("pending", 1)
+
+
+def test_a_transactional_hook_must_be_a_plain_function() -> None:
+    with pytest.raises(ConfigError, match="is async; a transactional hook must be a plain"):
+        load_hooks([HookSpec(hooks.RECORD_ASYNC, transactional=True)], "reconciler.toml")
+    with pytest.raises(ConfigError, match="listed twice"):
+        load_hooks([hooks.RECORD, HookSpec(hooks.RECORD)], "reconciler.toml")

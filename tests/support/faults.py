@@ -91,6 +91,7 @@ def two_providers(
     slow_provider: dict[str, dict[str, Any]] | None = None,
     scheduler: dict[str, Any] | None = None,
     callbacks: dict[str, Any] | None = None,
+    hooks: tuple[str, ...] = (),
 ) -> Iterator[TwoProviders]:
     """``slow``: the slow sim's per-endpoint faults (e.g. status answered after 60 s)."""
     with ExitStack() as stack:
@@ -116,11 +117,12 @@ def two_providers(
             database_url=db_url,
             providers_dir=str(empty),
             providers=providers,
+            hooks=hooks,
             server=ServerSettings(wait_max_seconds=30.0),
             scheduler=SchedulerSettings(
                 **{"tick_seconds": 0.2, "lease_seconds": 10.0, **(scheduler or {})}
             ),
-            callbacks=CallbackSettings(**{"allow_hosts": ("127.0.0.1",), **(callbacks or {})}),
+            callbacks=CallbackSettings(**{"allow_hosts": ("127.0.0.0/8",), **(callbacks or {})}),
         )
         environ = {
             "SIM_TOKEN": SIM_TOKEN,
@@ -146,9 +148,12 @@ def p99(values: list[float]) -> float:
 
 
 @contextmanager
-def hanging_server() -> Iterator[str]:
-    """Accepts connections, reads what comes, never answers; yields ``http://127.0.0.1:PORT``."""
-    listener = socket.create_server((HOST, 0))
+def hanging_server(host: str = HOST) -> Iterator[str]:
+    """Accepts connections, reads what comes, never answers; yields ``http://HOST:PORT``.
+
+    ``host``: another loopback address (``127.0.0.2``) makes it a receiver host of its own.
+    """
+    listener = socket.create_server((host, 0))
     listener.settimeout(0.05)
     stop = threading.Event()
     held: list[socket.socket] = []
@@ -167,7 +172,7 @@ def hanging_server() -> Iterator[str]:
     thread = threading.Thread(target=accept_loop, name="test-hanging", daemon=True)
     thread.start()
     try:
-        yield f"http://{HOST}:{listener.getsockname()[1]}"
+        yield f"http://{host}:{listener.getsockname()[1]}"
     finally:
         stop.set()
         thread.join(timeout=5)

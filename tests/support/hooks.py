@@ -11,6 +11,13 @@ on, so runs can be counted across processes, including one killed right after.
 ``slow`` sleeps ``$RECONCILER_TEST_HOOK_SLEEP`` seconds (default 30) between its two
 lines, which gives a test time to kill the process inside the hook.
 
+The crash point: with ``$RECONCILER_TEST_HOOK_KILL`` naming a marker file that does
+not exist yet, ``record_then_crash`` and ``effect`` make the marker and SIGKILL their
+own process once their effect is done, so the step is never recorded (a restart,
+which finds the marker, runs normally). ``effect`` is the transactional hook: it
+writes one row in ``hook_effects`` (see ``create_effects_table``) through the
+step's own connection, so that row commits with the step or not at all.
+
 ``CallbackReceiver`` is the other downstream step's witness: a small Starlette app
 (served with ``serve_receiver``) that records every callback request and answers
 as each path's script says.
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -30,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -43,12 +52,17 @@ from tests.support.servers import serve_asgi
 
 LOG_ENV = "RECONCILER_TEST_HOOK_LOG"
 SLEEP_ENV = "RECONCILER_TEST_HOOK_SLEEP"
+KILL_ENV = "RECONCILER_TEST_HOOK_KILL"
 STARTED = "started"
 
 RECORD = "tests.support.hooks:record"
 AUDIT = "tests.support.hooks:audit"
 RECORD_ASYNC = "tests.support.hooks:record_async"
 SLOW = "tests.support.hooks:slow"
+RECORD_THEN_CRASH = "tests.support.hooks:record_then_crash"
+EFFECT = "tests.support.hooks:effect"
+FAILING_EFFECT = "tests.support.hooks:failing_effect"
+EFFECTS_TABLE = "hook_effects"
 
 
 # --- hooks -----------------------------------------------------------------------
@@ -84,6 +98,58 @@ def slow(operation: Mapping[str, Any], idempotency_key: str) -> None:
     _append(f"{_line(operation, idempotency_key)} {STARTED}")
     time.sleep(float(os.environ.get(SLEEP_ENV, "30")))
     _append(_line(operation, idempotency_key))
+
+
+def _crash_once() -> None:
+    """The crash point: the first run that finds no marker makes it and dies at once."""
+    marker = os.environ.get(KILL_ENV)
+    if not marker:
+        return
+    try:
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return
+    os.fsync(fd)
+    os.close(fd)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def record_then_crash(operation: Mapping[str, Any], idempotency_key: str) -> None:
+    """A plain hook whose process dies after its effect, before its step is recorded."""
+    _append(_line(operation, idempotency_key))
+    _crash_once()
+
+
+def effect(operation: Mapping[str, Any], idempotency_key: str, conn: Connection) -> None:
+    """A transactional hook: one row in its own table, in the step's transaction."""
+    conn.execute(
+        sa.text(f"INSERT INTO {EFFECTS_TABLE} (idempotency_key, operation_id) VALUES (:k, :o)"),
+        {"k": idempotency_key, "o": operation["id"]},
+    )
+    _crash_once()
+
+
+def failing_effect(operation: Mapping[str, Any], idempotency_key: str, conn: Connection) -> None:
+    """Writes its row, then fails: the row must not outlive the failure."""
+    effect(operation, idempotency_key, conn)
+    raise RuntimeError("the downstream system said no")
+
+
+def create_effects_table(db: Database) -> None:
+    with db.write() as conn:
+        conn.execute(
+            sa.text(
+                f"CREATE TABLE IF NOT EXISTS {EFFECTS_TABLE} "
+                "(idempotency_key VARCHAR(300) NOT NULL, operation_id VARCHAR(40) NOT NULL)"
+            )
+        )
+
+
+def effects_by_key(db: Database) -> Counter[str]:
+    """How many rows the transactional hook left, per idempotency key."""
+    with db.read() as conn:
+        rows = conn.execute(sa.text(f"SELECT idempotency_key FROM {EFFECTS_TABLE}")).all()
+    return Counter(row[0] for row in rows)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,8 @@ def _toml_value(value: Any) -> str:
         return json.dumps(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
     raise TypeError(f"cannot write {value!r} as TOML here")
 
 
@@ -61,7 +63,7 @@ def service_config(
     sim_url: str,
     *,
     port: int | None = None,
-    hooks: Sequence[str] = (),
+    hooks: Sequence[str | Mapping[str, Any]] = (),
     scheduler: Mapping[str, Any] | None = None,
     log_level: str = "INFO",
     provider: Mapping[str, Any] | None = None,

@@ -28,7 +28,7 @@ from reconciler.api.validation import parse_create, parse_decision
 from reconciler.commands.cancel import cancel as cancel_command
 from reconciler.commands.create import create_operation
 from reconciler.commands.decide import decide as decide_command
-from reconciler.config import CallbackSettings, SchedulerSettings, Settings
+from reconciler.config import CallbackSettings, HookSpec, SchedulerSettings, Settings
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import ManualClock
 from reconciler.core.states import END_STATES, State
@@ -221,7 +221,7 @@ async def step_rig(
     *,
     provider: dict[str, dict[str, Any]] | None = None,
     drop: tuple[str, ...] = (),
-    hooks: tuple[str, ...] = (),
+    hooks: tuple[str | HookSpec, ...] = (),
     callbacks: dict[str, Any] | None = None,
     callback_transport: httpx.AsyncBaseTransport | None = None,
     seed: int = 7,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.config import Secret, Settings, load_settings
+from reconciler.config import HookSpec, Secret, Settings, load_settings
 from reconciler.errors import ConfigError
 
 
@@ -37,7 +37,7 @@ def test_file_then_environment(tmp_path: Path) -> None:
     assert settings.server.port == 9001
     assert settings.server.host == "0.0.0.0"
     assert settings.scheduler.tick_seconds == 0.25
-    assert settings.hooks == ("a.b:c",)
+    assert settings.hooks == (HookSpec("a.b:c"),)
     assert settings.callbacks.allow_hosts == ("127.0.0.1",)
     assert settings.providers_path() == tmp_path / "providers"
 
@@ -59,6 +59,21 @@ def test_config_env_names_the_file(tmp_path: Path) -> None:
         ("server = 3\n", "server: expected a table"),
         ("[scheduler]\ntick_seconds = true\n", "scheduler.tick_seconds: expected a number"),
         ("hooks = 5\n", "hooks: expected a list"),
+        ("hooks = [5]\n", "hooks[0]: expected 'pkg.module:function' or a table"),
+        ('hooks = ["nocolon"]\n', "hooks[0]: 'nocolon' must look like 'pkg.module:function'"),
+        ('hooks = [{ target = "a.b:c", once = true }]\n', "hooks[0].once: unknown key"),
+        ("hooks = [{ transactional = true }]\n", "hooks[0]: target is missing"),
+        ("hooks = [{ target = 3 }]\n", "hooks[0].target: expected a string"),
+        ('hooks = [{ target = "a.b" }]\n', "hooks[0]: 'a.b' must look like"),
+        (
+            'hooks = [{ target = "a.b:c", transactional = "yes" }]\n',
+            "hooks[0].transactional: expected true or false, got 'yes'",
+        ),
+        (
+            "[callbacks]\nper_host_concurrency = 0\n",
+            "callbacks.per_host_concurrency: must be greater than 0",
+        ),
+        ("[callbacks]\nhook_concurrency = 0\n", "callbacks.hook_concurrency: must be greater"),
         ('database_url = "mysql://x"\n', "database_url: must start with sqlite://"),
         ("[server\n", "not valid TOML"),
     ],
@@ -72,6 +87,21 @@ def test_bad_values_fail_with_file_and_key(tmp_path: Path, text: str, expected: 
     assert message.startswith(str(path))
     assert expected in message
     assert "\n" not in message
+
+
+def test_hooks_plain_and_transactional(tmp_path: Path) -> None:
+    path = tmp_path / "reconciler.toml"
+    path.write_text(
+        'hooks = ["a.b:c", { target = "d.e:f", transactional = true }, { target = "g:h" }]\n'
+    )
+    settings = load_settings(path, environ={})
+    assert settings.hooks == (
+        HookSpec("a.b:c"),
+        HookSpec("d.e:f", transactional=True),
+        HookSpec("g:h"),
+    )
+    from_env = load_settings(None, environ={"RECONCILER_HOOKS": "a.b:c, d:e"})
+    assert from_env.hooks == (HookSpec("a.b:c"), HookSpec("d:e"))
 
 
 def test_bad_environment_value_is_named(tmp_path: Path) -> None:

@@ -1,9 +1,11 @@
-"""The worker's slots, split into bounded shares: one per provider, one for completions.
+"""The worker's slots, split into bounded shares: one per provider, hooks, callback hosts.
 
 Guarantee: a party that hangs fills only its own share. Each provider's work
-(create, lookup, status, cancel, result) runs in that provider's share, and
-the completion handlers (hooks and agent callbacks) run in their own; the
-claim asks for no more operations of a share than it has free slots, so the
+(create, lookup, status, cancel, result) runs in that provider's share; hooks
+run in a share of their own; each callback receiver host has its own share
+(``host_cap`` slots) inside a callback pool that one host can never fill
+(``core.completion_lanes``). The claim asks for no more operations of a share
+than it has free slots and leaves out every host whose share is full, so the
 worker never holds work it cannot start while another share's work waits.
 """
 
@@ -11,49 +13,110 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
+from reconciler.core.completion_lanes import (
+    HOOKS_LANE,
+    full,
+    host_cap,
+    is_callback_lane,
+    lane_or_hooks,
+)
 from reconciler.core.states import END_STATES, State
 from reconciler.storage.models import Operation
 
-# The share key of completion handlers; provider shares are keyed by the provider's name,
-# which cannot collide with it (provider names are identifiers without a colon).
-COMPLETION = ":completion"
+# The claim's key for "any callback host with a free slot"; a claimed operation then runs
+# in its own host's share. Neither key can be a provider's name (those have no colon).
+CALLBACKS = ":callbacks"
+HOOKS = HOOKS_LANE
+
+
+def completing(op: Operation) -> bool:
+    return bool(op.completion_pending) and State(op.state) in END_STATES
 
 
 def share_of(op: Operation) -> str:
     """Which share an operation's next step runs in (the claim uses the same rule)."""
-    if op.completion_pending and State(op.state) in END_STATES:
-        return COMPLETION
+    if completing(op):
+        return lane_or_hooks(op.completion_lane)
     return str(op.provider)
 
 
 class Shares:
-    """Free-slot accounting per share, on the event loop only (no locking)."""
+    """Free-slot accounting per share, on the event loop only (no locking).
 
-    def __init__(self, capacities: Mapping[str, int]) -> None:
+    ``capacities`` are the fixed shares (providers, hooks); ``callbacks`` is the pool of
+    callback slots, of which one host takes at most ``host_cap(callbacks, per_host)``.
+    """
+
+    def __init__(
+        self, capacities: Mapping[str, int], *, callbacks: int = 0, per_host: int = 1
+    ) -> None:
         self._capacity = dict(capacities)
         self._used = dict.fromkeys(capacities, 0)
+        self._pool = callbacks
+        self.host_cap = host_cap(callbacks, per_host) if callbacks > 0 else 0
+        self._hosts: dict[str, int] = {}
+        # While a claim is in flight its choice was made on the free slots as they were;
+        # a task taking a completion slot meanwhile could leave a claimed operation with
+        # no slot (its lease idle until it expired), so only the claim's own take may.
+        self.claiming = False
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._capacity)
+        """The fixed shares, then the callback pool (claimed as one, see ``CALLBACKS``)."""
+        yield from self._capacity
+        if self._pool > 0:
+            yield CALLBACKS
+
+    def pool_free(self) -> int:
+        return self._pool - sum(self._hosts.values())
 
     def free(self, key: str) -> int:
+        if key == CALLBACKS:
+            return self.pool_free()
+        if is_callback_lane(key):
+            return min(self.host_cap - self._hosts.get(key, 0), self.pool_free())
         if key not in self._capacity:
             return 0
         return self._capacity[key] - self._used[key]
 
     def used(self, key: str) -> int:
+        if is_callback_lane(key):
+            return self._hosts.get(key, 0)
         return self._used.get(key, 0)
 
-    def take(self, key: str) -> bool:
-        if self.free(key) <= 0:
+    def full_hosts(self) -> list[str]:
+        """Callback hosts with no slot of their own left: the claim leaves them out."""
+        return list(full(self._hosts, self.host_cap))
+
+    def host_room(self) -> dict[str, int]:
+        """Free slots of each host with deliveries running (others have ``host_cap``)."""
+        return {lane: self.host_cap - n for lane, n in self._hosts.items()}
+
+    def take(self, key: str, *, claimed: bool = False) -> bool:
+        """One slot of ``key``; ``claimed``: for an operation the claim just leased."""
+        if key == CALLBACKS or self.free(key) <= 0:
             return False
-        self._used[key] += 1
+        if self.claiming and not claimed and (key == HOOKS or is_callback_lane(key)):
+            return False
+        if is_callback_lane(key):
+            self._hosts[key] = self._hosts.get(key, 0) + 1
+        else:
+            self._used[key] += 1
         return True
+
+    def _drop(self, key: str) -> None:
+        if is_callback_lane(key):
+            left = self._hosts[key] - 1
+            if left:
+                self._hosts[key] = left
+            else:
+                del self._hosts[key]
+        else:
+            self._used[key] -= 1
 
     def give(self, key: str) -> bool:
         """Free one slot; True when the share was full (work may be waiting for it)."""
         was_full = self.free(key) == 0
-        self._used[key] -= 1
+        self._drop(key)
         return was_full
 
     def move(self, frm: str, to: str) -> bool:
@@ -62,5 +125,8 @@ class Shares:
             return True
         if not self.take(to):
             return False
-        self._used[frm] -= 1
+        self._drop(frm)
         return True
+
+
+__all__ = ["CALLBACKS", "HOOKS", "Shares", "completing", "share_of"]

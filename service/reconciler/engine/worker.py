@@ -27,11 +27,12 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.completion_lanes import choose, lane_or_hooks
 from reconciler.core.states import END_STATES, State
 from reconciler.engine.catch_up import spread_overdue
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Flow, Prep, Preparer, flow_var
-from reconciler.engine.shares import COMPLETION, Shares, share_of
+from reconciler.engine.shares import CALLBACKS, HOOKS, Shares, share_of
 from reconciler.errors import Bug, ReconcilerError, StaleWrite, StorageUnavailable
 from reconciler.logs import operation_id_var, trace_id_var
 from reconciler.storage import operations as store
@@ -81,10 +82,12 @@ MAX_STEPS_PER_CLAIM = 6
 MAX_HELD_SECONDS = 600.0
 
 
-def _filter(share: str) -> store.ShareFilter:
-    if share == COMPLETION:
-        return store.ShareFilter(completion=True)
-    return store.ShareFilter(provider=share, completion=False)
+class _Ask(NamedTuple):
+    """What one share's claim asks for: how many, which rows, and how to choose among them."""
+
+    limit: int
+    share: store.ShareFilter
+    pick: store.Pick | None = None
 
 
 class _Claimed(NamedTuple):
@@ -114,8 +117,12 @@ class Worker:
         self.on_next_due = on_next_due
         settings = self.runtime.settings
         capacities = dict.fromkeys(self.runtime.providers, settings.scheduler.provider_concurrency)
-        capacities[COMPLETION] = settings.callbacks.concurrency
-        self.shares = Shares(capacities)
+        capacities[HOOKS] = settings.callbacks.hook_concurrency
+        self.shares = Shares(
+            capacities,
+            callbacks=settings.callbacks.concurrency,
+            per_host=settings.callbacks.per_host_concurrency,
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._working: set[str] = set()  # operations one of our tasks is on
         # Claims of operations a task of ours is still on (see ``_spawn``), for that task.
@@ -149,11 +156,15 @@ class Worker:
                     break
                 claims = await self._claim(wants)
                 more = False
+                full_before = set(self.shares.full_hosts())
                 for key, batch in claims.items():
                     for item in batch:
-                        self._spawn(item, key)
+                        self._spawn(item, share_of(item.op) if key == CALLBACKS else key)
                     claimed += len(batch)
                     more = more or len(batch) == wants[key]
+                # A host that filled up in this claim is left out of the next one, which may
+                # find other hosts' work among the candidates it had to pass over.
+                more = more or bool(set(self.shares.full_hosts()) - full_before)
                 if not more and not self._again:
                     break
         finally:
@@ -179,13 +190,16 @@ class Worker:
         # Operations a task of ours is on are not prepared by the claim: that task is
         # inside a step of theirs now, and picks the claim up when it is done.
         busy = frozenset(self._working)
+        asks = {key: self._ask(key, n) for key, n in wants.items()}
 
         def claim(prepare: bool) -> dict[str, list[_Claimed]]:
             with rt.db.write() as conn:
                 spread_overdue(conn, rt, now, self.ctx.actor)
                 out: dict[str, list[_Claimed]] = {}
-                for key, n in wants.items():
-                    claimed = store.claim_records(conn, self.owner, now, lease, n, _filter(key))
+                for key, ask in asks.items():
+                    claimed = store.claim_records(
+                        conn, self.owner, now, lease, ask.limit, ask.share, ask.pick
+                    )
                     out[key] = [
                         _Claimed(
                             op,
@@ -207,11 +221,14 @@ class Worker:
                 log.error("preparing a claimed step failed", exc_info=failed.__cause__)
                 return claim(prepare=False)
 
+        self.shares.claiming = True
         try:
             claims = await rt.db.run_write(claim_and_prepare)
         except StorageUnavailable as exc:
             log.warning("claim failed: %s", explain(exc))
             return {}
+        finally:
+            self.shares.claiming = False
         for c in (c for batch in claims.values() for c in batch):
             if c.previous is not None and c.previous != self.owner:
                 rt.metrics.lease_takeovers.inc()
@@ -220,6 +237,19 @@ class Worker:
                     extra={"operation": c.op.id, "previous_owner": c.previous},
                 )
         return claims
+
+    def _ask(self, key: str, n: int) -> _Ask:
+        """The claim of one share, taken on the loop (the claim itself runs in a thread)."""
+        if key == HOOKS:
+            return _Ask(n, store.ShareFilter(completion=True, lanes=store.Lanes.HOOKS))
+        if key == CALLBACKS:
+            shares = self.shares
+            room, cap = shares.host_room(), shares.host_cap
+            share = store.ShareFilter(
+                completion=True, lanes=store.Lanes.CALLBACKS, exclude=tuple(shares.full_hosts())
+            )
+            return _Ask(n, share, lambda found: choose(found, room, cap, n))
+        return _Ask(n, store.ShareFilter(provider=key, completion=False))
 
     def _prepare_claimed(self, conn: Connection, op: Operation, now: datetime) -> Prep | None:
         step = self._preparer(op, now)
@@ -241,7 +271,7 @@ class Worker:
 
     def _spawn(self, claimed: _Claimed, share: str) -> None:
         op_id = claimed.op.id
-        if not self.shares.take(share):
+        if not self.shares.take(share, claimed=True):
             return  # cannot happen (the claim asked for free slots only); the lease expires
         if op_id in self._working:
             # A task of ours is still on the operation: a hint made it due again just as
@@ -405,7 +435,7 @@ class _Task:
         self.share = share
         self.steps_left = MAX_STEPS_PER_CLAIM
         self.sent_status_read = False
-        self.completion_slot = False
+        self.completion_slot: str | None = None  # a completion share held while collecting
         self.last: Operation | None = None
         self.flow = Flow(next_step=self._next_step, release=self._release_in)
 
@@ -423,7 +453,7 @@ class _Task:
         if self.steps_left <= 0:
             return None
         wanted = share_of(after)
-        if wanted != self.share and not (wanted == COMPLETION and self.completion_slot):
+        if wanted != self.share and wanted != self.completion_slot:
             return None
         if State(after.state) in STATUS_READ_STATES and self.sent_status_read:
             return None
@@ -480,29 +510,27 @@ class _Task:
             op, prep = (self.flow.last, self.flow.prepared) if self.flow.changed else (None, None)
 
     def _reserve_completion(self, op: Operation) -> None:
-        """Hold a completion slot while collecting a result, so its last write can start the
-        completion handler (in the same transaction) instead of leaving it to a claim."""
-        shares = self.worker.shares
-        self.completion_slot = (
-            self.share != COMPLETION
-            and State(op.state) is State.RESULT_COLLECTING
-            and shares.take(COMPLETION)
-        )
+        """Hold a slot of the share the completion will start in while collecting a result,
+        so its last write can start the completion handler (in the same transaction)
+        instead of leaving it to a claim."""
+        self.completion_slot = None
+        if State(op.state) is not State.RESULT_COLLECTING:
+            return
+        first = self.worker.runtime.journal.first_lane
+        lane = lane_or_hooks(first(op) if first is not None else None)
+        if lane != self.share and self.worker.shares.take(lane):
+            self.completion_slot = lane
 
     def _settle_completion(self) -> None:
-        if not self.completion_slot:
+        lane = self.completion_slot
+        if lane is None:
             return
-        self.completion_slot = False
+        self.completion_slot = None
         last = self.flow.last if self.flow.changed else None
-        if (
-            last is not None
-            and not self.flow.released
-            and share_of(last) == COMPLETION
-            and self.share != COMPLETION
-        ):
+        if last is not None and not self.flow.released and share_of(last) == lane:
             # The result is in and the completion handler is due: this task runs it in the
             # slot it held, and the provider's slot goes back.
             self.worker._give(self.share)
-            self.share = COMPLETION
+            self.share = lane
             return
-        self.worker._give(COMPLETION)
+        self.worker._give(lane)

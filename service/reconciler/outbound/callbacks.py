@@ -140,6 +140,16 @@ def next_attempt_delay(
     return delay
 
 
+def receiver_host(url: str, allow_hosts: Collection[str] | ssrf.AllowList) -> str:
+    """The host a callback URL is delivered to, as the SSRF guard checks it (lower case,
+    no brackets): the key of that receiver's share of delivery slots. A URL the guard
+    refuses keys to "" (its delivery fails at once, without connecting)."""
+    try:
+        return ssrf.check_url(url, allow_hosts).host
+    except InvalidRequest:
+        return ""
+
+
 def _check_webhook_id(webhook_id: str) -> None:
     ok = 0 < len(webhook_id) <= MAX_WEBHOOK_ID and all("!" <= ch <= "~" for ch in webhook_id)
     if not ok:

@@ -98,6 +98,9 @@ def _update_sql(raw: Raw, keys: Sequence[str], guarded: bool) -> str:
 @dataclass
 class Journal:
     key: bytes | None = None
+    # The lane a completion round starts in (``core.completion_lanes``); None: unset, which
+    # the claim takes as the hooks lane.
+    first_lane: Callable[[Operation], str | None] | None = None
     _columns: frozenset[str] = field(
         default_factory=lambda: frozenset(c.name for c in OPS.c) | frozenset(PAYLOADS)
     )
@@ -288,6 +291,7 @@ class Journal:
                 done_at=now,
                 completion_round=op.completion_round + 1,
                 completion_pending=True,
+                completion_lane=self.first_lane(op) if self.first_lane is not None else None,
                 next_poll_at=now,
                 delay_source=None,
             )

@@ -131,6 +131,9 @@ class Operation(SQLModel, table=True):
     escalation_id: int | None = None
     completion_round: int = 0
     completion_pending: bool = False
+    # The share the completion's next step runs in (hooks, or a callback host): the claim
+    # leaves out hosts whose share is full (``core.completion_lanes``).
+    completion_lane: str | None = Field(default=None, max_length=300)
 
     version: int = 1
     history_seq: int = 0

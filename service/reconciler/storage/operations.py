@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core import ids
+from reconciler.core.completion_lanes import CALLBACK_PREFIX
 from reconciler.core.states import END_STATES, State
 from reconciler.errors import InvalidRequest, NotFound
 from reconciler.storage import payloads
@@ -163,30 +165,27 @@ def list_operations(
     return Page(items, encode_cursor(items[-1].id) if more and items else None)
 
 
+class Lanes(StrEnum):
+    """Which completion lanes a share claims (``core.completion_lanes``)."""
+
+    HOOKS = "hooks"  # the hooks lane, and completions with no lane yet
+    CALLBACKS = "callbacks"  # every callback host's lane
+
+
 @dataclass(frozen=True)
 class ShareFilter:
     """Which operations one share of a worker may claim.
 
     ``completion=True``: operations whose completion handler is due (an end state with
     ``completion_pending``), whatever their provider; ``completion=False`` excludes them.
-    ``provider`` narrows to one provider.
+    ``provider`` narrows to one provider; ``lanes`` to the hooks or the callback lanes,
+    leaving out the ``exclude`` ones (callback hosts whose share is full).
     """
 
     provider: str | None = None
     completion: bool | None = None
-
-
-def _share_clause(share: ShareFilter) -> sa.ColumnElement[bool]:
-    clauses: list[sa.ColumnElement[bool]] = []
-    if share.provider is not None:
-        clauses.append(OPS.c.provider == share.provider)
-    if share.completion is not None:
-        completing = sa.and_(
-            OPS.c.completion_pending.is_(True),
-            OPS.c.state.in_([s.value for s in END_STATES]),
-        )
-        clauses.append(completing if share.completion else sa.not_(completing))
-    return sa.and_(sa.true(), *clauses)
+    lanes: Lanes | None = None
+    exclude: tuple[str, ...] = ()
 
 
 _END_VALUES = tuple(s.value for s in END_STATES)
@@ -194,7 +193,7 @@ _FREE = "(lease_expires_at IS NULL OR lease_expires_at <= {m})"
 
 
 def _share_sql(raw: Raw, share: ShareFilter | None) -> tuple[str, list[Any]]:
-    """The share's condition as SQL text and its parameters (see ``_share_clause``)."""
+    """The share's condition as SQL text and its parameters."""
     if share is None:
         return "", []
     sql, params = "", list[Any]()
@@ -206,6 +205,16 @@ def _share_sql(raw: Raw, share: ShareFilter | None) -> tuple[str, list[Any]]:
         completing = f"(completion_pending = {raw.mark} AND {ends})"
         sql += f" AND {completing}" if share.completion else f" AND NOT {completing}"
         params += [True, *values]
+    if share.lanes is Lanes.HOOKS:
+        sql += f" AND (completion_lane IS NULL OR completion_lane NOT LIKE {raw.mark})"
+        params.append(f"{CALLBACK_PREFIX}%")
+    elif share.lanes is Lanes.CALLBACKS:
+        sql += f" AND completion_lane LIKE {raw.mark}"
+        params.append(f"{CALLBACK_PREFIX}%")
+        if share.exclude:
+            where, lanes = raw.in_list("completion_lane", list(share.exclude))
+            sql += f" AND NOT {where}"
+            params += lanes
     return sql, params
 
 
@@ -213,9 +222,14 @@ def _due_sql(raw: Raw, share_sql: str) -> str:
     free = _FREE.format(m=raw.mark)
     lock = "" if raw.sqlite else " FOR UPDATE SKIP LOCKED"
     return (
-        f"SELECT id, lease_owner FROM operations WHERE next_poll_at <= {raw.mark} AND {free}"
+        f"SELECT id, lease_owner, completion_lane FROM operations "
+        f"WHERE next_poll_at <= {raw.mark} AND {free}"
         f"{share_sql} ORDER BY next_poll_at LIMIT {raw.mark}{lock}"
     )
+
+
+# Given the due candidates (id, lane), earliest first: the ids to claim.
+Pick = Callable[[list[tuple[str, str]]], list[str]]
 
 
 def claim_records(
@@ -225,6 +239,7 @@ def claim_records(
     lease_seconds: float,
     limit: int,
     share: ShareFilter | None = None,
+    pick: Pick | None = None,
 ) -> list[tuple[Operation, str | None]]:
     """Lease up to ``limit`` due operations to ``owner``, earliest due first.
 
@@ -233,13 +248,17 @@ def claim_records(
     are read (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite: the write transaction is
     ``BEGIN IMMEDIATE``), and the lease is re-checked in the UPDATE itself, so two
     claimers can never both win a row. ``share`` limits the claim to what one share of
-    the worker can start now.
+    the worker can start now; ``pick`` chooses among the candidates (per-host caps).
     """
     raw = raw_for(conn.dialect.name)
     share_sql, share_params = _share_sql(raw, share)
     stamp = raw.time(now)
     due = raw.statement(("claim-due", share_sql), lambda r: _due_sql(r, share_sql))
-    candidates = dict(run(conn, due, [stamp, stamp, *share_params, limit]).fetchall())
+    rows = run(conn, due, [stamp, stamp, *share_params, limit]).fetchall()
+    candidates = {row[0]: row[1] for row in rows}
+    if pick is not None:
+        chosen = set(pick([(row[0], row[2] or "") for row in rows]))
+        candidates = {k: v for k, v in candidates.items() if k in chosen}
     if not candidates:
         return []
     where, ids = raw.in_list("id", list(candidates))

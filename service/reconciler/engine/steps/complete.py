@@ -29,12 +29,14 @@ import anyio.to_thread
 from sqlalchemy.engine import Connection
 
 from reconciler.core.backoff import BackoffPolicy
+from reconciler.core.completion_lanes import HOOKS_LANE, callback_lane
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import EscalationReason, HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Prep
 from reconciler.engine.hooks import Hook
-from reconciler.outbound.callbacks import CallbackClient, next_attempt_delay
+from reconciler.engine.shares import share_of
+from reconciler.outbound.callbacks import CallbackClient, next_attempt_delay, receiver_host
 from reconciler.storage import completion_steps as steps
 from reconciler.storage.completion_steps import StepRow, StepStatus
 from reconciler.storage.history import last_hint_at
@@ -90,6 +92,12 @@ class CompleteStep:
         # Which completions this process has started, only to observe the lag once.
         self._started: set[tuple[str, int]] = set()
 
+    def lane_of(self, op: Operation, step: str) -> str:
+        """The share a step runs in: hooks together, each callback host on its own."""
+        if step != CALLBACK_STEP or op.callback_url is None:
+            return HOOKS_LANE
+        return callback_lane(receiver_host(op.callback_url, self.ctx.runtime.allow_hosts))
+
     def steps_for(self, op: Operation) -> list[str]:
         steps = [f"hook:{name}" for name in self.hooks]
         if op.callback_url:
@@ -109,9 +117,44 @@ class CompleteStep:
         plan: Plan = prep.data
         self._observe_lag(prep.op, plan)
         while plan.current is not None:
-            outcome = await self._run(prep.op, plan)
-            prep = await self._recorded(prep.op, plan, outcome)
+            hook = self._hook_of(plan.current)
+            if hook is not None and hook.transactional:
+                prep = await self._in_transaction(prep.op, plan, hook)
+            else:
+                outcome = await self._run(prep.op, plan)
+                prep = await self._recorded(prep.op, plan, outcome)
             plan = prep.data
+
+    def _hook_of(self, row: StepRow) -> Hook | None:
+        if not row.step.startswith("hook:"):
+            return None
+        return self.hooks[row.step.removeprefix("hook:")]
+
+    async def _in_transaction(self, op: Operation, plan: Plan, hook: Hook) -> Prep:
+        """A transactional hook: called inside the write that records its step, so its
+        effects and the step's ``done`` commit together or not at all (exactly once)."""
+        now = self.ctx.now()
+
+        def build(conn: Connection, fresh: Operation) -> Prep:
+            return self._record(conn, fresh, plan, self._call_in(conn, hook, plan), now)
+
+        return await self.ctx.apply_plan(op, build)
+
+    def _call_in(self, conn: Connection, hook: Hook, plan: Plan) -> Outcome:
+        row = plan.current
+        assert row is not None and plan.view is not None
+        metrics = self.ctx.runtime.metrics
+        try:
+            # A savepoint: a hook that fails leaves nothing of its own behind, and its
+            # failure is still recorded in the transaction around it.
+            with conn.begin_nested():
+                hook.fn(plan.view, row.idempotency_key, conn)
+        except Exception as exc:  # operator code: its failure is data, not a crash
+            log.warning("hook %s failed: %s", hook.name, type(exc).__name__)
+            metrics.hook_runs.labels("failed").inc()
+            return Outcome(False, {}, f"{type(exc).__name__}: {str(exc)[:200]}")
+        metrics.hook_runs.labels("ok").inc()
+        return Outcome(True, {"transactional": True})
 
     async def _recorded(self, op: Operation, plan: Plan, outcome: Outcome) -> Prep:
         now = self.ctx.now()
@@ -142,20 +185,35 @@ class CompleteStep:
         or record the round finished; ``entries`` (the last step's record) go with it."""
         ctx = self.ctx
         journal = ctx.runtime.journal
+        held = share_of(op)
         for index in range(start, len(rows)):
             row = rows[index]
             if row.status in steps.FINISHED:
                 continue
+            lane = self.lane_of(op, row.step)
             if row.next_attempt_at is not None and row.next_attempt_at > now:
                 later = journal.write(
                     conn,
                     op,
                     now=now,
                     entries=entries,
-                    changes={"next_poll_at": row.next_attempt_at},
+                    changes={"next_poll_at": row.next_attempt_at, "completion_lane": lane},
                     lease=ctx.lease,
                 )
                 return Prep(later, Plan(rows, hinted_at=hinted_at), final=True)
+            if lane != held:
+                # The step runs in another share (the callback after the hooks, or a host
+                # of its own): hand the operation over due now; it is started there, so a
+                # full share never holds a step marked running that nobody runs.
+                moved = journal.write(
+                    conn,
+                    op,
+                    now=now,
+                    entries=entries,
+                    changes={"completion_lane": lane},
+                    lease=ctx.lease,
+                )
+                return Prep(moved, Plan(rows, hinted_at=hinted_at), final=True)
             # Marked running before it runs: a crash from now on means "may have run". The
             # row is touched under the lease, so a worker that lost it cannot start a step.
             steps.mark_running(conn, op, row, now)
