@@ -208,9 +208,7 @@ class McpEndpoint:
             await self.manager.handle_request(scope, _Replay(body, receive), answer)
             tg.cancel_scope.cancel()
         if revoked:
-            log.info(
-                "mcp request ended: %s", revoked[0], extra={"path": PATH, "caller": who.name}
-            )
+            log.info("mcp request ended: %s", revoked[0], extra={"path": PATH, "caller": who.name})
             await self._end(answer, revoked[0], scope, receive)
 
     @staticmethod
