@@ -142,8 +142,8 @@ class McpEndpoint:
         except ReconcilerError as exc:
             status = status_for(exc)
             extra = {401: {"WWW-Authenticate": "Bearer"}, 503: {"Retry-After": "1"}}
-            response = error_response(status, exc.code, exc.message, extra.get(status))
-            await response(scope, receive, send)
+            refused = error_response(status, exc.code, exc.message, extra.get(status))
+            await refused(scope, receive, send)
             return
         if scope["method"] != "POST":
             message = (
