@@ -71,9 +71,16 @@ class _Wait:
 
     thread: threading.Thread
     ended: list[tuple[float, int]]
+    text: list[str]
 
 
-def _waiting(stack: Stack, token: str, seconds: float = 25.0) -> _Wait:
+# The 2025-11-25 wire: the answer is an SSE stream from the first byte.
+LEGACY = {"MCP-Protocol-Version": "2025-11-25"}
+
+
+def _waiting(
+    stack: Stack, token: str, seconds: float = 25.0, headers: dict[str, str] | None = None
+) -> _Wait:
     created = stack.client.post(
         "/v1/operations",
         json={"provider": "sim", "request": NEVER},
@@ -82,17 +89,22 @@ def _waiting(stack: Stack, token: str, seconds: float = 25.0) -> _Wait:
     assert created.status_code == 202, created.text
     body = tool_call("wait_job", {"id": created.json()["id"], "timeout_seconds": seconds})
     ended: list[tuple[float, int]] = []
+    text: list[str] = []
 
     def run() -> None:
         try:
-            status = _post(stack.url, token, body, name="wait_job", timeout=60).status_code
+            answer = _post(
+                stack.url, token, body, name="wait_job", timeout=60, headers=headers or {}
+            )
+            status = answer.status_code
+            text.append(answer.text)
         except httpx.HTTPError:
             status = -1
         ended.append((time.monotonic(), status))
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    return _Wait(thread, ended)
+    return _Wait(thread, ended, text)
 
 
 @pytest.fixture
@@ -175,6 +187,23 @@ def test_a_request_open_when_its_token_expires_is_ended(stack: Stack) -> None:
     assert wait.ended
     ended_at, status = wait.ended[0]
     assert status == 401 and ended_at - started <= 3.0 + REVOKED_WITHIN
+
+
+def test_a_legacy_stream_open_at_revocation_ends_with_an_error_event(stack: Stack) -> None:
+    token = _agent(stack, "agent-legacy")
+    wait = _waiting(stack, token, headers=LEGACY)
+    deadline = time.monotonic() + 10
+    while not stack.runtime.notifier._waiters:  # the wait is registered on the server
+        assert time.monotonic() < deadline, "the legacy wait never started"
+        time.sleep(0.05)
+    revoked_at = _revoke(stack, "agent-legacy")
+    wait.thread.join(timeout=REVOKED_WITHIN + 5)
+    assert wait.ended and wait.ended[0][0] - revoked_at <= REVOKED_WITHIN
+    assert '"error"' in wait.text[0] and "the request was ended" in wait.text[0]
+    deadline = time.monotonic() + 5
+    while stack.runtime.notifier._waiters:  # and the wait itself is gone, not left running
+        assert time.monotonic() < deadline, "the revoked token's wait still runs"
+        time.sleep(0.05)
 
 
 def test_a_client_hanging_up_mid_body_is_logged_at_info(

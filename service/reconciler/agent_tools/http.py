@@ -100,11 +100,13 @@ class _Watched:
     """The ASGI ``send`` of a request, remembering how far its answer got."""
 
     def __init__(self, send: Send) -> None:
-        self.send, self.started, self.complete = send, False, False
+        self.send, self.started, self.complete, self.sse = send, False, False, False
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.started = True
+            kinds = [v for k, v in message.get("headers", []) if k.lower() == b"content-type"]
+            self.sse = any(v.startswith(b"text/event-stream") for v in kinds)
         elif message["type"] == "http.response.body" and not message.get("more_body", False):
             self.complete = True
         await self.send(message)
@@ -177,7 +179,7 @@ class McpEndpoint:
         try:
             require_json_type(request.headers.get("content-type"))
             body = await read_limited(request, limit)
-            parse_request_json(body, "the JSON-RPC message")
+            message = parse_request_json(body, "the JSON-RPC message")
         except ClientDisconnected as exc:
             log.info("client disconnected: %s", exc.message, extra={"path": PATH})
             self.runtime.metrics.client_disconnects.labels("mcp").inc()
@@ -209,15 +211,23 @@ class McpEndpoint:
             tg.cancel_scope.cancel()
         if revoked:
             log.info("mcp request ended: %s", revoked[0], extra={"path": PATH, "caller": who.name})
-            await self._end(answer, revoked[0], scope, receive)
+            request_id = message.get("id") if isinstance(message, dict) else None
+            await self._end(answer, revoked[0], request_id, scope, receive)
 
     @staticmethod
-    async def _end(answer: _Watched, reason: str, scope: Scope, receive: Receive) -> None:
+    async def _end(
+        answer: _Watched, reason: str, request_id: Any, scope: Scope, receive: Receive
+    ) -> None:
         """Finish an answer cut off by a revoked token: the stream ends, the connection lives."""
         if answer.complete:
             return
         if answer.started:
-            await answer({"type": "http.response.body", "body": b"", "more_body": False})
+            last = b""
+            if answer.sse:  # the request's answer, as an error the client can show
+                error = {"code": INVALID_REQUEST, "message": f"{reason}; the request was ended"}
+                event = {"jsonrpc": "2.0", "id": request_id, "error": error}
+                last = b"event: message\r\ndata: " + json.dumps(event).encode() + b"\r\n\r\n"
+            await answer({"type": "http.response.body", "body": last, "more_body": False})
             return
         headers = {"WWW-Authenticate": "Bearer"}
         await error_response(401, AuthenticationFailed.code, reason, headers)(
