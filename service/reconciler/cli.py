@@ -23,6 +23,7 @@ from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import SystemClock, isoformat
 from reconciler.core.signatures import decode_whsec
 from reconciler.core.states import State
+from reconciler.core.strict_json import require_field_text, shown
 from reconciler.core.vocabulary import DecisionAction, Scope
 from reconciler.errors import ConfigError, InvalidRequest, ReconcilerError
 from reconciler.providers.loader import load_providers
@@ -101,21 +102,36 @@ def _current_database(settings: Settings) -> Database:
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_EXPIRY = timedelta(days=3660)
 DEFAULT_ROTATION_WINDOW = "24h"
+_PATH_ARGUMENTS = {"config", "sim_root", "dir"}
+_POSITIONAL = {"operation", "action", "command"}
 
 
 def parse_duration(text: str, what: str) -> timedelta:
-    """``90d``, ``12h``, ``30m``, ``45s`` or plain seconds; positive and at most ten years."""
+    """``90d``, ``12h``, ``30m`` or ``45s``: a unit is required; positive, at most ten years."""
     raw = text.strip().lower()
-    unit = _UNITS.get(raw[-1:], 0)
-    number = raw[:-1] if unit else raw
-    if not unit:
-        unit = 1
-    if not (number.isascii() and number.isdigit()) or len(number) > 12 or int(number) == 0:
-        raise InvalidRequest(f"{what} must be a whole number with s, m, h or d (e.g. 90d)")
-    span = timedelta(seconds=int(number) * unit)
-    if span > MAX_EXPIRY:
+    unit = _UNITS.get(raw[-1:])
+    number = raw[:-1]
+    if unit is None or not (number.isascii() and number.isdigit()) or int(number) == 0:
+        raise InvalidRequest(
+            f"{what} must be a whole number with a unit, s, m, h or d (e.g. 90d), "
+            f"got {shown(text)!r}"
+        )
+    # Compared as a number: a count of days past what a datetime holds would overflow.
+    if int(number) * unit > MAX_EXPIRY.total_seconds():
         raise InvalidRequest(f"{what} may be at most {MAX_EXPIRY.days} days")
-    return span
+    return timedelta(seconds=int(number) * unit)
+
+
+def require_text_arguments(args: argparse.Namespace) -> None:
+    """The input rule of every door: an argument the database cannot store is refused by name.
+
+    Python hands undecodable argv bytes over as lone surrogates (``surrogateescape``);
+    file paths may hold them (the file system stores bytes), so they are left alone.
+    """
+    for name, value in vars(args).items():
+        if isinstance(value, str) and name not in _PATH_ARGUMENTS:
+            shown_as = name if name in _POSITIONAL else "--" + name.replace("_", "-")
+            require_field_text(shown_as, value)
 
 
 def _service_key(settings: Settings) -> bytes | None:
@@ -433,6 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        require_text_arguments(args)
         settings = load_settings(args.config)
         handler: Handler = args.handler
         return handler(args, settings)

@@ -78,6 +78,9 @@ class ServerSettings:
     header_timeout_seconds: float = 10.0  # to receive the request line and headers
     body_timeout_seconds: float = 30.0  # to receive the body once the headers are in
     keep_alive_seconds: float = 5.0  # an idle kept-alive connection is closed after this
+    # /mcp requests one token may have open at once (a wait_job holds one for its wait):
+    # one agent never reaches max_connections through /mcp.
+    mcp_requests_per_agent: int = 16
 
 
 @dataclass(frozen=True)
@@ -314,6 +317,7 @@ def _positive(settings: Settings) -> None:
         ("server.header_timeout_seconds", settings.server.header_timeout_seconds),
         ("server.body_timeout_seconds", settings.server.body_timeout_seconds),
         ("server.keep_alive_seconds", settings.server.keep_alive_seconds),
+        ("server.mcp_requests_per_agent", settings.server.mcp_requests_per_agent),
         ("scheduler.tick_seconds", settings.scheduler.tick_seconds),
         ("scheduler.lease_seconds", settings.scheduler.lease_seconds),
         ("scheduler.batch_size", settings.scheduler.batch_size),

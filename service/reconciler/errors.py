@@ -6,6 +6,7 @@ ReconcilerError                    root; ``code`` is the stable machine-readable
 │   └── PointerSyntaxError         a JSON pointer in a provider file is not RFC 6901
 ├── InvalidRequest                 bad input: the message says what to fix          (400)
 │   ├── PayloadTooLarge            a body over its limit                             (413)
+│   ├── UnsupportedMediaType       a body that is not declared as JSON               (415)
 │   ├── ForbiddenAddress           a callback URL the SSRF guard refuses             (400)
 │   ├── UnstorableContent          verified content no database can store (a webhook: 400, so
 │   │                              the sender stops retrying what can never succeed)
@@ -77,6 +78,12 @@ class InvalidRequest(ReconcilerError):
 
 class PayloadTooLarge(InvalidRequest):
     code = "payload_too_large"
+
+
+class UnsupportedMediaType(InvalidRequest):
+    """A body whose Content-Type is not JSON (``application/json`` or ``*/*+json``)."""
+
+    code = "unsupported_media_type"
 
 
 class ForbiddenAddress(InvalidRequest):

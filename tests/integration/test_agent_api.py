@@ -431,7 +431,8 @@ def test_bodies_that_lie_about_their_length_are_refused(stack: Stack) -> None:
             yield b"x" * 65_536
         yield b'"}}'
 
-    streamed = stack.client.post("/v1/operations", content=chunks(), headers=stack.headers())
+    json_type = {**stack.headers(), "Content-Type": "application/json"}
+    streamed = stack.client.post("/v1/operations", content=chunks(), headers=json_type)
     assert_error(streamed, 413, "larger than the limit")
     assert count_rows(stack) == before
 

@@ -26,6 +26,9 @@ so the matrix cannot silently lose a row.
 | SSRF forms (private, metadata, numeric, rebinding) | refused at intake and at delivery | ssrf, callback_delivery |
 | forged and replayed webhooks | 401 with nothing stored; seen ids have no effect | webhook_endpoint, signatures |
 | oversized and nested JSON, lying lengths | 413 while streaming, depth bound, 400 | agent_api, webhook_endpoint, intake |
+| NUL / unstorable text in ids, filters, bodies, forms, argv | 400 / tool error / -32602 / one line, naming the field | one_input_rule |
+| duplicate member names, non-JSON bodies | 400, 415 | one_input_rule |
+| /mcp streams held open, oversized bodies, one token filling the server | POST only, body limit, per-token cap, ended at revocation | mcp_door |
 | secrets in logs, history, answers | never written | no_secret_leaks |
 """
 
@@ -108,6 +111,27 @@ MATRIX: dict[str, list[str]] = {
         "tests.integration.test_agent_api::test_bodies_that_lie_about_their_length_are_refused",
         "tests.integration.test_agent_api::test_each_bad_create_is_refused_with_a_message_and_nothing_stored",
         "tests.unit.test_intake::test_any_json_value_is_either_parsed_or_refused_with_invalid_request",
+    ],
+    "one input rule": [
+        "tests.security.test_one_input_rule::test_a_nul_anywhere_in_a_create_is_400_naming_the_field_and_nothing_is_stored",
+        "tests.security.test_one_input_rule::test_a_nul_in_an_operation_id_is_400_before_any_lookup",
+        "tests.security.test_one_input_rule::test_a_nul_in_a_list_filter_is_400",
+        "tests.security.test_one_input_rule::test_an_unstorable_tool_argument_is_a_tool_error_naming_it",
+        "tests.security.test_one_input_rule::test_an_unstorable_task_id_is_invalid_params_not_an_internal_error",
+        "tests.security.test_one_input_rule::test_a_nul_in_a_console_form_is_400_naming_the_field",
+        "tests.security.test_one_input_rule::test_the_cli_refuses_bad_arguments_in_one_line",
+        "tests.security.test_one_input_rule::test_duplicate_member_names_are_400",
+        "tests.security.test_one_input_rule::test_a_body_that_is_not_declared_json_is_415",
+    ],
+    "the /mcp door": [
+        "tests.security.test_mcp_door::test_get_is_405_and_holds_no_stream",
+        "tests.security.test_mcp_door::test_the_api_body_limit_holds_on_mcp",
+        "tests.security.test_mcp_door::test_one_token_cannot_hold_more_than_its_share_and_revoking_it_ends_its_requests",
+        "tests.security.test_mcp_door::test_a_request_open_when_its_token_expires_is_ended",
+        "tests.security.test_mcp_door::test_a_legacy_stream_open_at_revocation_ends_with_an_error_event",
+        "tests.security.test_mcp_door::test_a_client_hanging_up_mid_body_is_logged_at_info",
+        "tests.security.test_mcp_door::test_a_quota_refusal_on_start_job_is_a_tool_error_with_the_retry_time",
+        "tests.security.test_mcp_door::test_the_front_door_deadlines_hold_on_mcp",
     ],
     "secrets never leak": [
         "tests.integration.test_no_secret_leaks::test_a_full_run_leaks_no_secret",

@@ -15,7 +15,7 @@ import pytest
 from reconciler.api.app import create_app
 from reconciler.config import LimitSettings, ServerSettings, Settings
 from reconciler.core.clock import ManualClock
-from reconciler.core.quotas import Quota, check_quota
+from reconciler.core.quotas import IN_FLIGHT_RETRY_SECONDS, Quota, check_quota
 from reconciler.core.states import State
 from reconciler.errors import AuthenticationFailed, ConfigError, QuotaExceeded
 from reconciler.runtime import Runtime
@@ -41,7 +41,8 @@ def test_quota_verdicts() -> None:
     check_quota(quota, "a", 1, [NOW] * 2, NOW)
     with pytest.raises(QuotaExceeded, match="in flight") as caught:
         check_quota(quota, "a", 2, [], NOW)
-    assert caught.value.retry_after_seconds is None
+    # When one ends is not known; a client honouring Retry-After still comes back later.
+    assert caught.value.retry_after_seconds == IN_FLIGHT_RETRY_SECONDS
     recent = [NOW - timedelta(seconds=50), NOW - timedelta(seconds=20), NOW]
     with pytest.raises(QuotaExceeded, match="last minute") as caught:
         check_quota(quota, "a", 0, recent, NOW)
@@ -76,7 +77,9 @@ def test_operations_in_flight_are_capped_per_agent(limited: Stack) -> None:
     _limits(limited, max_operations_in_flight=2, max_creates_per_minute=0)
     job = {"scenario": "never_finishes", "webhooks": "never"}
     assert [limited.create({**job, "i": i}).status_code for i in range(3)] == [202, 202, 429]
-    assert "in flight" in limited.create({**job, "i": 9}).json()["error"]["message"]
+    refused = limited.create({**job, "i": 9})
+    assert "in flight" in refused.json()["error"]["message"]
+    assert refused.headers["retry-after"] == str(IN_FLIGHT_RETRY_SECONDS)
 
 
 def _event(event_id: str, job: str) -> IncomingEvent:

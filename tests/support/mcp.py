@@ -9,6 +9,7 @@ declares the extension on each request and resolves a task by polling.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -128,3 +129,33 @@ class TasksExtension(ClientExtension):
 
     def claims(self) -> list[ResultClaim[Any]]:
         return [ResultClaim(result_type="task", model=CreateTaskResult, resolve=_resolve)]
+
+
+MODERN_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXTENSION: {}}},
+}
+
+
+def rpc_headers(token: str, method: str, name: str | None = None) -> dict[str, str]:
+    """The headers of one modern (2026-07-28) JSON-RPC POST to /mcp."""
+    headers = {
+        "Authorization": f"Bearer {token}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": method,
+    }
+    if name is not None:
+        headers["Mcp-Name"] = name
+    return headers
+
+
+def rpc_body(method: str, params: dict[str, Any], request_id: int = 1) -> str:
+    """A modern request as JSON text (``ensure_ascii``: lone surrogates travel as escapes)."""
+    full = {**params, "_meta": MODERN_META}
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": full})
+
+
+def tool_call(name: str, arguments: dict[str, Any]) -> str:
+    return rpc_body("tools/call", {"name": name, "arguments": arguments})

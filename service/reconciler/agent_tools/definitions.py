@@ -21,6 +21,7 @@ from jsonschema import exceptions as schema_errors
 from reconciler.api.openapi import OPERATION, PROVIDER_LIST
 from reconciler.api.validation import MAX_KEY_LENGTH
 from reconciler.core.states import State
+from reconciler.core.strict_json import shown
 from reconciler.errors import InvalidRequest
 from reconciler.storage.operations import MAX_PAGE
 
@@ -235,7 +236,9 @@ class ToolSet:
             tool = ToolName(name)
         except ValueError:
             known = ", ".join(t.value for t in ToolName)
-            raise InvalidRequest(f"there is no tool {name!r}; the tools are: {known}") from None
+            raise InvalidRequest(
+                f"there is no tool {shown(name)!r}; the tools are: {known}"
+            ) from None
         error = schema_errors.best_match(self._validators[tool].iter_errors(dict(arguments)))
         if error is not None:
             text = error.message

@@ -7,6 +7,11 @@ cannot be carried out is a tool error (``isError``) whose text says what to fix;
 protocol errors are left for malformed JSON-RPC only. Clients that declare the
 tasks extension on a modern (2026-07-28) request get ``start_job`` as a task
 (``agent_tools.tasks``), answered by ``tasks/get`` and ``tasks/cancel``.
+
+The one input rule of every door holds here too: an argument or a task id holding
+text no database can store (NUL, a lone surrogate) is a tool error, or ``-32602``
+for a task request, naming the field, before any lookup. A quota refusal is a tool
+error that says when to call again.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from reconciler import __version__, errors
 from reconciler.agent_tools.backends import Backend, View
 from reconciler.agent_tools.definitions import ToolName, ToolSet
 from reconciler.agent_tools.tasks import TASKS_EXTENSION, task_view
+from reconciler.api.actions import operation_id
 from reconciler.api.validation import parse_list
+from reconciler.core.strict_json import require_text
 from reconciler.core.views import WAIT_HINT
 
 log = logging.getLogger("reconciler.mcp")
@@ -41,6 +48,7 @@ _CALLER = (
     errors.Conflict,
     errors.AuthenticationFailed,
     errors.PermissionDenied,
+    errors.QuotaExceeded,
 )
 
 
@@ -102,6 +110,9 @@ def tool_error(tool: str, exc: errors.ReconcilerError) -> types.CallToolResult:
         )
     elif isinstance(exc, errors.InvalidRequest):
         text = f"{tool}: {exc.message}. Fix the arguments and call {tool} again."
+    elif isinstance(exc, errors.QuotaExceeded):
+        after = exc.retry_after_seconds
+        text = f"{tool}: {exc.message}." + (f" Call {tool} again in {after} s." if after else "")
     else:
         text = f"{tool}: {exc.message}"
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
@@ -133,7 +144,9 @@ class TaskUpdateParams(TaskIdParams):
 
 
 def _task_error(exc: errors.ReconcilerError) -> MCPError:
-    if isinstance(exc, errors.NotFound | errors.InvalidRequest):
+    if isinstance(exc, errors.InvalidRequest):
+        return MCPError(code=INVALID_PARAMS, message=f"Invalid params: {exc.message}")
+    if isinstance(exc, errors.NotFound):
         return MCPError(code=INVALID_PARAMS, message="Failed to retrieve task: Task not found")
     if isinstance(exc, errors.Conflict):
         return MCPError(code=INVALID_REQUEST, message=exc.message)
@@ -158,10 +171,12 @@ class ToolServer:
     ) -> Any:
         arguments = dict(params.arguments or {})
         try:
+            require_text(arguments)
             tool = self.toolset.check(params.name, arguments)
             return await self._run(ctx, tool, arguments)
         except _CALLER + _TRANSIENT as exc:
-            return tool_error(params.name, exc)
+            known = params.name in {t.value for t in ToolName}
+            return tool_error(params.name if known else "the tool call", exc)
 
     async def _run(
         self, ctx: ServerRequestContext[Any, Any], tool: ToolName, args: dict[str, Any]
@@ -194,7 +209,7 @@ class ToolServer:
         self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams
     ) -> dict[str, Any]:
         try:
-            view = await self.backend_for(ctx).get(params.task_id)
+            view = await self.backend_for(ctx).get(operation_id(params.task_id, "taskId"))
         except errors.ReconcilerError as exc:
             raise _task_error(exc) from None
         return _task(view, result_type="complete")
@@ -203,7 +218,7 @@ class ToolServer:
         self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams
     ) -> dict[str, Any]:
         try:
-            await self.backend_for(ctx).cancel(params.task_id)
+            await self.backend_for(ctx).cancel(operation_id(params.task_id, "taskId"))
         except errors.ReconcilerError as exc:
             raise _task_error(exc) from None
         return {"resultType": "complete"}
@@ -213,7 +228,7 @@ class ToolServer:
     ) -> dict[str, Any]:
         # No task of ours ever asks for input; the id is still checked (and its owner).
         try:
-            await self.backend_for(ctx).get(params.task_id)
+            await self.backend_for(ctx).get(operation_id(params.task_id, "taskId"))
         except errors.ReconcilerError as exc:
             raise _task_error(exc) from None
         return {"resultType": "complete"}

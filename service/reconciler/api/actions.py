@@ -19,7 +19,9 @@ from reconciler.commands import create as creating
 from reconciler.commands.cancel import cancel as commands_cancel
 from reconciler.console.providers import webhook_trust
 from reconciler.core.states import END_STATES, State
+from reconciler.core.strict_json import require_field_text, shown
 from reconciler.core.views import history_entry_view
+from reconciler.errors import NotFound
 from reconciler.providers.views import provider_view
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
@@ -29,6 +31,8 @@ from reconciler.storage.tokens import Principal
 from reconciler.storage.views import operation_views
 
 Settled = Callable[[Operation], bool]
+# Far above any id we issue (``op_`` and 26 characters): a longer one is not looked up.
+MAX_OPERATION_ID = 100
 
 
 def is_done(op: Operation) -> bool:
@@ -40,7 +44,17 @@ async def render(rt: Runtime, op: Operation) -> dict[str, Any]:
     return await rt.views.view(op)
 
 
+def operation_id(raw: str, field: str = "id") -> str:
+    """An operation id as a caller gave it, refused before any lookup if it cannot exist."""
+    require_field_text(field, raw)
+    if len(raw) > MAX_OPERATION_ID:
+        raise NotFound(f"operation {shown(raw)} does not exist")
+    return raw
+
+
 async def load_visible(rt: Runtime, op_id: str, who: Principal) -> Operation:
+    operation_id(op_id)
+
     def load() -> Operation:
         with rt.db.read() as conn:
             return store.visible_operation(conn, op_id, who)
@@ -67,6 +81,7 @@ async def wait_until(
     (it just wrote it), so the first round reads nothing either. Waiting holds no thread
     and no connection: only an event.
     """
+    operation_id(op_id)
     loop = asyncio.get_running_loop()
     op = current
     while True:
@@ -122,6 +137,7 @@ async def start(rt: Runtime, who: Principal, body: Any) -> tuple[Operation, bool
 
 
 async def cancel(rt: Runtime, who: Principal, op_id: str, body: Any) -> Operation:
+    operation_id(op_id)
     intent = parse_cancel(body)
     op = await rt.db.run_write(
         commands_cancel, rt.db, rt.journal, rt.providers, op_id, who, intent.reason, rt.clock.now()
@@ -153,6 +169,7 @@ async def history(
     rt: Runtime, who: Principal, op_id: str, limit: int, after: int = 0
 ) -> dict[str, Any]:
     """One page of the history, oldest first; ``next_cursor`` continues it (null at the end)."""
+    operation_id(op_id)
 
     def load() -> dict[str, Any]:
         with rt.db.read() as conn:

@@ -21,6 +21,7 @@ log = logging.getLogger("reconciler.http")
 # By family (see the tree in ``reconciler.errors``); the most specific class wins.
 STATUS: dict[type[errors.ReconcilerError], int] = {
     errors.PayloadTooLarge: 413,
+    errors.UnsupportedMediaType: 415,
     errors.InvalidRequest: 400,
     errors.AuthenticationFailed: 401,
     errors.PermissionDenied: 403,

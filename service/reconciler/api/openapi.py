@@ -192,6 +192,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         404: "Not found (or not yours).",
         409: "Conflicts with what is recorded.",
         413: "Body too large.",
+        415: "The body is not declared as JSON (application/json or a +json type).",
         429: "A quota of this agent is reached; Retry-After says when to try again.",
         503: "Storage unavailable; retry.",
     }
@@ -291,7 +292,7 @@ def document(
                             "description": "Same key and request: the stored operation.",
                             **_json("Operation"),
                         },
-                        **_errors(400, 401, 409, 413, 429, 503),
+                        **_errors(400, 401, 409, 413, 415, 429, 503),
                     },
                 },
                 "get": {
@@ -359,7 +360,7 @@ def document(
                     "requestBody": {"required": False, **_json("Cancel")},
                     "responses": {
                         "202": {"description": "Recorded.", **_json("Operation")},
-                        **_errors(400, 401, 404, 409, 413, 503),
+                        **_errors(400, 401, 404, 409, 413, 415, 503),
                     },
                 },
             },
@@ -371,7 +372,7 @@ def document(
                     "requestBody": {"required": True, **_json("Decision")},
                     "responses": {
                         "200": {"description": "Recorded.", **_json("Operation")},
-                        **_errors(400, 401, 403, 404, 409, 413, 503),
+                        **_errors(400, 401, 403, 404, 409, 413, 415, 503),
                     },
                 },
             },

@@ -10,10 +10,9 @@ from starlette.routing import Route
 
 from reconciler.api import actions
 from reconciler.api.auth import principal as authenticate
-from reconciler.api.bodies import read_limited
+from reconciler.api.bodies import read_json
 from reconciler.api.validation import parse_decision, parse_history_params, parse_list_params
 from reconciler.commands.decide import decide as commands_decide
-from reconciler.core.strict_json import parse_json
 from reconciler.errors import InvalidRequest
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import require_operator
@@ -27,7 +26,7 @@ def _rt(request: Request) -> Runtime:
 async def create(request: Request) -> Response:
     rt = _rt(request)
     who = await authenticate(request)
-    body = parse_json(await read_limited(request, rt.settings.server.max_body_bytes))
+    body = await read_json(request, rt.settings.server.max_body_bytes)
     op, created = await actions.start(rt, who, body)
     return JSONResponse(await actions.render(rt, op), status_code=202 if created else 200)
 
@@ -72,10 +71,8 @@ async def list_all(request: Request) -> Response:
 async def cancel(request: Request) -> Response:
     rt = _rt(request)
     who = await authenticate(request)
-    raw = await read_limited(request, rt.settings.server.max_body_bytes)
-    op = await actions.cancel(
-        rt, who, request.path_params["op_id"], parse_json(raw) if raw.strip() else None
-    )
+    body = await read_json(request, rt.settings.server.max_body_bytes, optional=True)
+    op = await actions.cancel(rt, who, request.path_params["op_id"], body)
     return JSONResponse(await actions.render(rt, op), status_code=202)
 
 
@@ -92,10 +89,8 @@ async def decide(request: Request) -> Response:
     rt = _rt(request)
     who = await authenticate(request)
     require_operator(who)  # before the body: an agent learns nothing from its parsing
-    decision = parse_decision(
-        parse_json(await read_limited(request, rt.settings.server.max_body_bytes))
-    )
-    op_id = request.path_params["op_id"]
+    op_id = actions.operation_id(request.path_params["op_id"])
+    decision = parse_decision(await read_json(request, rt.settings.server.max_body_bytes))
 
     op = await rt.db.run_write(
         commands_decide, rt.db, rt.journal, rt.providers, op_id, who, decision, rt.clock.now()

@@ -186,6 +186,7 @@ class ListQuery:
 
 def parse_list(values: Mapping[str, Any], what: str = "field") -> ListQuery:
     """Filters and paging from JSON-typed values (MCP arguments, or converted query text)."""
+    require_text(dict(values))
     _unknown_list(values, what)
     state = None
     if values.get("state") is not None:
@@ -260,6 +261,7 @@ def _history_after(raw: str | None) -> int:
 
 def parse_history_params(params: Mapping[str, str], most: int) -> tuple[int, int]:
     """``(limit, after_seq)`` from ``?limit=&cursor=`` of a history request."""
+    require_text(dict(params))
     extra = sorted(set(params) - {"limit", "cursor"})
     if extra:
         raise InvalidRequest(f"unknown query parameter(s): {', '.join(extra)}")

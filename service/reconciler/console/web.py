@@ -27,6 +27,7 @@ from reconciler.api.bodies import read_limited
 from reconciler.api.errors import status_for
 from reconciler.console import formatting
 from reconciler.console.session import SESSION_COOKIE, Session, Signer, key_from
+from reconciler.core.strict_json import require_field_text
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import Principal, principal_by_id
 
@@ -139,6 +140,8 @@ async def read_form(request: Request) -> dict[str, str]:
         raise errors.InvalidRequest("the form is not valid UTF-8 urlencoded data") from None
     form: dict[str, str] = {}
     for key, value in pairs:
+        require_field_text("a form field's name", key)
+        require_field_text(key, value)
         if key in form:
             raise errors.InvalidRequest(f"the form field {key!r} appears more than once")
         form[key] = value

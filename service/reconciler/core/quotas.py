@@ -17,6 +17,9 @@ from datetime import datetime, timedelta
 from reconciler.errors import QuotaExceeded
 
 RATE_WINDOW = timedelta(minutes=1)
+# When one of the agent's operations ends is not known in advance; a client that honours
+# Retry-After (most HTTP and MCP clients do) comes back after this, not at once.
+IN_FLIGHT_RETRY_SECONDS = 5
 
 
 @dataclass(frozen=True)
@@ -37,8 +40,8 @@ def check_quota(
         raise QuotaExceeded(
             f"agent '{caller}' already has {in_flight} operations in flight, the most allowed "
             f"({quota.max_in_flight}); wait for some to finish (GET /v1/operations/{{id}}/wait) "
-            "before starting more",
-            retry_after_seconds=None,
+            f"before starting more, or retry after {IN_FLIGHT_RETRY_SECONDS} s",
+            retry_after_seconds=IN_FLIGHT_RETRY_SECONDS,
         )
     if quota.max_per_minute and len(recent) >= quota.max_per_minute:
         frees = recent[len(recent) - quota.max_per_minute] + RATE_WINDOW

@@ -2,8 +2,13 @@
 
 Guarantee: bad input gets a clear 400, never a 500 or a parser recursing without end.
 A JSON escape can spell a lone surrogate (``"\ud800"``), which no database and no
-UTF-8 encoder accepts: ``require_text`` finds one anywhere in a parsed value and
-names the field, before anything is stored or echoed back.
+UTF-8 encoder accepts, or a NUL (``"\u0000"``), which PostgreSQL's text and jsonb
+refuse: ``require_text`` finds either anywhere in a parsed value (member names too)
+and ``require_field_text`` in one value (a path or query parameter, a CLI argument),
+naming the field, before any lookup or write. ``parse_request_json`` is the parser of
+every body a client sends us: it also refuses duplicate member names, since two
+parsers that read one body differently (first wins, last wins) are how request
+smuggling starts. ``shown`` caps a caller's value quoted back in an error.
 """
 
 from __future__ import annotations
@@ -66,8 +71,36 @@ _DECODER = json.JSONDecoder(
 )
 
 
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    members = dict(pairs)
+    if len(members) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"member name '{shown(key)}' appears twice in one object")
+            seen.add(key)
+    return members
+
+
+_REQUEST_DECODER = json.JSONDecoder(
+    parse_int=_parse_int,
+    parse_float=_parse_float,
+    parse_constant=_reject_constant,
+    object_pairs_hook=_unique_members,
+)
+
+
 def parse_json(body: bytes, what: str = "body") -> Any:
     """Decode UTF-8 JSON with bounded depth and integer size; errors say what is wrong."""
+    return _decode(_DECODER, body, what)
+
+
+def parse_request_json(body: bytes, what: str = "body") -> Any:
+    """``parse_json`` for what a client sends us: a member name twice in one object is refused."""
+    return _decode(_REQUEST_DECODER, body, what)
+
+
+def _decode(decoder: json.JSONDecoder, body: bytes, what: str) -> Any:
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
@@ -77,9 +110,39 @@ def parse_json(body: bytes, what: str = "body") -> Any:
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH and not _depth_ok(text):
         raise InvalidRequest(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return _DECODER.decode(text)
+        return decoder.decode(text)
     except (ValueError, RecursionError) as exc:
         raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None
+
+
+MAX_SHOWN = 80
+
+
+def shown(value: str, limit: int = MAX_SHOWN) -> str:
+    """``value`` for an error message, cut to ``limit`` characters (with its length)."""
+    if len(value) <= limit:
+        return value
+    return f"{value[:limit]}... ({len(value)} characters)"
+
+
+def is_storable(value: str) -> bool:
+    """Whether both backends can store ``value``: UTF-8 text without a NUL character."""
+    return "\x00" not in value and is_text(value)
+
+
+def _unstorable(value: str) -> str:
+    if "\x00" in value:
+        return "holds a NUL character (\\u0000), which the database cannot store"
+    return (
+        "is not valid Unicode text (it holds a lone surrogate such as \\ud800, "
+        "which UTF-8 cannot encode)"
+    )
+
+
+def require_field_text(field: str, value: str) -> None:
+    """Refuse one value (a path or query parameter, an argument) that cannot be stored."""
+    if not is_storable(value):
+        raise InvalidRequest(f"'{field}' {_unstorable(value)}; send text")
 
 
 def is_text(value: str) -> bool:
@@ -114,14 +177,13 @@ def _strings(value: Any) -> Iterator[tuple[str, str, bool]]:
 
 
 def require_text(body: Any) -> None:
-    """Refuse invalid Unicode (a lone surrogate) anywhere in an agent's body, naming the field."""
+    """Refuse text no database can store (NUL, a lone surrogate) anywhere in a body, by field."""
     for path, text, is_name in _strings(body):
-        if is_text(text):
+        if is_storable(text):
             continue
         field, _, rest = path.lstrip("/").partition("/")
         where = f"'{field}'" + (f" at /{rest}" if rest else "")
         what = "a member name" if is_name else "a string"
         raise InvalidRequest(
-            f"{where}: {what} is not valid Unicode text (it holds a lone surrogate such as "
-            "\\ud800, which UTF-8 cannot encode); send text, or base64 for binary data"
+            f"{where}: {what} {_unstorable(text)}; send text, or base64 for binary data"
         )

@@ -31,6 +31,7 @@ from sqlalchemy.engine import Connection
 from reconciler.core import ids
 from reconciler.core.completion_lanes import CALLBACK_PREFIX
 from reconciler.core.states import END_STATES, State
+from reconciler.core.strict_json import shown
 from reconciler.errors import InvalidRequest, NotFound
 from reconciler.storage import payloads
 from reconciler.storage.fastsql import Raw, raw_for, run
@@ -90,7 +91,7 @@ def load_operation(conn: Connection, operation_id: str) -> Operation:
     """The operation, or ``NotFound``."""
     op = get_operation(conn, operation_id)
     if op is None:
-        raise NotFound(f"operation {operation_id} does not exist")
+        raise NotFound(f"operation {shown(operation_id)} does not exist")
     return op
 
 
@@ -98,7 +99,7 @@ def visible_operation(conn: Connection, operation_id: str, principal: Principal)
     """The operation if this caller may see it; agents see their own only (else 404)."""
     op = get_operation(conn, operation_id)
     if op is None or (not principal.is_operator and op.caller != principal.name):
-        raise NotFound(f"operation {operation_id} does not exist")
+        raise NotFound(f"operation {shown(operation_id)} does not exist")
     return op
 
 
