@@ -95,10 +95,20 @@ class Change:
         return self.after is TrustState.DISTRUSTED and self.before is not TrustState.DISTRUSTED
 
 
-def judge_read(hinted_at: datetime | None, asked_at: datetime) -> Verdict:
-    """A status read confirmed a terminal state: was a verified webhook stored before we asked?"""
-    if hinted_at is not None and hinted_at <= asked_at:
-        return Verdict.WEBHOOK_FIRST
+def judge_read(
+    hinted_at: datetime | None, asked_at: datetime, unanswered_at: datetime | None = None
+) -> Verdict:
+    """A status read confirmed a terminal state: was a verified webhook stored before we asked?
+
+    ``hinted_at`` is the operation's pending hint; ``unanswered_at`` the first verified
+    webhook for the job received after the previous request was sent (so no earlier
+    read answered it). The hint alone can hide such a webhook: one coalesced while this
+    read was in flight moves ``hinted_at`` past the read, and a hint whose webhook
+    arrived before we asked may commit after the request went out.
+    """
+    for at in (hinted_at, unanswered_at):
+        if at is not None and at <= asked_at:
+            return Verdict.WEBHOOK_FIRST
     return Verdict.PENDING
 
 
