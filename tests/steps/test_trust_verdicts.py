@@ -144,6 +144,32 @@ async def test_a_webhook_received_before_the_read_whose_hint_commits_during_it_i
         assert (health.webhook_first, health.late, health.missed) == (1, 0, 0)
 
 
+async def test_a_webhook_received_before_the_read_whose_hint_commits_after_it_is_first(
+    tmp_path: Path, db_url: str
+) -> None:
+    # The same crossing, with the webhook's batch committing only after the read was
+    # judged: the read saw no webhook (pending), the grace finds one received before it.
+    async with step_rig(tmp_path, db_url, provider=PROVIDER) as rig:
+        op_id, job_id = await observing(rig)
+        rig.provider.finish(job_id)
+        rig.advance_to_due(op_id)
+        sent: list[datetime] = []
+        rig.provider.script("status", during_read(rig, sent.append))
+        op = await rig.step(op_id)
+        assert op.state == "result_collecting"
+        [verdict] = verdicts(rig, op_id)
+        assert verdict["verdict"] == "pending"
+
+        rig.advance(0.05)
+        store_webhook(rig, "evt_done", job_id, sent[0] - 5 * MS)
+        health = await settled_health(rig)
+
+        [verdict] = verdicts(rig, op_id)
+        assert verdict["verdict"] == "webhook_first"
+        assert verdict["hinted_at"] == sent[0] - 5 * MS
+        assert (health.webhook_first, health.late, health.missed) == (1, 0, 0)
+
+
 async def test_a_webhook_an_earlier_read_answered_does_not_make_the_end_webhook_first(
     tmp_path: Path, db_url: str
 ) -> None:

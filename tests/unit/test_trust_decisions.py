@@ -265,6 +265,8 @@ def test_judging_a_read() -> None:
     assert settle(T0, T0 + timedelta(seconds=10), grace_end) is Verdict.LATE
     assert settle(T0, T0 + timedelta(seconds=31), grace_end) is Verdict.MISS
     assert settle(T0, None, grace_end) is Verdict.MISS
+    # Received before the read (no earlier read answered it), its hint stored after it.
+    assert settle(T0, T0 - timedelta(seconds=1), grace_end) is Verdict.WEBHOOK_FIRST
 
 
 def test_trust_after_consecutive_webhook_first_then_distrust_at_the_first_miss() -> None:

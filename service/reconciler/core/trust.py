@@ -10,7 +10,9 @@ A completion (an operation whose terminal remote state a status read confirmed) 
 * ``webhook_first``: a verified webhook was stored before the read was sent;
 * ``pending``: the read found it first; the grace decides, once it is over, between
 * ``late``: a webhook for the job followed within ``webhook_grace_seconds`` (not held
-  against trust, not counted towards it either), and
+  against trust, not counted towards it either),
+* ``webhook_first`` after all: a webhook received before the read whose hint was
+  committed only after the read was judged, and
 * ``miss``: no webhook within the grace.
 
 States: ``learning`` → ``trusted`` after ``trust_after`` consecutive webhook-first
@@ -120,13 +122,14 @@ def settle_after(seen_at: datetime, policy: TrustPolicy) -> datetime:
 def settle(asked_at: datetime, webhook_at: datetime | None, until: datetime) -> Verdict:
     """A pending completion once its grace is over: did a webhook follow the read in time?
 
-    ``webhook_at`` is the earliest verified webhook for the job stored after the read was
-    sent (one stored before it was answered by an earlier read, or the completion would
-    have been webhook-first); ``until`` is the end of the grace.
+    ``webhook_at`` is the earliest verified webhook for the job that no earlier read
+    answered; ``until`` is the end of the grace. One received before the read was sent
+    makes it webhook-first after all: its hint was committed only after the read had been
+    judged. One after the read, within the grace, makes it late.
     """
-    if webhook_at is not None and asked_at < webhook_at <= until:
-        return Verdict.LATE
-    return Verdict.MISS
+    if webhook_at is None or webhook_at > until:
+        return Verdict.MISS
+    return Verdict.WEBHOOK_FIRST if webhook_at <= asked_at else Verdict.LATE
 
 
 def count(
