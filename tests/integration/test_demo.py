@@ -13,10 +13,20 @@ from pathlib import Path
 import pytest
 
 from reconciler.config import Settings
+from reconciler.core.trust import TrustMode, TrustState, TrustView
 from reconciler.demo import run
-from reconciler.demo.report import OpOutcome, RunReport, fixed_poller_requests, render_report
+from reconciler.demo.report import (
+    OpOutcome,
+    RunReport,
+    TrustSummary,
+    fixed_poller_requests,
+    render_report,
+)
 from reconciler.demo.run import (
+    DEMO_POLLING,
     EXPECTED_ENDS,
+    LOSSY_PROVIDER,
+    PROVIDER,
     WARMUP_COUNT,
     WARMUP_KINDS,
     first_wave,
@@ -81,6 +91,61 @@ def test_the_mix_is_reproducible_and_covers_every_scenario():
     assert all(1 <= p.request["duration"] <= 30 for p in first)
     assert sum(p.cancel_after is not None for p in first) == 2
     assert plan_batch(50, random.Random(8), 8) != first
+
+
+def test_the_provider_that_loses_webhooks_is_not_the_one_that_earns_trust():
+    # One provider for both would either stay trusted while losing webhooks (each lost
+    # job found only by the final look before its deadline) or lose its trust at every
+    # loss, and the healthy jobs with it: each provider's trust is shown on its own.
+    planned = plan_batch(50, random.Random(7), 7)
+    lossy = {p.kind for p in planned if p.provider == LOSSY_PROVIDER}
+    assert lossy == {"webhooks_lost", "webhooks_lying"}
+    assert {p.provider for p in first_wave(planned)} == {PROVIDER}
+    # A delayed webhook comes within the grace: late, not a miss.
+    delayed = [p for p in planned if p.kind == "webhooks_delayed"]
+    assert delayed
+    assert all(p.request["webhook_delay"] < DEMO_POLLING["webhook_grace_seconds"] for p in delayed)
+
+
+def _view(provider: str, state: TrustState, first: int, missed: int) -> TrustView:
+    return TrustView(provider, TrustMode.ADAPTIVE, state, None, first, 0, missed, 0, 6, None, None)
+
+
+def test_each_provider_gets_its_own_trust_section_and_reads_ratio():
+    def done(op_id: str, kind: str, provider: str, reads: int) -> OpOutcome:
+        return OpOutcome(op_id, kind, "succeeded", 100.0, 111.0, 110.0, reads, 1, provider=provider)
+
+    report = RunReport(
+        seed=7,
+        timeout=75,
+        elapsed=30,
+        outcomes=[
+            done("op_a", "webhooks_delivered", PROVIDER, 1),
+            done("op_b", "webhooks_lost", LOSSY_PROVIDER, 4),
+        ],
+        repeats=[],
+        rejected_callbacks=0,
+        audit_text="audit ok",
+        audit_ok=True,
+        trust=(
+            TrustSummary(
+                ((1.0, "learning"), (9.0, "trusted")), _view(PROVIDER, TrustState.TRUSTED, 6, 0)
+            ),
+            TrustSummary(
+                ((1.0, "learning"), (12.0, "distrusted")),
+                _view(LOSSY_PROVIDER, TrustState.DISTRUSTED, 0, 1),
+            ),
+        ),
+    )
+    out = render_report(report)
+    healthy = out[out.index("Webhook trust (provider sim)\n") :]
+    lossy = out[out.index("Webhook trust (provider sim-lossy)") :]
+    assert "1 operation(s): webhooks_delivered" in healthy
+    assert "states seen: learning at 1 s, trusted at 9 s" in healthy
+    assert "status reads per finished operation: 1.00, 0.20 of the fixed poller's" in healthy
+    assert "1 operation(s): webhooks_lost" in lossy
+    assert "now distrusted: 0 webhook-first, 0 late, 1 missed" in lossy
+    assert "status reads per finished operation: 4.00, 0.80 of the fixed poller's" in lossy
 
 
 def test_fixed_poller_reads_until_it_sees_the_end():

@@ -256,10 +256,17 @@ def test_judging_a_read() -> None:
     assert judge_read(T0, T0 + timedelta(seconds=1)) is Verdict.WEBHOOK_FIRST
     assert judge_read(T0 + timedelta(seconds=1), T0) is Verdict.PENDING  # arrived during the read
     assert judge_read(None, T0) is Verdict.PENDING
+    # A webhook no earlier read answered decides when the hint's moment is past the read.
+    second = timedelta(seconds=1)
+    assert judge_read(T0 + second, T0, T0 - second) is Verdict.WEBHOOK_FIRST
+    assert judge_read(None, T0, T0 - second) is Verdict.WEBHOOK_FIRST
+    assert judge_read(None, T0, T0 + second) is Verdict.PENDING
     grace_end = T0 + timedelta(seconds=30)
     assert settle(T0, T0 + timedelta(seconds=10), grace_end) is Verdict.LATE
     assert settle(T0, T0 + timedelta(seconds=31), grace_end) is Verdict.MISS
     assert settle(T0, None, grace_end) is Verdict.MISS
+    # Received before the read (no earlier read answered it), its hint stored after it.
+    assert settle(T0, T0 - timedelta(seconds=1), grace_end) is Verdict.WEBHOOK_FIRST
 
 
 def test_trust_after_consecutive_webhook_first_then_distrust_at_the_first_miss() -> None:

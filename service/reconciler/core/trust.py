@@ -10,7 +10,9 @@ A completion (an operation whose terminal remote state a status read confirmed) 
 * ``webhook_first``: a verified webhook was stored before the read was sent;
 * ``pending``: the read found it first; the grace decides, once it is over, between
 * ``late``: a webhook for the job followed within ``webhook_grace_seconds`` (not held
-  against trust, not counted towards it either), and
+  against trust, not counted towards it either),
+* ``webhook_first`` after all: a webhook received before the read whose hint was
+  committed only after the read was judged, and
 * ``miss``: no webhook within the grace.
 
 States: ``learning`` → ``trusted`` after ``trust_after`` consecutive webhook-first
@@ -98,10 +100,20 @@ class Change:
         return self.after is TrustState.DISTRUSTED and self.before is not TrustState.DISTRUSTED
 
 
-def judge_read(hinted_at: datetime | None, asked_at: datetime) -> Verdict:
-    """A status read confirmed a terminal state: was a verified webhook stored before we asked?"""
-    if hinted_at is not None and hinted_at <= asked_at:
-        return Verdict.WEBHOOK_FIRST
+def judge_read(
+    hinted_at: datetime | None, asked_at: datetime, unanswered_at: datetime | None = None
+) -> Verdict:
+    """A status read confirmed a terminal state: was a verified webhook stored before we asked?
+
+    ``hinted_at`` is the operation's pending hint; ``unanswered_at`` the first verified
+    webhook for the job received after the previous request was sent (so no earlier
+    read answered it). The hint alone can hide such a webhook: one coalesced while this
+    read was in flight moves ``hinted_at`` past the read, and a hint whose webhook
+    arrived before we asked may commit after the request went out.
+    """
+    for at in (hinted_at, unanswered_at):
+        if at is not None and at <= asked_at:
+            return Verdict.WEBHOOK_FIRST
     return Verdict.PENDING
 
 
@@ -115,14 +127,15 @@ def settle(
 ) -> Verdict:
     """A pending completion once its grace is over: did a webhook follow the read in time?
 
-    ``webhook_at`` is the earliest verified webhook for the job stored after the read was
-    sent (one stored before it was answered by an earlier read, or the completion would
-    have been webhook-first); ``until`` is the end of the grace. ``outage``: our own
+    ``webhook_at`` is the earliest verified webhook for the job that no earlier read
+    answered; ``until`` is the end of the grace. One received before the read was sent
+    makes it webhook-first after all: its hint was committed only after the read had been
+    judged. One after the read, within the grace, makes it late. ``outage``: our own
     storage was down during the webhook's window, so a missing webhook is excused.
     """
-    if webhook_at is not None and asked_at < webhook_at <= until:
-        return Verdict.LATE
-    return Verdict.EXCUSED if outage else Verdict.MISS
+    if webhook_at is None or webhook_at > until:
+        return Verdict.EXCUSED if outage else Verdict.MISS
+    return Verdict.WEBHOOK_FIRST if webhook_at <= asked_at else Verdict.LATE
 
 
 def count(

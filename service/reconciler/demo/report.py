@@ -182,6 +182,7 @@ class OpOutcome:
     callbacks: int
     escalation_reason: str | None = None
     escalation_message: str | None = None
+    provider: str = "sim"
 
     @property
     def done(self) -> bool:
@@ -201,7 +202,7 @@ class OpOutcome:
 
 @dataclass(frozen=True)
 class TrustSummary:
-    """The provider's webhook trust as the run watched it, and at the end."""
+    """One provider's webhook trust as the run watched it, and at the end."""
 
     timeline: Sequence[tuple[float, str]]  # (seconds into the run, state) at each change
     final: TrustView
@@ -219,7 +220,7 @@ class RunReport:
     audit_ok: bool
     problems: Sequence[str] = field(default_factory=tuple)
     mcp_lines: Sequence[str] = field(default_factory=tuple)  # one job through MCP, last
-    trust: TrustSummary | None = None
+    trust: Sequence[TrustSummary] = ()  # one per provider
     # Scenario -> "state" or "escalated:reason": how its operations must end.
     expected_ends: Mapping[str, str] = field(default_factory=dict)
 
@@ -410,11 +411,18 @@ def _idempotency(report: RunReport) -> list[str]:
 
 
 def _trust(report: RunReport) -> list[str]:
-    summary = report.trust
-    if summary is None:
-        return []
+    lines: list[str] = []
+    for summary in report.trust:
+        lines.extend(_provider_trust(summary, report.outcomes))
+    return lines
+
+
+def _provider_trust(summary: TrustSummary, outcomes: Sequence[OpOutcome]) -> list[str]:
     v = summary.final
+    mine = [o for o in outcomes if o.provider == v.provider]
+    kinds = ", ".join(sorted({o.kind for o in mine})) or "none"
     lines = _section(f"Webhook trust (provider {v.provider})")
+    lines.append(f"  {len(mine)} operation(s): {kinds}")
     if v.state is None:
         return [*lines, "  off: every operation on the normal schedule"]
     changes = ", ".join(f"{state} at {max(0.0, at):.0f} s" for at, state in summary.timeline)
@@ -424,12 +432,14 @@ def _trust(report: RunReport) -> list[str]:
         f"  now {v.state.value}: {v.webhook_first} webhook-first, {v.late} late, "
         f"{v.misses} missed ({share} webhook-first), streak {v.streak} of {v.trust_after}"
     )
-    finished = [o for o in report.outcomes if o.done and o.status_requests is not None]
+    finished = [o for o in mine if o.done and o.status_requests is not None and o.fixed_poller()]
     if finished:
-        per_op = mean(o.status_requests or 0 for o in finished)
+        ours = [o.status_requests or 0 for o in finished]
+        fixed = sum(o.fixed_poller() or 0 for o in finished)
         lines.append(
-            f"  status reads per finished operation: {per_op:.2f} (a webhook-first "
-            "completion under trust costs one: the confirmation read)"
+            f"  status reads per finished operation: {mean(ours):.2f}, "
+            f"{sum(ours) / fixed:.2f} of the fixed poller's (a webhook-first completion "
+            "under trust costs one: the confirmation read)"
         )
     return lines
 

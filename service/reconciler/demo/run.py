@@ -1,7 +1,9 @@
 """``reconciler demo``: the whole system on loopback, with a mixed batch of operations.
 
-The simulated provider (``fixtures/provider_sim``, found in a clone of the
-repository) runs as a subprocess. The service runs in this process on a fresh
+Two simulated providers (``fixtures/provider_sim``, found in a clone of the
+repository) run as subprocesses: ``sim``, whose webhooks arrive, and ``sim-lossy``,
+which loses or lies about them; each earns or loses its own webhook trust, and the
+summary shows each on its own. The service runs in this process on a fresh
 SQLite file in the demo directory, next to a callback receiver that verifies
 and counts every delivery. The batch goes through the real agent API; the run
 exits 0 only when every operation ended or escalated with a reason within the
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -68,7 +71,14 @@ from reconciler.storage.database import Database
 from reconciler.storage.tokens import callback_salt, create_token
 
 HOST = "127.0.0.1"
+# Two simulated providers, each its own process and its own webhook trust: one announces
+# its jobs' ends by webhook (it earns trust, and its jobs cost one read each), the other
+# loses or lies about them (its misses distrust it, and its jobs are polled normally).
+# On one provider, a lost webhook under trust is found only by the final look before
+# the deadline (a minute late here), and every loss costs the healthy jobs their trust.
 PROVIDER = "sim"
+LOSSY_PROVIDER = "sim-lossy"
+PROVIDERS = (PROVIDER, LOSSY_PROVIDER)
 MARKER = ".reconciler-demo"
 WATCH_INTERVAL = 0.5
 START_TIMEOUT = 15.0
@@ -140,7 +150,8 @@ KINDS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
     "webhooks_duplicated": lambda r: _job("success", r, 1, 20, webhooks="duplicate"),
     "webhooks_lying": lambda r: _job("success", r, 4, 20, webhooks="early_lie"),
     "webhooks_out_of_order": lambda r: _job("success", r, 1, 15, webhooks="out_of_order"),
-    "webhooks_delayed": lambda r: _job("success", r, 1, 15, webhooks="delayed"),
+    # Late by less than the grace (3 s): a late webhook, not a miss.
+    "webhooks_delayed": lambda r: _job("success", r, 1, 15, webhooks="delayed", webhook_delay=2),
     "slow_job": lambda r: _job("slow_success", r, 14, 20),
     "late_failure": lambda r: _job("late_failure", r, 5, 10),
     "partial_results": lambda r: _job("partial", r, 2, 8, failed_items=r.randint(1, 5)),
@@ -154,6 +165,8 @@ KINDS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
     "cancelled": lambda r: _job("slow_success", r, 30, 30),
 }
 CANCEL_AFTER = {"cancelled": (2.0, 5.0)}
+# The scenarios whose provider loses or lies about webhooks go to the lossy provider.
+LOSSY_KINDS = frozenset({"webhooks_lost", "webhooks_lying"})
 # How each scenario ends (the state, and the reason when it escalates); the report fails
 # the run when an operation ends otherwise, so trust can never buy fewer reads with a
 # different outcome.
@@ -209,6 +222,10 @@ class Planned:
     request: dict[str, Any]
     key: str
     cancel_after: float | None = None
+
+    @property
+    def provider(self) -> str:
+        return LOSSY_PROVIDER if self.kind in LOSSY_KINDS else PROVIDER
 
 
 def plan_batch(count: int, rng: random.Random, seed: int) -> list[Planned]:
@@ -391,16 +408,23 @@ class CallbackReceiver:
 # --- the service -----------------------------------------------------------------------
 
 
-def demo_settings(base: Settings, workdir: Path, sim_root: Path, sim_url: str) -> Settings:
+def demo_settings(
+    base: Settings, workdir: Path, sim_root: Path, sim_urls: dict[str, str]
+) -> Settings:
+    """The service's settings: one provider table (the sim's) per simulated provider."""
     with (sim_root / "fixtures" / "providers" / "sim.toml").open("rb") as fh:
-        table = copy.deepcopy(tomllib.load(fh)["providers"][PROVIDER])
-    table["base_url"] = sim_url
-    table["polling"] = {**table.get("polling", {}), **DEMO_POLLING}
+        template = tomllib.load(fh)["providers"]["sim"]
+    providers = {}
+    for name, url in sim_urls.items():
+        table = copy.deepcopy(template)
+        table["base_url"] = url
+        table["polling"] = {**table.get("polling", {}), **DEMO_POLLING}
+        providers[name] = table
     return dataclasses.replace(
         base,
         database_url=f"sqlite:///{workdir / 'reconciler.db'}",
         providers_dir=str(workdir / "providers"),
-        providers={PROVIDER: table},
+        providers=providers,
         hooks=(),
         server=ServerSettings(wait_max_seconds=30.0),
         scheduler=SchedulerSettings(tick_seconds=0.5, lease_seconds=10.0),
@@ -473,17 +497,18 @@ class Driver:
     def __init__(
         self,
         service: httpx.AsyncClient,
-        sim: httpx.AsyncClient,
+        sims: dict[str, httpx.AsyncClient],
         tokens: tuple[str, str],
         callback_url: str,
         receiver: CallbackReceiver,
-        trust: Callable[[], TrustView] | None = None,
+        trust: Callable[[], dict[str, TrustView]] | None = None,
         started: float | None = None,
     ) -> None:
-        self.service, self.sim = service, sim
+        self.service, self.sims = service, sims
         self.trust = trust
         self.started = time.monotonic() if started is None else started
-        self.trust_seen: list[tuple[float, str]] = []  # (seconds into the run, state)
+        # Per provider: (seconds into the run, state) at each change.
+        self.trust_seen: dict[str, list[tuple[float, str]]] = {}
         self.agent = {"Authorization": f"Bearer {tokens[0]}"}
         self.operator = {"Authorization": f"Bearer {tokens[1]}"}
         self.callback_url = callback_url
@@ -494,7 +519,7 @@ class Driver:
 
     async def post(self, planned: Planned) -> tuple[str, float, int]:
         body = {
-            "provider": PROVIDER,
+            "provider": planned.provider,
             "request": planned.request,
             "idempotency_key": planned.key,
             "callback_url": self.callback_url,
@@ -528,18 +553,23 @@ class Driver:
             self.repeats.append((self.submitted[p.index].op_id, op_id if status == 200 else None))
 
     async def trust_state(self, elapsed: float) -> str | None:
-        """The provider's trust state now, noted in the timeline when it changed."""
+        """Each provider's trust state now, noted in its timeline when it changed; the
+        healthy provider's is returned."""
         if self.trust is None:
             return None
-        state = (await asyncio.to_thread(self.trust)).state
-        text = state.value if state is not None else "off"
-        if not self.trust_seen or self.trust_seen[-1][1] != text:
-            self.trust_seen.append((elapsed, text))
-        return text
+        views = await asyncio.to_thread(self.trust)
+        for name, view in views.items():
+            text = view.state.value if view.state is not None else "off"
+            seen = self.trust_seen.setdefault(name, [])
+            if not seen or seen[-1][1] != text:
+                seen.append((elapsed, text))
+        return self.trust_seen[PROVIDER][-1][1]
 
     async def wait_for_trust(self, bound: float, warmups: int) -> None:
         """Wait (bounded) for the warm-up to earn trust; not at all when it cannot."""
-        if self.trust is None or warmups < (await asyncio.to_thread(self.trust)).trust_after:
+        if self.trust is None:
+            return
+        if warmups < (await asyncio.to_thread(self.trust))[PROVIDER].trust_after:
             return
         started = time.monotonic()
         while time.monotonic() - started < bound:
@@ -574,13 +604,19 @@ class Driver:
             params["cursor"] = page["next_cursor"]
 
     async def status_requests(self) -> int:
-        response = await self.sim.get("/_sim/stats")
-        counts = response.json().get("requests", {}).get("status", {})
-        return int(sum(counts.values()))
+        total = 0
+        for sim in self.sims.values():
+            response = await sim.get("/_sim/stats")
+            counts = response.json().get("requests", {}).get("status", {})
+            total += int(sum(counts.values()))
+        return total
 
     async def sim_jobs(self) -> dict[str, dict[str, Any]]:
-        response = await self.sim.get("/_sim/jobs")
-        return {job["job_id"]: job for job in response.json()["jobs"]}
+        jobs: dict[str, dict[str, Any]] = {}
+        for sim in self.sims.values():
+            response = await sim.get("/_sim/jobs")
+            jobs.update((job["job_id"], job) for job in response.json()["jobs"])
+        return jobs
 
     def states(self, planned: list[Planned], ops: dict[str, dict[str, Any]]) -> list[str]:
         """Each planned operation's state now ("submitting" until it has an id)."""
@@ -671,6 +707,7 @@ def outcomes(
             OpOutcome(
                 op_id=sub.op_id,
                 kind=sub.planned.kind,
+                provider=sub.planned.provider,
                 state=op.get("state", "unknown"),
                 submitted_at=sub.at,
                 done_at=_epoch(op.get("done_at")),
@@ -693,24 +730,30 @@ class BatchResult:
     repeats: list[tuple[str, str | None]]
     rejected_callbacks: int
     problems: list[str]
-    trust: TrustSummary | None = None
+    trust: tuple[TrustSummary, ...] = ()
 
 
 async def run_batch(
-    urls: tuple[str, str, str],
+    urls: tuple[str, dict[str, str], str],
     tokens: tuple[str, str],
     receiver: CallbackReceiver,
     plan: tuple[list[Planned], list[Planned]],
     started: float,
     deadline: float,
-    trust: Callable[[], TrustView] | None = None,
+    trust: Callable[[], dict[str, TrustView]] | None = None,
 ) -> BatchResult:
-    service_url, sim_url, callback_url = urls
+    service_url, sim_urls, callback_url = urls
     async with (
         httpx.AsyncClient(base_url=service_url, timeout=30.0, trust_env=False) as service,
-        httpx.AsyncClient(base_url=sim_url, timeout=30.0, trust_env=False) as sim,
+        contextlib.AsyncExitStack() as stack,
     ):
-        driver = Driver(service, sim, tokens, callback_url, receiver, trust, started)
+        sims = {
+            name: await stack.enter_async_context(
+                httpx.AsyncClient(base_url=url, timeout=30.0, trust_env=False)
+            )
+            for name, url in sim_urls.items()
+        }
+        driver = Driver(service, sims, tokens, callback_url, receiver, trust, started)
         with make_view() as view:
             ops = await drive(driver, plan, view, started, deadline)
         # The last completions a read found first are judged once their grace is over:
@@ -724,9 +767,13 @@ async def run_batch(
     missing = len(plan[0]) - len(subs) + len(plan[1]) - len(driver.repeats)
     if missing:
         problems.append(f"{missing} submission(s) were not answered before the time bound")
-    summary = None
+    summary: tuple[TrustSummary, ...] = ()
     if trust is not None:
-        summary = TrustSummary(tuple(driver.trust_seen), await asyncio.to_thread(trust))
+        views = await asyncio.to_thread(trust)
+        summary = tuple(
+            TrustSummary(tuple(driver.trust_seen.get(name, ())), view)
+            for name, view in views.items()
+        )
     return BatchResult(outcomes(subs, ops, jobs, cbs), driver.repeats, rejected, problems, summary)
 
 
@@ -778,11 +825,18 @@ def _run(options: DemoOptions, base: Settings, workdir: Path, started: float) ->
         # bind the service's socket first.
         service_sock = bound_socket()
         stack.callback(service_sock.close)
-        webhook_url = f"{url_of(service_sock)}/webhooks/{PROVIDER}"
-        sim_url = stack.enter_context(
-            run_sim(sim_root, workdir / "sim.log", keys.sim_env(), webhook_url)
-        )
-        settings = demo_settings(base, workdir, sim_root, sim_url)
+        sim_urls = {
+            name: stack.enter_context(
+                run_sim(
+                    sim_root,
+                    workdir / f"{name}.log",
+                    keys.sim_env(),
+                    f"{url_of(service_sock)}/webhooks/{name}",
+                )
+            )
+            for name in PROVIDERS
+        }
+        settings = demo_settings(base, workdir, sim_root, sim_urls)
         runtime = Runtime.build(settings, environ=environ)
         migrate.upgrade(runtime.db)
         *tokens, agent_secret = _make_tokens(runtime)
@@ -790,9 +844,10 @@ def _run(options: DemoOptions, base: Settings, workdir: Path, started: float) ->
         service_url = stack.enter_context(
             serve_in_thread(create_app(runtime), "service", service_sock)
         )
-        print(f"service {service_url}, simulated provider {sim_url}, callbacks {receiver_url}")
+        sims_text = ", ".join(f"{name} {url}" for name, url in sim_urls.items())
+        print(f"service {service_url}, simulated providers {sims_text}, callbacks {receiver_url}")
         print(f"operator console {service_url}/console", flush=True)
-        urls = (service_url, sim_url, f"{receiver_url}/callbacks")
+        urls = (service_url, sim_urls, f"{receiver_url}/callbacks")
         deadline = started + options.timeout
         batch = asyncio.run(
             run_batch(
@@ -802,7 +857,7 @@ def _run(options: DemoOptions, base: Settings, workdir: Path, started: float) ->
                 (planned, repeats),
                 started,
                 deadline,
-                lambda: runtime.trust_views()[PROVIDER],
+                lambda: {n: v for n, v in runtime.trust_views().items() if n in PROVIDERS},
             )
         )
         mcp = _walk_mcp(service_url, tokens[0])
@@ -868,7 +923,7 @@ def run_demo(options: DemoOptions, base: Settings) -> int:
         raise
     failed = bool(report.failures())
     if failed or options.keep:
-        print(f"demo files kept in {workdir} (service.log, sim.log, reconciler.db)")
+        print(f"demo files kept in {workdir} (service.log, sim.log, sim-lossy.log, reconciler.db)")
     else:
         shutil.rmtree(workdir, ignore_errors=True)
     return 1 if failed else 0

@@ -35,6 +35,7 @@ from reconciler.engine.context import StepContext
 from reconciler.engine.steps.poll import record_of
 from reconciler.errors import StorageUnavailable
 from reconciler.storage import trust as store
+from reconciler.storage.history import last_read_before
 from reconciler.storage.journal import Entry, retry_stale
 from reconciler.storage.models import Operation
 
@@ -100,13 +101,17 @@ class TrustKeeper:
             pending = store.due_pending(conn, now, SETTLE_BATCH)
             by_provider: dict[str, list[tuple[Verdict, str]]] = defaultdict(list)
             for item in pending:
+                # Webhooks received since the previous read was answered: none was answered
+                # by a read, whether stored before this read was judged or after.
+                since = last_read_before(conn, item.operation_id, item.asked_at)
                 webhook = store.first_webhook_after(
-                    conn, item.provider, item.remote_job_id, item.asked_at
+                    conn, item.provider, item.remote_job_id, since, until=item.settle_after
                 )
                 # A webhook due while our storage was down was refused by us, not lost.
                 ours = rt.db.availability.outages_between(item.asked_at, item.settle_after)
                 verdict = settle(item.asked_at, webhook, item.settle_after, outage=bool(ours))
-                store.judge(conn, item, verdict, webhook if verdict is Verdict.LATE else None, now)
+                kept = webhook if verdict in (Verdict.LATE, Verdict.WEBHOOK_FIRST) else None
+                store.judge(conn, item, verdict, kept, now)
                 by_provider[item.provider].append((verdict, item.operation_id))
             changes: list[tuple[str, Change]] = []
             for provider, judged in sorted(by_provider.items()):

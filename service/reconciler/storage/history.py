@@ -53,6 +53,19 @@ def last_hint_at(conn: Connection, operation_id: str) -> datetime | None:
     return raw.read_time(row[0]) if row is not None else None
 
 
+def last_read_before(conn: Connection, operation_id: str, before: datetime) -> datetime | None:
+    """When the operation's last status answer recorded before ``before`` was written."""
+    value = conn.execute(
+        sa.select(sa.func.max(HISTORY.c.at)).where(
+            HISTORY.c.operation_id == operation_id,
+            HISTORY.c.kind == HistoryKind.OBSERVATION.value,
+            HISTORY.c.cause == "status_read",
+            HISTORY.c.at < before,
+        )
+    ).scalar()
+    return value if isinstance(value, datetime) else None
+
+
 def notes_with_cause(conn: Connection, operation_id: str, cause: str) -> list[dict[str, object]]:
     """The details of an operation's notes with this cause, oldest first."""
     rows = conn.execute(

@@ -252,18 +252,24 @@ def due_pending(conn: Connection, now: datetime, limit: int) -> list[PendingVerd
 
 
 def first_webhook_after(
-    conn: Connection, provider: str, job_id: str | None, after: datetime
+    conn: Connection,
+    provider: str,
+    job_id: str | None,
+    after: datetime | None,
+    until: datetime | None = None,
 ) -> datetime | None:
-    """The first verified webhook stored for the job after ``after`` (orphans included)."""
+    """The first verified webhook stored for the job after ``after`` (orphans included),
+    and at or before ``until`` when given; ``after`` None: since the job began."""
     if job_id is None:
         return None
-    value = conn.execute(
-        sa.select(sa.func.min(EVENTS.c.received_at)).where(
-            EVENTS.c.provider == provider,
-            EVENTS.c.remote_job_id == job_id,
-            EVENTS.c.received_at > after,
-        )
-    ).scalar()
+    query = sa.select(sa.func.min(EVENTS.c.received_at)).where(
+        EVENTS.c.provider == provider, EVENTS.c.remote_job_id == job_id
+    )
+    if after is not None:
+        query = query.where(EVENTS.c.received_at > after)
+    if until is not None:
+        query = query.where(EVENTS.c.received_at <= until)
+    value = conn.execute(query).scalar()
     return value if isinstance(value, datetime) else None
 
 

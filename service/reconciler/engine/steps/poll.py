@@ -339,9 +339,10 @@ class PollStep:
             return journal.write(
                 conn, op, now=now, changes=changes, entries=[entry], lease=ctx.lease
             )
+        verdict: Verdict | None = None
         if isinstance(decision, decisions.Collect | decisions.Finish):
             # The evidence is stored before the move, the health counted last (see below).
-            self._judge(conn, op, outcome, now)
+            verdict = self._judge(conn, op, outcome, now)
         if isinstance(decision, decisions.Collect):
             body = outcome.call.body
             size = len(outcome.call.body_bytes or b"")
@@ -363,11 +364,11 @@ class PollStep:
                 before=[*lead, entry],
                 lease=ctx.lease,
             )
-            self._count(conn, op, outcome, now)
+            self._count(conn, op, verdict, now)
             return after
         if isinstance(decision, decisions.Finish):
             after = self._finish(conn, op, decision, view, changes, [*lead, entry], now)
-            self._count(conn, op, outcome, now)
+            self._count(conn, op, verdict, now)
             return after
         return ctx.escalate_in(
             conn,
@@ -390,14 +391,20 @@ class PollStep:
 
     def _judge(
         self, conn: Connection, op: Operation, outcome: StatusOutcome, now: datetime
-    ) -> None:
+    ) -> Verdict | None:
         """Store how this terminal state was first learned of (the evidence of the health)."""
         if not self._trust_applies(op):
-            return
+            return None
         policy = self.ctx.trust_policy(self.ctx.spec(op))
         asked = outcome.call.sent_at
-        verdict = judge_read(op.hinted_at, asked)
-        since = op.last_http_at or op.accepted_at or asked
+        since = op.last_http_at or op.accepted_at or op.created_at
+        hinted = op.hinted_at if judge_read(op.hinted_at, asked) is Verdict.WEBHOOK_FIRST else None
+        if hinted is None:
+            # The stored webhooks decide when the hint does not show one before the read.
+            hinted = health.first_webhook_after(
+                conn, op.provider, op.remote_job_id, since, until=asked
+            )
+        verdict = judge_read(None, asked, hinted)
         if verdict is Verdict.PENDING and self.ctx.runtime.db.availability.outages_between(
             since, asked
         ):
@@ -411,21 +418,20 @@ class PollStep:
             verdict,
             asked_at=asked,
             seen_at=now,
-            hinted_at=op.hinted_at if first else None,
+            hinted_at=hinted if first else None,
             settle_after=settle_after(now, policy) if verdict is Verdict.PENDING else None,
         )
+        return verdict
 
     def _count(
-        self, conn: Connection, op: Operation, outcome: StatusOutcome, now: datetime
+        self, conn: Connection, op: Operation, verdict: Verdict | None, now: datetime
     ) -> None:
         """A webhook-first completion counts into the health now, the last write before commit.
 
         A read that found the end first is judged once the grace is over (``engine.trust``):
         a webhook may still follow.
         """
-        if not self._trust_applies(op):
-            return
-        if judge_read(op.hinted_at, outcome.call.sent_at) is not Verdict.WEBHOOK_FIRST:
+        if verdict is not Verdict.WEBHOOK_FIRST:
             return
         health.count_completions(
             conn,
