@@ -85,9 +85,7 @@ def count_lines(
     """Totals over the result and the errors file; each failed line kept as a reference
     (``{"line": n, "item": value}``, or ``"errors_line"`` for the errors file)."""
     failed: list[dict[str, Any]] = [
-        {"line": n, "item": v}
-        for n, v in enumerate(result_lines, start=1)
-        if line_failed(v, tests)
+        {"line": n, "item": v} for n, v in enumerate(result_lines, start=1) if line_failed(v, tests)
     ]
     failed.extend({"errors_line": n, "item": v} for n, v in enumerate(error_lines, start=1))
     return LineCounts(len(result_lines) + len(error_lines), len(failed), tuple(failed))
