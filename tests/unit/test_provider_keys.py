@@ -175,7 +175,7 @@ LIST_LOOKUP = {
 def test_a_list_lookup_finds_the_matching_item_and_reads_its_id() -> None:
     spec = spec_with(lookup=LIST_LOOKUP)
     wanted = ((Pointer.parse("/metadata/reconciler_key"), "key-1"),)
-    body = {
+    body: dict[str, Any] = {
         "data": [
             {"id": "b1", "metadata": {"reconciler_key": "other"}},
             {"id": "b2", "metadata": {"reconciler_key": "key-1"}},
