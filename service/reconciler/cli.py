@@ -311,6 +311,7 @@ def _decide(args: argparse.Namespace, settings: Settings) -> int:
         settings.providers,
         os.environ,
         missing_ok=settings.providers_dir == DEFAULT_PROVIDERS_DIR,
+        public_url=settings.server.public_url,
         check_secrets=False,
     )
     who = Principal(name=args.by, scope=Scope.OPERATOR)
