@@ -166,11 +166,12 @@ def provider_table(
         return ProviderTable(name, source, data, data)
     preset = data["preset"]
     known = preset_names(presets_dir)
-    if not isinstance(preset, str) or not _PRESET_NAME.fullmatch(preset) or preset not in known:
-        shown = f"'{preset}'" if isinstance(preset, str) and len(preset) <= 64 else "this"
-        raise ConfigError(
-            f"{dotted}.preset: unknown preset {shown} (known: {', '.join(known) or 'none'})"
-        )
+    listed = ", ".join(known) or "none"
+    if not isinstance(preset, str) or not preset:
+        raise ConfigError(f"{dotted}.preset: expected the name of a preset (known: {listed})")
+    if not _PRESET_NAME.fullmatch(preset) or preset not in known:
+        shown = preset if len(preset) <= 64 else preset[:63] + "…"
+        raise ConfigError(f"{dotted}.preset: unknown preset {shown!r} (known: {listed})")
     merged = merge(read_preset(preset, presets_dir), data)
     return ProviderTable(name, source, data, merged, preset)
 
