@@ -335,9 +335,9 @@ def test_jsonl_lines_are_parsed_one_by_one_and_a_malformed_one_is_named() -> Non
 
 
 LINE_TESTS = (
-    LineTest(Pointer.parse("/error"), present=True),
-    LineTest(Pointer.parse("/response/status_code"), in_=(400, 500)),
-    LineTest(Pointer.parse("/result/type"), equals="errored"),
+    LineTest.model_validate({"pointer": "/error", "present": True}),
+    LineTest.model_validate({"pointer": "/response/status_code", "in": [400, 500]}),
+    LineTest.model_validate({"pointer": "/result/type", "equals": "errored"}),
 )
 
 
