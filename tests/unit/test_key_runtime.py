@@ -298,6 +298,25 @@ def test_a_result_fetch_retry_waits_at_least_the_providers_retry_after() -> None
     assert isinstance(decision, RetryFetch) and decision.delay_seconds >= 90
 
 
+def test_a_rate_limited_403_result_fetch_is_retried_and_a_plain_403_is_not() -> None:
+    def fetch(limited: bool) -> object:
+        call = CallResult("GET", "/r", NOW, 1.0, http_status=403, rate_limited=limited)
+        return decide_collect(
+            call,
+            None,
+            ref=None,
+            category=RemoteCategory.SUCCESS,
+            attempts=1,
+            max_failures=3,
+            detail={},
+            backoff=BackoffPolicy(),
+            rng=random.Random(1),
+        )
+
+    assert isinstance(fetch(True), RetryFetch)
+    assert not isinstance(fetch(False), RetryFetch)
+
+
 # --- which creates may have made a job ------------------------------------------------------
 
 
