@@ -21,6 +21,7 @@ from standardwebhooks import Webhook
 
 from reconciler.api.app import create_app
 from reconciler.providers.http_adapter import HttpAdapter
+from reconciler.storage.provider_stats import webhook_counts
 from tests.support.provider_mock import BASE_URL, FakeProvider, error
 from tests.support.stack import WEBHOOK_SECRET, sim_provider_table
 from tests.support.steps import ENVIRON, StepRig, step_rig
@@ -180,6 +181,9 @@ async def test_an_event_of_an_unlisted_type_is_answered_and_changes_nothing(
         assert after.hinted_at is None and after.next_poll_at == before.next_poll_at
         assert after.version == before.version
         assert not [e for e in rig.history(op_id) if e.kind == "hint"]
+        with rig.runtime.db.read() as conn:
+            counts = webhook_counts(conn)["sim"]
+        assert counts.orphaned == 0  # stored without a job id: no job waits for it
         # Delivered again, it is the same stored event.
         again = await deliver(rig, "evt_1", {"type": "batch.in_progress", "data": {"id": job}})
         assert again.json()["status"] == "duplicate"
