@@ -288,3 +288,34 @@ async def test_a_result_fetch_answered_with_retry_after_ms_waits_for_it(
         op = rig.row(op_id)
         assert op.next_poll_at is not None and op.next_poll_at >= first.at + timedelta(seconds=30)
         await rig.run(op_id, ["succeeded"])
+
+
+# --- agent callbacks ----------------------------------------------------------------------
+
+
+async def test_an_agent_answering_retry_after_ms_gets_its_next_callback_no_sooner(
+    tmp_path: Path, db_url: str
+) -> None:
+    answers = [httpx.Response(429, headers={"retry-after-ms": "6500"}), httpx.Response(204)]
+    sent: list[httpx.Request] = []
+
+    def agent(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return answers.pop(0)
+
+    callbacks = {"max_attempts": 3, "base_delay_seconds": 1.0, "max_delay_seconds": 2.0}
+    async with step_rig(
+        tmp_path, db_url, callbacks=callbacks, callback_transport=httpx.MockTransport(agent)
+    ) as rig:
+        op_id_cb = rig.submit(callback_url="http://127.0.0.1:9/cb/agent")
+        op = await rig.step(op_id_cb)
+        assert op.remote_job_id is not None
+        rig.provider.finish(op.remote_job_id)
+        while not sent:
+            rig.advance_to_due(op_id_cb)
+            await rig.step(op_id_cb)
+        asked_at = rig.clock.now()
+        retry_at = rig.row(op_id_cb).next_poll_at
+        assert retry_at is not None and retry_at >= asked_at + timedelta(seconds=7)
+        await rig.run(op_id_cb, ["succeeded"])
+        assert len(sent) == 2
