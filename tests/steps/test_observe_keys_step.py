@@ -319,3 +319,25 @@ async def test_an_agent_answering_retry_after_ms_gets_its_next_callback_no_soone
         assert retry_at is not None and retry_at >= asked_at + timedelta(seconds=7)
         await rig.run(op_id_cb, ["succeeded"])
         assert len(sent) == 2
+
+
+async def test_a_cancel_answer_asking_for_a_pause_holds_back_the_confirming_read(
+    tmp_path: Path, db_url: str
+) -> None:
+    async with step_rig(tmp_path, db_url) as rig:
+        op_id, job = await observing(rig)
+        rig.cancel(op_id)
+        rig.advance_to_due(op_id)
+        at = rig.clock.now()
+        rig.provider.script(
+            "cancel",
+            httpx.Response(
+                202,
+                json={"job_id": job, "state": "cancelling"},
+                headers={"retry-after-ms": "20000"},
+            ),
+        )
+        op = await rig.step(op_id)
+        assert op.state == "cancelling" and len(rig.provider.sent("cancel")) == 1
+        assert op.next_poll_at == at + timedelta(seconds=20)
+        assert op.delay_source == "provider_retry_after"
