@@ -142,10 +142,21 @@ def test_set_rules_keep_json_values_and_templates() -> None:
         ({"/a": "{idempotency_key!r}"}, 'create.set."/a": only {idempotency_key}'),
         ({"/a": "{idempotency_key"}, 'create.set."/a": not a valid template'),
         ({"/a": 1, "/a/b": 2}, 'create.set."/a/b": overlaps /a: set each member once'),
+        ({"/a": float("inf")}, 'create.set."/a": inf and nan are not JSON values'),
+        ({"/a": [float("nan")]}, 'create.set."/a": inf and nan are not JSON values'),
+        ({"/api_key": "sk-abc123"}, 'create.set."/api_key": looks like a credential'),
+        ({"/auth/token": "abc123"}, 'create.set."/auth/token": looks like a credential'),
     ],
 )
 def test_set_errors(rules: Any, fragment: str) -> None:
-    assert fragment in _error(_with(MINIMAL, "create.set", rules))
+    message = _error(_with(MINIMAL, "create.set", rules))
+    assert fragment in message
+    assert "abc123" not in message
+
+
+def test_a_credential_like_name_may_carry_a_template() -> None:
+    rules = {"/metadata/reconciler_key": "{idempotency_key}"}
+    assert _load(_with(MINIMAL, "create.set", rules)).create.set[0].value == "{idempotency_key}"
 
 
 def test_set_refuses_toml_dates() -> None:
@@ -269,6 +280,7 @@ def test_static_headers_parse_in_order() -> None:
         ({"Proxy-Authorization": "abc123"}, "headers.Proxy-Authorization: static headers"),
         ({"X-Goog-Session": "abc123"}, "headers.X-Goog-Session: static headers are never"),
         ({"X-Auth-Token": "abc123"}, "headers.X-Auth-Token: static headers are never"),
+        ({"X-Upstream": "Bearer abc123"}, "headers.X-Upstream: static headers are never"),
         ({"a b": "1"}, 'headers."a b": is not a valid HTTP header name'),
         ({"v": 1}, "headers.v: expected a string of printable characters"),
         ({"v": "a\r\nX-Evil: 1"}, "headers.v: expected a string of printable characters"),
