@@ -478,3 +478,72 @@ def test_specs_are_frozen() -> None:
     spec = _load(MINIMAL)
     with pytest.raises(ValueError, match="frozen"):
         spec.create.path = "/elsewhere"  # type: ignore[misc]
+
+
+FULL: dict[str, Any] = {
+    "base_url": "https://api.example.com",
+    "description": "Example.",
+    "auth": {"type": "bearer", "token_env": "T"},
+    "trace_header": "X-Trace-ID",
+    "job_id_slashes": True,
+    "headers": {"example-version": "1"},
+    "http": {"max_connections": 2, "request_id_header": "x-request-id"},
+    "create": {
+        "path": "/jobs",
+        "job_id": "/id",
+        "idempotency": "body",
+        "set": {"/key": "{idempotency_key}", "/hook": "{webhook_url}"},
+        "duplicate": {"status": [409], "body_contains": "exists"},
+    },
+    "lookup": {
+        **LIST_LOOKUP,
+        "pages": 2,
+        "next": "/last",
+        "next_param": "after",
+        "has_more": "/more",
+    },
+    "status": {
+        "path": "/jobs/{job_id}",
+        "state": "/status",
+        "result_ref": "/out",
+        "errors_ref": "/err",
+        "rules": [{"pointer": "/done", "present": False, "category": "pending"}],
+        "required": ["/id"],
+    },
+    "states": {"pending": ["running"], "success": ["done"]},
+    "cancel": {"path": "/jobs/{job_id}/cancel"},
+    "result": {
+        **JSONL_RESULT,
+        "failed_lines": [{"pointer": "/error", "present": True}],
+        "errors_path": "/files/{errors_ref}",
+        "summary": {"n": "status:/count"},
+    },
+    "webhook": {**WEBHOOK, "types": ["job.done"]},
+    "polling": {"rate_limit_reset": "header:x-ratelimit-reset", "webhook_trust": "adaptive"},
+    "request_schema": {"type": "object"},
+}
+GARBAGE: list[Any] = [1, -1, 0.5, float("nan"), True, "", "x", "/x", [], [1], {}, {"a": 1}]
+
+
+def _leaves(table: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found: list[tuple[str, ...]] = []
+    for key, value in table.items():
+        found.append((*prefix, key))
+        if isinstance(value, dict):
+            found.extend(_leaves(value, (*prefix, key)))
+    return found
+
+
+def test_any_value_anywhere_is_a_spec_or_one_line_never_a_crash() -> None:
+    assert _load(FULL).create.duplicate is not None
+    for path in _leaves(FULL):
+        for value in GARBAGE:
+            data = copy.deepcopy(FULL)
+            target = data
+            for key in path[:-1]:
+                target = target[key]
+            target[path[-1]] = value
+            try:
+                _load(data)
+            except ConfigError as exc:
+                assert "\n" not in exc.message and exc.message.startswith(INLINE_SOURCE), path
