@@ -182,6 +182,23 @@ async def test_a_list_lookup_follows_the_cursor_to_the_matching_item(
         assert len(rig.provider.sent("create")) == 1
 
 
+async def test_a_list_lookup_may_match_on_the_operation_id_the_create_set(
+    tmp_path: Path, db_url: str
+) -> None:
+    table = keyless(idempotency="none", set={"/metadata/reconciler_key": "{operation_id}"})
+    table["lookup"] = {**LIST_LOOKUP, "match": {"/metadata/reconciler_key": "{operation_id}"}}
+    async with step_rig(tmp_path, db_url, table=table) as rig:
+        op_id = rig.submit({"input_file_id": "file-1"})
+        made_then(rig, httpx.ReadTimeout("timed out"))
+        assert (await rig.step(op_id)).state == "create_unknown"
+        assert body_of(rig)["metadata"]["reconciler_key"] == op_id
+        list_pages(rig, ours_on_page=1)
+        rig.advance_to_due(op_id)
+        op = await rig.step(op_id)
+        assert op.state == "observing" and op.remote_job_id == "job-1"
+        assert len(rig.provider.sent("create")) == 1
+
+
 async def test_not_found_on_every_page_means_the_create_never_landed(
     tmp_path: Path, db_url: str
 ) -> None:

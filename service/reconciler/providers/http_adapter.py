@@ -352,7 +352,9 @@ class HttpAdapter:
         )
         return create_outcome(self._spec, self._not_json(call))
 
-    async def lookup(self, idempotency_token: str, trace_id: str) -> LookupOutcome:
+    async def lookup(
+        self, idempotency_token: str, trace_id: str, *, operation_id: str | None = None
+    ) -> LookupOutcome:
         """Ask whether the token made a job; a list answer is searched page by page (at most
         ``lookup.pages``) for the item that ``lookup.match`` names."""
         lookup, create = self._spec.lookup, self._spec.create
@@ -375,6 +377,7 @@ class HttpAdapter:
             extra[create.idempotency_header] = idempotency_token
         values = {
             "idempotency_key": idempotency_token,
+            "operation_id": operation_id,
             "trace_id": trace_id,
             "webhook_url": self._spec.webhook_url,
         }

@@ -35,7 +35,12 @@ from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind
 from reconciler.engine.context import STORAGE_OUTAGE, StepContext
 from reconciler.engine.flow import Prep
-from reconciler.engine.steps.resend import RESEND_SAFE, resend_allowed, template_values
+from reconciler.engine.steps.resend import (
+    RESEND_SAFE,
+    lookup_job,
+    resend_allowed,
+    template_values,
+)
 from reconciler.providers.adapter import CallResult, CreateOutcome, LookupOutcome, LookupVerdict
 from reconciler.providers.create_set import apply_set
 from reconciler.providers.spec import IdempotencyMode
@@ -128,9 +133,7 @@ class CreateStep:
             return
         if maybe_sent and spec.lookup is not None:
             op = await self._reserve(op, {"create_lookups": op.create_lookups + 1})
-            found = await ctx.call(
-                op, "lookup", lambda: ctx.adapter(op).lookup(op.idempotency_token, op.trace_id)
-            )
+            found = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
             if found.verdict is LookupVerdict.FOUND and found.job_id:
                 await self._accept(op, found.job_id, None, found.call, "lookup")
                 return
@@ -165,9 +168,7 @@ class CreateStep:
         notes: list[Entry] = [outage.entry] if outage is not None else []
         maybe_sent = State(op.state) is State.CREATE_UNKNOWN or op.create_attempts > 0
         if maybe_sent and spec.lookup is not None:
-            found = await ctx.call(
-                op, "lookup", lambda: ctx.adapter(op).lookup(op.idempotency_token, op.trace_id)
-            )
+            found = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
             if found.verdict is LookupVerdict.FOUND and found.job_id:
                 await self._accept(op, found.job_id, None, found.call, "lookup", before=notes)
                 return
@@ -265,9 +266,7 @@ class CreateStep:
             if charged.create_attempts > 1 and ctx.spec(op).lookup is not None:
                 # A resend answered: make sure the provider did not start a second job for
                 # the same token (seed 001: an unfamiliar job id is a contract violation).
-                check = await ctx.call(
-                    op, "lookup", lambda: ctx.adapter(op).lookup(op.idempotency_token, op.trace_id)
-                )
+                check = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
                 if (
                     check.verdict is LookupVerdict.FOUND
                     and check.job_id
@@ -292,9 +291,7 @@ class CreateStep:
             await self._retry(op, outcome.call, seen, "a duplicate answer, and no lookup")
             return
         op = await self._reserve(op, {"create_lookups": op.create_lookups + 1}, [seen])
-        found = await ctx.call(
-            op, "lookup", lambda: ctx.adapter(op).lookup(op.idempotency_token, op.trace_id)
-        )
+        found = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
         if found.verdict is LookupVerdict.FOUND and found.job_id:
             await self._accept(op, found.job_id, None, found.call, "lookup")
             return

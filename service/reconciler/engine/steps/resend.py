@@ -6,7 +6,8 @@ A further attempt goes out only on evidence kept in the history: the last attemp
 certainly made no job (it was never delivered, or the provider refused to take it),
 or an operator decided ``resend`` since. Each piece of evidence names the attempt
 count it was given at, and the count goes up before every send, so one piece of
-evidence allows one create, also across a crash.
+evidence allows one create, also across a crash. The lookup that settles a create
+where the provider can be asked (``lookup_job``) fills the same templates.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 from sqlalchemy.engine import Connection
 
 from reconciler.core.vocabulary import DecisionAction, HistoryKind
+from reconciler.providers.adapter import LookupOutcome, ProviderAdapter
+from reconciler.providers.http_adapter import HttpAdapter
 from reconciler.providers.spec import ProviderSpec
 from reconciler.storage.database import Database
 from reconciler.storage.history import last_of
@@ -33,6 +36,14 @@ def template_values(op: Operation, spec: ProviderSpec) -> dict[str, str | None]:
         "trace_id": op.trace_id,
         "webhook_url": spec.webhook_url,
     }
+
+
+async def lookup_job(adapter: ProviderAdapter, op: Operation) -> LookupOutcome:
+    """The idempotency lookup; the declarative adapter also gets the operation id, which a
+    ``lookup.match`` template may use (``{operation_id}``, written by ``create.set``)."""
+    if isinstance(adapter, HttpAdapter):
+        return await adapter.lookup(op.idempotency_token, op.trace_id, operation_id=op.id)
+    return await adapter.lookup(op.idempotency_token, op.trace_id)
 
 
 def _evidence(conn: Connection, op: Operation, actor: str) -> Entry | None:
