@@ -13,6 +13,11 @@ credential is sent only to the provider's own origin: a pre-signed URL on a
 storage host gets no ``Authorization``, and redirects are followed by hand (at
 most ``MAX_REDIRECTS``) with the same rule, because httpx drops only the
 ``Authorization`` header on a cross-origin redirect, not an API-key header.
+The file's static ``headers`` follow the same rule and never replace the credential
+or the trace header. A ``[lookup]`` over a list is searched page by page, following
+its cursor, at most ``lookup.pages`` requests, counted as one lookup. Every answer's
+``Retry-After``, ``retry-after-ms`` and ``polling.rate_limit_reset`` header are folded
+into one ``Retry-After`` (``core.rate_limit``).
 """
 
 from __future__ import annotations
