@@ -312,3 +312,31 @@ async def test_abandon_ends_a_create_unknown_without_another_create(
         op = rig.decide(op_id, {"action": "abandon"})
         assert op.state == "failed"
         assert len(rig.provider.sent("create")) == 1
+
+
+async def test_a_resend_interrupted_after_it_was_counted_is_not_sent_again(
+    tmp_path: Path, db_url: str
+) -> None:
+    """The worker dies between counting the authorized resend and learning its outcome:
+    the request may have gone out, so the next worker escalates instead of sending."""
+    async with step_rig(tmp_path, db_url, table=no_lookup()) as rig:
+        op_id = rig.submit()
+        made_then(rig, httpx.ReadTimeout("timed out"))
+        await rig.step(op_id)
+        rig.decide(op_id, {"action": "resend"})
+
+        def dies(request: httpx.Request) -> httpx.Response:
+            rig.provider.make_job(None, json.loads(request.content))
+            raise RuntimeError("the worker process died here")
+
+        rig.provider.script("create", dies)
+        with pytest.raises(RuntimeError):
+            await rig.step(op_id)
+        assert rig.row(op_id).create_attempts == 2  # counted before it was sent
+        rig.advance_to_due(op_id)
+        op = await rig.step(op_id)
+        assert op.state == "escalated"
+        assert len(rig.provider.sent("create")) == 2 and len(rig.provider.jobs) == 2
+        with rig.runtime.db.read() as conn:
+            esc = open_escalation(conn, op)
+        assert esc is not None and esc.reason == "create_unknown"
