@@ -55,7 +55,18 @@ def webhook_counts(conn: Connection) -> dict[str, WebhookCounts]:
             sa.func.count(),
             sa.func.coalesce(sa.func.sum(EVENTS.c.duplicates), 0),
             sa.func.coalesce(sa.func.sum(EVENTS.c.conflicts), 0),
-            sa.func.count(sa.case((EVENTS.c.operation_id.is_(None), 1))),
+            # An event stored without a job id (a type [webhook] types does not list) is
+            # for no job, so it is not an orphan waiting for one.
+            sa.func.count(
+                sa.case(
+                    (
+                        sa.and_(
+                            EVENTS.c.operation_id.is_(None), EVENTS.c.remote_job_id.is_not(None)
+                        ),
+                        1,
+                    )
+                )
+            ),
         ).group_by(EVENTS.c.provider)
     )
     return {
