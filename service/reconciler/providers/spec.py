@@ -35,6 +35,7 @@ HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 JOB_ID = "job_id"
 IDEMPOTENCY_KEY = "idempotency_key"
 RESULT_REF = "result_ref"
+ERRORS_REF = "errors_ref"
 STATUS_PREFIX = "status:"
 HEADER_PREFIX = "header:"
 
