@@ -35,8 +35,10 @@ def test_agents_see_what_they_may_start(stack: Stack) -> None:
     (sim,) = response.json()["providers"]
     assert sim == {
         "name": "sim",
+        "preset": None,
         "description": sim["description"],
         "request_schema": SCHEMA,
+        "set_by_service": [],
         "can_cancel": True,
         "max_deadline_seconds": 120.0,
         "max_status_requests": 60,
