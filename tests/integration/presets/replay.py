@@ -37,6 +37,7 @@ from starlette.responses import JSONResponse, Response
 from reconciler.api.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.runtime import Runtime
+from reconciler.storage.operations import load_operation
 from tests.support.hooks import wait_until
 from tests.support.servers import HOST, serve_asgi, unused_port
 from tests.support.stack import make_tokens, quiescent, worker_of
@@ -64,7 +65,6 @@ SLOW_POLLING: dict[str, Any] = {
     "webhook_trust": "off",
 }
 FAST_CREATE: dict[str, Any] = {"timeout_seconds": 2, "create_deadline_seconds": 20}
-END_STATES = {"succeeded", "completed_with_errors", "failed", "cancelled", "expired", "escalated"}
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,7 @@ class Seen:
     query: dict[str, str]
     headers: dict[str, str]
     body: Any
+    at: float  # wall-clock seconds when it arrived
 
 
 @dataclass
@@ -113,6 +114,7 @@ class Replay:
             dict(request.query_params),
             {k.lower(): v for k, v in request.headers.items()},
             body,
+            time.time(),
         )
         with self.lock:
             self.seen.append(seen)
@@ -288,13 +290,29 @@ class PresetStack:
             seen.update(self.get(op_id))
             return check(seen)
 
-        wait_until(holds, timeout, what)
+        try:
+            wait_until(holds, timeout, what)
+        except AssertionError as exc:
+            story = [(e["kind"], e["to"], e["cause"]) for e in self.history(op_id)]
+            raise AssertionError(f"{exc}; last operation {seen}; history {story}") from None
         return seen
 
     def wait_state(self, op_id: str, *states: str, timeout: float = 20) -> dict[str, Any]:
         return self.wait_for(
             op_id, lambda op: op["state"] in states, f"state in {states}", timeout=timeout
         )
+
+    def finish(self, op_id: str, timeout: float = 20) -> dict[str, Any]:
+        """The Operation once it is done or escalated (bounded)."""
+        return self.wait_for(
+            op_id, lambda op: op["done"] or op["state"] == "escalated", "done", timeout=timeout
+        )
+
+    def token(self, op_id: str) -> str:
+        """The idempotency key the service sends the provider for this operation."""
+        with self.runtime.db.read() as conn:
+            op = load_operation(conn, op_id)
+        return op.idempotency_token
 
     def remote_job(self, op_id: str) -> str:
         op = self.wait_for(op_id, lambda op: bool(op["remote_job_id"]), "a remote job id")
@@ -379,3 +397,19 @@ def escalation(op: dict[str, Any]) -> dict[str, Any]:
 def option_actions(op: dict[str, Any]) -> list[str]:
     options = escalation(op)["options"]
     return [o["action"] if isinstance(o, dict) else str(o) for o in options]
+
+
+def assert_create_unknown(s: PresetStack, op_id: str, create_path: str) -> dict[str, Any]:
+    """A lost create the API cannot settle: one job made, never resent, escalated honestly."""
+    op = s.finish(op_id)
+    assert op["state"] == "escalated", op
+    found = escalation(op)
+    assert found["reason"] == "create_unknown", found
+    assert sorted(option_actions(op)) == ["abandon", "resend"], found
+    resend = next(o for o in found["options"] if o["action"] == "resend")
+    assert "duplicate" in resend["description"].lower(), resend
+    s.settled(op_id)
+    # Counted once nothing can run: the service did not resend on its own.
+    assert len(s.replay.requests("POST", create_path)) == 1
+    assert len(s.replay.all_jobs()) == 1
+    return op

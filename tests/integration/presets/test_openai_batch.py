@@ -13,20 +13,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from reconciler.storage.models import Operation
 from tests.integration.presets.replay import (
     API_TOKEN,
     FAST_CREATE,
     FAST_POLLING,
     SLOW_POLLING,
     WEBHOOK_SECRET,
-    PresetStack,
     Replay,
     answer_created,
     bearer_ok,
@@ -38,7 +35,6 @@ from tests.integration.presets.replay import (
     standard_webhook,
 )
 
-OPS = Operation.__table__  # type: ignore[attr-defined]
 ENVIRON = {"OPENAI_API_KEY": API_TOKEN, "OPENAI_WEBHOOK_SECRET": WEBHOOK_SECRET}
 REQUEST = {
     "input_file_id": "file-input01",
@@ -80,79 +76,88 @@ def batch_object(replay: Replay, request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def openai_app(replay: Replay) -> Starlette:
-    async def create(request: Request) -> Response:
-        body = await replay.record(request)
+class BatchAPI:
+    """The Batch and Files endpoints, over one ``Replay``."""
+
+    def __init__(self, replay: Replay) -> None:
+        self.replay = replay
+
+    async def create(self, request: Request) -> Response:
+        body = await self.replay.record(request)
         if not bearer_ok(request):
-            return error(401, "Incorrect API key provided.", "invalid_request_error")
+            return error(401, "Incorrect API key provided.")
         if not isinstance(body, dict) or "input_file_id" not in body:
             return error(400, "Missing required parameter: 'input_file_id'.")
-        batch = batch_object(replay, body)
-        replay.add(batch["id"], batch, body)
-        answer = answer_created(replay, batch)
-        if isinstance(answer, JSONResponse):
-            return answer
-        # Other clients of the same project keep making batches after ours.
-        for _ in range(OTHER_CLIENTS_BATCHES):
-            other = batch_object(replay, {**REQUEST, "metadata": {"owner": "someone-else"}})
-            replay.add(other["id"], other, None, scripted=False)
+        batch = batch_object(self.replay, body)
+        self.replay.add(batch["id"], batch, body)
+        answer = answer_created(self.replay, batch)
+        if not isinstance(answer, JSONResponse):
+            # The answer is lost, and other clients keep making batches after ours.
+            for _ in range(OTHER_CLIENTS_BATCHES):
+                other = batch_object(self.replay, {**REQUEST, "metadata": {"owner": "other"}})
+                self.replay.add(other["id"], other, None, scripted=False)
         return answer
 
-    async def listing(request: Request) -> Response:
-        await replay.record(request)
+    async def listing(self, request: Request) -> Response:
+        await self.replay.record(request)
         limit = int(request.query_params.get("limit", "20"))
         after = request.query_params.get("after")
-        with replay.lock:
-            batches = [j.body for j in reversed(replay.jobs.values())]  # newest first
+        batches = [j.body for j in reversed(self.replay.all_jobs())]  # newest first
+        ids = [b["id"] for b in batches]
         if after is not None:
-            ids = [b["id"] for b in batches]
             if after not in ids:
                 return error(400, f"Invalid 'after': no batch {after}.")
             batches = batches[ids.index(after) + 1 :]
         page = batches[:limit]
+        first, last = (page[0]["id"], page[-1]["id"]) if page else (None, None)
         return JSONResponse(
             {
                 "object": "list",
                 "data": page,
-                "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None,
+                "first_id": first,
+                "last_id": last,
                 "has_more": len(batches) > limit,
             }
         )
 
-    async def retrieve(request: Request) -> Response:
-        await replay.record(request)
-        found = replay.read(request.path_params["batch_id"])
+    async def retrieve(self, request: Request) -> Response:
+        await self.replay.record(request)
+        batch_id = request.path_params["batch_id"]
+        found = self.replay.read(batch_id)
         if found is None:
-            return error(404, f"No batch found with id '{request.path_params['batch_id']}'.")
+            return error(404, f"No batch found with id '{batch_id}'.")
         return JSONResponse(found)
 
-    async def cancel(request: Request) -> Response:
-        await replay.record(request)
+    async def cancel(self, request: Request) -> Response:
+        await self.replay.record(request)
         batch_id = request.path_params["batch_id"]
-        if batch_id not in replay.jobs:
+        if batch_id not in self.replay.jobs:
             return error(404, f"No batch found with id '{batch_id}'.")
-        replay.set(
+        self.replay.set(
             batch_id,
             {"status": "cancelling", "cancelling_at": now_unix()},
             [{}, {"status": "cancelled", "cancelled_at": now_unix()}],
         )
-        return JSONResponse(replay.peek(batch_id))
+        return JSONResponse(self.replay.peek(batch_id))
 
-    async def content(request: Request) -> Response:
-        await replay.record(request)
-        data = replay.files.get(request.path_params["file_id"])
+    async def content(self, request: Request) -> Response:
+        await self.replay.record(request)
+        data = self.replay.files.get(request.path_params["file_id"])
         if data is None:
             return error(404, "No such File object")
+        # The Files API serves file content as octet-stream, JSONL or not.
         return Response(data, media_type="application/octet-stream")
 
+
+def openai_app(replay: Replay) -> Starlette:
+    api = BatchAPI(replay)
     return Starlette(
         routes=[
-            Route("/v1/batches", create, methods=["POST"]),
-            Route("/v1/batches", listing, methods=["GET"]),
-            Route("/v1/batches/{batch_id}", retrieve, methods=["GET"]),
-            Route("/v1/batches/{batch_id}/cancel", cancel, methods=["POST"]),
-            Route("/v1/files/{file_id}/content", content, methods=["GET"]),
+            Route("/v1/batches", api.create, methods=["POST"]),
+            Route("/v1/batches", api.listing, methods=["GET"]),
+            Route("/v1/batches/{batch_id}", api.retrieve, methods=["GET"]),
+            Route("/v1/batches/{batch_id}/cancel", api.cancel, methods=["POST"]),
+            Route("/v1/files/{file_id}/content", api.content, methods=["GET"]),
         ]
     )
 
@@ -176,13 +181,6 @@ def stack(tmp_path: Path, db: str, polling: dict[str, Any], **more: Any) -> Any:
     return preset_stack(
         tmp_path, db, "openai_batch", openai_app, overrides=overrides, environ=ENVIRON
     )
-
-
-def token_of(s: PresetStack, op_id: str) -> str:
-    with s.runtime.db.read() as conn:
-        token = conn.execute(sa.select(OPS.c.idempotency_token).where(OPS.c.id == op_id)).scalar()
-    assert isinstance(token, str)
-    return token
 
 
 def test_a_batch_walks_its_states_and_its_two_jsonl_files_make_completed_with_errors(
@@ -211,13 +209,13 @@ def test_a_batch_walks_its_states_and_its_two_jsonl_files_make_completed_with_er
             },
         ]
         op_id = s.start(REQUEST)
-        op = s.wait_state(op_id, "completed_with_errors", "succeeded", "failed", "escalated")
+        op = s.finish(op_id)
         assert op["state"] == "completed_with_errors", op
         job = s.replay.only_job()
         # The agent's own metadata is kept and the service's key is added beside it.
         assert job.request["metadata"] == {
             "project": "nightly-eval",
-            "reconciler_key": token_of(s, op_id),
+            "reconciler_key": s.token(op_id),
         }
         created = s.replay.requests("POST", "/v1/batches")[0]
         assert created.headers["authorization"] == f"Bearer {API_TOKEN}"
@@ -240,7 +238,7 @@ def test_a_thin_webhook_brings_the_read_forward_and_other_types_change_nothing(
         ]
         op_id = s.start(REQUEST)
         batch_id = s.remote_job(op_id)
-        s.wait_for(op_id, lambda op: op["remote_state"] == "in_progress", "first read")
+        # The create answered `validating`; the first read is 120 s away.
         reads = len(s.replay.requests("GET", f"/v1/batches/{batch_id}"))
 
         def event(kind: str, n: int) -> tuple[bytes, dict[str, str]]:
@@ -275,7 +273,7 @@ def test_a_thin_webhook_brings_the_read_forward_and_other_types_change_nothing(
         answer = post(s.webhook_url, body, headers)
         assert answer.status_code in (200, 202), answer.text
         # Polling waits 120 s between reads: only the hint can finish it now.
-        op = s.wait_state(op_id, "succeeded", "completed_with_errors", "failed", timeout=15)
+        op = s.finish(op_id, timeout=15)
         assert op["state"] == "succeeded", op
 
 
@@ -296,7 +294,7 @@ def test_a_failed_batch_fails_with_the_providers_errors_kept(
         }
         s.replay.script = [{"status": "failed", "failed_at": now_unix(), "errors": errors}]
         op_id = s.start(REQUEST)
-        op = s.wait_state(op_id, "failed", "escalated", "succeeded")
+        op = s.finish(op_id)
         assert op["state"] == "failed", op
         assert "invalid_json_line" in json.dumps(op["error"]), op["error"]
 
@@ -307,7 +305,7 @@ def test_cancel_goes_through_cancelling_to_cancelled(tmp_path: Path, sqlite_db: 
         op_id = s.start(REQUEST)
         s.wait_for(op_id, lambda op: op["remote_state"] == "in_progress", "in progress")
         s.cancel(op_id)
-        op = s.wait_state(op_id, "cancelled", "escalated", "succeeded", "failed")
+        op = s.finish(op_id)
         assert op["state"] == "cancelled", op
         job = s.replay.only_job()
         assert s.replay.requests("POST", f"/v1/batches/{job.id}/cancel")
@@ -327,9 +325,9 @@ def test_a_lost_create_is_found_by_listing_batches_page_by_page(
         ]
         s.replay.drop_next_create = True
         op_id = s.start(REQUEST)
-        op = s.wait_state(op_id, "succeeded", "completed_with_errors", "failed", "escalated")
+        op = s.finish(op_id)
         assert op["state"] == "succeeded", op
-        key = token_of(s, op_id)
+        key = s.token(op_id)
         mine = [
             j
             for j in s.replay.all_jobs()
