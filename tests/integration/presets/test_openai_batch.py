@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -338,3 +340,28 @@ def test_a_lost_create_is_found_by_listing_batches_page_by_page(
         pages = s.replay.requests("GET", "/v1/batches")
         assert len(pages) >= 2 and "after" in pages[1].query, [p.query for p in pages]
         assert op["escalation"] is None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a list lookup that reads all its pages while has_more is still true concludes "
+    "'not made' and resends (two batches); it must escalate create_unknown instead",
+)
+def test_a_lost_create_beyond_the_pages_read_escalates_and_is_never_resent(
+    tmp_path: Path, sqlite_db: str
+) -> None:
+    # One page of 100 is read; ours is on the second, behind other clients' batches.
+    with stack(tmp_path, sqlite_db, FAST_POLLING, lookup={"pages": 1}) as s:
+        s.replay.drop_next_create = True
+        op_id = s.start(REQUEST)
+        op = s.finish(op_id)
+        s.settled(op_id)
+        key = s.token(op_id)
+        mine = [
+            j
+            for j in s.replay.all_jobs()
+            if j.request and j.request.get("metadata", {}).get("reconciler_key") == key
+        ]
+        assert len(mine) == 1, "a second batch was made for one operation"
+        assert len(s.replay.requests("POST", "/v1/batches")) == 1
+        assert op["state"] == "escalated" and op["escalation"]["reason"] == "create_unknown", op
