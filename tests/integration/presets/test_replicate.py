@@ -176,3 +176,26 @@ def test_a_lost_create_escalates_create_unknown_and_is_never_resent(
     with stack(tmp_path, sqlite_db, FAST_POLLING) as s:
         s.replay.drop_next_create = True
         assert_create_unknown(s, s.start(REQUEST), "/v1/predictions")
+
+
+def test_an_operators_resend_makes_exactly_one_more_prediction_and_is_followed(
+    tmp_path: Path, sqlite_db: str
+) -> None:
+    with stack(tmp_path, sqlite_db, FAST_POLLING) as s:
+        s.replay.drop_next_create = True
+        op_id = s.start(REQUEST)
+        assert_create_unknown(s, op_id, "/v1/predictions")
+        s.replay.script = [{"status": "succeeded", "output": "hello again"}]
+        decided = s.client.post(
+            f"/v1/operations/{op_id}/decisions",
+            json={"action": "resend"},
+            headers=s.headers(operator=True),
+        )
+        assert decided.status_code in (200, 202), decided.text
+        op = s.finish(op_id)
+        assert op["state"] == "succeeded", op
+        s.settled(op_id)
+        # The one resend the operator chose, and nothing more.
+        assert len(s.replay.requests("POST", "/v1/predictions")) == 2
+        assert op["remote_job_id"] == s.replay.all_jobs()[1].id
+        assert [e for e in s.history(op_id) if e["kind"] == "decision"]
