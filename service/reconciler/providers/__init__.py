@@ -1,8 +1,9 @@
 """Providers: declarative provider files, their state tables and the adapters that call them.
 
 ``spec`` holds the typed models (pydantic, strict and frozen) that are both the
-parsed file and the runtime spec, built from the value types of ``fields`` and
-``rules``; ``loader`` reads the files, merges presets (``presets/*.toml``) and turns
+parsed file and the runtime spec: ``ProviderSpec`` over the tables of
+``sections``, all based on ``base.FileTable`` and built from the value types of
+``fields`` and ``rules``; ``loader`` reads the files, merges presets (``presets/*.toml``) and turns
 the first validation failure into one line; ``secrets`` reads the variables a file
 names;
 ``state_table`` classifies remote states; ``pointer`` resolves JSON pointers;

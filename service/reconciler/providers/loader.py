@@ -64,6 +64,12 @@ def _dotted(loc: tuple[int | str, ...]) -> str:
     return text
 
 
+def _key_parts(key: str) -> tuple[str, ...]:
+    """The parts of a dotted key whose parts may be quoted (``set."/a.b"``)."""
+    parts = re.findall(r'"((?:[^"\\]|\\.)*)"|([^.]+)', key)
+    return tuple(q.replace('\\"', '"').replace("\\\\", "\\") if q else bare for q, bare in parts)
+
+
 def _written(table: Mapping[str, Any], loc: tuple[int | str, ...]) -> bool:
     node: Any = table
     for part in loc:
@@ -102,7 +108,7 @@ def config_error(exc: ValidationError, table: ProviderTable) -> ConfigError:
         return ConfigError(str(ctx["line"]))
     loc = tuple(first["loc"])
     sub = str(ctx.get("key") or "")
-    loc_with_key = loc + tuple(sub.split(".")) if sub and "[" not in sub else loc
+    loc_with_key = loc + _key_parts(sub)
     dotted = ".".join(p for p in (_dotted(loc), sub) if p)
     text = _problem(first)
     if table.preset is not None:

@@ -16,8 +16,8 @@ from typing import Annotated, Any
 from pydantic import Field, PlainValidator, model_validator
 
 from reconciler.errors import PointerSyntaxError
+from reconciler.providers.base import FileTable
 from reconciler.providers.fields import (
-    FileTable,
     PointerText,
     Text,
     as_tuple,
