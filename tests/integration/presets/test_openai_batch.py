@@ -353,8 +353,11 @@ def test_a_lost_create_beyond_the_pages_read_escalates_and_is_never_resent(
     with stack(tmp_path, sqlite_db, FAST_POLLING, lookup={"pages": 1}) as s:
         s.replay.drop_next_create = True
         op_id = s.start(REQUEST)
-        op = s.finish(op_id)
-        s.settled(op_id)
+        op = s.wait_for(
+            op_id,
+            lambda op: op["state"] == "escalated" or bool(op["remote_job_id"]),
+            "an escalation, or a job id (from a resend)",
+        )
         key = s.token(op_id)
         mine = [
             j
@@ -362,5 +365,6 @@ def test_a_lost_create_beyond_the_pages_read_escalates_and_is_never_resent(
             if j.request and j.request.get("metadata", {}).get("reconciler_key") == key
         ]
         assert len(mine) == 1, "a second batch was made for one operation"
-        assert len(s.replay.requests("POST", "/v1/batches")) == 1
         assert op["state"] == "escalated" and op["escalation"]["reason"] == "create_unknown", op
+        s.settled(op_id)
+        assert len(s.replay.requests("POST", "/v1/batches")) == 1
