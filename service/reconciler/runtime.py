@@ -100,6 +100,7 @@ class Runtime:
             settings.providers,
             env,
             missing_ok=settings.providers_dir == DEFAULT_PROVIDERS_DIR,
+            public_url=settings.server.public_url,
         )
         ssrf.validate_allow_hosts(settings.callbacks.allow_hosts)
         runtime = cls(

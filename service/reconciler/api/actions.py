@@ -14,7 +14,13 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from reconciler.api.validation import ListQuery, history_cursor, parse_cancel, parse_create
+from reconciler.api.validation import (
+    ListQuery,
+    check_provider_request,
+    history_cursor,
+    parse_cancel,
+    parse_create,
+)
 from reconciler.commands import create as creating
 from reconciler.commands.cancel import cancel as commands_cancel
 from reconciler.console.providers import webhook_trust
@@ -94,12 +100,11 @@ async def wait_until(
 async def start(rt: Runtime, who: Principal, body: Any) -> tuple[Operation, bool]:
     """Store the operation (idempotent on its key); ``(operation, created)``.
 
-    The provider's ``request_schema`` is applied here, before anything is stored.
+    The provider's ``request_schema`` and ``create.set`` are applied here, before anything
+    is stored.
     """
     req = parse_create(body, rt.providers, rt.check_callback_url)
-    schema = rt.providers[req.provider].request_schema
-    if schema is not None:
-        schema.check(req.request)
+    check_provider_request(req, rt.providers[req.provider])
     limits = rt.limits_for(req.provider)
     op, created = await rt.db.run_write(
         creating.create_operation, rt.db, rt.journal, who, req, limits, rt.clock.now()

@@ -18,6 +18,8 @@ from reconciler.core.states import State
 from reconciler.core.strict_json import require_text
 from reconciler.core.vocabulary import DecisionAction
 from reconciler.errors import InvalidRequest
+from reconciler.providers.create_set import set_conflict
+from reconciler.providers.spec import ProviderSpec
 from reconciler.storage.operations import MAX_PAGE
 
 MAX_KEY_LENGTH = 200
@@ -138,6 +140,16 @@ def parse_create(
         max_status_requests=int(budget) if budget is not None else None,
         metadata=metadata,
     )
+
+
+def check_provider_request(req: CreateRequest, spec: ProviderSpec) -> None:
+    """What the provider file asks of ``request``: its ``request_schema``, and no field the
+    service sets itself (``create.set``: the agent cannot override it)."""
+    if spec.request_schema is not None:
+        spec.request_schema.check(req.request)
+    conflict = set_conflict(req.request, spec.create.set)
+    if conflict is not None:
+        raise InvalidRequest(conflict)
 
 
 @dataclass(frozen=True)

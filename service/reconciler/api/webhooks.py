@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 
 import sqlalchemy as sa
 from starlette.requests import Request
@@ -114,7 +115,8 @@ async def _store(
     if raw_event is MISSING or raw_event is None:
         raise InvalidRequest(f"webhook has no event id at {spec.event_id}")
     event_id = _text(raw_event, "event id")
-    raw_job = spec.job_id.extract(request.headers, payload)
+    hint = is_hint(spec, request.headers, payload)
+    raw_job = spec.job_id.extract(request.headers, payload) if hint else None
     job_id = None if raw_job is MISSING or raw_job is None else _text(raw_job, "job id")
     event = IncomingEvent(
         provider=name,
@@ -124,7 +126,19 @@ async def _store(
         body=body.decode("utf-8"),
         received_at=runtime.clock.now(),
     )
-    return await runtime.webhooks.submit(event), event_id
+    outcome = await runtime.webhooks.submit(event)
+    if not hint and outcome not in (Outcome.DUPLICATE, Outcome.CONFLICT):
+        outcome = Outcome.IGNORED
+    return outcome, event_id
+
+
+def is_hint(spec: WebhookSpec, headers: Mapping[str, str], payload: object) -> bool:
+    """Whether a verified event is a hint: every event, or one of ``[webhook] types``."""
+    if not spec.types:
+        return True
+    source = spec.event_type
+    found = MISSING if source is None else source.extract(headers, payload)
+    return isinstance(found, str) and found in spec.types
 
 
 ROUTES = [Route("/webhooks/{provider}", receive, methods=["POST"])]

@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler.core.backoff import BackoffPolicy
+from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.states import State
 from reconciler.core.vocabulary import RETRYABLE_4XX, RemoteCategory
 from reconciler.providers.adapter import CallResult, ResultCheck
@@ -101,7 +101,10 @@ def decide_collect(
     with a 2xx); ``detail`` is the call's history detail, kept in the error.
     """
     if call.refused is None and retryable(call) and attempts < max_failures:
-        return RetryFetch(backoff.delay(attempts, rng))
+        # The provider's Retry-After (also retry-after-ms, a reset header) is a minimum.
+        asked = parse_retry_after(call.retry_after, call.sent_at)
+        wait = backoff.delay(attempts, rng)
+        return RetryFetch(max(wait, asked.total_seconds()) if asked is not None else wait)
     if call.refused is not None or not call.ok or check is None:
         return Unavailable({"code": "result_unavailable", "detail": detail, "attempts": attempts})
     if not check.ok:

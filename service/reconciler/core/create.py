@@ -32,6 +32,7 @@ class CreateObservation:
     job_id: str | None = None
     retry_after: str | None = None
     error: Any = None  # the provider's error body, kept verbatim on rejection
+    rate_limited: bool = False  # a 403 that says the rate limit is spent is not a refusal
 
 
 @dataclass(frozen=True)
@@ -107,9 +108,24 @@ def decide_create(
     if obs.transport_error is None and status is not None:
         if 200 <= status < 300 and obs.job_id:
             return Accepted(obs.job_id)
-        if 400 <= status < 500 and status not in RETRYABLE_CREATE_4XX:
+        if 400 <= status < 500 and status not in RETRYABLE_CREATE_4XX and not obs.rate_limited:
             return Rejected(status, obs.error)
-    detail = _create_detail(obs)
+    return retry_create(
+        create_deadline_at, attempts, _create_detail(obs), now, rng, backoff, obs.retry_after
+    )
+
+
+def retry_create(
+    create_deadline_at: datetime,
+    attempts: int,
+    detail: str,
+    now: datetime,
+    rng: random.Random,
+    backoff: BackoffPolicy,
+    retry_after: str | None = None,
+) -> Ambiguous | Stop:
+    """Try again one backoff step (or the provider's ``Retry-After``) away, never past the
+    create deadline; at or after it, stop."""
     if now >= create_deadline_at:
         return Stop(
             EscalationReason.PROVIDER_FAILURE,
@@ -118,11 +134,31 @@ def decide_create(
         )
     offset = timedelta(seconds=backoff.delay(attempts, rng))
     source = DelaySource.LOCAL_BACKOFF
-    minimum = parse_retry_after(obs.retry_after, now)
+    minimum = parse_retry_after(retry_after, now)
     if minimum is not None and minimum >= offset:
         offset, source = minimum, DelaySource.PROVIDER_RETRY_AFTER
     retry_at = create_deadline_at if offset > create_deadline_at - now else now + offset
     return Ambiguous(retry_at, source, detail)
+
+
+def may_have_landed(
+    http_status: int | None,
+    transport_error: TransportError | None,
+    maybe_delivered: bool,
+    rate_limited: bool = False,
+) -> bool:
+    """Whether a create that gave no job id may still have made one.
+
+    No: it never reached the provider, or the provider answered that it did not take it
+    (408, 425, 429, 409, a rate-limited 403). Yes: a timeout or reset after sending, any
+    5xx, a 2xx without a job id, or an answer nobody knows how to read. Where the provider takes no
+    idempotency key this is what separates a safe retry from a possible duplicate job.
+    """
+    if not maybe_delivered or rate_limited:
+        return False
+    if transport_error is None and http_status is not None:
+        return http_status not in RETRYABLE_CREATE_4XX
+    return True
 
 
 def _create_detail(obs: CreateObservation) -> str:

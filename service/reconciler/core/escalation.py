@@ -38,6 +38,9 @@ _ALL = (A.EXTEND, A.CANCEL, A.ABANDON)
 # - cancellation_unconfirmed: a cancel was already sent; another one is not an
 #   option, waiting for its confirmation is.
 # - callback_undeliverable: the result exists; only delivery is stuck.
+# - create_unknown: a create that may have made a job, at a provider that takes no
+#   idempotency key and cannot be asked: waiting finds nothing out, and a resend may
+#   make a second job, so the person chooses between that risk and stopping.
 OPTIONS: dict[EscalationReason, tuple[DecisionAction, ...]] = {
     R.DEADLINE_EXCEEDED: _ALL,
     R.REQUEST_BUDGET_EXHAUSTED: _ALL,
@@ -49,6 +52,7 @@ OPTIONS: dict[EscalationReason, tuple[DecisionAction, ...]] = {
     R.CONTRADICTORY_STATUS: _ALL,
     R.CANCELLATION_UNCONFIRMED: (A.EXTEND, A.ABANDON),
     R.CALLBACK_UNDELIVERABLE: (A.EXTEND, A.ABANDON),
+    R.CREATE_UNKNOWN: (A.ABANDON, A.RESEND),
 }
 
 _TIMED_OUT = frozenset({R.DEADLINE_EXCEEDED, R.REQUEST_BUDGET_EXHAUSTED, R.RATE_LIMITED})
@@ -129,6 +133,11 @@ def describe_option(facts: EscalationFacts, action: DecisionAction) -> str:
     """One option with its cost, as the operator reads it."""
     if action is A.CANCEL:
         return "cancel at provider (stops future work; finished work is not undone)"
+    if action is A.RESEND:
+        return (
+            "resend the create once with the same request (the provider takes no "
+            "idempotency key: if the lost create made a job, a duplicate job may result)"
+        )
     if action is A.ABANDON:
         verb = "stop delivering" if facts.reason is R.CALLBACK_UNDELIVERABLE else "stop waiting"
         return f"abandon ({verb}; the operation ends as {abandon_state(facts.reason).value})"

@@ -74,6 +74,81 @@ def extension_amounts(option: dict[str, Any], request: DecisionRequest) -> tuple
     return extra_seconds, int(extra_requests)
 
 
+def _extend_changes(
+    op: Operation, esc: Escalation, now: datetime, extra_seconds: float, extra_requests: int
+) -> dict[str, Any]:
+    """A new authorization: a later deadline, more status requests, fresh failure counts."""
+    extra = timedelta(seconds=extra_seconds)
+    changes: dict[str, Any] = {
+        "deadline_at": max(op.deadline_at, now) + extra,
+        "max_status_requests": op.max_status_requests + extra_requests,
+        "transport_failures_used": 0,
+        "rate_limited_count": 0,
+        "next_poll_at": now,
+        "delay_source": DelaySource.MANUAL_EXTENSION.value,
+    }
+    if op.remote_job_id is None:
+        changes["create_deadline_at"] = now + extra
+    if State(op.state) in (State.CANCELLATION_UNCONFIRMED, State.CANCELLING) or (
+        esc.resume_state == State.CANCELLING.value
+    ):
+        changes["cancel_deadline_at"] = now + extra
+    return changes
+
+
+def _cancel_changes(
+    op: Operation,
+    offered: dict[str, dict[str, Any]],
+    reason: EscalationReason,
+    who: str,
+    now: datetime,
+    cancel_deadline_seconds: float,
+) -> dict[str, Any]:
+    """Cancelling authorizes the cancel call and the few reads that confirm it (the budget
+    may be spent, which is often why we are here), with fresh failure counts."""
+    confirm = int(
+        offered.get(DecisionAction.EXTEND.value, {}).get(
+            "extra_status_requests", escalation.DEFAULT_EXTRA_STATUS_REQUESTS
+        )
+    )
+    return {
+        "max_status_requests": max(op.max_status_requests, op.status_requests_used + confirm),
+        "transport_failures_used": 0,
+        "rate_limited_count": 0,
+        "cancel_requested_at": now,
+        "cancel_requested_by": who,
+        "cancel_reason": f"operator decision on {reason.value}",
+        "cancel_deadline_at": now + timedelta(seconds=cancel_deadline_seconds),
+        "cancel_sent_at": None,
+        "next_poll_at": now,
+        "delay_source": None,
+    }
+
+
+def plan_resend(
+    op: Operation, now: datetime, record: dict[str, Any], changes: dict[str, Any]
+) -> None:
+    """A resend of a create_unknown's create: authorized for the next attempt only.
+
+    The record keeps the attempt count it was given at; the create step resends only
+    while no attempt has been counted since, so one decision sends at most one create,
+    also across a crash. The create window (and the operation's deadline, when it has
+    passed) is opened again for that one call and what follows it.
+    """
+    if op.remote_job_id is not None:
+        raise DecisionNotAllowed(f"operation {op.id} already has a job; nothing to resend")
+    window = timedelta(seconds=escalation.DEFAULT_EXTRA_SECONDS)
+    record["create_attempts"] = op.create_attempts
+    changes.update(
+        create_deadline_at=max(op.create_deadline_at, now + window),
+        deadline_at=max(op.deadline_at, now + window),
+        transport_failures_used=0,
+        rate_limited_count=0,
+        next_poll_at=now,
+        delay_source=None,
+    )
+
+
 def plan_decision(
     op: Operation,
     esc: Escalation | None,
@@ -107,41 +182,13 @@ def plan_decision(
             changes.update(completion_pending=True, next_poll_at=now)
             reopen = True
         else:
-            changes.update(
-                deadline_at=max(op.deadline_at, now) + timedelta(seconds=extra_seconds),
-                max_status_requests=op.max_status_requests + extra_requests,
-                transport_failures_used=0,
-                rate_limited_count=0,
-                next_poll_at=now,
-                delay_source=DelaySource.MANUAL_EXTENSION.value,
-            )
-            if op.remote_job_id is None:
-                changes["create_deadline_at"] = now + timedelta(seconds=extra_seconds)
-            if state in (State.CANCELLATION_UNCONFIRMED, State.CANCELLING) or (
-                esc.resume_state == State.CANCELLING.value
-            ):
-                changes["cancel_deadline_at"] = now + timedelta(seconds=extra_seconds)
+            changes.update(_extend_changes(op, esc, now, extra_seconds, extra_requests))
             target = State(esc.resume_state or State.OBSERVING.value)
+    elif action is DecisionAction.RESEND:
+        plan_resend(op, now, record, changes)
+        target = State.CREATE_UNKNOWN
     elif action is DecisionAction.CANCEL:
-        # Cancelling authorizes the cancel call and the few reads that confirm it (the
-        # budget may be spent, which is often why we are here), with fresh failure counts.
-        confirm = int(
-            offered.get(DecisionAction.EXTEND.value, {}).get(
-                "extra_status_requests", escalation.DEFAULT_EXTRA_STATUS_REQUESTS
-            )
-        )
-        changes.update(
-            max_status_requests=max(op.max_status_requests, op.status_requests_used + confirm),
-            transport_failures_used=0,
-            rate_limited_count=0,
-            cancel_requested_at=now,
-            cancel_requested_by=who,
-            cancel_reason=f"operator decision on {reason.value}",
-            cancel_deadline_at=now + timedelta(seconds=cancel_deadline_seconds),
-            cancel_sent_at=None,
-            next_poll_at=now,
-            delay_source=None,
-        )
+        changes.update(_cancel_changes(op, offered, reason, who, now, cancel_deadline_seconds))
         target = State.CANCEL_REQUESTED
     elif state not in END_STATES:  # abandon
         target = escalation.abandon_state(reason)

@@ -122,6 +122,7 @@ class Observation:
     expires_at: Any = None
     required_fields_ok: bool = False
     parse_error: str | None = None
+    rate_limited: bool = False  # a 403 that says the rate limit is spent (GitHub)
 
 
 @dataclass(frozen=True)
@@ -320,6 +321,8 @@ def decide(
     status = obs.http_status
     if status is None:
         raise InvalidObservation("an observation needs an HTTP status or a transport error")
+    if status == 429 or obs.rate_limited:
+        return _rate_limited(record, obs, now, rng, policy)
     if status in (401, 403):
         return Stop(
             EscalationReason.AUTHORIZATION_DENIED,
@@ -327,8 +330,6 @@ def decide(
             "and the account before any further request",
             _counters(record),
         )
-    if status == 429:
-        return _rate_limited(record, obs, now, rng, policy)
     if status >= 500:
         what = f"HTTP {status} from the status endpoint"
         return _transport_failure(record, obs, now, rng, policy, what, sharp=status == 503)
@@ -389,7 +390,7 @@ def _rate_limited(
     if counters.rate_limited_count >= policy.max_rate_limited:
         return Stop(
             EscalationReason.RATE_LIMITED,
-            f"HTTP 429 {counters.rate_limited_count} times in a row "
+            f"HTTP {obs.http_status} {counters.rate_limited_count} times in a row "
             f"(limit {policy.max_rate_limited})",
             counters,
         )

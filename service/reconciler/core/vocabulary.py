@@ -29,12 +29,16 @@ class EscalationReason(StrEnum):
     CONTRADICTORY_STATUS = "contradictory_status"
     CANCELLATION_UNCONFIRMED = "cancellation_unconfirmed"
     CALLBACK_UNDELIVERABLE = "callback_undeliverable"
+    # A create that may have made a job at a provider that takes no idempotency key and
+    # offers no lookup: only a person may resend it.
+    CREATE_UNKNOWN = "create_unknown"
 
 
 class DecisionAction(StrEnum):
     EXTEND = "extend"
     CANCEL = "cancel"
     ABANDON = "abandon"
+    RESEND = "resend"  # a create_unknown's create sent once more, with the same request
 
 
 class Scope(StrEnum):

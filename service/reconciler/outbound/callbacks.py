@@ -37,6 +37,7 @@ import httpx
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.canonical import canonical_json
 from reconciler.core.clock import Clock
+from reconciler.core.rate_limit import retry_after_value
 from reconciler.core.signatures import sign_standard_webhook
 from reconciler.core.vocabulary import RETRYABLE_4XX, TransportError
 from reconciler.errors import InvalidRequest, ResolutionFailed
@@ -299,7 +300,7 @@ class CallbackClient:
             delivered=delivered,
             permanent=permanent,
             http_status=status,
-            retry_after=response.headers.get("retry-after"),
+            retry_after=retry_after_value(response.headers, self._clock.now()),
             error=_status_error(status, ""),
             address=address,
         )

@@ -17,8 +17,9 @@ from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from reconciler.core.vocabulary import RemoteCategory, TransportError
+from reconciler.providers import jsonl
 from reconciler.providers.pointer import MISSING, Pointer
-from reconciler.providers.spec import ProviderSpec, ResultSpec
+from reconciler.providers.spec import DuplicateRule, LookupSpec, ProviderSpec, ResultSpec
 from reconciler.providers.state_table import state_word
 
 MAX_JOB_ID_CHARS = 300  # operations.remote_job_id
@@ -56,6 +57,7 @@ class CallResult:
     body_bytes: bytes | None = field(default=None, repr=False)
     parse_error: str | None = None
     too_large: bool = False
+    rate_limited: bool = False  # a 429, or a 403 that says the rate limit is spent
 
     @property
     def ok(self) -> bool:
@@ -73,6 +75,7 @@ class CreateOutcome:
     job_id_problem: str | None = None  # why a 2xx answer gave no usable job ID
     remote_state: str | None = None
     category: RemoteCategory | None = None  # None when create.state is not configured
+    duplicate: bool = False  # the answer is create.duplicate: this key already made a job
 
 
 class LookupVerdict(StrEnum):
@@ -110,6 +113,7 @@ class StatusView:
     error: Any = None
     progress: Any = None
     result_ref: Any = None
+    errors_ref: Any = None
     checksum: Any = None
     size: Any = None
     missing_required: tuple[str, ...] = ()
@@ -204,7 +208,19 @@ def _json_body(call: CallResult) -> tuple[bool, str | None]:
     return True, None
 
 
+def is_duplicate(rule: DuplicateRule | None, call: CallResult) -> bool:
+    """Whether an answer is the provider's "this key already made a job" (``create.duplicate``)."""
+    if rule is None or call.http_status not in rule.status:
+        return False
+    if rule.body_contains is None:
+        return True
+    text = (call.body_bytes or b"").decode("utf-8", errors="replace")
+    return rule.body_contains in text
+
+
 def create_outcome(spec: ProviderSpec, call: CallResult) -> CreateOutcome:
+    if is_duplicate(spec.create.duplicate, call):
+        return CreateOutcome(call, duplicate=True)
     readable, why = _json_body(call)
     if not readable:
         return CreateOutcome(call, job_id_problem=why)
@@ -216,19 +232,67 @@ def create_outcome(spec: ProviderSpec, call: CallResult) -> CreateOutcome:
     return CreateOutcome(call, job_id, problem, word, category)
 
 
-def lookup_outcome(spec: ProviderSpec, call: CallResult) -> LookupOutcome:
+def _matches(item: Any, wanted: tuple[tuple[Pointer, str], ...]) -> bool:
+    for pointer, value in wanted:
+        found = pointer.resolve(item)
+        if isinstance(found, bool) or not isinstance(found, str | int) or str(found) != value:
+            return False
+    return True
+
+
+def _candidate(lookup: LookupSpec, body: Any, wanted: tuple[tuple[Pointer, str], ...]) -> Any:
+    """The object the job ID is read from: the body, or the one matching item of the list.
+
+    Returns ``MISSING`` when nothing matches, or a problem string when the answer cannot
+    be read (no list where ``items`` points, or more than one match: which job is ours?).
+    """
+    if lookup.items is None:
+        return body if _matches(body, wanted) else MISSING
+    items = lookup.items.resolve(body)
+    if not isinstance(items, list):
+        return _Problem(f"no list at {lookup.items} in the lookup answer")
+    found = [item for item in items if _matches(item, wanted)]
+    if len(found) > 1:
+        return _Problem(f"{len(found)} items of the lookup answer match; which job is ours?")
+    return found[0] if found else MISSING
+
+
+@dataclass(frozen=True)
+class _Problem:
+    text: str
+
+
+def lookup_outcome(
+    spec: ProviderSpec, call: CallResult, wanted: tuple[tuple[Pointer, str], ...] = ()
+) -> LookupOutcome:
+    """One lookup page read; ``wanted`` is ``lookup.match`` with its templates filled."""
     if call.http_status == 404:
         return LookupOutcome(call, LookupVerdict.NOT_FOUND)
     readable, why = _json_body(call)
     if not readable or spec.lookup is None:
         return LookupOutcome(call, LookupVerdict.UNKNOWN, job_id_problem=why)
-    value = spec.lookup.job_id.resolve(call.body)
+    candidate = _candidate(spec.lookup, call.body, wanted)
+    if isinstance(candidate, _Problem):
+        return LookupOutcome(call, LookupVerdict.UNKNOWN, job_id_problem=candidate.text)
+    value = MISSING if candidate is MISSING else spec.lookup.job_id.resolve(candidate)
     if not _present(value):
         return LookupOutcome(call, LookupVerdict.NOT_FOUND)
     job_id, problem = job_id_text(value, str(spec.lookup.job_id))
     if job_id is None:
         return LookupOutcome(call, LookupVerdict.UNKNOWN, job_id_problem=problem)
     return LookupOutcome(call, LookupVerdict.FOUND, job_id)
+
+
+def next_cursor(lookup: LookupSpec, body: Any) -> str | None:
+    """The cursor of the next lookup page, or None: no cursor, or ``has_more`` is false."""
+    if lookup.next is None or lookup.next_param is None:
+        return None
+    if lookup.has_more is not None and lookup.has_more.resolve(body) is not True:
+        return None
+    value = lookup.next.resolve(body)
+    if isinstance(value, bool) or not isinstance(value, str | int) or str(value) == "":
+        return None
+    return str(value)
 
 
 def _missing_required(spec: ProviderSpec, body: Any, category: RemoteCategory) -> tuple[str, ...]:
@@ -264,6 +328,7 @@ def status_view(spec: ProviderSpec, body: Any, job_id: str | None = None) -> Sta
         error=_get(status.error, body),
         progress=_get(status.progress, body),
         result_ref=_get(status.result_ref, body),
+        errors_ref=_get(status.errors_ref, body),
         checksum=_get(result.checksum, body),
         size=_get(result.size, body),
         missing_required=_missing_required(spec, body, verdict.category),
@@ -321,6 +386,9 @@ def _fetch_problems(result: ResultSpec, call: CallResult) -> list[str]:
         return [f"the result fetch answered HTTP {call.http_status}"]
     if call.too_large:
         return [f"the result is larger than {result.max_bytes} bytes"]
+    if jsonl.is_jsonl(result.content_type):
+        # The file says what the bytes are: storage hosts serve JSONL under many types.
+        return []
     expected = _media_type(result.content_type)
     if expected and result.from_status is None and _media_type(call.content_type) != expected:
         return [f"the result content type is {call.content_type!r}, expected {expected!r}"]
@@ -329,12 +397,41 @@ def _fetch_problems(result: ResultSpec, call: CallResult) -> list[str]:
     return []
 
 
-def check_result(spec: ProviderSpec, call: CallResult, status_body: Any) -> ResultCheck:
-    """Validate a fetched result against ``[result]`` and the final status body. Never raises."""
+def _jsonl_check(
+    result: ResultSpec, call: CallResult, errors: CallResult | None, status_body: Any
+) -> ResultCheck:
+    lines = jsonl.parse_lines(call.body_bytes or b"")
+    problems = list(lines.problems)
+    error_lines: tuple[Any, ...] = ()
+    if errors is not None:
+        fetched = _fetch_problems(result, errors)
+        parsed = jsonl.parse_lines(errors.body_bytes or b"", "the errors file")
+        problems.extend(f"errors file: {p}" for p in fetched or parsed.problems)
+        error_lines = parsed.values
+    integrity, digest, size = _integrity_problems(result, call.body_bytes, status_body)
+    problems.extend(integrity)
+    counts = jsonl.count_lines(lines.values, error_lines, result.failed_lines)
+    summary: dict[str, Any] = {"total_lines": counts.total, "failed_lines": counts.failed}
+    for name, pointer in result.summary:
+        value = pointer.resolve(list(lines.values), status_body)
+        summary[name] = None if value is MISSING else value
+    document = list(lines.values)
+    return ResultCheck(document, tuple(problems), summary, counts.failed_items, digest, size)
+
+
+def check_result(
+    spec: ProviderSpec, call: CallResult, status_body: Any, errors: CallResult | None = None
+) -> ResultCheck:
+    """Validate a fetched result against ``[result]`` and the final status body. Never raises.
+
+    ``errors``: the fetched errors file of a JSONL result (``errors_path``), if any.
+    """
     result = spec.result or ResultSpec()
     problems = _fetch_problems(result, call)
     if problems:
         return ResultCheck(None, tuple(problems))
+    if jsonl.is_jsonl(result.content_type) and result.from_status is None:
+        return _jsonl_check(result, call, errors, status_body)
     document, problems = _document(result, call)
     integrity, digest, size = _integrity_problems(
         result, None if result.from_status else call.body_bytes, status_body

@@ -32,6 +32,7 @@ import httpx
 
 from reconciler.config import Secret
 from reconciler.core.clock import Clock, SystemClock
+from reconciler.core.rate_limit import is_rate_limited, retry_after_value
 from reconciler.core.strict_json import parse_json
 from reconciler.errors import ConfigError, InvalidRequest, UnsafePathValue
 from reconciler.providers.adapter import (
@@ -39,17 +40,22 @@ from reconciler.providers.adapter import (
     CallResult,
     CreateOutcome,
     LookupOutcome,
+    LookupVerdict,
     ProviderAdapter,
     StatusOutcome,
     create_outcome,
     lookup_outcome,
+    next_cursor,
     status_outcome,
 )
+from reconciler.providers.create_set import fill
 from reconciler.providers.spec import (
+    ERRORS_REF,
     IDEMPOTENCY_KEY,
     JOB_ID,
     RESULT_REF,
     AuthType,
+    IdempotencyMode,
     ProviderSpec,
     ResultSpec,
     auth_secret,
@@ -93,10 +99,16 @@ def render_path(
     job_id: str | None = None,
     idempotency_key: str | None = None,
     result_ref: str | None = None,
+    errors_ref: str | None = None,
     keep_slashes: bool = False,
 ) -> str:
     """Fill a validated path template; raises ``UnsafePathValue`` for a missing or unsafe value."""
-    given = {JOB_ID: job_id, IDEMPOTENCY_KEY: idempotency_key, RESULT_REF: result_ref}
+    given = {
+        JOB_ID: job_id,
+        IDEMPOTENCY_KEY: idempotency_key,
+        RESULT_REF: result_ref,
+        ERRORS_REF: errors_ref,
+    }
     values: dict[str, str] = {}
     for name in template_fields(template):
         value = given.get(name)
@@ -196,9 +208,15 @@ class HttpAdapter:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    def _headers(self, trace_id: str, url: httpx.URL, accept: str) -> dict[str, str]:
-        headers = {self._spec.trace_header: trace_id, "Accept": accept}
-        if self._credential is not None and _origin(url) == _origin(self._base):
+    def _headers(self, trace_id: str, url: httpx.URL, accept: str) -> httpx.Headers:
+        # The file's static headers first: the trace header and the credential replace a
+        # header of the same name (compared case-insensitively), never the other way round.
+        # They go to the provider's origin only, as the credential does.
+        own = _origin(url) == _origin(self._base)
+        headers = httpx.Headers(list(self._spec.headers) if own else [])
+        headers["Accept"] = accept
+        headers[self._spec.trace_header] = trace_id
+        if self._credential is not None and own:
             headers[self._credential[0]] = self._credential[1].reveal()
         return headers
 
@@ -231,7 +249,8 @@ class HttpAdapter:
     ) -> CallResult:
         target = self._target(url)
         headers = self._headers(trace_id, url, "application/json" if json_expected else "*/*")
-        headers.update(extra or {})
+        for name, value in (extra or {}).items():
+            headers[name] = value
         sent_at, start = self._clock.now(), self._clock.monotonic()
         try:
             async with asyncio.timeout(timeout):
@@ -281,7 +300,10 @@ class HttpAdapter:
             sent_at,
             elapsed,
             http_status=response.status_code,
-            retry_after=response.headers.get("retry-after"),
+            retry_after=retry_after_value(
+                response.headers, self._clock.now(), self._spec.polling.rate_limit_reset
+            ),
+            rate_limited=is_rate_limited(response.status_code, response.headers),
             location=response.headers.get("location"),
             content_type=content_type,
             content_length=_int_header(response.headers.get("content-length")),
@@ -310,7 +332,7 @@ class HttpAdapter:
                 self._spec, self._refused(create.method, create.path, exc.message)
             )
         extra = {"Content-Type": "application/json"}
-        if create.idempotency_header:
+        if create.idempotency is IdempotencyMode.HEADER and create.idempotency_header:
             extra[create.idempotency_header] = idempotency_token
         content = None
         if request_body is not None:
@@ -331,6 +353,8 @@ class HttpAdapter:
         return create_outcome(self._spec, self._not_json(call))
 
     async def lookup(self, idempotency_token: str, trace_id: str) -> LookupOutcome:
+        """Ask whether the token made a job; a list answer is searched page by page (at most
+        ``lookup.pages``) for the item that ``lookup.match`` names."""
         lookup, create = self._spec.lookup, self._spec.create
         if lookup is None:
             refused = self._refused("GET", "", "the provider file has no [lookup] table")
@@ -343,17 +367,38 @@ class HttpAdapter:
             )
         extra = {}
         # The token travels in the path when the template has it, else in the create header.
-        if IDEMPOTENCY_KEY not in template_fields(lookup.path) and create.idempotency_header:
+        if (
+            IDEMPOTENCY_KEY not in template_fields(lookup.path)
+            and create.idempotency is IdempotencyMode.HEADER
+            and create.idempotency_header
+        ):
             extra[create.idempotency_header] = idempotency_token
-        call = await self._call(
-            lookup.method,
-            self._url(path),
-            trace_id,
-            timeout=lookup.timeout_seconds,
-            limit=self._spec.http.max_response_bytes,
-            extra=extra,
-        )
-        return lookup_outcome(self._spec, self._not_json(call))
+        values = {
+            "idempotency_key": idempotency_token,
+            "trace_id": trace_id,
+            "webhook_url": self._spec.webhook_url,
+        }
+        wanted = tuple((pointer, fill(text, values)) for pointer, text in lookup.match)
+        url = self._url(path)
+        for _ in range(lookup.pages):
+            call = self._not_json(
+                await self._call(
+                    lookup.method,
+                    url,
+                    trace_id,
+                    timeout=lookup.timeout_seconds,
+                    limit=self._spec.http.max_response_bytes,
+                    extra=extra,
+                )
+            )
+            outcome = lookup_outcome(self._spec, call, wanted)
+            if outcome.verdict is not LookupVerdict.NOT_FOUND or not call.ok:
+                return outcome
+            cursor = next_cursor(lookup, call.body)
+            if cursor is None or lookup.next_param is None:
+                return outcome
+            url = self._url(path).copy_merge_params({lookup.next_param: cursor})
+        return outcome
 
     async def _job_call(
         self, method: str, template: str, job_id: str, trace_id: str, timeout: float, limit: int
@@ -418,6 +463,22 @@ class HttpAdapter:
             reason = "result_ref is not an http(s) URL or path and [result] has no path"
             return self._refused(result.method, "", reason)
         return await self._follow(result, url, trace_id)
+
+    async def fetch_errors(self, job_id: str, errors_ref: str, trace_id: str) -> CallResult:
+        """The separate errors file of a JSONL result (``errors_path`` with ``{errors_ref}``)."""
+        result = self._spec.result or ResultSpec()
+        if result.errors_path is None:
+            return self._refused(result.method, "", "the provider file has no result.errors_path")
+        try:
+            path = render_path(
+                result.errors_path,
+                job_id=job_id,
+                errors_ref=errors_ref,
+                keep_slashes=self._spec.job_id_slashes,
+            )
+        except UnsafePathValue as exc:
+            return self._refused(result.method, result.errors_path, exc.message)
+        return await self._follow(result, self._url(path), trace_id)
 
     def _result_url(self, result_ref: str | None) -> httpx.URL | None:
         if not result_ref or not (result_ref.startswith("/") or "://" in result_ref):

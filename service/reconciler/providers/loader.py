@@ -73,12 +73,16 @@ from reconciler.providers.spec import (
     AuthType,
     CancelSpec,
     CreateSpec,
+    DuplicateRule,
     FieldSource,
     HttpSpec,
+    IdempotencyMode,
+    LineTest,
     LookupSpec,
     PollingSpec,
     ProviderSpec,
     ResultSpec,
+    SetRule,
     SourcedPointer,
     StatusSpec,
     WebhookSpec,
@@ -102,6 +106,11 @@ _SECRET_KEYS = {
     "api_key": "an *_env key",
     "apikey": "an *_env key",
     "client_secret": "an *_env key",
+}
+_DEFAULT_EVENT_TYPE = {
+    WebhookScheme.STANDARD_WEBHOOKS: "/type",
+    WebhookScheme.GITHUB: "header:x-github-event",
+    WebhookScheme.STRIPE: "/type",
 }
 _DEFAULT_EVENT_ID = {
     WebhookScheme.STANDARD_WEBHOOKS: "header:webhook-id",
@@ -324,13 +333,50 @@ def _http(table: _Table) -> HttpSpec:
     return spec
 
 
+def _idempotency(sub: _Table, header: str | None, path: str) -> IdempotencyMode:
+    text = sub.text("idempotency")
+    if text is not None:
+        try:
+            return IdempotencyMode(text)
+        except ValueError:
+            raise sub.fail("idempotency", "expected header, path, body or none") from None
+    if header is not None:
+        return IdempotencyMode.HEADER
+    if IDEMPOTENCY_KEY in template_fields(path):
+        return IdempotencyMode.PATH
+    return IdempotencyMode.NONE
+
+
+def _set_rules(sub: _Table) -> tuple[SetRule, ...]:
+    values = sub.raw("set")
+    if values is None:
+        return ()
+    if not isinstance(values, dict):
+        raise sub.fail("set", "expected a table of JSON pointer = value")
+    return tuple(SetRule(sub.parse_pointer(k, f"set.{k}"), v) for k, v in values.items())
+
+
+def _duplicate(sub: _Table) -> DuplicateRule | None:
+    value = sub.raw("duplicate")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("status"), list):
+        raise sub.fail("duplicate", 'expected { status = [...], body_contains = "..." }')
+    return DuplicateRule(tuple(value["status"]), value.get("body_contains"))
+
+
 def _create(table: _Table) -> CreateSpec:
     sub = table.required_sub("create")
     d = CreateSpec("/", Pointer.parse(""))
+    header = sub.header("idempotency_header")
+    path = _template(sub, "path", frozenset({IDEMPOTENCY_KEY}))
     spec = CreateSpec(
+        idempotency=_idempotency(sub, header, path),
+        set=_set_rules(sub),
+        duplicate=_duplicate(sub),
         method=sub.method(d.method),
-        path=_template(sub, "path", frozenset({IDEMPOTENCY_KEY})),
-        idempotency_header=sub.header("idempotency_header"),
+        path=path,
+        idempotency_header=header,
         job_id=sub.required_pointer("job_id"),
         state=sub.pointer("state"),
         timeout_seconds=sub.seconds("timeout_seconds", d.timeout_seconds),
@@ -345,13 +391,26 @@ def _lookup(table: _Table, create: CreateSpec) -> LookupSpec | None:
     if sub is None:
         return None
     path = _template(sub, "path", frozenset({IDEMPOTENCY_KEY}))
-    if create.idempotency_header is None and IDEMPOTENCY_KEY not in template_fields(path):
+    match = sub.raw("match") or {}
+    if not isinstance(match, dict):
+        raise sub.fail("match", "expected a table of JSON pointer = template")
+    if (
+        not match
+        and create.idempotency_header is None
+        and IDEMPOTENCY_KEY not in template_fields(path)
+    ):
         raise sub.fail("path", "must contain {idempotency_key}: create has no idempotency_header")
     spec = LookupSpec(
         method=sub.method("GET"),
         path=path,
         job_id=sub.required_pointer("job_id"),
         timeout_seconds=sub.seconds("timeout_seconds", 10.0),
+        items=sub.pointer("items"),
+        match=tuple((sub.parse_pointer(k, f"match.{k}"), str(v)) for k, v in match.items()),
+        pages=sub.integer("pages", 1),
+        next=sub.pointer("next"),
+        next_param=sub.text("next_param"),
+        has_more=sub.pointer("has_more"),
     )
     sub.finish()
     return spec
@@ -393,6 +452,7 @@ def _status(table: _Table) -> StatusSpec:
         required=_pointer_list(sub, "required"),
         not_found_grace_seconds=sub.seconds("not_found_grace_seconds", 30.0, zero_ok=True),
         timeout_seconds=sub.seconds("timeout_seconds", 10.0),
+        errors_ref=sub.pointer("errors_ref"),
     )
     sub.finish()
     return spec
@@ -451,6 +511,9 @@ def _result(table: _Table, status: StatusSpec) -> ResultSpec | None:
     if required is not None and not isinstance(required, list):
         raise sub.fail("required", "expected a list of JSON pointers")
     failed = sub.raw("failed_items")
+    lines = sub.raw("failed_lines") or []
+    if not isinstance(lines, list) or not all(isinstance(t, dict) for t in lines):
+        raise sub.fail("failed_lines", "expected a list of inline tables")
     d = ResultSpec()
     spec = ResultSpec(
         path=path,
@@ -464,6 +527,16 @@ def _result(table: _Table, status: StatusSpec) -> ResultSpec | None:
         checksum=sub.pointer("checksum"),
         size=sub.pointer("size"),
         timeout_seconds=sub.seconds("timeout_seconds", d.timeout_seconds),
+        failed_lines=tuple(
+            LineTest(
+                sub.parse_pointer(str(t.get("pointer", "")), "failed_lines"),
+                present=t.get("present"),
+                equals=t.get("equals"),
+                in_=None if t.get("in") is None else tuple(t["in"]),
+            )
+            for t in lines
+        ),
+        errors_path=sub.text("errors_path"),
     )
     sub.finish()
     return spec
@@ -490,6 +563,10 @@ def _webhook(table: _Table) -> WebhookSpec | None:
     event_id = sub.text("event_id", _DEFAULT_EVENT_ID.get(scheme))
     if event_id is None:
         raise sub.fail("event_id", f"required for the {scheme.value} scheme")
+    event_type = sub.text("event_type", _DEFAULT_EVENT_TYPE.get(scheme))
+    types = sub.raw("types") or []
+    if not isinstance(types, list) or not all(isinstance(t, str) and t for t in types):
+        raise sub.fail("types", "expected a list of event type names")
     signature_header = sub.header("signature_header")
     if signature_header is not None and scheme is not WebhookScheme.HMAC_SHA256:
         raise sub.fail("signature_header", "applies only to the hmac-sha256 scheme")
@@ -501,6 +578,8 @@ def _webhook(table: _Table) -> WebhookSpec | None:
         tolerance_seconds=sub.integer("tolerance_seconds", 300),
         max_body_bytes=sub.integer("max_body_bytes", 262_144),
         signature_header=None if signature_header is None else signature_header.lower(),
+        types=tuple(types),
+        event_type=None if event_type is None else _field_source(sub, "event_type", event_type),
     )
     sub.finish()
     return spec
@@ -552,6 +631,7 @@ def _polling(table: _Table, has_webhook: bool) -> PollingSpec:
         webhook_grace_seconds=sub.seconds(
             "webhook_grace_seconds", d.webhook_grace_seconds, zero_ok=True
         ),
+        rate_limit_reset=_reset_header(sub),
     )
     if spec.max_delay_seconds < spec.base_delay_seconds:
         raise sub.fail("max_delay_seconds", "must be at least base_delay_seconds")
@@ -563,6 +643,25 @@ def _polling(table: _Table, has_webhook: bool) -> PollingSpec:
         )
     sub.finish()
     return spec
+
+
+def _reset_header(sub: _Table) -> str | None:
+    text = sub.text("rate_limit_reset")
+    if text is None:
+        return None
+    name = text[len(HEADER_PREFIX) :] if text.startswith(HEADER_PREFIX) else ""
+    if not _HEADER_NAME.fullmatch(name):
+        raise sub.fail("rate_limit_reset", "expected 'header:NAME'")
+    return name.lower()
+
+
+def _static_headers(table: _Table) -> tuple[tuple[str, str], ...]:
+    values = table.raw("headers")
+    if values is None:
+        return ()
+    if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
+        raise table.fail("headers", 'expected a table of NAME = "value"')
+    return tuple((str(k), v) for k, v in values.items())
 
 
 def _adapter(table: _Table) -> str | None:
@@ -591,7 +690,7 @@ def _request_schema(table: _Table, name: str) -> RequestSchema | None:
         raise table.fail("request_schema", str(exc)) from None
 
 
-def parse_provider(name: str, data: Any, source: str) -> ProviderSpec:
+def parse_provider(name: str, data: Any, source: str, public_url: str = "") -> ProviderSpec:
     """Validate one ``[providers.NAME]`` table; raises ``ConfigError`` on the first problem."""
     dotted = f"providers.{name}"
     if not _NAME.fullmatch(name):
@@ -625,6 +724,8 @@ def parse_provider(name: str, data: Any, source: str) -> ProviderSpec:
         polling=_polling(table, webhook is not None),
         description=_description(table),
         request_schema=_request_schema(table, name),
+        headers=_static_headers(table),
+        webhook_url=f"{public_url.rstrip('/')}/webhooks/{name}" if public_url else None,
     )
     table.finish()
     return spec
@@ -658,6 +759,7 @@ def load_providers(
     *,
     missing_ok: bool = False,
     check_secrets: bool = True,
+    public_url: str = "",
 ) -> dict[str, ProviderSpec]:
     """Every ``*.toml`` in ``directory`` plus the inline tables, validated, by name.
 
@@ -682,7 +784,7 @@ def load_providers(
                 raise ConfigError(
                     f"{source}: providers.{name}: already defined in {specs[name].source}"
                 )
-            spec = parse_provider(name, data, source)
+            spec = parse_provider(name, data, source, public_url)
             if check_secrets:
                 auth_secret(spec, environ)
                 webhook_secrets(spec, environ)

@@ -35,8 +35,49 @@ HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 JOB_ID = "job_id"
 IDEMPOTENCY_KEY = "idempotency_key"
 RESULT_REF = "result_ref"
+ERRORS_REF = "errors_ref"
 STATUS_PREFIX = "status:"
 HEADER_PREFIX = "header:"
+
+
+class IdempotencyMode(StrEnum):
+    """How the idempotency key reaches the provider (``none``: it does not)."""
+
+    HEADER = "header"
+    PATH = "path"
+    BODY = "body"
+    NONE = "none"
+
+
+Scalar = str | int | float | bool
+
+
+@dataclass(frozen=True)
+class SetRule:
+    """``[create.set]``: a JSON value written at ``pointer`` in the agent's request; strings
+    (also nested ones) are templates over ``{idempotency_key}`` ``{operation_id}``
+    ``{trace_id}`` ``{webhook_url}``."""
+
+    pointer: Pointer
+    value: Any
+
+
+@dataclass(frozen=True)
+class DuplicateRule:
+    """A create answer meaning "this key already made a job": settled by the lookup."""
+
+    status: tuple[int, ...]
+    body_contains: str | None = None
+
+
+@dataclass(frozen=True)
+class LineTest:
+    """A JSONL result line is failed when the value at ``pointer`` passes this test."""
+
+    pointer: Pointer
+    present: bool | None = None
+    equals: Scalar | None = None
+    in_: tuple[Scalar, ...] | None = None
 
 
 class AuthType(StrEnum):
@@ -80,6 +121,9 @@ class CreateSpec:
     state: Pointer | None = None
     timeout_seconds: float = 10.0
     create_deadline_seconds: float = 120.0
+    idempotency: IdempotencyMode = IdempotencyMode.HEADER
+    set: tuple[SetRule, ...] = ()
+    duplicate: DuplicateRule | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +132,12 @@ class LookupSpec:
     job_id: Pointer
     method: str = "GET"
     timeout_seconds: float = 10.0
+    items: Pointer | None = None
+    match: tuple[tuple[Pointer, str], ...] = ()
+    pages: int = 1
+    next: Pointer | None = None
+    next_param: str | None = None
+    has_more: Pointer | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +156,7 @@ class StatusSpec:
     required: tuple[Pointer, ...] = ()
     not_found_grace_seconds: float = 30.0
     timeout_seconds: float = 10.0
+    errors_ref: Pointer | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +195,8 @@ class ResultSpec:
     checksum: Pointer | None = None
     size: Pointer | None = None
     timeout_seconds: float = 30.0
+    failed_lines: tuple[LineTest, ...] = ()
+    errors_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +226,8 @@ class WebhookSpec:
     tolerance_seconds: int = 300
     max_body_bytes: int = 262_144
     signature_header: str | None = None
+    types: tuple[str, ...] = ()
+    event_type: FieldSource | None = None
 
 
 @dataclass(frozen=True)
@@ -192,6 +247,7 @@ class PollingSpec:
     trusted_max_delay_seconds: float | None = None  # None: TRUSTED_MAX_FACTOR x max_delay
     distrust_after_misses: int = DEFAULT_DISTRUST_AFTER_MISSES
     webhook_grace_seconds: float = DEFAULT_GRACE_SECONDS
+    rate_limit_reset: str | None = None  # lower-case header name (epoch seconds)
 
     def backoff(self) -> BackoffPolicy:
         return BackoffPolicy(self.base_delay_seconds, self.max_delay_seconds, self.jitter_floor)
@@ -230,6 +286,9 @@ class ProviderSpec:
     # What agents are told about the provider (GET /v1/providers, list_providers).
     description: str | None = None
     request_schema: RequestSchema | None = None
+    preset: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    webhook_url: str | None = None  # server.public_url + /webhooks/NAME, when set
 
     def where(self, key: str) -> str:
         """Message prefix naming this provider's file and a dotted key."""

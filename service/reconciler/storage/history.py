@@ -65,3 +65,24 @@ def notes_with_cause(conn: Connection, operation_id: str, cause: str) -> list[di
         .order_by(HISTORY.c.seq)
     )
     return [dict(r.detail or {}) for r in rows]
+
+
+def last_of(
+    conn: Connection, operation_id: str, kinds: tuple[HistoryKind, ...], causes: tuple[str, ...]
+) -> HistoryEntry | None:
+    """The operation's latest entry of one of ``kinds`` with one of ``causes``."""
+    row = (
+        conn.execute(
+            sa.select(HISTORY)
+            .where(
+                HISTORY.c.operation_id == operation_id,
+                HISTORY.c.kind.in_([k.value for k in kinds]),
+                HISTORY.c.cause.in_(causes),
+            )
+            .order_by(HISTORY.c.seq.desc())
+            .limit(1)
+        )
+        .mappings()
+        .first()
+    )
+    return HistoryEntry(**dict(row)) if row is not None else None

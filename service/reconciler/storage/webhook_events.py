@@ -51,6 +51,9 @@ class Outcome(StrEnum):
     COALESCED = "coalesced"  # new event while a hint is pending: stored, no new entry
     DUPLICATE = "duplicate"
     CONFLICT = "conflict"
+    # A verified event of a type the provider file does not list ([webhook] types): stored
+    # without its job id, so it neither hints nor attaches as an orphan later.
+    IGNORED = "ignored"
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,11 @@ failure that won the race is reported as it happened.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.backoff import parse_retry_after
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.engine.context import StepContext
@@ -43,7 +45,9 @@ class CancelStep:
         now = ctx.now()
         first_read = now + timedelta(seconds=spec.polling.base_delay_seconds)
         watch = {"next_poll_at": first_read, "delay_source": DelaySource.LOCAL_BACKOFF.value}
+        read_at = first_read
         if op.retry_not_before is not None and op.retry_not_before > first_read:
+            read_at = op.retry_not_before
             # The last status answer's Retry-After still holds for the next status read.
             watch = {
                 "next_poll_at": op.retry_not_before,
@@ -88,7 +92,20 @@ class CancelStep:
             cause="cancel_call",
             detail=call_detail(call),
         )
-        changes = {**watch, "last_http_status": call.http_status, "last_http_at": call.sent_at}
+        changes: dict[str, Any] = {
+            **watch,
+            "last_http_status": call.http_status,
+            "last_http_at": call.sent_at,
+        }
+        wait = parse_retry_after(call.retry_after, now)
+        if wait is not None and now + wait > read_at:
+            # The cancel answer asked for a pause (Retry-After, retry-after-ms, a rate-limit
+            # reset): the status read that confirms the cancel waits for it.
+            changes.update(
+                next_poll_at=now + wait,
+                delay_source=DelaySource.PROVIDER_RETRY_AFTER.value,
+                retry_not_before=now + wait,
+            )
 
         def record(conn: Connection, fresh: Operation) -> Operation:
             if State(fresh.state) is not State.CANCEL_REQUESTED:

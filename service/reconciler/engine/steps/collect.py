@@ -21,7 +21,7 @@ from reconciler.core.vocabulary import HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Prep
 from reconciler.engine.steps.create import call_detail
-from reconciler.providers.adapter import check_result
+from reconciler.providers.adapter import CallResult, check_result
 from reconciler.storage.journal import Entry
 from reconciler.storage.models import Operation
 
@@ -33,6 +33,18 @@ def _ref(op: Operation, ctx: StepContext) -> str | None:
         return None
     value = pointer.resolve(op.status_body)
     return value if isinstance(value, str) else None
+
+
+def _errors_ref(op: Operation, ctx: StepContext) -> str | None:
+    """The status body's reference to a JSONL result's errors file (``status.errors_ref``)."""
+    spec = ctx.spec(op)
+    pointer = spec.status.errors_ref
+    if pointer is None or op.status_body is None or spec.result is None:
+        return None
+    if spec.result.errors_path is None:
+        return None
+    value = pointer.resolve(op.status_body)
+    return value if isinstance(value, str) and value else None
 
 
 class CollectStep:
@@ -82,14 +94,24 @@ class CollectStep:
         call = await ctx.call(
             op, "result", lambda: ctx.adapter(op).fetch_result(job_id, ref, op.trace_id)
         )
+        errors_call = await self._errors_file(op, job_id) if call.ok else None
         now = ctx.now()
+        fetched = call_detail(call)
+        if errors_call is not None:
+            fetched["errors_file"] = call_detail(errors_call)
         entry = Entry(
             kind=HistoryKind.OBSERVATION,
             actor=ctx.actor,
             cause="result_fetch",
-            detail=call_detail(call),
+            detail=fetched,
         )
-        check = check_result(spec, call, op.status_body) if call.ok and not call.refused else None
+        if errors_call is not None and not errors_call.ok:
+            call = errors_call  # the errors file decides: retry it, or it is unavailable
+        check = (
+            check_result(spec, call, op.status_body, errors_call)
+            if call.ok and not call.refused
+            else None
+        )
         decision = decide_collect(
             call,
             check,
@@ -133,6 +155,16 @@ class CollectStep:
             ),
             final=True,
         )
+
+    async def _errors_file(self, op: Operation, job_id: str) -> CallResult | None:
+        """The JSONL result's errors file, when the status names one; its lines are failed."""
+        ctx = self.ctx
+        ref = _errors_ref(op, ctx)
+        fetch = getattr(ctx.adapter(op), "fetch_errors", None)
+        if ref is None or fetch is None:
+            return None
+        result: CallResult = await ctx.call(op, "result", lambda: fetch(job_id, ref, op.trace_id))
+        return result
 
     @staticmethod
     def _ending(

@@ -26,14 +26,19 @@ from reconciler.core.create import (
     Rejected,
     before_create,
     decide_create,
+    may_have_landed,
     next_try_at,
+    retry_create,
 )
 from reconciler.core.poll import Stop, first_poll
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind
 from reconciler.engine.context import STORAGE_OUTAGE, StepContext
 from reconciler.engine.flow import Prep
+from reconciler.engine.steps.resend import RESEND_SAFE, resend_allowed, template_values
 from reconciler.providers.adapter import CallResult, CreateOutcome, LookupOutcome, LookupVerdict
+from reconciler.providers.create_set import apply_set
+from reconciler.providers.spec import IdempotencyMode
 from reconciler.storage.history import notes_with_cause
 from reconciler.storage.journal import Entry
 from reconciler.storage.models import Operation
@@ -69,7 +74,16 @@ def _observation(call: CallResult, job_id: str | None) -> CreateObservation:
         job_id=job_id,
         retry_after=call.retry_after,
         error=error,
+        rate_limited=call.rate_limited,
     )
+
+
+def _ambiguity(call: CallResult) -> str:
+    if call.transport_error is not None:
+        return (
+            f"the create got no answer ({call.transport_error.value}) after it may have been sent"
+        )
+    return f"the create was answered HTTP {call.http_status} without a job id"
 
 
 class CreateStep:
@@ -103,6 +117,15 @@ class CreateStep:
         # A create may already have reached the provider: in create_unknown, and also in
         # create_pending after a restart with an attempt on record. Look before resending.
         maybe_sent = State(op.state) is State.CREATE_UNKNOWN or op.create_attempts > 0
+        if maybe_sent and spec.lookup is None and spec.create.idempotency is IdempotencyMode.NONE:
+            # No key and no way to ask: a resend may make a second job. Only a create that
+            # certainly made none, or a person's decision, allows one.
+            allowed = await ctx.runtime.db.run(resend_allowed, ctx.runtime.db, op, ctx.actor)
+            if allowed is None:
+                await self._create_unknown(op, "the create may have made a job", [])
+                return
+            await self._send(op, [allowed])
+            return
         if maybe_sent and spec.lookup is not None:
             op = await self._reserve(op, {"create_lookups": op.create_lookups + 1})
             found = await ctx.call(
@@ -228,11 +251,16 @@ class CreateStep:
         else:
             charged = await self._reserve(op, {"create_attempts": op.create_attempts + 1}, before)
             request = await ctx.runtime.db.run(self._request, op.id)
+        spec = ctx.spec(op)
+        body = apply_set(request, spec.create.set, template_values(op, spec))
         outcome = await ctx.call(
             op,
             "create",
-            lambda: ctx.adapter(op).create(request, op.idempotency_token, op.trace_id),
+            lambda: ctx.adapter(op).create(body, op.idempotency_token, op.trace_id),
         )
+        if outcome.duplicate:
+            await self._duplicate(charged, outcome)
+            return
         if outcome.job_id:
             if charged.create_attempts > 1 and ctx.spec(op).lookup is not None:
                 # A resend answered: make sure the provider did not start a second job for
@@ -250,6 +278,60 @@ class CreateStep:
             await self._accept(charged, outcome.job_id, outcome, outcome.call, "create")
             return
         await self._ambiguous_or_stop(charged, outcome.call, outcome, "create")
+
+    async def _duplicate(self, op: Operation, outcome: CreateOutcome) -> None:
+        """The provider says this key already made a job: find it, never resend or fail."""
+        ctx = self.ctx
+        seen = Entry(
+            kind=HistoryKind.OBSERVATION,
+            actor=ctx.actor,
+            cause="create_response",
+            detail={**call_detail(outcome.call), "decision": "duplicate"},
+        )
+        if ctx.spec(op).lookup is None:
+            await self._retry(op, outcome.call, seen, "a duplicate answer, and no lookup")
+            return
+        op = await self._reserve(op, {"create_lookups": op.create_lookups + 1}, [seen])
+        found = await ctx.call(
+            op, "lookup", lambda: ctx.adapter(op).lookup(op.idempotency_token, op.trace_id)
+        )
+        if found.verdict is LookupVerdict.FOUND and found.job_id:
+            await self._accept(op, found.job_id, None, found.call, "lookup")
+            return
+        entry = Entry(
+            kind=HistoryKind.OBSERVATION,
+            actor=ctx.actor,
+            cause="lookup_response",
+            detail={**call_detail(found.call), "job_id": None, "decision": "ambiguous"},
+        )
+        # The job exists but the lookup does not show it yet (a lagging index): look again.
+        await self._retry(op, found.call, entry, "the duplicate's job is not found yet")
+
+    async def _retry(self, op: Operation, call: CallResult, entry: Entry, detail: str) -> None:
+        ctx = self.ctx
+        now = ctx.now()
+        decision = retry_create(
+            op.create_deadline_at,
+            max(op.create_attempts + op.create_lookups, 1),
+            detail,
+            now,
+            ctx.runtime.rng,
+            ctx.backoff(ctx.spec(op)),
+            call.retry_after,
+        )
+        if isinstance(decision, Stop):
+            await self._escalate(op, decision.reason, decision.detail, [entry])
+            return
+        await self._retry_later(op, decision, entry, call)
+
+    async def _create_unknown(self, op: Operation, detail: str, before: list[Entry]) -> None:
+        await self._escalate(
+            op,
+            EscalationReason.CREATE_UNKNOWN,
+            f"{detail}, and the provider takes no idempotency key and has no lookup: "
+            "it is not resent without a decision",
+            before,
+        )
 
     def _request(self, op_id: str) -> Any:
         """The create body as stored (read only here: it is the operation's largest part)."""
@@ -269,16 +351,28 @@ class CreateStep:
             ctx.runtime.rng,
             ctx.backoff(ctx.spec(op)),
         )
+        detail = {
+            **call_detail(call),
+            "job_id_problem": outcome.job_id_problem if outcome else None,
+            "decision": type(decision).__name__.lower(),
+        }
+        spec = ctx.spec(op)
+        keyless = spec.lookup is None and spec.create.idempotency is IdempotencyMode.NONE
+        landed = may_have_landed(
+            call.http_status, call.transport_error, call.maybe_delivered, call.rate_limited
+        )
+        if keyless and via == "create" and not landed:
+            # Evidence for the next try: this attempt made no job, so one more is safe.
+            detail[RESEND_SAFE] = op.create_attempts
         entry = Entry(
             kind=HistoryKind.OBSERVATION,
             actor=ctx.actor,
             cause=f"{via}_response",
-            detail={
-                **call_detail(call),
-                "job_id_problem": outcome.job_id_problem if outcome else None,
-                "decision": type(decision).__name__.lower(),
-            },
+            detail=detail,
         )
+        if keyless and landed and isinstance(decision, Ambiguous):
+            await self._create_unknown(op, _ambiguity(call), [entry])
+            return
         if isinstance(decision, Rejected):
             error = {
                 "code": "provider_rejected",

@@ -77,6 +77,7 @@ def observation_of(outcome: StatusOutcome) -> decisions.Observation:
         expires_at=view.expires_at if view else None,
         required_fields_ok=view.required_fields_ok if view else False,
         parse_error=parse_error,
+        rate_limited=call.rate_limited,
     )
 
 

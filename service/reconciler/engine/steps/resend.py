@@ -1,0 +1,67 @@
+"""When a create may be sent again to a provider that takes no idempotency key.
+
+Guarantee: with ``idempotency = "none"`` and no ``[lookup]``, a create that may have
+made a job is never resent on the service's own: it escalates ``create_unknown``.
+A further attempt goes out only on evidence kept in the history: the last attempt
+certainly made no job (it was never delivered, or the provider refused to take it),
+or an operator decided ``resend`` since. Each piece of evidence names the attempt
+count it was given at, and the count goes up before every send, so one piece of
+evidence allows one create, also across a crash.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import Connection
+
+from reconciler.core.vocabulary import DecisionAction, HistoryKind
+from reconciler.providers.spec import ProviderSpec
+from reconciler.storage.database import Database
+from reconciler.storage.history import last_of
+from reconciler.storage.journal import Entry
+from reconciler.storage.models import Operation
+
+RESEND_SAFE = "resend_safe_at_attempt"  # in a create_response: that attempt made no job
+RESEND_DECISION = f"decision:{DecisionAction.RESEND.value}"
+_CAUSES = ("create_response", RESEND_DECISION)
+
+
+def template_values(op: Operation, spec: ProviderSpec) -> dict[str, str | None]:
+    """What ``{idempotency_key}`` ``{operation_id}`` ``{trace_id}`` ``{webhook_url}`` stand for."""
+    return {
+        "idempotency_key": op.idempotency_token,
+        "operation_id": op.id,
+        "trace_id": op.trace_id,
+        "webhook_url": spec.webhook_url,
+    }
+
+
+def _evidence(conn: Connection, op: Operation, actor: str) -> Entry | None:
+    last = last_of(conn, op.id, (HistoryKind.OBSERVATION, HistoryKind.DECISION), _CAUSES)
+    if last is None or not isinstance(last.detail, dict):
+        return None
+    if last.cause == RESEND_DECISION:
+        if last.detail.get("create_attempts") != op.create_attempts:
+            return None
+        return Entry(
+            kind=HistoryKind.NOTE,
+            actor=last.actor,
+            cause="create_resend_authorized",
+            detail={"decided_at_seq": last.seq, "warning": "a duplicate job may result"},
+        )
+    if last.detail.get(RESEND_SAFE) != op.create_attempts:
+        return None
+    return Entry(
+        kind=HistoryKind.NOTE,
+        actor=actor,
+        cause="create_resend_safe",
+        detail={"after_seq": last.seq},
+    )
+
+
+def resend_allowed(db: Database, op: Operation, actor: str) -> Entry | None:
+    """The history entry that allows one more create of ``op``, or None: escalate.
+
+    An operator's ``resend`` is recorded with the operator as its actor; the worker's own
+    finding (``actor``) that the last attempt made no job, with the worker."""
+    with db.read() as conn:
+        return _evidence(conn, op, actor)
