@@ -35,9 +35,7 @@ PARENT = textwrap.dedent(
 
 def start_tree(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[bytes], int]:
     pids = tmp_path / "pids"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", PARENT, str(pids), mode], start_new_session=True
-    )
+    proc = subprocess.Popen([sys.executable, "-c", PARENT, str(pids), mode], start_new_session=True)
     wait_until(lambda: pids.exists() and pids.read_text().endswith("\n"), 20, "the child")
     return proc, int(pids.read_text())
 
@@ -58,7 +56,7 @@ def test_a_child_in_its_own_session_is_stopped_with_its_parent(tmp_path: Path):
 
 
 def test_what_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path):
-    proc, child = start_tree(tmp_path, "stubborn")
+    proc, _ = start_tree(tmp_path, "stubborn")
     try:
         tree = collect(proc.pid)
         killed = stop_tree(proc.pid, grace_seconds=0.5)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from contextlib import suppress
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -73,15 +74,11 @@ def alive(procs: set[Proc]) -> set[Proc]:
 
 def _signal(procs: set[Proc], signum: int) -> None:
     for pid, _ in alive(procs):
-        try:
+        with suppress(ProcessLookupError):
             os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
 
 
-def stop_tree(
-    root: int, *, marker: str | None = None, grace_seconds: float = 10.0
-) -> set[Proc]:
+def stop_tree(root: int, *, marker: str | None = None, grace_seconds: float = 10.0) -> set[Proc]:
     """Stop the tree of ``root`` (see ``collect``); returns the processes that had to
     be SIGKILLed.
 
