@@ -225,10 +225,12 @@ async def step_rig(
     callbacks: dict[str, Any] | None = None,
     callback_transport: httpx.AsyncBaseTransport | None = None,
     seed: int = 7,
+    table: dict[str, Any] | None = None,
 ) -> AsyncIterator[StepRig]:
     """A rig whose provider calls go to a ``FakeProvider``, on the test's clock.
 
     ``provider`` updates sections of the sim's provider table, ``drop`` removes some;
+    ``table`` replaces the whole table (for keys a section update cannot remove);
     with ``callback_transport`` the completion step delivers agent callbacks through it.
     """
     clock = ManualClock()
@@ -239,7 +241,9 @@ async def step_rig(
     settings = Settings(
         database_url=db_url,
         providers_dir=str(empty),
-        providers={"sim": sim_provider_table(BASE_URL, drop=drop, **(provider or {}))},
+        providers={
+            "sim": table or sim_provider_table(BASE_URL, drop=drop, **(provider or {}))
+        },
         hooks=hooks,
         scheduler=SchedulerSettings(lease_seconds=LEASE_SECONDS),
         callbacks=CallbackSettings(**{"allow_hosts": ("127.0.0.1",), **(callbacks or {})}),

@@ -54,6 +54,7 @@ FACTS = EscalationFacts(
         (R.CONTRADICTORY_STATUS, (A.EXTEND, A.CANCEL, A.ABANDON)),
         (R.CANCELLATION_UNCONFIRMED, (A.EXTEND, A.ABANDON)),
         (R.CALLBACK_UNDELIVERABLE, (A.EXTEND, A.ABANDON)),
+        (R.CREATE_UNKNOWN, (A.ABANDON, A.RESEND)),
     ],
 )
 def test_options_table(reason: EscalationReason, expected: tuple[DecisionAction, ...]) -> None:
@@ -81,6 +82,7 @@ def test_every_reason_has_options_and_abandon_is_always_one() -> None:
         (R.CONTRACT_VIOLATION, State.FAILED),
         (R.CONTRADICTORY_STATUS, State.FAILED),
         (R.CALLBACK_UNDELIVERABLE, State.FAILED),
+        (R.CREATE_UNKNOWN, State.FAILED),
     ],
 )
 def test_where_abandon_leads(reason: EscalationReason, state: State) -> None:
@@ -198,3 +200,11 @@ def test_proposed_extension_scales_with_the_provider_cadence() -> None:
 )
 def test_format_duration(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+def test_the_resend_option_says_plainly_that_a_duplicate_job_may_result() -> None:
+    facts = replace(FACTS, reason=R.CREATE_UNKNOWN, provider_job_id=None)
+    text = describe_option(facts, A.RESEND)
+    assert "once" in text and "a duplicate job may result" in text
+    message = render_message(facts, (A.ABANDON, A.RESEND))
+    assert "create_unknown" in message and "a duplicate job may result" in message
