@@ -21,7 +21,6 @@ Prints figures and ratios; asserts nothing about time.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 import tempfile
@@ -126,7 +125,7 @@ def provider_down(directory: Path, operations: int, seconds: float) -> tuple[flo
     closed = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused
     with running_stack(directory, url, tick_seconds=0.2) as stack:
         spec = stack.runtime.providers["sim"]
-        stack.runtime.providers["sim"] = dataclasses.replace(spec, base_url=closed)
+        stack.runtime.providers["sim"] = spec.model_copy(update={"base_url": closed})
         stack.runtime.adapters.clear()
         started = time.monotonic()
         for i in range(operations):

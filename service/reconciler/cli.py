@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from reconciler.api.validation import parse_decision
+from reconciler.commands import providers as provider_commands
 from reconciler.commands.decide import decide
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Settings, load_settings
 from reconciler.core import story
@@ -25,7 +26,7 @@ from reconciler.core.signatures import decode_whsec
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DecisionAction, Scope
 from reconciler.errors import ConfigError, InvalidRequest, ReconcilerError
-from reconciler.providers.loader import load_providers
+from reconciler.providers.loader import load_providers, provider_tables
 from reconciler.storage import audit, migrate
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
@@ -311,6 +312,7 @@ def _decide(args: argparse.Namespace, settings: Settings) -> int:
         settings.providers,
         os.environ,
         missing_ok=settings.providers_dir == DEFAULT_PROVIDERS_DIR,
+        public_url=settings.server.public_url,
         check_secrets=False,
     )
     who = Principal(name=args.by, scope=Scope.OPERATOR)
@@ -320,6 +322,21 @@ def _decide(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         db.dispose()
     print(f"{after.id}: {args.action} recorded; state {after.state}")
+    return 0
+
+
+def _providers(args: argparse.Namespace, settings: Settings) -> int:
+    tables = provider_tables(
+        settings.providers_path(),
+        settings.providers,
+        missing_ok=settings.providers_dir == DEFAULT_PROVIDERS_DIR,
+    )
+    public_url = settings.server.public_url
+    if args.providers_command == "list":
+        for line in provider_commands.listing(tables, public_url):
+            print(line)
+    else:
+        print(provider_commands.show(args.name, tables, public_url), end="")
     return 0
 
 
@@ -420,6 +437,21 @@ def build_parser() -> argparse.ArgumentParser:
     decide.add_argument("--extra-requests", type=int, help="extend: more status requests")
     decide.add_argument("--by", default=getpass.getuser(), help="who decides (recorded)")
     decide.set_defaults(handler=_decide)
+
+    prov = sub.add_parser("providers", parents=[common], help="configured providers and presets")
+    prov_sub = prov.add_subparsers(dest="providers_command", required=True, metavar="ACTION")
+    prov_sub.add_parser(
+        "list",
+        parents=[common],
+        help="one line each: name, preset or file, base_url, description",
+    ).set_defaults(handler=_providers)
+    show = prov_sub.add_parser(
+        "show",
+        parents=[common],
+        help="a provider merged over its preset, as TOML (secrets only as their variable names)",
+    )
+    show.add_argument("name", help="a configured provider, or a shipped preset")
+    show.set_defaults(handler=_providers)
 
     aud = sub.add_parser("audit", parents=[common], help="history integrity")
     aud_sub = aud.add_subparsers(dest="audit_command", required=True, metavar="ACTION")

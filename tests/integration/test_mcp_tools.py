@@ -285,6 +285,7 @@ def test_list_providers_shows_what_may_be_started(stack: Stack) -> None:
     agent_view, operator_view = run(main)
     (sim,) = agent_view.structured_content["providers"]
     assert sim["name"] == "sim" and sim["request_schema"] == SCHEMA
+    assert sim["preset"] is None and sim["set_by_service"] == []
     assert "simulated" in sim["description"] and "webhook" not in sim
     assert "- sim: A simulated job provider" in text_of(agent_view)
     (sim_op,) = operator_view.structured_content["providers"]

@@ -35,8 +35,10 @@ def test_agents_see_what_they_may_start(stack: Stack) -> None:
     (sim,) = response.json()["providers"]
     assert sim == {
         "name": "sim",
+        "preset": None,
         "description": sim["description"],
         "request_schema": SCHEMA,
+        "set_by_service": [],
         "can_cancel": True,
         "max_deadline_seconds": 120.0,
         "max_status_requests": 60,
@@ -87,3 +89,23 @@ def test_a_request_that_fails_the_schema_is_400_and_stores_nothing(
     assert count(stack) == 0
     accepted = stack.create({"scenario": "success", "duration": 0.1}, idempotency_key="schema")
     assert accepted.status_code == 202, json.dumps(accepted.json())
+
+
+def test_a_provider_names_its_preset_and_what_the_service_sets(
+    tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reconciler.providers import loader
+
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    (presets / "sim_like.toml").write_text(
+        "# The simulator, as a preset.\n[http]\nmax_connections = 3\n"
+    )
+    monkeypatch.setattr(loader, "PRESETS_DIR", presets)
+    provider = {"preset": "sim_like", "create": {"set": {"/tag": "{operation_id}"}}}
+    with running_stack(tmp_path, db_url, provider=provider) as stack:
+        assert stack.runtime.providers["sim"].http.max_connections == 3
+        for operator in (False, True):
+            response = stack.client.get("/v1/providers", headers=stack.headers(operator=operator))
+            (sim,) = response.json()["providers"]
+            assert (sim["preset"], sim["set_by_service"]) == ("sim_like", ["/tag"])

@@ -11,7 +11,7 @@ import base64
 import copy
 import time
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,7 +203,9 @@ def running_stack(
     drop: tuple[str, ...] = (),
     server: dict[str, Any] | None = None,
     scheduler: dict[str, Any] | None = None,
+    table: Callable[[str], dict[str, Any]] | None = None,
 ) -> Iterator[Stack]:
+    """The service on uvicorn with the sim; ``table(sim_url)`` replaces the provider table."""
     with ExitStack() as stack:
         sim = SimState(
             SimConfig(token=SIM_TOKEN, webhook_secret=WEBHOOK_SECRET, **(sim_config or {}))
@@ -214,7 +216,11 @@ def running_stack(
         settings = Settings(
             database_url=db_url,
             providers_dir=str(providers_dir),
-            providers={"sim": sim_provider_table(sim_url, drop=drop, **(provider or {}))},
+            providers={
+                "sim": table(sim_url)
+                if table is not None
+                else sim_provider_table(sim_url, drop=drop, **(provider or {}))
+            },
             hooks=hooks,
             server=ServerSettings(**{"wait_max_seconds": 30.0, **(server or {})}),
             scheduler=SchedulerSettings(

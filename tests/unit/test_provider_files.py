@@ -92,7 +92,7 @@ ENV = {"ACME_TOKEN": "tok-secret-123", "ACME_WEBHOOK_SECRETS": "whsec_b2xk, whse
 
 MINIMAL: dict[str, Any] = {
     "base_url": "https://api.example.com/v2/",
-    "create": {"path": "/jobs", "job_id": "/id"},
+    "create": {"path": "/jobs", "job_id": "/id", "idempotency": "none"},
     "status": {"path": "/jobs/{job_id}", "state": "/state"},
     "states": {"pending": ["running"], "success": ["done"]},
 }
@@ -248,6 +248,7 @@ def test_extra_keys_of_this_design(tmp_path: Path) -> None:
     path = "/jobs"
     job_id = "/name"
     state = "/state"
+    idempotency = "none"
 
     [providers.acme.status]
     path = "/{job_id}"
@@ -563,6 +564,7 @@ def test_lookup_needs_a_way_to_carry_the_key() -> None:
         "lookup.path: must contain {idempotency_key}: create has no idempotency_header" in message
     )
     data["create"]["idempotency_header"] = "Idempotency-Key"
+    data["create"].pop("idempotency")  # "header" follows from idempotency_header
     assert parse_provider("acme", data, INLINE_SOURCE).lookup is not None
 
 

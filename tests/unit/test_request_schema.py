@@ -65,6 +65,7 @@ def test_a_provider_file_with_both_keys_loads(tmp_path: Path) -> None:
             [providers.acme.create]
             path = "/v1/jobs"
             job_id = "/job_id"
+            idempotency = "none"
             [providers.acme.status]
             path = "/v1/jobs/{job_id}"
             state = "/state"

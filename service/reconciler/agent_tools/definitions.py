@@ -86,8 +86,10 @@ def _descriptions(cap: float) -> dict[ToolName, str]:
             "`cursor` = the previous answer's `next_cursor`."
         ),
         ToolName.LIST_PROVIDERS: (
-            "List the providers you can start jobs at: each one's `name`, a `description`, "
-            "the `request_schema` that start_job's `request` must match (null: any object), "
+            "List the providers you can start jobs at: each one's `name`, the `preset` it is "
+            "configured from (null: none), a `description`, the `request_schema` that "
+            "start_job's `request` must match (null: any object), the pointers in "
+            "`set_by_service` that your `request` must NOT hold (the service writes them), "
             "whether its jobs can be cancelled, and the longest `deadline_seconds` and most "
             "`max_status_requests` start_job may ask for."
         ),

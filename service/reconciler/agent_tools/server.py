@@ -79,8 +79,15 @@ def _page_result(page: View, done: bool | None) -> types.CallToolResult:
 
 def _providers_result(providers: View) -> types.CallToolResult:
     lines = [
-        f"- {p['name']}: {p.get('description') or 'no description'}"
+        f"- {p['name']}"
+        + (f" (preset {p['preset']})" if p.get("preset") else "")
+        + f": {p.get('description') or 'no description'}"
         + (" (request_schema given)" if p.get("request_schema") else "")
+        + (
+            f"; request must not hold {', '.join(p['set_by_service'])}"
+            if p.get("set_by_service")
+            else ""
+        )
         for p in providers["providers"]
     ]
     text = "Providers you can start jobs at:\n" + "\n".join(lines) if lines else "No providers."

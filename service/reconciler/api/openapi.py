@@ -147,18 +147,30 @@ PROVIDER = {
     "type": "object",
     "required": [
         "name",
+        "preset",
         "description",
         "request_schema",
+        "set_by_service",
         "can_cancel",
         "max_deadline_seconds",
         "max_status_requests",
     ],
     "properties": {
         "name": {"type": "string"},
+        "preset": {
+            **_nullable({"type": "string"}),
+            "description": "The shipped preset the provider is configured from (null: none).",
+        },
         "description": _nullable({"type": "string"}),
         "request_schema": _nullable(
             {"type": "object", "description": "A JSON Schema that `request` must match."}
         ),
+        "set_by_service": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "JSON pointers the service writes into every `request`; a "
+            "`request` that already holds one is refused with 400.",
+        },
         "can_cancel": {"type": "boolean"},
         "max_deadline_seconds": {"type": "number"},
         "max_status_requests": {"type": "integer"},

@@ -216,6 +216,8 @@ class Provider:
     max_deadline_seconds: float | None
     max_status_requests: int | None
     webhook: Mapping[str, Any] | None = None
+    preset: str | None = None
+    set_by_service: tuple[str, ...] = ()
     webhook_trust: Mapping[str, Any] | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -230,6 +232,8 @@ class Provider:
             max_status_requests=data.get("max_status_requests"),
             webhook=data.get("webhook"),
             webhook_trust=data.get("webhook_trust"),
+            preset=data.get("preset"),
+            set_by_service=tuple(data.get("set_by_service") or ()),
             raw=dict(data),
         )
 

@@ -39,8 +39,11 @@ def provider_view(
 ) -> dict[str, Any]:
     view: dict[str, Any] = {
         "name": spec.name,
+        "preset": spec.preset,
         "description": spec.description,
         "request_schema": dict(spec.request_schema.schema) if spec.request_schema else None,
+        # The service writes these into every request; a request holding one is refused.
+        "set_by_service": [rule.pointer.text for rule in spec.create.set],
         "can_cancel": spec.cancel is not None,
         "max_deadline_seconds": spec.polling.deadline_seconds,
         "max_status_requests": spec.polling.max_status_requests,

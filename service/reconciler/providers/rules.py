@@ -1,0 +1,226 @@
+"""The keys real APIs need beyond the simulator: values set into the request, duplicate
+answers, lookup matches, static headers and failed-line tests of JSONL results.
+
+Guarantee: each is checked at load as far as a file can be: templates use only the
+placeholders the service fills, a set pointer cannot replace the whole request or
+collide with another, a static header can never carry a credential (those come from
+``[auth]`` and the environment), and a line test has exactly one test.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import Field, PlainValidator, model_validator
+
+from reconciler.errors import PointerSyntaxError
+from reconciler.providers.base import FileTable
+from reconciler.providers.fields import (
+    PointerText,
+    Text,
+    as_tuple,
+    check_template,
+    problem,
+)
+from reconciler.providers.pointer import MISSING, Pointer
+from reconciler.providers.state_table import Scalar, json_equal
+
+IDEMPOTENCY_KEY = "idempotency_key"
+OPERATION_ID = "operation_id"
+TRACE_ID = "trace_id"
+WEBHOOK_URL = "webhook_url"
+REQUEST_FIELDS = frozenset({IDEMPOTENCY_KEY, OPERATION_ID, TRACE_ID, WEBHOOK_URL})
+
+# Headers that carry credentials or session state; their values come from [auth] only.
+_FORBIDDEN_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
+_SECRET_WORDS = (
+    "key",
+    "token",
+    "secret",
+    "auth",
+    "password",
+    "passwd",
+    "credential",
+    "session",
+    "cookie",
+    "signature",
+    "bearer",
+)
+
+
+def quoted(key: str) -> str:
+    """A table key as TOML writes it when it is not a bare key (pointers, header names)."""
+    bare = key and all(ch.isalnum() or ch in "_-" for ch in key)
+    return key if bare else '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _member_pointer(text: Any, key: str) -> Pointer:
+    try:
+        pointer = Pointer.parse(text)
+    except PointerSyntaxError as exc:
+        raise problem(exc.message, key) from None
+    if not pointer.tokens:
+        raise problem("the whole document cannot be set; name a member such as /model", key)
+    return pointer
+
+
+def template_names(value: Any, key: str) -> frozenset[str]:
+    """Placeholders used by the strings of a JSON value (nested ones too)."""
+    if isinstance(value, str):
+        return check_template(value, REQUEST_FIELDS, key)
+    if isinstance(value, list):
+        return frozenset().union(*(template_names(v, key) for v in value))
+    if isinstance(value, dict):
+        return frozenset().union(*(template_names(v, key) for v in value.values()))
+    if isinstance(value, dt.date | dt.time):
+        raise problem("TOML dates and times are not JSON values; write a string", key)
+    return frozenset()
+
+
+@dataclass(frozen=True)
+class SetRule:
+    """``[create.set]``: a value written at ``pointer`` into the request before it is sent."""
+
+    pointer: Pointer
+    value: Any  # JSON; strings (also nested ones) are templates over REQUEST_FIELDS
+
+    @property
+    def fields(self) -> frozenset[str]:
+        return template_names(self.value, self.pointer.text)
+
+
+def _set_rules(value: Any) -> tuple[SetRule, ...]:
+    if not isinstance(value, dict):
+        raise problem('expected a table of JSON pointer = value, e.g. "/model" = "x"')
+    rules: list[SetRule] = []
+    for text, item in value.items():
+        key = quoted(text)
+        pointer = _member_pointer(text, key)
+        template_names(item, key)
+        for other in rules:
+            shorter, longer = sorted((other.pointer.tokens, pointer.tokens), key=len)
+            if longer[: len(shorter)] == shorter:
+                raise problem(f"overlaps {other.pointer.text}: set each member once", key)
+        rules.append(SetRule(pointer, item))
+    return tuple(rules)
+
+
+def _match(value: Any) -> tuple[tuple[Pointer, str], ...]:
+    if not isinstance(value, dict) or not value:
+        raise problem('expected a table of pointer = template, e.g. "/metadata/key" = ...')
+    pairs: list[tuple[Pointer, str]] = []
+    for text, template in value.items():
+        key = quoted(text)
+        try:
+            pointer = Pointer.parse(text)
+        except PointerSyntaxError as exc:
+            raise problem(exc.message, key) from None
+        if not isinstance(template, str) or not template:
+            raise problem("expected a non-empty string (a value template)", key)
+        check_template(template, REQUEST_FIELDS, key)
+        pairs.append((pointer, template))
+    return tuple(pairs)
+
+
+def _secret_like(name: str) -> bool:
+    lower = name.lower()
+    return lower in _FORBIDDEN_HEADERS or any(word in lower for word in _SECRET_WORDS)
+
+
+def _headers(value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict):
+        raise problem('expected a table of header = value, e.g. { "anthropic-version" = "..." }')
+    seen: set[str] = set()
+    pairs: list[tuple[str, str]] = []
+    for name, text in value.items():
+        key = quoted(name)
+        if (
+            not isinstance(name, str)
+            or not name
+            or len(name) > 100
+            or not all(ch.isalnum() or ch in "!#$%&'*+.^_`|~-" for ch in name)
+        ):
+            raise problem("is not a valid HTTP header name", key)
+        if _secret_like(name):
+            # The value is not echoed: it may be the credential itself.
+            raise problem(
+                "static headers are never secrets; a credential header comes from [auth] "
+                '(type = "header", name = ..., value_env = ...)',
+                key,
+            )
+        if name.lower() in seen:
+            raise problem("given twice (header names ignore case)", key)
+        if not isinstance(text, str) or any(not ch.isprintable() for ch in text):
+            raise problem("expected a string of printable characters", key)
+        seen.add(name.lower())
+        pairs.append((name, text))
+    return tuple(pairs)
+
+
+SetRules = Annotated[tuple[SetRule, ...], PlainValidator(_set_rules)]
+Match = Annotated[tuple[tuple[Pointer, str], ...], PlainValidator(_match)]
+StaticHeaders = Annotated[tuple[tuple[str, str], ...], PlainValidator(_headers)]
+
+
+def _scalar(value: Any) -> Scalar:
+    if isinstance(value, str | int | float | bool):
+        return value
+    raise problem("expected a string, number or boolean")
+
+
+def _scalars(value: Any) -> tuple[Scalar, ...]:
+    if not isinstance(value, list) or not value:
+        raise problem("expected a non-empty list")
+    return tuple(_scalar(v) for v in value)
+
+
+def _present(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise problem("expected true or false")
+    return value
+
+
+class LineTest(FileTable):
+    """``[result] failed_lines``: one test on a JSONL line; any match makes the line failed."""
+
+    pointer: PointerText
+    present: Annotated[bool, PlainValidator(_present)] | None = None
+    equals: Annotated[Scalar, PlainValidator(_scalar)] | None = None
+    in_: Annotated[tuple[Scalar, ...], PlainValidator(_scalars)] | None = Field(
+        default=None, alias="in"
+    )
+
+    @model_validator(mode="after")
+    def _one_test(self) -> LineTest:
+        given = [k for k in ("present", "equals", "in_") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise problem("give exactly one of present, equals, in")
+        return self
+
+    def matches(self, line: Any) -> bool:
+        value = self.pointer.resolve(line)
+        if self.present is not None:
+            return (value is not MISSING and value is not None) is self.present
+        expected = (self.equals,) if self.equals is not None else self.in_ or ()
+        return any(json_equal(value, e) for e in expected)
+
+
+def _statuses(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value:
+        raise problem("expected a non-empty list of HTTP status codes, e.g. [409]")
+    for code in value:
+        if isinstance(code, bool) or not isinstance(code, int) or not 400 <= code <= 599:
+            raise problem("expected HTTP error status codes (400 to 599)")
+    return tuple(value)
+
+
+class DuplicateRule(FileTable):
+    """``[create] duplicate``: the answer that means "this key already made a job"."""
+
+    status: Annotated[tuple[int, ...], PlainValidator(_statuses)]
+    body_contains: Text | None = None
+
+
+LineTests = Annotated[tuple[LineTest, ...], as_tuple("inline tables such as { pointer = ... }")]

@@ -1,0 +1,355 @@
+"""The tables of a provider file below ``[providers.NAME]``: ``[auth]``, ``[http]``,
+``[create]``, ``[lookup]``, ``[status]``, ``[cancel]``, ``[result]``, ``[webhook]``,
+``[polling]``.
+
+Guarantee: each table checks its own keys and the rules between them (the
+idempotency mode against the header and the path, a list lookup fully declared,
+the delays in order); rules that span tables live in ``ProviderSpec``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import Field, PlainValidator, ValidationInfo, model_validator
+from pydantic_core import PydanticCustomError
+
+from reconciler.core.backoff import BackoffPolicy
+from reconciler.core.signatures import WebhookScheme
+from reconciler.core.trust import (
+    DEFAULT_DISTRUST_AFTER_MISSES,
+    DEFAULT_GRACE_SECONDS,
+    DEFAULT_TRUST_AFTER,
+    TRUSTED_MAX_FACTOR,
+    TrustMode,
+    TrustPolicy,
+)
+from reconciler.errors import ConfigError
+from reconciler.providers import fields as f
+from reconciler.providers.base import FileTable
+from reconciler.providers.fields import problem, template_fields
+from reconciler.providers.rules import IDEMPOTENCY_KEY, DuplicateRule, LineTests, Match, SetRules
+from reconciler.providers.state_table import StateRule
+
+INLINE_SOURCE = "config inline providers"
+JOB_ID = "job_id"
+RESULT_REF = "result_ref"
+ERRORS_REF = "errors_ref"
+JSONL = "application/jsonl"
+DEFAULT_CANCEL_DEADLINE = 120.0
+_DEFAULT_EVENT_ID = {
+    WebhookScheme.STANDARD_WEBHOOKS: "header:webhook-id",
+    WebhookScheme.GITHUB: "header:x-github-delivery",
+    WebhookScheme.STRIPE: "/id",
+}
+_DEFAULT_EVENT_TYPE = {
+    WebhookScheme.STANDARD_WEBHOOKS: "/type",
+    WebhookScheme.GITHUB: "header:x-github-event",
+    WebhookScheme.STRIPE: "/type",
+}
+
+
+class AuthType(StrEnum):
+    BEARER = "bearer"
+    HEADER = "header"
+    NONE = "none"
+
+
+class IdempotencyMode(StrEnum):
+    """How the idempotency key reaches the provider (``none``: it takes none)."""
+
+    HEADER = "header"
+    PATH = "path"
+    BODY = "body"
+    NONE = "none"
+
+
+class AuthSpec(FileTable):
+    type: Annotated[AuthType, f.choice(AuthType, "expected bearer, header or none")]
+    token_env: f.EnvName | None = None  # bearer
+    header_name: f.HeaderName | None = Field(default=None, alias="name")  # header
+    value_env: f.EnvName | None = None  # header
+
+    @model_validator(mode="after")
+    def _keys_of_the_type(self) -> AuthSpec:
+        needed = {AuthType.BEARER: ("token_env",), AuthType.HEADER: ("name", "value_env")}
+        keys = needed.get(self.type, ())
+        values = {"token_env": self.token_env, "name": self.header_name}
+        values["value_env"] = self.value_env
+        for key in keys:
+            if values[key] is None:
+                what = "the header that carries the credential"
+                if key != "name":
+                    what = "the name of an environment variable"
+                raise problem(f"required ({what})", key)
+        for key, value in values.items():
+            if value is not None and key not in keys:
+                raise problem(f"unknown key (known here: {', '.join(('type', *keys))})", key)
+        return self
+
+    @property
+    def env_key(self) -> tuple[str, str] | None:
+        """(file key, variable name) of the credential, if any."""
+        if self.type is AuthType.BEARER and self.token_env:
+            return ("token_env", self.token_env)
+        if self.type is AuthType.HEADER and self.value_env:
+            return ("value_env", self.value_env)
+        return None
+
+
+class HttpSpec(FileTable):
+    max_connections: f.Count = 20
+    max_keepalive_connections: f.CountOrZero = 10
+    keepalive_expiry_seconds: f.SecondsOrZero = 4.0
+    max_response_bytes: f.Count = 1_048_576
+    request_id_header: f.HeaderName | None = None
+
+
+_MODES = ", ".join(f'"{m.value}"' for m in IdempotencyMode)
+
+
+class CreateSpec(FileTable):
+    method: f.Method = "POST"
+    path: Annotated[str, f.path_template(IDEMPOTENCY_KEY)]
+    idempotency_header: f.HeaderName | None = None
+    idempotency: Annotated[IdempotencyMode, f.choice(IdempotencyMode, f"expected one of {_MODES}")]
+    job_id: f.PointerText
+    state: f.PointerText | None = None
+    timeout_seconds: f.Seconds = 10.0
+    create_deadline_seconds: f.Seconds = 120.0
+    set: SetRules = ()
+    duplicate: DuplicateRule | None = None
+
+    @classmethod
+    def complete(cls, data: dict[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
+        if "idempotency" not in data:
+            path = data.get("path")
+            if isinstance(data.get("idempotency_header"), str):
+                data["idempotency"] = IdempotencyMode.HEADER.value
+            elif isinstance(path, str) and "{" + IDEMPOTENCY_KEY + "}" in path:
+                data["idempotency"] = IdempotencyMode.PATH.value
+        return data
+
+    @model_validator(mode="after")
+    def _mode_matches_the_keys(self) -> CreateSpec:
+        mode, key = self.idempotency, "idempotency"
+        if self.idempotency_header is not None and mode is not IdempotencyMode.HEADER:
+            raise problem('must be "header" (or leave it out) when idempotency_header is set', key)
+        if mode is IdempotencyMode.HEADER and self.idempotency_header is None:
+            raise problem('"header" needs idempotency_header (the header that carries it)', key)
+        in_path = IDEMPOTENCY_KEY in template_fields(self.path)
+        if mode is IdempotencyMode.PATH and not in_path:
+            raise problem('"path" needs {idempotency_key} in create.path', key)
+        if mode is not IdempotencyMode.PATH and in_path:
+            raise problem('must be "path" (or leave it out): create.path holds the key', key)
+        if mode is IdempotencyMode.BODY and not self.uses(IDEMPOTENCY_KEY):
+            raise problem('"body" needs a [create.set] value using {idempotency_key}', key)
+        return self
+
+    def uses(self, placeholder: str) -> bool:
+        """Whether a ``set`` value uses ``{placeholder}``."""
+        return any(placeholder in rule.fields for rule in self.set)
+
+
+def _query_param(value: Any) -> str:
+    text = f.text_value(value)
+    if not all(ch.isalnum() or ch in "_.-[]" for ch in text):
+        raise problem("expected a query parameter name such as after")
+    return str(text)
+
+
+class LookupSpec(FileTable):
+    method: f.Method = "GET"
+    path: Annotated[str, f.path_template(IDEMPOTENCY_KEY)]
+    job_id: f.PointerText  # relative to the matched item when items is set
+    timeout_seconds: f.Seconds = 10.0
+    items: f.DocumentPointer | None = None  # the array of candidates in the answer
+    match: Match = ()
+    pages: f.Count = 1
+    next: f.PointerText | None = None
+    next_param: Annotated[str, PlainValidator(_query_param)] | None = None
+    has_more: f.PointerText | None = None
+
+    @model_validator(mode="after")
+    def _a_list_is_searched_fully_declared(self) -> LookupSpec:
+        if self.match and self.items is None:
+            raise problem("required with match: the pointer to the array of candidates", "items")
+        if self.items is not None and not self.match:
+            raise problem("required with items: how this operation's job is recognised", "match")
+        if (self.next is None) != (self.next_param is None):
+            missing = "next" if self.next is None else "next_param"
+            raise problem("next and next_param go together (cursor and query parameter)", missing)
+        if self.pages > 1 and self.next is None:
+            raise problem("following pages needs next and next_param", "next")
+        if self.has_more is not None and self.next is None:
+            raise problem("has_more needs next and next_param", "has_more")
+        return self
+
+
+def where_in_file(info: ValidationInfo, key: str) -> str:
+    context = info.context or {}
+    return f"{context.get('source', INLINE_SOURCE)}: providers.{context.get('name', '?')}.{key}"
+
+
+def as_line(exc: ConfigError) -> PydanticCustomError:
+    return PydanticCustomError(f.LINE, "{line}", {"line": exc.message})
+
+
+def _rules(value: Any, info: ValidationInfo) -> tuple[StateRule, ...]:
+    if not isinstance(value, list):
+        raise problem("expected a list of inline tables")
+    where = where_in_file(info, "status.rules")
+    try:
+        return tuple(StateRule.from_table(v, f"{where}[{i}]") for i, v in enumerate(value))
+    except ConfigError as exc:
+        raise as_line(exc) from None
+
+
+class StatusSpec(FileTable):
+    method: f.Method = "GET"
+    path: Annotated[str, f.path_template(JOB_ID, needed=JOB_ID)]
+    state: f.PointerText
+    rules: Annotated[tuple[StateRule, ...], PlainValidator(_rules)] = ()
+    job_id: f.PointerText | None = None
+    poll_after_seconds: f.PointerText | None = None
+    next_check_at: f.PointerText | None = None
+    expires_at: f.PointerText | None = None
+    error: f.PointerText | None = None
+    progress: f.PointerText | None = None
+    result_ref: f.PointerText | None = None
+    errors_ref: f.PointerText | None = None
+    required: f.PointerList = ()
+    not_found_grace_seconds: f.SecondsOrZero = 30.0
+    timeout_seconds: f.Seconds = 10.0
+
+
+class CancelSpec(FileTable):
+    method: f.Method = "POST"
+    path: Annotated[str, f.path_template(JOB_ID, needed=JOB_ID)]
+    timeout_seconds: f.Seconds = 10.0
+    cancel_deadline_seconds: f.Seconds = DEFAULT_CANCEL_DEADLINE
+
+
+class ResultSpec(FileTable):
+    path: Annotated[str, f.path_template(JOB_ID, RESULT_REF)] | None = None
+    from_status: f.PointerText | None = None
+    method: f.Method = "GET"
+    required: f.SourcedList = ()
+    summary: f.Summary = ()
+    failed_items: f.Sourced | None = None
+    content_type: f.Text | None = None
+    failed_lines: LineTests = ()
+    errors_path: Annotated[str, f.path_template(JOB_ID, ERRORS_REF, RESULT_REF)] | None = None
+    max_bytes: f.Count = 16 * 1_048_576
+    checksum: f.PointerText | None = None
+    size: f.PointerText | None = None
+    timeout_seconds: f.Seconds = 30.0
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ResultSpec:
+        if self.path is not None and self.from_status is not None:
+            raise problem("give either path or from_status, not both", "from_status")
+        for key in ("failed_lines", "errors_path"):
+            if getattr(self, key) and self.content_type != JSONL:
+                raise problem(f'applies to content_type = "{JSONL}"', key)
+        return self
+
+    @property
+    def jsonl(self) -> bool:
+        return self.content_type == JSONL
+
+
+_SCHEMES = ", ".join(s.value for s in WebhookScheme)
+
+
+class WebhookSpec(FileTable):
+    scheme: Annotated[WebhookScheme, f.choice(WebhookScheme, f"expected one of {_SCHEMES}")]
+    secrets_env: f.EnvName
+    job_id: f.FieldSourceText
+    event_id: f.FieldSourceText
+    tolerance_seconds: f.Count = 300
+    max_body_bytes: f.Count = 262_144
+    signature_header: f.LowerHeaderName | None = None
+    types: Annotated[tuple[f.Text, ...], f.as_tuple("event types")] = ()
+    event_type: f.FieldSourceText | None = None
+
+    @classmethod
+    def complete(cls, data: dict[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            scheme = WebhookScheme(str(data.get("scheme")))
+        except ValueError:
+            return data  # the scheme's own check says what is wrong
+        if "event_id" not in data:
+            if scheme not in _DEFAULT_EVENT_ID:
+                raise problem(f"required for the {scheme.value} scheme", "event_id")
+            data["event_id"] = _DEFAULT_EVENT_ID[scheme]
+        if "event_type" not in data and scheme in _DEFAULT_EVENT_TYPE:
+            data["event_type"] = _DEFAULT_EVENT_TYPE[scheme]
+        return data
+
+    @model_validator(mode="after")
+    def _scheme_keys(self) -> WebhookSpec:
+        if self.signature_header is not None and self.scheme is not WebhookScheme.HMAC_SHA256:
+            raise problem("applies only to the hmac-sha256 scheme", "signature_header")
+        if self.types and self.event_type is None:
+            raise problem(
+                "types need event_type: where a delivery carries its type "
+                "(a JSON pointer or header:NAME)",
+                "event_type",
+            )
+        if len(set(self.types)) != len(self.types):
+            raise problem("lists an event type twice", "types")
+        return self
+
+
+_TRUST_MODES = " or ".join(f'"{m.value}"' for m in TrustMode)
+
+
+class PollingSpec(FileTable):
+    base_delay_seconds: f.Seconds = 5.0
+    max_delay_seconds: f.Seconds = 120.0
+    jitter_floor: f.Fraction = 0.5
+    deadline_seconds: f.Seconds = 2400.0
+    max_status_requests: f.Count = 12
+    max_transport_failures: f.Count = 3
+    max_rate_limited: f.Count = 3
+    rate_limit_delay_seconds: f.Seconds = 60.0
+    rate_limit_reset: f.HeaderSource | None = None  # lower-case header name (epoch seconds)
+    # Webhook trust (SPEC "Webhook trust: polling as a fallback"); "adaptive" by
+    # default for a provider with a [webhook] table (ProviderSpec fills it in).
+    webhook_trust: Annotated[TrustMode, f.choice(TrustMode, f"expected {_TRUST_MODES}")] = (
+        TrustMode.OFF
+    )
+    trust_after: f.Count = DEFAULT_TRUST_AFTER
+    trusted_max_delay_seconds: f.Seconds | None = None  # None: TRUSTED_MAX_FACTOR x max_delay
+    distrust_after_misses: f.Count = DEFAULT_DISTRUST_AFTER_MISSES
+    webhook_grace_seconds: f.SecondsOrZero = DEFAULT_GRACE_SECONDS
+
+    @model_validator(mode="after")
+    def _delays_in_order(self) -> PollingSpec:
+        if self.max_delay_seconds < self.base_delay_seconds:
+            raise problem("must be at least base_delay_seconds", "max_delay_seconds")
+        cap = self.trusted_max_delay_seconds
+        if cap is not None and cap < self.max_delay_seconds:
+            raise problem(
+                "must be at least max_delay_seconds: trust only ever lengthens the wait",
+                "trusted_max_delay_seconds",
+            )
+        return self
+
+    def backoff(self) -> BackoffPolicy:
+        return BackoffPolicy(self.base_delay_seconds, self.max_delay_seconds, self.jitter_floor)
+
+    def trust(self) -> TrustPolicy:
+        cap = self.trusted_max_delay_seconds
+        return TrustPolicy(
+            mode=self.webhook_trust,
+            trust_after=self.trust_after,
+            distrust_after_misses=self.distrust_after_misses,
+            trusted_max_delay_seconds=(
+                cap if cap is not None else TRUSTED_MAX_FACTOR * self.max_delay_seconds
+            ),
+            webhook_grace_seconds=self.webhook_grace_seconds,
+        )
