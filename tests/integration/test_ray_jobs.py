@@ -36,8 +36,9 @@ from tests.support.ray_head import ray_executable as find_ray
 from tests.support.servers import serve_asgi
 from tests.support.stack import make_tokens, quiescent, worker_of
 
-# The first test also waits for the head to start: 10-20 s on an idle machine, and more
-# than a minute was seen on a loaded one.
+# The first test also waits for the head to start: 10-20 s on an idle machine, and about
+# a minute was seen on a loaded one. One xdist worker runs the whole module (see
+# tests/support/scheduling.py), so one head serves it.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 PROVIDER = "ray"
