@@ -1,7 +1,7 @@
 """A provider that takes no idempotency key, through the live service: HTTP, MCP, CLI, console.
 
-The service runs on uvicorn with the simulated provider told to ignore idempotency
-keys (``honor_idempotency = false``), described by a file with ``idempotency =
+The service runs on uvicorn with the simulated provider taking creates without an
+idempotency key (``require_idempotency_key = false``), described by a file with ``idempotency =
 "none"``, no ``[lookup]`` and a ``[create.set]`` field. A request holding the set
 field is refused (API 400, MCP tool error), nothing stored; a create whose answer is
 dropped after the job was made escalates ``create_unknown`` and is sent again only on
@@ -37,8 +37,7 @@ def keyless_table(sim_url: str) -> dict[str, Any]:
     table["create"]["set"] = {SET_FIELD: "{idempotency_key}"}
     table.pop("lookup")
     table["polling"].update(QUICK_POLLING)
-    # The sim insists on the header's presence; it ignores its value (honor_idempotency off).
-    table["headers"] = {"Idempotency-Key": "ignored-by-this-provider"}
+    table["headers"] = {"anthropic-version": "2023-06-01"}
     return table
 
 
@@ -48,7 +47,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, module_db_url: str) -> Itera
         tmp_path_factory.mktemp("keyless"),
         module_db_url,
         table=keyless_table,
-        sim_config={"honor_idempotency": False},
+        sim_config={"require_idempotency_key": False},
     ) as s:
         yield s
 
@@ -56,6 +55,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory, module_db_url: str) -> Itera
 def operations(stack: Stack) -> int:
     with stack.runtime.db.read() as conn:
         return int(conn.execute(sa.text("SELECT count(*) FROM operations")).scalar_one())
+
+
+def creates(stack: Stack) -> int:
+    return sum(1 for r in stack.sim.requests if r.endpoint == "create")
 
 
 def jobs_for(stack: Stack, marker: str) -> int:
@@ -74,7 +77,7 @@ def lost_create(stack: Stack) -> tuple[dict[str, Any], str]:
 
 
 def test_a_request_holding_a_set_field_is_a_400_and_an_mcp_tool_error(stack: Stack) -> None:
-    before = operations(stack)
+    before = operations(stack), creates(stack)
     request = {"scenario": "success", "metadata": {"reconciler_key": "mine"}}
     response = stack.create(request)
     assert response.status_code == 400
@@ -86,8 +89,7 @@ def test_a_request_holding_a_set_field_is_a_400_and_an_mcp_tool_error(stack: Sta
             assert started.is_error and SET_FIELD in text_of(started)
 
     run(main)
-    assert operations(stack) == before
-    assert not [r for r in stack.sim.requests if r.endpoint == "create" and r.status is None]
+    assert (operations(stack), creates(stack)) == before
 
 
 def test_a_lost_create_is_never_resent_without_a_decision(stack: Stack) -> None:

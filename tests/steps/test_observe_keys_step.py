@@ -10,7 +10,6 @@ lines and a separate errors file.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 from datetime import timedelta
 from pathlib import Path
@@ -65,10 +64,9 @@ async def test_a_static_header_never_replaces_the_credential_or_the_trace_header
     tmp_path: Path, db_url: str
 ) -> None:
     async with step_rig(tmp_path, db_url) as rig:
-        spec = dataclasses.replace(
-            rig.runtime.providers["sim"],
-            headers=(("authorization", "Bearer forged"), ("x-trace-id", "forged"), ("a", "b")),
-        )
+        # Built in code past the loader, which refuses such headers in a file.
+        forged = (("authorization", "Bearer forged"), ("x-trace-id", "forged"), ("a", "b"))
+        spec = rig.runtime.providers["sim"].model_copy(update={"headers": forged})
         fake = FakeProvider(rig.clock)
         adapter = HttpAdapter(spec, ENVIRON, httpx.MockTransport(fake.handle), clock=rig.clock)
         try:

@@ -241,9 +241,7 @@ async def step_rig(
     settings = Settings(
         database_url=db_url,
         providers_dir=str(empty),
-        providers={
-            "sim": table or sim_provider_table(BASE_URL, drop=drop, **(provider or {}))
-        },
+        providers={"sim": table or sim_provider_table(BASE_URL, drop=drop, **(provider or {}))},
         hooks=hooks,
         scheduler=SchedulerSettings(lease_seconds=LEASE_SECONDS),
         callbacks=CallbackSettings(**{"allow_hosts": ("127.0.0.1",), **(callbacks or {})}),

@@ -298,6 +298,25 @@ def test_a_result_fetch_retry_waits_at_least_the_providers_retry_after() -> None
     assert isinstance(decision, RetryFetch) and decision.delay_seconds >= 90
 
 
+def test_a_rate_limited_403_result_fetch_is_retried_and_a_plain_403_is_not() -> None:
+    def fetch(limited: bool) -> object:
+        call = CallResult("GET", "/r", NOW, 1.0, http_status=403, rate_limited=limited)
+        return decide_collect(
+            call,
+            None,
+            ref=None,
+            category=RemoteCategory.SUCCESS,
+            attempts=1,
+            max_failures=3,
+            detail={},
+            backoff=BackoffPolicy(),
+            rng=random.Random(1),
+        )
+
+    assert isinstance(fetch(True), RetryFetch)
+    assert not isinstance(fetch(False), RetryFetch)
+
+
 # --- which creates may have made a job ------------------------------------------------------
 
 
@@ -335,9 +354,9 @@ def test_jsonl_lines_are_parsed_one_by_one_and_a_malformed_one_is_named() -> Non
 
 
 LINE_TESTS = (
-    LineTest(Pointer.parse("/error"), present=True),
-    LineTest(Pointer.parse("/response/status_code"), in_=(400, 500)),
-    LineTest(Pointer.parse("/result/type"), equals="errored"),
+    LineTest.model_validate({"pointer": "/error", "present": True}),
+    LineTest.model_validate({"pointer": "/response/status_code", "in": [400, 500]}),
+    LineTest.model_validate({"pointer": "/result/type", "equals": "errored"}),
 )
 
 

@@ -55,8 +55,8 @@ CollectDecision = RetryFetch | Unavailable | Invalid | Verified
 
 
 def retryable(call: CallResult) -> bool:
-    """A network failure, a 5xx or a "not now" 4xx: worth another fetch."""
-    if call.transport_error is not None:
+    """A network failure, a 5xx, a "not now" 4xx or a rate-limited 403: worth another fetch."""
+    if call.transport_error is not None or call.rate_limited:
         return True
     status = call.http_status
     return status is not None and (status >= 500 or status in RETRYABLE_4XX)
