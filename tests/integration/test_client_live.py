@@ -110,6 +110,7 @@ def test_the_calls_return_typed_answers(api: Client, stack: Stack) -> None:
     assert states[0] == "create_pending" and states[-1] == "succeeded"
     (provider,) = api.providers()
     assert provider.name == "sim" and provider.webhook is None and provider.can_cancel
+    assert provider.preset is None and provider.set_by_service == ()
 
 
 def test_the_error_families(api: Client, stack: Stack) -> None:

@@ -142,10 +142,21 @@ def test_set_rules_keep_json_values_and_templates() -> None:
         ({"/a": "{idempotency_key!r}"}, 'create.set."/a": only {idempotency_key}'),
         ({"/a": "{idempotency_key"}, 'create.set."/a": not a valid template'),
         ({"/a": 1, "/a/b": 2}, 'create.set."/a/b": overlaps /a: set each member once'),
+        ({"/a": float("inf")}, 'create.set."/a": inf and nan are not JSON values'),
+        ({"/a": [float("nan")]}, 'create.set."/a": inf and nan are not JSON values'),
+        ({"/api_key": "sk-abc123"}, 'create.set."/api_key": looks like a credential'),
+        ({"/auth/token": "abc123"}, 'create.set."/auth/token": looks like a credential'),
     ],
 )
 def test_set_errors(rules: Any, fragment: str) -> None:
-    assert fragment in _error(_with(MINIMAL, "create.set", rules))
+    message = _error(_with(MINIMAL, "create.set", rules))
+    assert fragment in message
+    assert "abc123" not in message
+
+
+def test_a_credential_like_name_may_carry_a_template() -> None:
+    rules = {"/metadata/reconciler_key": "{idempotency_key}"}
+    assert _load(_with(MINIMAL, "create.set", rules)).create.set[0].value == "{idempotency_key}"
 
 
 def test_set_refuses_toml_dates() -> None:
@@ -269,6 +280,7 @@ def test_static_headers_parse_in_order() -> None:
         ({"Proxy-Authorization": "abc123"}, "headers.Proxy-Authorization: static headers"),
         ({"X-Goog-Session": "abc123"}, "headers.X-Goog-Session: static headers are never"),
         ({"X-Auth-Token": "abc123"}, "headers.X-Auth-Token: static headers are never"),
+        ({"X-Upstream": "Bearer abc123"}, "headers.X-Upstream: static headers are never"),
         ({"a b": "1"}, 'headers."a b": is not a valid HTTP header name'),
         ({"v": 1}, "headers.v: expected a string of printable characters"),
         ({"v": "a\r\nX-Evil: 1"}, "headers.v: expected a string of printable characters"),
@@ -466,3 +478,72 @@ def test_specs_are_frozen() -> None:
     spec = _load(MINIMAL)
     with pytest.raises(ValueError, match="frozen"):
         spec.create.path = "/elsewhere"  # type: ignore[misc]
+
+
+FULL: dict[str, Any] = {
+    "base_url": "https://api.example.com",
+    "description": "Example.",
+    "auth": {"type": "bearer", "token_env": "T"},
+    "trace_header": "X-Trace-ID",
+    "job_id_slashes": True,
+    "headers": {"example-version": "1"},
+    "http": {"max_connections": 2, "request_id_header": "x-request-id"},
+    "create": {
+        "path": "/jobs",
+        "job_id": "/id",
+        "idempotency": "body",
+        "set": {"/key": "{idempotency_key}", "/hook": "{webhook_url}"},
+        "duplicate": {"status": [409], "body_contains": "exists"},
+    },
+    "lookup": {
+        **LIST_LOOKUP,
+        "pages": 2,
+        "next": "/last",
+        "next_param": "after",
+        "has_more": "/more",
+    },
+    "status": {
+        "path": "/jobs/{job_id}",
+        "state": "/status",
+        "result_ref": "/out",
+        "errors_ref": "/err",
+        "rules": [{"pointer": "/done", "present": False, "category": "pending"}],
+        "required": ["/id"],
+    },
+    "states": {"pending": ["running"], "success": ["done"]},
+    "cancel": {"path": "/jobs/{job_id}/cancel"},
+    "result": {
+        **JSONL_RESULT,
+        "failed_lines": [{"pointer": "/error", "present": True}],
+        "errors_path": "/files/{errors_ref}",
+        "summary": {"n": "status:/count"},
+    },
+    "webhook": {**WEBHOOK, "types": ["job.done"]},
+    "polling": {"rate_limit_reset": "header:x-ratelimit-reset", "webhook_trust": "adaptive"},
+    "request_schema": {"type": "object"},
+}
+GARBAGE: list[Any] = [1, -1, 0.5, float("nan"), True, "", "x", "/x", [], [1], {}, {"a": 1}]
+
+
+def _leaves(table: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found: list[tuple[str, ...]] = []
+    for key, value in table.items():
+        found.append((*prefix, key))
+        if isinstance(value, dict):
+            found.extend(_leaves(value, (*prefix, key)))
+    return found
+
+
+def test_any_value_anywhere_is_a_spec_or_one_line_never_a_crash() -> None:
+    assert _load(FULL).create.duplicate is not None
+    for path in _leaves(FULL):
+        for value in GARBAGE:
+            data = copy.deepcopy(FULL)
+            target = data
+            for key in path[:-1]:
+                target = target[key]
+            target[path[-1]] = value
+            try:
+                _load(data)
+            except ConfigError as exc:
+                assert "\n" not in exc.message and exc.message.startswith(INLINE_SOURCE), path

@@ -10,6 +10,7 @@ collide with another, a static header can never carry a credential (those come f
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -76,7 +77,17 @@ def template_names(value: Any, key: str) -> frozenset[str]:
         return frozenset().union(*(template_names(v, key) for v in value.values()))
     if isinstance(value, dt.date | dt.time):
         raise problem("TOML dates and times are not JSON values; write a string", key)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise problem("inf and nan are not JSON values", key)
     return frozenset()
+
+
+def _looks_like_a_credential(pointer: Pointer, value: Any) -> bool:
+    # A literal (not a template) under a credential-like name: a secret pasted into the file.
+    name = pointer.tokens[-1].lower()
+    words = ("key", "token", "secret", "password", "credential")
+    literal = isinstance(value, str) and not check_template(value, REQUEST_FIELDS)
+    return literal and any(word in name for word in words)
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,13 @@ def _set_rules(value: Any) -> tuple[SetRule, ...]:
         key = quoted(text)
         pointer = _member_pointer(text, key)
         template_names(item, key)
+        if _looks_like_a_credential(pointer, item):
+            # The value is not echoed: it may be the credential itself.
+            raise problem(
+                "looks like a credential; credentials come from [auth] and the environment, "
+                "never from the file",
+                key,
+            )
         for other in rules:
             shorter, longer = sorted((other.pointer.tokens, pointer.tokens), key=len)
             if longer[: len(shorter)] == shorter:
@@ -154,6 +172,8 @@ def _headers(value: Any) -> tuple[tuple[str, str], ...]:
             raise problem("given twice (header names ignore case)", key)
         if not isinstance(text, str) or any(not ch.isprintable() for ch in text):
             raise problem("expected a string of printable characters", key)
+        if text.lower().startswith(("bearer ", "basic ")):
+            raise problem("static headers are never credentials; use [auth]", key)
         seen.add(name.lower())
         pairs.append((name, text))
     return tuple(pairs)
