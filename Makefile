@@ -17,7 +17,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(PIP) install -e ".[test]"
+	$(PIP) install -e ".[test,ray]"
 	touch $(STAMP)
 
 lint: $(STAMP)

@@ -11,6 +11,7 @@ import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,18 @@ from reconciler.storage.database import Database
 from tests.support.databases import POSTGRES_ENV, PostgresFactory, postgres_admin_url, sqlite_url
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``-n N`` hands tests out one by one, keeping the modules of ``WHOLE`` together."""
+    if config.getoption("dist") != "load":
+        return None
+    from tests.support.scheduling import LoadKeepingModulesWhole
+
+    # Collection order, as --dist load keeps it: not the largest units first.
+    config.option.loadscopereorder = False
+    return LoadKeepingModulesWhole(config, log)
 
 
 @pytest.fixture(scope="session")
