@@ -143,7 +143,9 @@ LIST_LOOKUP = {
 }
 
 
-def list_pages(rig: StepRig, *, ours_on_page: int | None) -> list[str | None]:
+def list_pages(
+    rig: StepRig, *, ours_on_page: int | None, last_page: int = 5
+) -> list[str | None]:
     """Lookup answers as OpenAI lists batches: newest first, a cursor, ``has_more``.
 
     Returns the list of cursors the lookups carried, filled as they arrive."""
@@ -159,7 +161,7 @@ def list_pages(rig: StepRig, *, ours_on_page: int | None) -> list[str | None]:
                 {"job_id": job.id, "metadata": job.request["metadata"]}
                 for job in rig.provider.jobs.values()
             ]
-        return answer(200, {"data": data, "has_more": number < 5, "last_id": f"p{number}"})
+        return answer(200, {"data": data, "has_more": number < last_page, "last_id": f"p{number}"})
 
     rig.provider.script("lookup", *([page] * 3))
     return cursors
@@ -208,12 +210,30 @@ async def test_not_found_on_every_page_means_the_create_never_landed(
         op_id = rig.submit({"input_file_id": "file-1"})
         rig.provider.script("create", httpx.ReadTimeout("timed out"))  # nothing was made
         assert (await rig.step(op_id)).state == "create_unknown"
-        cursors = list_pages(rig, ours_on_page=None)
+        cursors = list_pages(rig, ours_on_page=None, last_page=3)
         rig.advance_to_due(op_id)
         op = await rig.step(op_id)
-        assert cursors == [None, "p1", "p2"]  # pages = 3, then not found
+        assert cursors == [None, "p1", "p2"]  # the whole list, then not found
         assert op.state == "observing" and len(rig.provider.jobs) == 1
         assert len(rig.provider.sent("create")) == 2
+
+
+async def test_a_list_that_goes_on_past_the_pages_read_does_not_mean_not_made(
+    tmp_path: Path, db_url: str
+) -> None:
+    # Ours is on page 4 of 5 and three pages are read: "not found" would resend a made job.
+    table = keyless(idempotency="none", set={"/metadata/reconciler_key": "{idempotency_key}"})
+    table["lookup"] = LIST_LOOKUP
+    async with step_rig(tmp_path, db_url, table=table) as rig:
+        op_id = rig.submit({"input_file_id": "file-1"})
+        made_then(rig, httpx.ReadTimeout("timed out"))
+        assert (await rig.step(op_id)).state == "create_unknown"
+        cursors = list_pages(rig, ours_on_page=4)
+        rig.advance_to_due(op_id)
+        op = await rig.step(op_id)
+        assert cursors == [None, "p1", "p2"]
+        assert op.state == "create_unknown" and op.remote_job_id is None
+        assert len(rig.provider.sent("create")) == 1 and len(rig.provider.jobs) == 1
 
 
 def no_lookup() -> dict[str, Any]:

@@ -406,7 +406,14 @@ class HttpAdapter:
             if cursor is None or lookup.next_param is None:
                 return outcome
             url = self._url(path).copy_merge_params({lookup.next_param: cursor})
-        return outcome
+        # Every page allowed was read and the list still goes on: the job may be further
+        # down, so "not made" is not known, and concluding it would resend a made job.
+        return LookupOutcome(
+            outcome.call,
+            LookupVerdict.UNKNOWN,
+            job_id_problem=f"no match in the {lookup.pages} lookup page(s) read, "
+            "and the list has more",
+        )
 
     async def _job_call(
         self, method: str, template: str, job_id: str, trace_id: str, timeout: float, limit: int

@@ -341,11 +341,6 @@ def test_a_lost_create_is_found_by_listing_batches_page_by_page(
         assert op["escalation"] is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a list lookup that reads all its pages while has_more is still true concludes "
-    "'not made' and resends (two batches); it must escalate create_unknown instead",
-)
 def test_a_lost_create_beyond_the_pages_read_escalates_and_is_never_resent(
     tmp_path: Path, sqlite_db: str
 ) -> None:

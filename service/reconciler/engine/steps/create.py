@@ -122,15 +122,16 @@ class CreateStep:
         # A create may already have reached the provider: in create_unknown, and also in
         # create_pending after a restart with an attempt on record. Look before resending.
         maybe_sent = State(op.state) is State.CREATE_UNKNOWN or op.create_attempts > 0
-        if maybe_sent and spec.lookup is None and spec.create.idempotency is IdempotencyMode.NONE:
-            # No key and no way to ask: a resend may make a second job. Only a create that
-            # certainly made none, or a person's decision, allows one.
+        if maybe_sent and spec.create.idempotency is IdempotencyMode.NONE:
+            # No key: a resend may make a second job. Only a create that certainly made
+            # none, or a person's decision, allows one; otherwise the lookup, if any, asks.
             allowed = await ctx.runtime.db.run(resend_allowed, ctx.runtime.db, op, ctx.actor)
-            if allowed is None:
+            if allowed is not None:
+                await self._send(op, [allowed])
+                return
+            if spec.lookup is None:
                 await self._create_unknown(op, "the create may have made a job", [])
                 return
-            await self._send(op, [allowed])
-            return
         if maybe_sent and spec.lookup is not None:
             op = await self._reserve(op, {"create_lookups": op.create_lookups + 1})
             found = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
@@ -167,11 +168,15 @@ class CreateStep:
         outage = ctx.outage_note(op.created_at, op.create_deadline_at)
         notes: list[Entry] = [outage.entry] if outage is not None else []
         maybe_sent = State(op.state) is State.CREATE_UNKNOWN or op.create_attempts > 0
+        # Without a key, a create that may have made a job and that no lookup could settle
+        # is a person's call (abandon or resend), not a provider failure.
+        unsettled = maybe_sent and spec.create.idempotency is IdempotencyMode.NONE
         if maybe_sent and spec.lookup is not None:
             found = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
             if found.verdict is LookupVerdict.FOUND and found.job_id:
                 await self._accept(op, found.job_id, None, found.call, "lookup", before=notes)
                 return
+            unsettled = unsettled and found.verdict is LookupVerdict.UNKNOWN
             notes.append(
                 Entry(
                     kind=HistoryKind.OBSERVATION,
@@ -186,6 +191,9 @@ class CreateStep:
             if until > ctx.now() and not await ctx.runtime.db.run(self._extended_before, op.id):
                 await self._give_back(op, until, notes)
                 return
+        if unsettled:
+            await self._create_unknown(op, f"{stop.detail}; the create may have made a job", notes)
+            return
         await self._escalate(op, stop.reason, stop.detail, notes)
 
     def _extended_before(self, op_id: str) -> bool:
@@ -325,8 +333,8 @@ class CreateStep:
         await self._escalate(
             op,
             EscalationReason.CREATE_UNKNOWN,
-            f"{detail}, and the provider takes no idempotency key and has no lookup: "
-            "it is not resent without a decision",
+            f"{detail}, and the provider takes no idempotency key and no lookup settled "
+            "it: it is not resent without a decision",
             before,
         )
 
