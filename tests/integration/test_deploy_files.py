@@ -68,7 +68,7 @@ def deploy_text_files() -> Iterator[Path]:
 # --- which RECONCILER_* names the service reads ---------------------------------------
 
 
-def _sample(default: Any) -> str | None:
+def _sample(default: Any, name: str = "") -> str | None:
     """A value for a setting's variable that differs from its default, or None."""
     if isinstance(default, bool):
         return str(not default).lower()
@@ -83,7 +83,7 @@ def _sample(default: Any) -> str | None:
             return "https://sample.example"
         return default + "-changed"
     if isinstance(default, tuple):
-        return "sample.example"
+        return "sample.example:run" if name == "hooks" else "sample.example"
     return None
 
 
@@ -97,7 +97,7 @@ def _candidates() -> Iterator[tuple[str, str]]:
                 if sample is not None:
                     yield f"{config.ENV_PREFIX}{f.name.upper()}_{sub.name.upper()}", sample
         else:
-            sample = _sample(value)
+            sample = _sample(value, f.name)
             if sample is not None:
                 yield f"{config.ENV_PREFIX}{f.name.upper()}", sample
 
