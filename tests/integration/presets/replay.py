@@ -191,6 +191,21 @@ def answer_created(replay: Replay, body: dict[str, Any], status: int = 200) -> R
     return JSONResponse(body, status_code=status)
 
 
+def openai_error(
+    status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
+) -> JSONResponse:
+    """An error as the OpenAI APIs answer one."""
+    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return JSONResponse(body, status_code=status)
+
+
+def google_error(code: int, status: str, message: str) -> JSONResponse:
+    """An error as Google's JSON APIs answer one (google.rpc.Status over HTTP)."""
+    return JSONResponse(
+        {"error": {"code": code, "message": message, "status": status}}, status_code=code
+    )
+
+
 def bearer_ok(request: Request) -> bool:
     return request.headers.get("authorization") == f"Bearer {API_TOKEN}"
 
@@ -220,6 +235,20 @@ def standard_webhook(secret: str, body: bytes, msg_id: str) -> dict[str, str]:
         "webhook-signature": signature,
         "content-type": "application/json",
     }
+
+
+def openai_event(kind: str, object_id: str, n: int) -> tuple[bytes, dict[str, str]]:
+    """A thin OpenAI webhook event (``data.id`` only), signed: the body and its headers."""
+    body = json.dumps(
+        {
+            "id": f"evt_{n}",
+            "object": "event",
+            "created_at": now_unix(),
+            "type": kind,
+            "data": {"id": object_id},
+        }
+    ).encode()
+    return body, standard_webhook(WEBHOOK_SECRET, body, f"wh_{n}")
 
 
 def post(url: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
@@ -308,11 +337,26 @@ class PresetStack:
             op_id, lambda op: op["done"] or op["state"] == "escalated", "done", timeout=timeout
         )
 
+    def cancel_when(self, op_id: str, remote_state: str, what: str) -> dict[str, Any]:
+        """Cancel once a status read has seen ``remote_state``; the Operation once done."""
+        self.wait_for(op_id, lambda op: op["remote_state"] == remote_state, what)
+        self.cancel(op_id)
+        return self.finish(op_id)
+
     def token(self, op_id: str) -> str:
         """The idempotency key the service sends the provider for this operation."""
         with self.runtime.db.read() as conn:
             op = load_operation(conn, op_id)
         return op.idempotency_token
+
+    def jobs_with_key(self, op_id: str, table: str) -> list[Job]:
+        """The provider's jobs whose create request carries this operation's key in ``table``."""
+        key = self.token(op_id)
+        return [
+            j
+            for j in self.replay.all_jobs()
+            if j.request and j.request.get(table, {}).get("reconciler_key") == key
+        ]
 
     def remote_job(self, op_id: str) -> str:
         op = self.wait_for(op_id, lambda op: bool(op["remote_job_id"]), "a remote job id")

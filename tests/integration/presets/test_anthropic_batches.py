@@ -212,9 +212,7 @@ def test_an_ended_batch_where_nothing_succeeded_is_a_failure(
 def test_cancel_goes_through_canceling_and_ends_cancelled(tmp_path: Path, sqlite_db: str) -> None:
     with stack(tmp_path, sqlite_db) as s:
         op_id = s.start(REQUEST)
-        s.wait_for(op_id, lambda op: op["remote_state"] == "in_progress", "in progress")
-        s.cancel(op_id)
-        op = s.finish(op_id)
+        op = s.cancel_when(op_id, "in_progress", "in progress")
         assert op["state"] == "cancelled", op
         assert "canceling" in observed_states(s.history(op_id))
 

@@ -250,9 +250,7 @@ def test_cancel_ends_with_conclusion_cancelled(tmp_path: Path, sqlite_db: str) -
     with stack(tmp_path, sqlite_db, FAST_POLLING) as s:
         s.replay.script = [{"status": "in_progress"}]
         op_id = s.start(REQUEST)
-        s.wait_for(op_id, lambda op: op["remote_state"] == "in_progress", "in progress")
-        s.cancel(op_id)
-        op = s.finish(op_id)
+        op = s.cancel_when(op_id, "in_progress", "in progress")
         assert op["state"] == "cancelled", op
 
 

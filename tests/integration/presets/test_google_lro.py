@@ -26,6 +26,7 @@ from tests.integration.presets.replay import (
     answer_created,
     assert_create_unknown,
     bearer_ok,
+    google_error,
     observed_states,
     preset_stack,
     rfc3339_now,
@@ -41,12 +42,6 @@ REQUEST = {
 }
 METADATA_TYPE = "type.googleapis.com/google.cloud.translation.v3.BatchTranslateMetadata"
 RESPONSE_TYPE = "type.googleapis.com/google.cloud.translation.v3.BatchTranslateResponse"
-
-
-def status_error(code: int, status: str, message: str) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"code": code, "message": message, "status": status}}, status_code=code
-    )
 
 
 def finished(**counts: str) -> dict[str, Any]:
@@ -69,9 +64,9 @@ class OperationsAPI:
     async def create(self, request: Request) -> Response:
         body = await self.replay.record(request)
         if not bearer_ok(request):
-            return status_error(401, "UNAUTHENTICATED", "Request had invalid credentials.")
+            return google_error(401, "UNAUTHENTICATED", "Request had invalid credentials.")
         if not isinstance(body, dict) or "targetLanguageCodes" not in body:
-            return status_error(400, "INVALID_ARGUMENT", "target_language_codes is required")
+            return google_error(400, "INVALID_ARGUMENT", "target_language_codes is required")
         name = self.replay.new_id("projects/4242/locations/us-central1/operations/2024")
         operation = {
             "name": name,
@@ -92,13 +87,13 @@ class OperationsAPI:
         if request.method == "POST" and path.endswith(":cancel"):
             name = path.removesuffix(":cancel")
             if name not in self.replay.jobs:
-                return status_error(404, "NOT_FOUND", f"Operation {name} not found.")
+                return google_error(404, "NOT_FOUND", f"Operation {name} not found.")
             cancelled = {"code": 1, "message": "Operation was cancelled.", "details": []}
             self.replay.set(name, {}, [{"done": True, "error": cancelled}])
             return JSONResponse({})
         found = self.replay.read(path) if request.method == "GET" else None
         if found is None:
-            return status_error(404, "NOT_FOUND", f"Operation {path} not found.")
+            return google_error(404, "NOT_FOUND", f"Operation {path} not found.")
         return JSONResponse(found)
 
 

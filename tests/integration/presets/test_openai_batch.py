@@ -30,9 +30,10 @@ from tests.integration.presets.replay import (
     jsonl,
     now_unix,
     observed_states,
+    openai_error,
+    openai_event,
     post,
     preset_stack,
-    standard_webhook,
 )
 
 ENVIRON = {"OPENAI_API_KEY": API_TOKEN, "OPENAI_WEBHOOK_SECRET": WEBHOOK_SECRET}
@@ -43,11 +44,6 @@ REQUEST = {
     "metadata": {"project": "nightly-eval"},
 }
 OTHER_CLIENTS_BATCHES = 130  # made right after ours: the lookup must read a second page
-
-
-def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
-    return JSONResponse(body, status_code=status)
 
 
 def batch_object(replay: Replay, request: dict[str, Any]) -> dict[str, Any]:
@@ -85,9 +81,9 @@ class BatchAPI:
     async def create(self, request: Request) -> Response:
         body = await self.replay.record(request)
         if not bearer_ok(request):
-            return error(401, "Incorrect API key provided.")
+            return openai_error(401, "Incorrect API key provided.")
         if not isinstance(body, dict) or "input_file_id" not in body:
-            return error(400, "Missing required parameter: 'input_file_id'.")
+            return openai_error(400, "Missing required parameter: 'input_file_id'.")
         batch = batch_object(self.replay, body)
         self.replay.add(batch["id"], batch, body)
         answer = answer_created(self.replay, batch)
@@ -106,7 +102,7 @@ class BatchAPI:
         ids = [b["id"] for b in batches]
         if after is not None:
             if after not in ids:
-                return error(400, f"Invalid 'after': no batch {after}.")
+                return openai_error(400, f"Invalid 'after': no batch {after}.")
             batches = batches[ids.index(after) + 1 :]
         page = batches[:limit]
         first, last = (page[0]["id"], page[-1]["id"]) if page else (None, None)
@@ -125,14 +121,14 @@ class BatchAPI:
         batch_id = request.path_params["batch_id"]
         found = self.replay.read(batch_id)
         if found is None:
-            return error(404, f"No batch found with id '{batch_id}'.")
+            return openai_error(404, f"No batch found with id '{batch_id}'.")
         return JSONResponse(found)
 
     async def cancel(self, request: Request) -> Response:
         await self.replay.record(request)
         batch_id = request.path_params["batch_id"]
         if batch_id not in self.replay.jobs:
-            return error(404, f"No batch found with id '{batch_id}'.")
+            return openai_error(404, f"No batch found with id '{batch_id}'.")
         self.replay.set(
             batch_id,
             {"status": "cancelling", "cancelling_at": now_unix()},
@@ -144,7 +140,7 @@ class BatchAPI:
         await self.replay.record(request)
         data = self.replay.files.get(request.path_params["file_id"])
         if data is None:
-            return error(404, "No such File object")
+            return openai_error(404, "No such File object")
         # The Files API serves file content as octet-stream, JSONL or not.
         return Response(data, media_type="application/octet-stream")
 
@@ -241,22 +237,10 @@ def test_a_thin_webhook_brings_the_read_forward_and_other_types_change_nothing(
         # The create answered `validating`; the first read is 120 s away.
         reads = len(s.replay.requests("GET", f"/v1/batches/{batch_id}"))
 
-        def event(kind: str, n: int) -> tuple[bytes, dict[str, str]]:
-            body = json.dumps(
-                {
-                    "id": f"evt_{n}",
-                    "object": "event",
-                    "created_at": now_unix(),
-                    "type": kind,
-                    "data": {"id": batch_id},
-                }
-            ).encode()
-            return body, standard_webhook(WEBHOOK_SECRET, body, f"wh_{n}")
-
-        body, headers = event("batch.completed", 1)
+        body, headers = openai_event("batch.completed", batch_id, 1)
         forged = {**headers, "webhook-signature": "v1," + "A" * 43 + "="}
         assert post(s.webhook_url, body, forged).status_code == 401
-        other, other_headers = event("fine_tuning.job.succeeded", 2)
+        other, other_headers = openai_event("fine_tuning.job.succeeded", batch_id, 2)
         answer = post(s.webhook_url, other, other_headers)
         assert answer.status_code in (200, 202), answer.text
         assert not [e for e in s.history(op_id) if e["kind"] == "hint"]
@@ -303,9 +287,7 @@ def test_cancel_goes_through_cancelling_to_cancelled(tmp_path: Path, sqlite_db: 
     with stack(tmp_path, sqlite_db, FAST_POLLING) as s:
         s.replay.script = [{"status": "in_progress"}]
         op_id = s.start(REQUEST)
-        s.wait_for(op_id, lambda op: op["remote_state"] == "in_progress", "in progress")
-        s.cancel(op_id)
-        op = s.finish(op_id)
+        op = s.cancel_when(op_id, "in_progress", "in progress")
         assert op["state"] == "cancelled", op
         job = s.replay.only_job()
         assert s.replay.requests("POST", f"/v1/batches/{job.id}/cancel")
@@ -327,12 +309,7 @@ def test_a_lost_create_is_found_by_listing_batches_page_by_page(
         op_id = s.start(REQUEST)
         op = s.finish(op_id)
         assert op["state"] == "succeeded", op
-        key = s.token(op_id)
-        mine = [
-            j
-            for j in s.replay.all_jobs()
-            if j.request and j.request.get("metadata", {}).get("reconciler_key") == key
-        ]
+        mine = s.jobs_with_key(op_id, "metadata")
         assert len(mine) == 1 and op["remote_job_id"] == mine[0].id
         assert len(s.replay.requests("POST", "/v1/batches")) == 1, "the create was resent"
         pages = s.replay.requests("GET", "/v1/batches")
@@ -352,12 +329,7 @@ def test_a_lost_create_beyond_the_pages_read_escalates_and_is_never_resent(
             lambda op: op["state"] == "escalated" or bool(op["remote_job_id"]),
             "an escalation, or a job id (from a resend)",
         )
-        key = s.token(op_id)
-        mine = [
-            j
-            for j in s.replay.all_jobs()
-            if j.request and j.request.get("metadata", {}).get("reconciler_key") == key
-        ]
+        mine = s.jobs_with_key(op_id, "metadata")
         assert len(mine) == 1, "a second batch was made for one operation"
         assert op["state"] == "escalated" and op["escalation"]["reason"] == "create_unknown", op
         s.settled(op_id)

@@ -31,9 +31,10 @@ from tests.integration.presets.replay import (
     bearer_ok,
     now_unix,
     observed_states,
+    openai_error,
+    openai_event,
     post,
     preset_stack,
-    standard_webhook,
 )
 
 ENVIRON = {"OPENAI_API_KEY": API_TOKEN, "OPENAI_WEBHOOK_SECRET": WEBHOOK_SECRET}
@@ -50,13 +51,6 @@ OUTPUT = [
 USAGE = {"input_tokens": 12, "output_tokens": 9, "total_tokens": 21}
 
 
-def error(status: int, message: str, param: str | None = None) -> JSONResponse:
-    body = {
-        "error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}
-    }
-    return JSONResponse(body, status_code=status)
-
-
 class ResponsesAPI:
     def __init__(self, replay: Replay) -> None:
         self.replay = replay
@@ -64,11 +58,11 @@ class ResponsesAPI:
     async def create(self, request: Request) -> Response:
         body = await self.replay.record(request)
         if not bearer_ok(request):
-            return error(401, "Incorrect API key provided.")
+            return openai_error(401, "Incorrect API key provided.")
         if not isinstance(body, dict) or "model" not in body:
-            return error(400, "Missing required parameter: 'model'.", "model")
+            return openai_error(400, "Missing required parameter: 'model'.", param="model")
         if body.get("background") and body.get("store") is False:
-            return error(400, "Background responses must be stored.", "store")
+            return openai_error(400, "Background responses must be stored.", param="store")
         response = {
             "id": self.replay.new_id("resp_"),
             "object": "response",
@@ -91,16 +85,16 @@ class ResponsesAPI:
         response_id = request.path_params["response_id"]
         found = self.replay.read(response_id)
         if found is None:
-            return error(404, f"Response with id '{response_id}' not found.")
+            return openai_error(404, f"Response with id '{response_id}' not found.")
         return JSONResponse(found)
 
     async def cancel(self, request: Request) -> Response:
         await self.replay.record(request)
         response_id = request.path_params["response_id"]
         if response_id not in self.replay.jobs:
-            return error(404, f"Response with id '{response_id}' not found.")
+            return openai_error(404, f"Response with id '{response_id}' not found.")
         if not self.replay.peek(response_id)["background"]:
-            return error(400, "Only background responses can be cancelled.")
+            return openai_error(400, "Only background responses can be cancelled.")
         self.replay.set(response_id, {"status": "cancelled"})
         return JSONResponse(self.replay.peek(response_id))
 
@@ -133,16 +127,8 @@ def test_a_background_response_finishes_on_its_webhook_with_the_output_as_result
         assert sent["background"] is True and sent["store"] is True
         assert sent["metadata"] == {"reconciler_key": s.token(op_id)}
         s.replay.set(response_id, {"status": "completed", "output": OUTPUT, "usage": USAGE})
-        body = json.dumps(
-            {
-                "id": "evt_1",
-                "object": "event",
-                "created_at": now_unix(),
-                "type": "response.completed",
-                "data": {"id": response_id},
-            }
-        ).encode()
-        answer = post(s.webhook_url, body, standard_webhook(WEBHOOK_SECRET, body, "wh_1"))
+        body, headers = openai_event("response.completed", response_id, 1)
+        answer = post(s.webhook_url, body, headers)
         assert answer.status_code in (200, 202), answer.text
         # Reads are 120 s apart: only the hint can bring this one.
         op = s.finish(op_id, timeout=15)
@@ -194,9 +180,7 @@ def test_a_failed_response_fails_with_its_error_kept(tmp_path: Path, sqlite_db: 
 def test_cancel_of_a_background_response(tmp_path: Path, sqlite_db: str) -> None:
     with stack(tmp_path, sqlite_db, FAST_POLLING) as s:
         op_id = s.start(REQUEST)
-        s.wait_for(op_id, lambda op: op["remote_state"] == "queued", "queued")
-        s.cancel(op_id)
-        op = s.finish(op_id)
+        op = s.cancel_when(op_id, "queued", "queued")
         assert op["state"] == "cancelled", op
         job = s.replay.only_job()
         assert s.replay.requests("POST", f"/v1/responses/{job.id}/cancel")

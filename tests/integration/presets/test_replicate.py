@@ -162,9 +162,7 @@ def test_cancel_ends_canceled(tmp_path: Path, sqlite_db: str) -> None:
     with stack(tmp_path, sqlite_db, FAST_POLLING) as s:
         s.replay.script = [{"status": "processing"}]
         op_id = s.start(REQUEST)
-        s.wait_for(op_id, lambda op: op["remote_state"] == "processing", "processing")
-        s.cancel(op_id)
-        op = s.finish(op_id)
+        op = s.cancel_when(op_id, "processing", "processing")
         assert op["state"] == "cancelled", op
         job = s.replay.only_job()
         assert s.replay.requests("POST", f"/v1/predictions/{job.id}/cancel")

@@ -28,6 +28,7 @@ from tests.integration.presets.replay import (
     Replay,
     answer_created,
     bearer_ok,
+    google_error,
     observed_states,
     preset_stack,
     rfc3339_now,
@@ -49,12 +50,6 @@ PAGE_SIZE = 2
 LABEL_FILTER = re.compile(r'labels\.([a-z0-9_-]+)\s*=\s*"?([^"]*)"?')
 
 
-def status_error(code: int, status: str, message: str) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"code": code, "message": message, "status": status}}, status_code=code
-    )
-
-
 def succeeded(state: str = "JOB_STATE_SUCCEEDED", failed: str = "0") -> dict[str, Any]:
     return {
         "state": state,
@@ -71,9 +66,9 @@ class JobsAPI:
     async def create(self, request: Request) -> Response:
         body = await self.replay.record(request)
         if not bearer_ok(request):
-            return status_error(401, "UNAUTHENTICATED", "Request had invalid credentials.")
+            return google_error(401, "UNAUTHENTICATED", "Request had invalid credentials.")
         if not isinstance(body, dict) or "inputConfig" not in body:
-            return status_error(400, "INVALID_ARGUMENT", "input_config is required")
+            return google_error(400, "INVALID_ARGUMENT", "input_config is required")
         name = self.replay.new_id("projects/4242/locations/us-central1/batchPredictionJobs/")
         job = {
             **body,
@@ -103,7 +98,7 @@ class JobsAPI:
         jobs = [j.body for j in reversed(self.replay.all_jobs())]
         wanted = LABEL_FILTER.fullmatch(request.query_params.get("filter", "").strip())
         if request.query_params.get("filter") and wanted is None:
-            return status_error(400, "INVALID_ARGUMENT", "Unsupported filter.")
+            return google_error(400, "INVALID_ARGUMENT", "Unsupported filter.")
         if wanted is not None:
             key, value = wanted.groups()
             jobs = [j for j in jobs if j.get("labels", {}).get(key) == value]
@@ -120,7 +115,7 @@ class JobsAPI:
         if request.method == "POST" and path.endswith(":cancel"):
             name = path.removesuffix(":cancel")
             if name not in self.replay.jobs:
-                return status_error(404, "NOT_FOUND", f"BatchPredictionJob {name} not found.")
+                return google_error(404, "NOT_FOUND", f"BatchPredictionJob {name} not found.")
             self.replay.set(
                 name,
                 {"state": "JOB_STATE_CANCELLING"},
@@ -129,7 +124,7 @@ class JobsAPI:
             return JSONResponse({})
         found = self.replay.read(path) if request.method == "GET" else None
         if found is None:
-            return status_error(404, "NOT_FOUND", f"BatchPredictionJob {path} not found.")
+            return google_error(404, "NOT_FOUND", f"BatchPredictionJob {path} not found.")
         return JSONResponse(found)
 
 
@@ -187,9 +182,7 @@ def test_cancel_goes_through_cancelling_to_cancelled(tmp_path: Path, sqlite_db: 
     with stack(tmp_path, sqlite_db) as s:
         s.replay.script = [{"state": "JOB_STATE_RUNNING"}]
         op_id = s.start(REQUEST)
-        s.wait_for(op_id, lambda op: op["remote_state"] == "JOB_STATE_RUNNING", "running")
-        s.cancel(op_id)
-        op = s.finish(op_id)
+        op = s.cancel_when(op_id, "JOB_STATE_RUNNING", "running")
         assert op["state"] == "cancelled", op
         assert "JOB_STATE_CANCELLING" in observed_states(s.history(op_id))
 
@@ -209,11 +202,7 @@ def test_a_lost_create_is_found_by_its_label(tmp_path: Path, sqlite_db: str) -> 
         op = s.finish(op_id)
         assert op["state"] == "succeeded", op
         key = s.token(op_id)
-        mine = [
-            j
-            for j in s.replay.all_jobs()
-            if j.request and j.request["labels"].get("reconciler_key") == key
-        ]
+        mine = s.jobs_with_key(op_id, "labels")
         assert len(mine) == 1 and op["remote_job_id"] == mine[0].id
         assert len(s.replay.requests("POST", PARENT)) == 1, "the create was resent"
         listed = s.replay.requests("GET", PARENT)
