@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from reconciler.api.webhooks import is_hint
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
-from reconciler.core.collect import RetryFetch, decide_collect
+from reconciler.core.collect import CollectDecision, RetryFetch, decide_collect
 from reconciler.core.create import may_have_landed
 from reconciler.core.operator_decision import DecisionRequest, plan_decision
 from reconciler.core.poll import Observation, PollPolicy, PollRecord, Stop, Wait, decide
@@ -282,9 +282,9 @@ def test_a_rate_limited_403_waits_for_its_reset_and_a_plain_403_is_denied() -> N
     assert isinstance(denied, Stop) and denied.reason is EscalationReason.AUTHORIZATION_DENIED
 
 
-def test_a_result_fetch_retry_waits_at_least_the_providers_retry_after() -> None:
-    call = CallResult("GET", "/r", NOW, 1.0, http_status=503, retry_after="90")
-    decision = decide_collect(
+def first_fetch_decision(call: CallResult) -> CollectDecision:
+    """What a first failed fetch of a succeeded job's result leads to."""
+    return decide_collect(
         call,
         None,
         ref=None,
@@ -295,23 +295,18 @@ def test_a_result_fetch_retry_waits_at_least_the_providers_retry_after() -> None
         backoff=BackoffPolicy(),
         rng=random.Random(1),
     )
+
+
+def test_a_result_fetch_retry_waits_at_least_the_providers_retry_after() -> None:
+    call = CallResult("GET", "/r", NOW, 1.0, http_status=503, retry_after="90")
+    decision = first_fetch_decision(call)
     assert isinstance(decision, RetryFetch) and decision.delay_seconds >= 90
 
 
 def test_a_rate_limited_403_result_fetch_is_retried_and_a_plain_403_is_not() -> None:
     def fetch(limited: bool) -> object:
         call = CallResult("GET", "/r", NOW, 1.0, http_status=403, rate_limited=limited)
-        return decide_collect(
-            call,
-            None,
-            ref=None,
-            category=RemoteCategory.SUCCESS,
-            attempts=1,
-            max_failures=3,
-            detail={},
-            backoff=BackoffPolicy(),
-            rng=random.Random(1),
-        )
+        return first_fetch_decision(call)
 
     assert isinstance(fetch(True), RetryFetch)
     assert not isinstance(fetch(False), RetryFetch)
