@@ -80,10 +80,13 @@ class ThrowawayPostgres:
             "UTF8",
             "--no-sync",
         )
-        options = (
-            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
-            "-c max_connections=200 -c shared_buffers=128MB"
-        )
+        self._pg_ctl_start("-c max_connections=200 -c shared_buffers=128MB")
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _pg_ctl_start(self, settings: str = "") -> None:
+        """Start the server of the existing data directory on its loopback port and socket
+        directory; ``settings`` are further ``-c`` options."""
+        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 {settings}".rstrip()
         self._run(
             _pg_binary("pg_ctl"),
             "-D",
@@ -97,14 +100,16 @@ class ThrowawayPostgres:
             "60",
             "start",
         )
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _pg_ctl_stop(self, mode: str) -> None:
+        self._run(_pg_binary("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
 
     def stop(self, keep: bool = False) -> None:
         """Stop the server; the data directory goes too unless ``keep`` (for a post-mortem:
         ``pg_ctl -D <dir>/data -o "-p PORT -k <dir>" start``)."""
         try:
             if (self.data / "postmaster.pid").exists():
-                self._run(_pg_binary("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+                self._pg_ctl_stop("fast")
         finally:
             if not keep:
                 shutil.rmtree(self.dir, ignore_errors=True)

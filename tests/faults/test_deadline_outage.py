@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
-from bench.soak_infra import ThrowawayPostgres, _pg_binary
+from bench.soak_infra import ThrowawayPostgres
 from fixtures.provider_sim import SimConfig, SimState
 from fixtures.provider_sim import create_app as create_sim
 
@@ -46,23 +46,10 @@ class OwnCluster(ThrowawayPostgres):
     """A cluster of the test's own, so that crashing it touches nobody else."""
 
     def crash(self) -> None:
-        self._run(_pg_binary("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        self._pg_ctl_stop("immediate")
 
     def restart(self) -> None:
-        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1"
-        self._run(
-            _pg_binary("pg_ctl"),
-            "-D",
-            str(self.data),
-            "-o",
-            options,
-            "-l",
-            str(self.dir / "server.log"),
-            "-w",
-            "-t",
-            "60",
-            "start",
-        )
+        self._pg_ctl_start()
 
 
 @contextmanager
