@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from reconciler.providers.spec import (
     auth_secret,
     webhook_secrets,
 )
+from tests.support.provider_tables import with_key
 
 SPEC_EXAMPLE = """\
 [providers.acme]
@@ -131,16 +131,7 @@ def _inline_error(data: dict[str, Any], environ: dict[str, str] | None = None) -
 
 def _with(path: str, value: Any) -> dict[str, Any]:
     """MINIMAL with one dotted key set (or removed when value is MISSING)."""
-    data = copy.deepcopy(MINIMAL)
-    *parents, leaf = path.split(".")
-    target = data
-    for key in parents:
-        target = target.setdefault(key, {})
-    if value is MISSING:
-        target.pop(leaf, None)
-    else:
-        target[leaf] = value
-    return data
+    return with_key(MINIMAL, path, value)
 
 
 def test_spec_example_loads_with_every_key(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from reconciler.providers.spec import (
     ProviderSpec,
     SetRule,
 )
+from tests.support.provider_tables import with_key
 
 PUBLIC = "https://reconciler.example.com/"
 MINIMAL: dict[str, Any] = {
@@ -32,19 +33,6 @@ WEBHOOK = {"scheme": "standard-webhooks", "secrets_env": "W", "job_id": "/data/i
 LOOKUP = {"path": "/v1/batches?limit=100", "job_id": "/id"}
 LIST_LOOKUP = {**LOOKUP, "items": "/data", "match": {"/metadata/key": "{idempotency_key}"}}
 JSONL_RESULT = {"path": "/files/{result_ref}/content", "content_type": "application/jsonl"}
-
-
-def _with(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
-    data = copy.deepcopy(data)
-    *parents, leaf = path.split(".")
-    target = data
-    for key in parents:
-        target = target.setdefault(key, {})
-    if value is MISSING:
-        target.pop(leaf, None)
-    else:
-        target[leaf] = value
-    return data
 
 
 def _load(data: dict[str, Any], public_url: str = PUBLIC) -> ProviderSpec:
@@ -76,7 +64,7 @@ def _error(data: dict[str, Any], public_url: str = PUBLIC) -> str:
     ],
 )
 def test_idempotency_is_resolved_at_load(create: dict[str, Any], mode: IdempotencyMode) -> None:
-    data = _with(MINIMAL, "create.idempotency", MISSING)
+    data = with_key(MINIMAL, "create.idempotency", MISSING)
     data["create"].update(create)
     assert _load(data).create.idempotency is mode
 
@@ -105,7 +93,7 @@ def test_idempotency_is_resolved_at_load(create: dict[str, Any], mode: Idempoten
     ],
 )
 def test_no_silent_idempotency_default(create: dict[str, Any], fragment: str) -> None:
-    data = _with(MINIMAL, "create.idempotency", MISSING)
+    data = with_key(MINIMAL, "create.idempotency", MISSING)
     data["create"].update(create)
     assert fragment in _error(data)
 
@@ -121,7 +109,7 @@ def test_set_rules_keep_json_values_and_templates() -> None:
         "/return_run_details": True,
         "/webhook": "{webhook_url}",
     }
-    data = _with(MINIMAL, "create.set", rules)
+    data = with_key(MINIMAL, "create.set", rules)
     data["webhook"] = WEBHOOK
     spec = _load(data)
     assert spec.create.set[0] == SetRule(spec.create.set[0].pointer, "{idempotency_key}")
@@ -149,30 +137,30 @@ def test_set_rules_keep_json_values_and_templates() -> None:
     ],
 )
 def test_set_errors(rules: Any, fragment: str) -> None:
-    message = _error(_with(MINIMAL, "create.set", rules))
+    message = _error(with_key(MINIMAL, "create.set", rules))
     assert fragment in message
     assert "abc123" not in message
 
 
 def test_a_credential_like_name_may_carry_a_template() -> None:
     rules = {"/metadata/reconciler_key": "{idempotency_key}"}
-    assert _load(_with(MINIMAL, "create.set", rules)).create.set[0].value == "{idempotency_key}"
+    assert _load(with_key(MINIMAL, "create.set", rules)).create.set[0].value == "{idempotency_key}"
 
 
 def test_set_refuses_toml_dates() -> None:
-    message = _error(_with(MINIMAL, "create.set", {"/at": dt.date(2026, 1, 1)}))
+    message = _error(with_key(MINIMAL, "create.set", {"/at": dt.date(2026, 1, 1)}))
     assert 'create.set."/at": TOML dates and times are not JSON values' in message
 
 
 def test_webhook_url_needs_public_url_and_a_webhook_table() -> None:
-    data = _with(MINIMAL, "create.set", {"/webhook": "{webhook_url}"})
+    data = with_key(MINIMAL, "create.set", {"/webhook": "{webhook_url}"})
     data["webhook"] = WEBHOOK
     message = _error(data, public_url="")
     assert message.endswith(
         'create.set."/webhook": {webhook_url} needs server.public_url in reconciler.toml: '
         "the address the provider reaches this service at"
     )
-    message = _error(_with(MINIMAL, "create.set", {"/webhook": "{webhook_url}"}))
+    message = _error(with_key(MINIMAL, "create.set", {"/webhook": "{webhook_url}"}))
     assert 'create.set."/webhook": {webhook_url} names /webhooks/p, which needs a [webhook]' in (
         message
     )
@@ -252,11 +240,11 @@ def test_lookup_errors(lookup: dict[str, Any], fragment: str) -> None:
 )
 def test_duplicate_errors(duplicate: dict[str, Any], fragment: str) -> None:
     data = {**MINIMAL, "lookup": LIST_LOOKUP}
-    assert fragment in _error(_with(data, "create.duplicate", duplicate))
+    assert fragment in _error(with_key(data, "create.duplicate", duplicate))
 
 
 def test_duplicate_needs_a_lookup() -> None:
-    message = _error(_with(MINIMAL, "create.duplicate", {"status": [409]}))
+    message = _error(with_key(MINIMAL, "create.duplicate", {"status": [409]}))
     assert message.endswith(
         "create.duplicate: needs a [lookup] table: a duplicate answer is settled by looking the "
         "job up"
@@ -296,7 +284,7 @@ def test_header_errors(headers: Any, fragment: str) -> None:
 
 
 def test_a_header_may_not_shadow_the_idempotency_header() -> None:
-    data = _with(MINIMAL, "create.idempotency", MISSING)
+    data = with_key(MINIMAL, "create.idempotency", MISSING)
     data["create"]["idempotency_header"] = "X-Dedupe"
     message = _error({**data, "headers": {"x-dedupe": "x"}})
     assert "headers.x-dedupe: is sent by the service (create.idempotency_header)" in message
@@ -306,14 +294,14 @@ def test_a_header_may_not_shadow_the_idempotency_header() -> None:
 
 
 def test_rate_limit_reset_names_a_lower_case_header() -> None:
-    spec = _load(_with(MINIMAL, "polling.rate_limit_reset", "header:X-RateLimit-Reset"))
+    spec = _load(with_key(MINIMAL, "polling.rate_limit_reset", "header:X-RateLimit-Reset"))
     assert spec.polling.rate_limit_reset == "x-ratelimit-reset"
     assert _load(MINIMAL).polling.rate_limit_reset is None
 
 
 @pytest.mark.parametrize("value", ["x-ratelimit-reset", "header:", "header:bad name", "/reset", 5])
 def test_rate_limit_reset_errors(value: Any) -> None:
-    message = _error(_with(MINIMAL, "polling.rate_limit_reset", value))
+    message = _error(with_key(MINIMAL, "polling.rate_limit_reset", value))
     assert "polling.rate_limit_reset: expected" in message
 
 
@@ -456,7 +444,7 @@ def test_jsonl_result_errors(result: dict[str, Any], fragment: str) -> None:
 
 
 def test_errors_ref_is_a_pointer() -> None:
-    message = _error(_with(MINIMAL, "status.errors_ref", "error_file_id"))
+    message = _error(with_key(MINIMAL, "status.errors_ref", "error_file_id"))
     assert "status.errors_ref: 'error_file_id': a JSON pointer is empty or starts with '/'" in (
         message
     )
