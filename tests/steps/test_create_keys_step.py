@@ -143,9 +143,7 @@ LIST_LOOKUP = {
 }
 
 
-def list_pages(
-    rig: StepRig, *, ours_on_page: int | None, last_page: int = 5
-) -> list[str | None]:
+def list_pages(rig: StepRig, *, ours_on_page: int | None, last_page: int = 5) -> list[str | None]:
     """Lookup answers as OpenAI lists batches: newest first, a cursor, ``has_more``.
 
     Returns the list of cursors the lookups carried, filled as they arrive."""
@@ -167,11 +165,17 @@ def list_pages(
     return cursors
 
 
+def key_in_metadata_found_by_listing() -> dict[str, Any]:
+    """Keyless: the key set in the job's metadata, a lost create looked up in the list."""
+    table = keyless(idempotency="none", set={"/metadata/reconciler_key": "{idempotency_key}"})
+    table["lookup"] = LIST_LOOKUP
+    return table
+
+
 async def test_a_list_lookup_follows_the_cursor_to_the_matching_item(
     tmp_path: Path, db_url: str
 ) -> None:
-    table = keyless(idempotency="none", set={"/metadata/reconciler_key": "{idempotency_key}"})
-    table["lookup"] = LIST_LOOKUP
+    table = key_in_metadata_found_by_listing()
     async with step_rig(tmp_path, db_url, table=table) as rig:
         op_id = rig.submit({"input_file_id": "file-1"})
         made_then(rig, httpx.ReadTimeout("timed out"))
@@ -204,8 +208,7 @@ async def test_a_list_lookup_may_match_on_the_operation_id_the_create_set(
 async def test_not_found_on_every_page_means_the_create_never_landed(
     tmp_path: Path, db_url: str
 ) -> None:
-    table = keyless(idempotency="none", set={"/metadata/reconciler_key": "{idempotency_key}"})
-    table["lookup"] = LIST_LOOKUP
+    table = key_in_metadata_found_by_listing()
     async with step_rig(tmp_path, db_url, table=table) as rig:
         op_id = rig.submit({"input_file_id": "file-1"})
         rig.provider.script("create", httpx.ReadTimeout("timed out"))  # nothing was made
@@ -222,8 +225,7 @@ async def test_a_list_that_goes_on_past_the_pages_read_does_not_mean_not_made(
     tmp_path: Path, db_url: str
 ) -> None:
     # Ours is on page 4 of 5 and three pages are read: "not found" would resend a made job.
-    table = keyless(idempotency="none", set={"/metadata/reconciler_key": "{idempotency_key}"})
-    table["lookup"] = LIST_LOOKUP
+    table = key_in_metadata_found_by_listing()
     async with step_rig(tmp_path, db_url, table=table) as rig:
         op_id = rig.submit({"input_file_id": "file-1"})
         made_then(rig, httpx.ReadTimeout("timed out"))
