@@ -86,6 +86,9 @@ class DbSnapshot:
     # Webhook trust: completions by verdict, and stretched waits brought back on distrust.
     verdicts: Mapping[str, int] = field(default_factory=dict)
     trust_withdrawn: int = 0
+    # Operations given their one status read after an outage of ours (or a restart) covered
+    # the deadline: that read may come after the deadline and past the budget, by one.
+    recovery_looks: frozenset[str] = frozenset()
 
 
 def _ts(value: datetime | None) -> float | None:
@@ -143,9 +146,19 @@ def read_db(url: str) -> DbSnapshot:
             withdrawn = conn.execute(
                 sa.select(sa.func.count()).where(HISTORY.c.cause == "webhook_trust_withdrawn")
             ).scalar_one()
+            notes = conn.execute(
+                sa.select(HISTORY.c.operation_id, HISTORY.c.detail).where(
+                    HISTORY.c.kind == "note", HISTORY.c.cause == "storage_outage"
+                )
+            )
+            looks = frozenset(
+                r.operation_id
+                for r in notes
+                if isinstance(r.detail, dict) and r.detail.get("recovery_look")
+            )
     finally:
         db.dispose()
-    return DbSnapshot(ops, escalations, steps, step_done, events, verdicts, int(withdrawn))
+    return DbSnapshot(ops, escalations, steps, step_done, events, verdicts, int(withdrawn), looks)
 
 
 @dataclass(frozen=True)
@@ -405,17 +418,21 @@ def past_deadline(db: DbSnapshot, sim: SimSnapshot, tol: Tolerances) -> tuple[In
     inv = Invariant(
         "status requests past the operation's deadline",
         f"status requests that reached the provider more than {tol.deadline:g} s after the "
-        "deadline (the cancellation window when a cancel was sent)",
+        "deadline (the cancellation window when a cancel was sent), beyond the one recorded "
+        "recovery read after an outage of ours covered the deadline",
     )
     worst = -math.inf
     for op, job in _job_of(db, sim):
         until = op.deadline_at
         if op.cancel_deadline_at is not None:
             until = max(until, op.cancel_deadline_at)
+        late = [req for req in job.status if req.at > until + tol.deadline]
         for req in job.status:
             worst = max(worst, req.at - until)
-            if req.at > until + tol.deadline:
-                inv.breaches.append(f"{op.id}: status request {req.at - until:.2f} s late")
+        if op.id in db.recovery_looks:
+            late = late[1:]
+        for req in late:
+            inv.breaches.append(f"{op.id}: status request {req.at - until:.2f} s late")
     return inv, worst
 
 
@@ -427,8 +444,9 @@ def over_budget(db: DbSnapshot, sim: SimSnapshot) -> Invariant:
     )
     for op, job in _job_of(db, sim):
         seen = len(job.status)
-        if seen > op.max_status_requests:
-            inv.breaches.append(f"{op.id}: {seen} status requests, budget {op.max_status_requests}")
+        budget = op.max_status_requests + (1 if op.id in db.recovery_looks else 0)
+        if seen > budget:
+            inv.breaches.append(f"{op.id}: {seen} status requests, budget {budget}")
         elif seen > op.status_requests_used:
             inv.breaches.append(f"{op.id}: provider saw {seen}, charged {op.status_requests_used}")
     return inv

@@ -1,6 +1,7 @@
 """The ``ray_jobs`` preset against a real Ray head (``ray[default]``, Jobs REST API on loopback).
 
-One head per test session (it takes 10-20 s to start), one service per module, the
+One head for this module (10-20 s to start; stopped when the module ends, so its idle
+processes cost the rest of the run nothing), one service per module, the
 service reaching Ray through a pass-through proxy that one test arms to lose a
 create's answer. Each test makes jobs under its own submission ids (the operations'
 idempotency tokens) and reads what Ray holds with ``GET /api/jobs/``; each asserts
@@ -52,7 +53,7 @@ JOB_TIMEOUT = 60.0
 MAX_READS = 60
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray() -> Iterator[RayHead]:
     try:
         find_ray()

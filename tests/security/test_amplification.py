@@ -112,8 +112,8 @@ def test_provider_down_costs_one_call_per_backoff_step(tmp_path: Path, db_url: s
     """The reported storm: 20 operations, 2,457 lookups in 60 s. Now one call per step."""
     polling = {"base_delay_seconds": 0.2, "max_delay_seconds": 1.0, "jitter_floor": 0.5}
     with running_stack(tmp_path, db_url, provider={"polling": polling}) as stack:
-        stack.runtime.providers["sim"] = __import__("dataclasses").replace(
-            stack.runtime.providers["sim"], base_url="http://127.0.0.1:9"
+        stack.runtime.providers["sim"] = stack.runtime.providers["sim"].model_copy(
+            update={"base_url": "http://127.0.0.1:9"}
         )
         stack.runtime.adapters.clear()
         ids = [stack.create({"i": i}).json()["id"] for i in range(5)]
