@@ -168,10 +168,20 @@ def check_provider_quiet(stack: Stack, op: dict[str, Any]) -> None:
 
 
 def check_budget(stack: Stack, op: dict[str, Any]) -> list[dict[str, Any]]:
-    """The provider saw exactly the charged status requests, never more than the budget."""
+    """The provider saw exactly the charged status requests, never more than the budget.
+
+    One charged request may be unsent: the deadline is checked again after the charge,
+    just before transmission, and a slow machine can cross it in between (an unused
+    reservation, never an uncounted request). The escalation then says so.
+    """
     status = job_requests(stack, op["remote_job_id"])["status"]
     budget = op["budget"]
-    assert len(status) == budget["status_requests_used"]
+    unsent = any(
+        "before the status request was sent" in str(e.get("detail"))
+        for e in stack.history(op["id"])
+        if e["kind"] == "escalation"
+    )
+    assert len(status) == budget["status_requests_used"] - (1 if unsent else 0)
     assert budget["status_requests_used"] <= budget["max_status_requests"]
     return status
 
