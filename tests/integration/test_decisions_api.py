@@ -183,7 +183,10 @@ def test_cancel_hands_over_to_cancellation(stack: Stack, reason: str) -> None:
     tail = path[path.index("cancel_requested") :]
     assert tail == ["cancel_requested", "cancelling", "cancelled"]
     # Confirming the cancellation stays within a (granted) status budget.
-    assert len(status_reads(stack, job_id)) == done["budget"]["status_requests_used"]
+    # Never a request the budget did not charge; at most one charged and left unsent (the
+    # deadline is checked again after the charge, just before transmission).
+    seen = len(status_reads(stack, job_id))
+    assert seen <= done["budget"]["status_requests_used"] <= seen + 1
     assert done["budget"]["status_requests_used"] <= done["budget"]["max_status_requests"]
 
 
