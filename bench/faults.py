@@ -1,4 +1,4 @@
-"""Each fault of issue 14, measured: does one bad party stall the rest?
+"""Each isolation fault, measured: does one bad party stall the rest?
 
     python bench/faults.py [--only NAME[,NAME]] [--hold 20] [--postgres]
 

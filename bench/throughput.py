@@ -37,7 +37,7 @@ run as a third run in every round, the order rotating between
 rounds, so that the load of a shared machine falls on both alike. ``--py-spy DIR``
 samples each service run with py-spy (``pip install py-spy``) into raw collapsed stacks;
 ``frames FILE`` prints the top frames of one (self and inclusive share of samples).
-Targets (issue 18, SQLite, one process): ours / bare >= 0.5, <= 6 ms of service CPU and
+Targets (SQLite, one process): ours / bare >= 0.5, <= 6 ms of service CPU and
 <= 8 write transactions per operation; PostgreSQL: ours / bare >= 0.35.
 """
 

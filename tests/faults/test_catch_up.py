@@ -3,8 +3,8 @@
 The real service process is stopped (SIGTERM) while 300 operations are being
 observed, stays down longer than their longest poll interval, and is started
 again: the provider's status reads in any one second after the restart stay
-within 2x the steady rate measured before the stop (seed 003: a late wake
-never bursts).
+within 2x the steady rate measured before the stop (a late wake never bursts:
+docs/design.md#catch-up).
 """
 
 from __future__ import annotations

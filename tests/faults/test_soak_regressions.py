@@ -254,7 +254,7 @@ def test_a_read_that_gets_no_provider_slot_before_its_deadline_is_not_sent(
 
     Each provider has its own share of the worker; an operation whose provider has no
     free slot is not claimed at all, so when it is, the deadline check before the
-    request stops it (seed 003: check the deadline before a request, not after).
+    request stops it (the deadline is checked before a request: docs/design.md#read-order).
     """
     polling = {"base_delay_seconds": 1.0, "max_delay_seconds": 1.0, "jitter_floor": 1.0}
     # Every status answer takes 5 s; with one provider slot, a read holds it that long.

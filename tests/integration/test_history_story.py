@@ -1,4 +1,4 @@
-"""An operation's history reads like seed 003's audit story, over the API and on the CLI.
+"""An operation's history reads as a story (docs/design.md#history), over the API and the CLI.
 
 Real runs against the simulated provider: one that meets a 503 with ``Retry-After``
 and then succeeds, one that spends its budget and is escalated, then extended by

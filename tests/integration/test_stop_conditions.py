@@ -3,7 +3,7 @@
 Every stop condition is proven step by step in ``tests/steps/test_poll_step.py`` (an
 in-process provider on a manual clock). These cases run the whole stack (uvicorn, real
 database, the sim on loopback, wall-clock time) for a few of them, to show the same
-through real HTTP: what the operator sees (reason, seed-003 message, bounded options,
+through real HTTP: what the operator sees (reason, message, bounded options,
 the Operation and the list) and what the provider saw: at most the budget, and nothing
 after the stop. Retry-After and webhook hints are timed on the wire here.
 """

@@ -1,4 +1,4 @@
-"""Attacks the service already refused before issue 17, pinned where the matrix needs one
+"""Attacks the service already refused before the matrix, pinned where the matrix needs one
 test in this folder: IDOR on every route, token tricks. The rest are referenced from
 ``test_matrix.py`` where they already live."""
 

@@ -35,7 +35,7 @@ from reconciler.storage.trust import VERDICTS, trust_view
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET, make_tokens, sim_provider_table
 
 START = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)
-# The seed-003 schedule with a small trust_after, so trust is earned in a few jobs.
+# The default polling schedule with a small trust_after, so trust is earned in a few jobs.
 POLLING: dict[str, Any] = {
     "base_delay_seconds": 5,
     "max_delay_seconds": 120,

@@ -1,4 +1,4 @@
-"""Provider files: the SPEC example loads with every key; each kind of mistake is one clear line."""
+"""Provider files: a full example loads with every key; each kind of mistake is one clear line."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Planning an operator's decision on an escalation: only what was offered, once.
 
-Guarantee: an escalation asks for a bounded decision (seed 003). An extension
+Guarantee: an escalation asks for a bounded decision (docs/design.md#decisions). An extension
 is a new authorization with a new deadline and extra status requests (delay
 source ``manual_extension``), at most what the escalation offered: the offer
 states the cost, and an amount beyond it would be an authorization nobody was

@@ -1,4 +1,4 @@
-"""An operation's history told as the audit sequence of seed 003, one line per entry.
+"""An operation's history told as a story, one line per entry (docs/design.md#history).
 
 10:20:05 polled, state queued, next poll 10:20:14 from local backoff
 10:20:31 received 503, Retry-After 120, next poll 10:22:31 from provider guidance

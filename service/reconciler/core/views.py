@@ -2,7 +2,7 @@
 
 Written so that a model cannot misread it: ``done`` is a boolean that is true
 only in an end state, and ``message`` says in plain words whether the work is
-finished, whether it succeeded and what to do next (seed 002).
+finished, whether it succeeded and what to do next (docs/design.md#operation-view).
 """
 
 from __future__ import annotations

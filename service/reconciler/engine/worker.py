@@ -5,7 +5,7 @@ and who may do it, is decided by the database: ``store.claim_records`` leases
 due rows to this worker, and every write a step makes is conditional on
 still holding that lease (``journal.Lease``), so a worker whose lease
 expired cannot write. A claimed operation is reloaded before anything is
-sent (seed 003: another worker may have finished it meanwhile): the claim
+sent (another worker may have finished it meanwhile, docs/design.md#polling): the claim
 reads each row back once the lease is taken, in the same statement.
 
 Fewer transactions: the claim also prepares each claimed operation's step (the

@@ -317,7 +317,7 @@ class PollingSpec(FileTable):
     max_rate_limited: f.Count = 3
     rate_limit_delay_seconds: f.Seconds = 60.0
     rate_limit_reset: f.HeaderSource | None = None  # lower-case header name (epoch seconds)
-    # Webhook trust (SPEC "Webhook trust: polling as a fallback"); "adaptive" by
+    # Webhook trust (docs/design.md#webhook-trust); "adaptive" by
     # default for a provider with a [webhook] table (ProviderSpec fills it in).
     webhook_trust: Annotated[TrustMode, f.choice(TrustMode, f"expected {_TRUST_MODES}")] = (
         TrustMode.OFF

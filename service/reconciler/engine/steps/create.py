@@ -273,7 +273,8 @@ class CreateStep:
         if outcome.job_id:
             if charged.create_attempts > 1 and ctx.spec(op).lookup is not None:
                 # A resend answered: make sure the provider did not start a second job for
-                # the same token (seed 001: an unfamiliar job id is a contract violation).
+                # the same token (an unfamiliar job id is a contract violation:
+                # docs/design.md#duplicate-answers).
                 check = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
                 if (
                     check.verdict is LookupVerdict.FOUND

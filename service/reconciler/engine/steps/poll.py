@@ -1,4 +1,4 @@
-"""One status read, in seed 003's order (``observing`` and ``cancelling``).
+"""One status read, in the order of docs/design.md#read-order (``observing``, ``cancelling``).
 
 Deadline and budget are checked before the request; the request is
 charged and persisted before it is sent (a crash in between leaves an
