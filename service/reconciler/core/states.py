@@ -51,7 +51,7 @@ S = State
 # succeeded, with the create_unknown detour and the cancel path; every stop
 # that needs a person goes through `escalated`, and two end states
 # (result_timed_out, cancellation_unconfirmed) can be reopened only by an
-# operator's recorded decision (docs/design.md#transitions, #reopening).
+# operator's recorded decision (docs/design.md#states).
 TRANSITIONS: dict[State, frozenset[State]] = {
     S.CREATE_PENDING: frozenset({S.CREATE_UNKNOWN, S.ACCEPTED, S.FAILED, S.CANCELLED, S.ESCALATED}),
     S.CREATE_UNKNOWN: frozenset({S.ACCEPTED, S.FAILED, S.CANCELLED, S.ESCALATED}),
