@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from fixtures.provider_sim import FaultRates
+
+from reconciler.demo.sim import FaultRates
 
 # The provider's chaos: every endpoint, every job (seed 001's faults and more, at random).
 CHAOS = FaultRates(
