@@ -352,9 +352,7 @@ def run_sim(log_path: Path, env: dict[str, str], webhook_url: str) -> Iterator[s
             # Token and webhook secret go through the environment, not argv (visible in ps).
             # The demo directory as cwd: `-m` puts it first on sys.path, and nothing there
             # can stand in for the installed package.
-            proc = subprocess.Popen(
-                command, cwd=log_path.parent, env=env, stdout=log, stderr=log
-            )
+            proc = subprocess.Popen(command, cwd=log_path.parent, env=env, stdout=log, stderr=log)
             try:
                 url = f"http://{HOST}:{port}"
                 if _wait_for_sim(proc, url):
