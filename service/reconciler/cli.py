@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument(
         "--quick",
         action="store_true",
-        help="four short operations, one per path the summary checks (about 20 s)",
+        help="four short operations, one per path the summary checks",
     )
     demo.add_argument("--seed", type=int, default=7, help="scenario mix seed (default 7)")
     demo.add_argument("--timeout", type=float, default=120.0, help="time bound in s (default 120)")
