@@ -318,7 +318,7 @@ def main() -> int:
     sim = start(
         [
             "-m",
-            "fixtures.provider_sim",
+            "reconciler.demo.sim",
             "--port",
             str(sim_port),
             "--token",

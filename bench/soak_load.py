@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from fixtures.provider_sim import FaultRates
+
+from reconciler.demo.sim import FaultRates
 
 # The provider's chaos: every endpoint, every job (lost answers, resets, 5xx, at random).
 CHAOS = FaultRates(

@@ -7,7 +7,7 @@
 Per round and backend (SQLite WAL file; PostgreSQL with ``--postgres``: a throw-away
 database on ``$RECONCILER_TEST_POSTGRES_URL``, else a throw-away cluster as
 ``bench/soak_infra.py`` starts one), each run on a fresh database and a fresh simulated
-provider (``python -m fixtures.provider_sim``, its own process):
+provider (``python -m reconciler.demo.sim``, its own process):
 
 * **ours**: one service process (``reconciler serve``, through
   ``bench/throughput_parts.py serve``) with one no-op completion hook. An agent submits
@@ -146,7 +146,7 @@ def callback_secret() -> str:
 
 def start_sim(work: Path, service_port: int | None) -> tuple[Any, str]:
     port = free_port()
-    args = ["-m", "fixtures.provider_sim", "--port", str(port), "--token", SIM_TOKEN]
+    args = ["-m", "reconciler.demo.sim", "--port", str(port), "--token", SIM_TOKEN]
     args += ["--webhook-secret", webhook_secret()]
     if service_port is not None:
         args += ["--webhook-url", f"http://127.0.0.1:{service_port}/webhooks/sim"]

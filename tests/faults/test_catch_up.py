@@ -15,9 +15,9 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from tests.support.process import cli, make_tokens, service_config, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET

@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
 from reconciler.storage.models import HistoryEntry

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
 from reconciler.core.signatures import decode_whsec, sign_standard_webhook
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from tests.support.process import cli, make_tokens, service_config, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET

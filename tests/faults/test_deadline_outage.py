@@ -25,9 +25,9 @@ from typing import Any
 import httpx
 import pytest
 from bench.soak_infra import ThrowawayPostgres
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from tests.support.faults import history, stored
 from tests.support.hooks import serve_receiver, wait_until

@@ -17,10 +17,10 @@ from typing import IO
 
 import httpx
 import pytest
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
 from reconciler.core.clock import SystemClock
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import create_token
 from tests.support import hooks

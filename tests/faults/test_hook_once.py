@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import create_token
 from tests.support import hooks

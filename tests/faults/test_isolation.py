@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures.provider_sim import FaultRates
 
+from reconciler.demo.sim import FaultRates
 from tests.support import hooks
 from tests.support.databases import sqlite_url
 from tests.support.faults import TwoProviders, hanging_server, two_providers

@@ -32,10 +32,10 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from fixtures.provider_sim import FaultRates
 
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource
+from reconciler.demo.sim import FaultRates
 from reconciler.engine import worker
 from reconciler.engine.steps.poll import _hinted_wait
 from reconciler.storage.database import Database

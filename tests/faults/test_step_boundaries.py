@@ -21,9 +21,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fixtures.provider_sim import RequestRecord, SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
+from reconciler.demo.sim import RequestRecord, SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.models import HistoryEntry, Operation
 from reconciler.storage.tokens import create_token

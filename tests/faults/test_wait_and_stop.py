@@ -18,9 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-from fixtures.provider_sim import FaultRates, SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
+from reconciler.demo.sim import FaultRates, SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from tests.support.process import (
     ServiceProcess,
     cli,

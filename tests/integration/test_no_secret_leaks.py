@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 import sqlalchemy as sa
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from tests.support.hooks import serve_receiver
 from tests.support.process import cli, service_config, service_env, service_process
 from tests.support.servers import serve_asgi

@@ -18,7 +18,10 @@ from typing import Any
 
 import httpx
 import pytest
-from fixtures.provider_sim import (
+from standardwebhooks import Webhook
+from standardwebhooks.webhooks import WebhookVerificationError
+
+from reconciler.demo.sim import (
     ConnectionDropped,
     FaultConfigError,
     FaultRates,
@@ -26,9 +29,7 @@ from fixtures.provider_sim import (
     SimState,
     create_app,
 )
-from fixtures.provider_sim.__main__ import parse_fault_flags
-from standardwebhooks import Webhook
-from standardwebhooks.webhooks import WebhookVerificationError
+from reconciler.demo.sim.__main__ import parse_fault_flags
 
 pytestmark = pytest.mark.anyio
 
@@ -624,7 +625,7 @@ def test_runs_as_a_standalone_server() -> None:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SIM_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fixtures.provider_sim", "--port", str(port), "--seed", "1"],
+        [sys.executable, "-m", "reconciler.demo.sim", "--port", str(port), "--seed", "1"],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,

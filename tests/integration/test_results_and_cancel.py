@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from fixtures.provider_sim import FaultRates
 from standardwebhooks import Webhook
 
 from reconciler.core.clock import SystemClock
 from reconciler.core.collect import INLINE_RESULT_BYTES
+from reconciler.demo.sim import FaultRates
 from reconciler.storage.tokens import create_token
 from tests.support import hooks
 from tests.support.hooks import wait_until

@@ -44,14 +44,14 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from fixtures.provider_sim import FaultRates, SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from reconciler.core.states import END_STATES
+from reconciler.demo.sim import FaultRates, SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.journal import HISTORY, OPS
 from reconciler.storage.models import WebhookEvent

@@ -22,11 +22,11 @@ from typing import Any
 
 import httpx
 import pytest
-from fixtures.provider_sim import FaultRates, RequestRecord, SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
 from reconciler.api.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.demo.sim import FaultRates, RequestRecord, SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database

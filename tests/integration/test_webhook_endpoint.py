@@ -46,7 +46,7 @@ SECRET_NEW = "whsec_" + base64.b64encode(b"rotated-webhook-secret-01234567").dec
 SECRET_WRONG = "whsec_" + base64.b64encode(b"somebody-elses-secret-012345678").decode()
 BODY_ID_ENV = "SIMBODY_WEBHOOK_SECRETS"
 JOB = "job_known_0001"
-MAX_BODY = 262144  # fixtures/providers/sim.toml [webhook] max_body_bytes
+MAX_BODY = 262144  # the sim's sim.toml [webhook] max_body_bytes
 
 
 # --- signing (standardwebhooks only) ------------------------------------------------------

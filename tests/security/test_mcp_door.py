@@ -25,12 +25,12 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
 from reconciler.agent_tools.http import TOKEN_RECHECK_SECONDS
 from reconciler.api.auth import CACHE_SECONDS
 from reconciler.config import LimitSettings
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.tokens import create_token, revoke_token
 from tests.faults.test_front_door import SLACK, refusals
 from tests.support.mcp import rpc_body, rpc_headers, tool_call

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from fixtures.provider_sim import FaultRates, SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
 from reconciler.api.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.demo.sim import FaultRates, SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database

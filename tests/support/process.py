@@ -44,7 +44,7 @@ def _toml_value(value: Any) -> str:
 
 
 def provider_file(directory: Path, sim_url: str, **keys: Any) -> Path:
-    """A copy of fixtures/providers/sim.toml at ``sim_url``; ``keys`` replace single keys
+    """A copy of the sim's sim.toml at ``sim_url``; ``keys`` replace single keys
     (their names are unique in that file, e.g. ``deadline_seconds=5``)."""
     text = SIM_TOML.read_text("utf-8").replace('"http://127.0.0.1:9000"', json.dumps(sim_url))
     for key, value in keys.items():

@@ -19,14 +19,14 @@ from typing import Any
 
 import httpx
 import sqlalchemy as sa
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
 from reconciler.api.app import create_app
 from reconciler.config import SchedulerSettings, ServerSettings, Settings
 from reconciler.core.clock import ManualClock
 from reconciler.core.story import tell
 from reconciler.core.trust import TrustView
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.engine.background import Background
 from reconciler.runtime import Runtime
 from reconciler.storage.history import history_of

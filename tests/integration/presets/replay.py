@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from fixtures.provider_sim.responses import DroppedResponse
 from standardwebhooks import Webhook
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -36,6 +35,7 @@ from starlette.responses import JSONResponse, Response
 
 from reconciler.api.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.demo.sim.responses import DroppedResponse
 from reconciler.runtime import Runtime
 from reconciler.storage.operations import load_operation
 from tests.support.hooks import wait_until
