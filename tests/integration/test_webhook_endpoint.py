@@ -841,6 +841,7 @@ def _lease_free(stack: Stack, op_id: str) -> bool:
     return owner is None
 
 
+@pytest.mark.both_backends
 def test_hint_wakes_the_scheduler_at_once(tmp_path: Path, db_url: str) -> None:
     provider = {"polling": SLOW_POLLING}
     with running_stack(tmp_path, db_url, provider=provider, tick_seconds=30.0) as stack:

@@ -44,6 +44,7 @@ def _status_read(db: Database, journal: Journal, op_id: str, n: int) -> None:
         journal.write(conn, op, now=NOW, changes={"remote_state": "running", "next_poll_at": NOW})
 
 
+@pytest.mark.both_backends
 def test_a_status_read_does_not_rewrite_the_request(db_url: str, backend: str) -> None:
     db = Database(db_url)
     journal = Journal()
