@@ -83,10 +83,7 @@ def status_reads(stack: Stack, job_id: str) -> list[dict[str, Any]]:
 
 
 def wait_until(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
+    hooks.wait_until(predicate, timeout, "the condition")
 
 
 def unchanged(stack: Stack, before: dict[str, Any]) -> None:

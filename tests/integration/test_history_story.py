@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 
 from reconciler.cli import main
+from tests.support.hooks import wait_until
 from tests.support.process import cli
 from tests.support.stack import Stack, running_stack
 
@@ -70,13 +70,13 @@ def matching(lines: list[str], pattern: str) -> list[re.Match[str]]:
 
 def finished_history(stack: Stack, op_id: str) -> list[dict[str, Any]]:
     """The history once the completion handler has closed it (it runs after the end state)."""
-    deadline = time.monotonic() + 10
-    while True:
+
+    def closed() -> list[dict[str, Any]] | None:
         entries = stack.history(op_id)
-        if entries[-1]["cause"] == "completion_finished":
-            return entries
-        assert time.monotonic() < deadline, "the completion handler did not finish"
-        time.sleep(0.05)
+        return entries if entries[-1]["cause"] == "completion_finished" else None
+
+    entries: list[dict[str, Any]] = wait_until(closed, 10, "the completion handler to finish")
+    return entries
 
 
 def check_oldest_first(entries: list[dict[str, Any]]) -> None:
