@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import sqlalchemy as sa
 from fixtures.provider_sim import SimConfig, SimState
 from fixtures.provider_sim import create_app as create_sim
+from fixtures.provider_sim.lifecycle import job_snapshot
 
 from reconciler.api.app import create_app
 from reconciler.config import SchedulerSettings, ServerSettings, Settings
@@ -44,6 +45,7 @@ from reconciler.storage.trust import VERDICTS, trust_view
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET, make_tokens, sim_provider_table
 
 START = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)
+T = TypeVar("T")
 ENVIRON = {"SIM_TOKEN": SIM_TOKEN, "SIM_WEBHOOK_SECRETS": WEBHOOK_SECRET}
 MAX_STEPS = 5000
 
@@ -85,6 +87,8 @@ class World:
     request_defaults: dict[str, Any] = field(default_factory=dict)
     # The sim's delays wait here when the world was opened with ``hold_delays``.
     gate: Gate = field(default_factory=Gate)
+    # The sim's own API (``/_sim/...`` controls and views), over ASGI too.
+    sim_client: httpx.AsyncClient | None = None
     _closers: list[Callable[[], Any]] = field(default_factory=list)
 
     @property
@@ -326,9 +330,13 @@ async def open_world(
     world = World(
         clock, sim, runtime, background, client, agent, operator, dict(request_defaults or {}), gate
     )
+    world.sim_client = httpx.AsyncClient(
+        transport=httpx.ASGITransport(sim_app), base_url="http://sim"
+    )
     world._closers.append(runtime.close)
     world._closers.append(background.stop)
     world._closers.append(client.aclose)
+    world._closers.append(world.sim_client.aclose)
     if own_sim:
         world._closers.append(sim.aclose)
     return world
@@ -342,3 +350,99 @@ async def world(tmp_path: Path, db_url: str, **options: Any) -> AsyncIterator[Wo
         yield opened
     finally:
         await opened.close()
+
+
+class SyncClient:
+    """An ``httpx.AsyncClient`` called from synchronous code, on the world's loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, client: httpx.AsyncClient) -> None:
+        self._loop = loop
+        self._client = client
+
+    def get(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self._loop.run_until_complete(self._client.get(url, **kwargs))
+
+    def post(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self._loop.run_until_complete(self._client.post(url, **kwargs))
+
+
+class SyncWorld:
+    """The world for synchronous tests, with the calls of ``tests.support.stack.Stack``.
+
+    Each call runs the world's event loop until it is done; between calls nothing runs,
+    so the world only moves when the test asks it to. ``wait``/``wait_state`` run from
+    one due moment to the next until the operation gets there (the clock, not a timeout,
+    is what passes); ``settled`` runs the clock on for ``QUIET_SECONDS``.
+    """
+
+    QUIET_SECONDS = 600.0
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, world: World) -> None:
+        self.loop = loop
+        self.world = world
+        self.runtime = world.runtime
+        self.sim = world.sim
+        self.clock = world.clock
+        self.agent_token = world.agent_token
+        self.operator_token = world.operator_token
+        self.client = SyncClient(loop, world.client)
+        assert world.sim_client is not None
+        self.sim_client = SyncClient(loop, world.sim_client)
+
+    def _run(self, awaitable: Awaitable[T]) -> T:
+        return self.loop.run_until_complete(awaitable)
+
+    def headers(self, operator: bool = False) -> dict[str, str]:
+        return self.world.headers(operator)
+
+    def row(self, op_id: str) -> dict[str, Any]:
+        return self.world.row(op_id)
+
+    def create(self, request: dict[str, Any], **fields: Any) -> httpx.Response:
+        return self._run(self.world.submit(request, **fields))
+
+    def get(self, op_id: str, operator: bool = False) -> dict[str, Any]:
+        return self._run(self.world.get(op_id, operator))
+
+    def history(self, op_id: str) -> list[dict[str, Any]]:
+        return self._run(self.world.history(op_id))
+
+    def run_until(self, done: Callable[[], Any], *, limit_seconds: float = 7200.0) -> None:
+        """``World.run_until``; ``done`` runs inside the loop, so it reads the database or
+        the sim directly (``row``, ``sim_job``), never through ``get``."""
+        self._run(self.world.run_until(lambda: bool(done()), limit_seconds=limit_seconds))
+
+    def advance(self, seconds: float) -> None:
+        self._run(self.world.advance(seconds))
+
+    def wait(self, op_id: str, timeout: float | None = None) -> dict[str, Any]:
+        """Run until the operation is done and its completion round closed."""
+        self.run_until(self.world.finished(op_id))
+        return self.get(op_id)
+
+    def wait_state(
+        self, op_id: str, states: set[str], timeout: float | None = None
+    ) -> dict[str, Any]:
+        self.run_until(self.world.in_state(op_id, *states))
+        return self.get(op_id, operator=True)
+
+    def settled(self, op_ids: Any = (), timeout: float | None = None) -> None:
+        self.advance(self.QUIET_SECONDS)
+
+    def sim_job(self, job_id: str) -> dict[str, Any]:
+        """What ``GET /_sim/jobs/{id}`` shows, read without the loop (usable in a condition)."""
+        return job_snapshot(self.sim.jobs[job_id], self.sim.now())
+
+
+@contextmanager
+def sync_world(tmp_path: Path, db_url: str, **options: Any) -> Iterator[SyncWorld]:
+    """``open_world`` on a loop of its own, for synchronous tests."""
+    loop = asyncio.new_event_loop()
+    try:
+        opened = loop.run_until_complete(open_world(tmp_path, db_url, **options))
+        try:
+            yield SyncWorld(loop, opened)
+        finally:
+            loop.run_until_complete(opened.close())
+    finally:
+        loop.close()
