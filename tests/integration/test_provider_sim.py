@@ -30,6 +30,8 @@ from fixtures.provider_sim.__main__ import parse_fault_flags
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
+from tests.support.hooks import wait_until
+
 pytestmark = pytest.mark.anyio
 
 SECRET = "whsec_" + base64.b64encode(b"provider-sim-test-secret-32bytes").decode()
@@ -633,16 +635,15 @@ def test_runs_as_a_standalone_server() -> None:
     try:
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=base, timeout=2.0, trust_env=False) as client:
-            deadline = time.monotonic() + 15
-            while True:
+
+            def answering() -> bool:
                 assert proc.poll() is None, "the sim exited early"
                 try:
-                    if client.get("/_sim/jobs").status_code == 200:
-                        break
+                    return client.get("/_sim/jobs").status_code == 200
                 except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "the sim did not answer in time"
-                time.sleep(0.1)
+                    return False
+
+            wait_until(answering, 15, "the sim to answer")
             created = client.post(
                 "/v1/jobs", json={"duration": 0}, headers={"Idempotency-Key": "s"}
             )
