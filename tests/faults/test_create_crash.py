@@ -27,6 +27,8 @@ from tests.support.process import ServiceProcess, cli, service_config, service_p
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
 
+pytestmark = pytest.mark.both_backends
+
 LEASE_SECONDS = 2.0
 READY_SECONDS = 90.0
 

@@ -35,6 +35,8 @@ from tests.support.process import cli, make_tokens, service_config, service_proc
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
 
+pytestmark = pytest.mark.both_backends
+
 OPERATIONS = 6
 DEADLINE = 10.0  # seconds from create: inside the outage
 DONE_AFTER = 4.0  # the provider finishes this long after create, during the outage

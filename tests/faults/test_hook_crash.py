@@ -40,7 +40,7 @@ SLOW_STEP = f"hook:{hooks.SLOW}"
 # The restarted service takes over once the killed one's lease has expired.
 LEASE_SECONDS = 5
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 
 def write_config(tmp_path: Path, db_url: str, sim_url: str, port: int) -> Path:

@@ -28,7 +28,7 @@ from tests.support.process import ServiceProcess, service_config, service_env, s
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 LEASE_SECONDS = 3.0  # the restarted service takes over once the killed one's lease expired
 JOB = {"scenario": "success", "duration": 0.3}

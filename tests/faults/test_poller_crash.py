@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from reconciler.demo.sim import RequestRecord, SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
@@ -29,6 +30,8 @@ from tests.support.hooks import wait_until
 from tests.support.process import ServiceProcess, cli, service_config, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
+
+pytestmark = pytest.mark.both_backends
 
 # A status read may take up to STATUS_TIMEOUT; the lease outlives it, so the holder of a
 # live lease is the only reader, and a dead holder's lease frees the operation soon after.

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from bench.soak import SoakConfig, run
 
+pytestmark = pytest.mark.both_backends
+
 SEED = int(os.environ.get("RECONCILER_SOAK_SEED", "20261129"))
 OPERATIONS = int(os.environ.get("RECONCILER_SOAK_OPERATIONS", "300"))
 

@@ -34,7 +34,7 @@ from tests.support.process import ServiceProcess, cli, service_config, service_e
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 # The restarted service takes over once the killed one's lease has expired.
 LEASE_SECONDS = 3.0

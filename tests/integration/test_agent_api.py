@@ -21,6 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from reconciler.storage.tokens import create_token
+from tests.support.hooks import wait_until
 from tests.support.stack import SIM_TOML, Stack, running_stack
 
 FAST_POLLING = {"base_delay_seconds": 0.1, "max_delay_seconds": 0.5}
@@ -81,17 +82,16 @@ def provider_jobs(stack: Stack) -> list[dict[str, Any]]:
 def settle(stack: Stack, op_id: str, timeout: float = 40.0) -> None:
     """Wait until the worker has nothing left to write for this operation (done, and its
     completion steps closed), so that a row count afterwards sees only what the API adds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def settled() -> bool:
         with stack.runtime.db.read() as conn:
             row = conn.execute(
                 sa.text("SELECT state, completion_pending FROM operations WHERE id = :id"),
                 {"id": op_id},
             ).one()
-        if row.state in END_STATES and not row.completion_pending:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{op_id} did not settle within {timeout} s")
+        return row.state in END_STATES and not row.completion_pending
+
+    wait_until(settled, timeout, f"{op_id} to settle")
 
 
 def token_of(stack: Stack, op_id: str) -> str:
@@ -511,10 +511,11 @@ def test_the_operation_has_the_spec_shape_and_done_only_at_the_end(stack: Stack)
     running = stack.create({"scenario": "never_finishes", "duration": 5, "total": 500})
     op_id = running.json()["id"]
     op = stack.wait_state(op_id, {"observing"}, timeout=20)
-    deadline = time.monotonic() + 10
-    while op["progress"] is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-        op = stack.get(op_id)
+    op = wait_until(
+        lambda: (seen := stack.get(op_id))["progress"] is not None and seen,
+        10,
+        "the first progress report",
+    )
     assert set(op) >= SPEC_KEYS
     assert op["id"] == op_id and op["id"].startswith("op_")
     assert op["provider"] == "sim"

@@ -17,6 +17,8 @@ from reconciler.storage.journal import HISTORY, Journal
 from reconciler.storage.models import Operation
 from tests.support.factories import insert_operation
 
+pytestmark = pytest.mark.both_backends
+
 KEY = b"audit-test-key"
 
 

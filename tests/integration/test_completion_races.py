@@ -27,6 +27,8 @@ from tests.support.hooks import CallbackReceiver, serve_receiver, wait_until
 from tests.support.servers import serve_asgi
 from tests.support.stack import Stack, running_stack, worker_of
 
+pytestmark = pytest.mark.both_backends
+
 HOOKS = (hooks.RECORD, hooks.RECORD_ASYNC, hooks.AUDIT)
 
 

@@ -18,6 +18,8 @@ from reconciler.storage.database import Database, translate_errors
 from reconciler.storage.fastsql import insert_many, raw_for, run
 from reconciler.storage.webhook_events import EVENT_COLUMNS, EVENTS
 
+pytestmark = pytest.mark.both_backends
+
 INSTANTS = [
     datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC),  # no fraction: still six digits on SQLite
     datetime(2026, 3, 1, 12, 0, 0, 7, tzinfo=UTC),

@@ -23,6 +23,8 @@ from reconciler.storage.models import Operation
 from reconciler.storage.operations import load_operation
 from tests.support.factories import insert_operation
 
+pytestmark = pytest.mark.both_backends
+
 ALL_EDGES = [(frm, to) for frm, tos in TRANSITIONS.items() for to in sorted(tos)]
 
 

@@ -15,6 +15,8 @@ from reconciler.errors import AuthenticationFailed, Conflict, InvalidRequest, Pe
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import TOKENS, authenticate, create_token, require_operator
 
+pytestmark = pytest.mark.both_backends
+
 
 def test_cli_prints_the_token_once_and_stores_only_a_digest(db: Database, db_url: str) -> None:
     result = subprocess.run(

@@ -42,6 +42,8 @@ from tests.support.stack import (
     sim_provider_table,
 )
 
+pytestmark = pytest.mark.both_backends
+
 OPERATIONS = 30
 BUDGET = 40
 POLLING: dict[str, Any] = {

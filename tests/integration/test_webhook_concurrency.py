@@ -37,6 +37,8 @@ from tests.integration.test_webhook_endpoint import (
 from tests.support.factories import insert_operation
 from tests.support.servers import serve_asgi
 
+pytestmark = pytest.mark.both_backends
+
 
 @pytest.fixture
 def live(tmp_path: Path, db_url: str) -> Iterator[Endpoint]:

@@ -15,7 +15,6 @@ import base64
 import hashlib
 import json
 import socket
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from reconciler.storage.journal import HISTORY, OPS
 from reconciler.storage.operations import get_operation
 from reconciler.storage.webhook_events import EVENTS
 from tests.support.factories import insert_operation
+from tests.support.hooks import wait_until
 from tests.support.servers import serve_asgi, unused_port
 from tests.support.stack import WEBHOOK_SECRET, Stack, running_stack, sim_provider_table
 
@@ -716,14 +716,7 @@ def deliver_live(stack_url: str, body: bytes, msg_id: str, secret: str = WEBHOOK
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
+    return wait_until(check, timeout, what)
 
 
 def status_reads(stack: Stack, job_id: str) -> list[float]:
@@ -841,6 +834,7 @@ def _lease_free(stack: Stack, op_id: str) -> bool:
     return owner is None
 
 
+@pytest.mark.both_backends
 def test_hint_wakes_the_scheduler_at_once(tmp_path: Path, db_url: str) -> None:
     provider = {"polling": SLOW_POLLING}
     with running_stack(tmp_path, db_url, provider=provider, tick_seconds=30.0) as stack:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+import pytest
+
 from reconciler.config import Settings
 from reconciler.core.clock import ManualClock
 from reconciler.core.states import State
@@ -22,6 +24,8 @@ from reconciler.storage.models import Operation
 from tests.support.factories import insert_operation
 from tests.support.stack import sim_provider_table
 from tests.support.steps import BASE_URL, ENVIRON
+
+pytestmark = pytest.mark.both_backends
 
 
 def test_a_claim_in_the_release_window_is_worked(db_url: str, clock: ManualClock) -> None:

@@ -117,11 +117,12 @@ class Stack:
         return op
 
     def wait_state(self, op_id: str, states: set[str], timeout: float = 30.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        op = self.get(op_id, operator=True)
-        while op["state"] not in states and time.monotonic() < deadline:
-            time.sleep(0.05)
-            op = self.get(op_id, operator=True)
+        """Until the operation is in one of ``states`` (bounded); returns it."""
+        op: dict[str, Any] = wait_until(
+            lambda: (seen := self.get(op_id, operator=True))["state"] in states and seen,
+            timeout,
+            f"{op_id} to reach {sorted(states)}",
+        )
         return op
 
     def settled(self, op_ids: Sequence[str], timeout: float = 30.0) -> None:
