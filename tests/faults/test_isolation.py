@@ -17,7 +17,8 @@ from fixtures.provider_sim import FaultRates
 from tests.support import hooks
 from tests.support.databases import sqlite_url
 from tests.support.faults import TwoProviders, hanging_server, two_providers
-from tests.support.hooks import serve_receiver, wait_until
+from tests.support.hooks import serve_receiver
+from tests.support.waiting import wait_until
 
 QUICK = {"scenario": "success", "duration": 0.3}
 HANG = 60.0  # the slow provider answers after this; no test waits for it

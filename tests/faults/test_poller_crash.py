@@ -25,10 +25,10 @@ from reconciler.storage.database import Database
 from reconciler.storage.models import HistoryEntry, Operation
 from reconciler.storage.tokens import create_token
 from tests.support.faults import history, stored, submit
-from tests.support.hooks import wait_until
 from tests.support.process import ServiceProcess, cli, service_config, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
+from tests.support.waiting import wait_until
 
 # A status read may take up to STATUS_TIMEOUT; the lease outlives it, so the holder of a
 # live lease is the only reader, and a dead holder's lease frees the operation soon after.

@@ -26,13 +26,13 @@ from reconciler.core.clock import SystemClock
 from reconciler.core.collect import INLINE_RESULT_BYTES
 from reconciler.storage.tokens import create_token
 from tests.support import hooks
-from tests.support.hooks import wait_until
 from tests.support.stack import (
     SIM_TOKEN,
     WEBHOOK_SECRET,
     Stack,
     running_stack,
 )
+from tests.support.waiting import wait_until
 
 FAST_POLLING = {"base_delay_seconds": 0.05, "max_delay_seconds": 0.2}
 # Where a test counts provider calls exactly, no webhook may arrive mid-collection: a

@@ -59,6 +59,7 @@ from tests.support import hooks
 from tests.support.process import cli, make_tokens, service_config, service_env, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
+from tests.support.waiting import wait_until
 
 OPERATIONS = 500
 # Every status answer takes this long in the provider: a second reader would overlap.
@@ -524,9 +525,9 @@ def test_two_replicas_on_one_postgres_complete_500_operations_once(
             ids = submit(top, OPERATIONS)
             assert len(set(ids)) == OPERATIONS
             wait_completed(db, ids, timeout=120)
-            hooks.wait_until(lambda: len(top.receiver.deliveries()) >= OPERATIONS, 10, "callbacks")
-            hooks.wait_until(lambda: not top.sim.outbox.pending, 30, "webhook deliveries")
-            hooks.wait_until(top.forwarder.idle, 30, "forwarded webhooks")
+            wait_until(lambda: len(top.receiver.deliveries()) >= OPERATIONS, 10, "callbacks")
+            wait_until(lambda: not top.sim.outbox.pending, 30, "webhook deliveries")
+            wait_until(top.forwarder.idle, 30, "forwarded webhooks")
             entries = histories(db)
             check_end_states(top, ids, db)
             check_steps_once(top, ids, entries)
