@@ -135,9 +135,7 @@ def test_cli_lists_and_revokes_tokens_without_showing_them(
     )
 
 
-def test_cli_on_a_database_without_the_schema_says_to_upgrade(
-    empty_db_url: str, cli: Cli
-) -> None:
+def test_cli_on_a_database_without_the_schema_says_to_upgrade(empty_db_url: str, cli: Cli) -> None:
     for args in (("tokens", "list"), ("tokens", "revoke", "--name", "x"), ("ops", "list")):
         result = cli(empty_db_url, *args)
         assert result.returncode == 2, (args, result.stderr)
