@@ -61,7 +61,7 @@ def _crash_and_restart(
         config, port = start("first")
         sim.config.webhook_url = f"http://127.0.0.1:{port}/webhooks/sim"
         with service_process(config, port, env=env, ready=False) as first:
-            first.wait_ready(timeout=90)  # start-up is slow on a loaded machine
+            first.wait_ready()
             body = {"provider": "sim", "request": JOB, "callback_url": f"{cb_url}/cb/once"}
             op_id = submit(first.url, agent, body)
             wait_until(lambda: first.proc.poll() is not None, 60, "the hook's crash point")
@@ -74,7 +74,7 @@ def _crash_and_restart(
         config, port = start("second")
         sim.config.webhook_url = f"http://127.0.0.1:{port}/webhooks/sim"
         with service_process(config, port, env=env, ready=False) as second:
-            second.wait_ready(timeout=90)
+            second.wait_ready()
             _finish(second, db, op_id)
         assert receiver.by_webhook_id() == {op_id: 1}
     return op_id, db, log

@@ -70,7 +70,7 @@ class Rig:
         self.sim.config.webhook_url = f"http://127.0.0.1:{port}/webhooks/sim"
         env = service_env({hooks.LOG_ENV: str(self.log), hooks.SLEEP_ENV: str(sleep)})
         svc = self.stack.enter_context(service_process(config, port, env=env, ready=False))
-        svc.wait_ready(timeout=90)
+        svc.wait_ready()
         return svc
 
     def create(self, svc: ServiceProcess, name: str) -> str:
