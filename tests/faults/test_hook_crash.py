@@ -24,7 +24,7 @@ from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import create_token
 from tests.support import hooks
-from tests.support.hooks import serve_receiver, wait_until
+from tests.support.hooks import serve_receiver
 from tests.support.servers import serve_asgi, unused_port
 from tests.support.stack import (
     CALLBACK_SECRET,
@@ -34,6 +34,7 @@ from tests.support.stack import (
     WEBHOOK_SECRET,
     quiescent,
 )
+from tests.support.waiting import wait_until
 
 HOOKS = (hooks.RECORD, hooks.SLOW, hooks.AUDIT)
 SLOW_STEP = f"hook:{hooks.SLOW}"

@@ -26,10 +26,10 @@ from reconciler.storage.database import Database
 from reconciler.storage.models import HistoryEntry, Operation
 from reconciler.storage.tokens import create_token
 from tests.support.faults import history, stored, submit
-from tests.support.hooks import wait_until
 from tests.support.process import ServiceProcess, cli, service_config, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.both_backends
 
@@ -76,7 +76,7 @@ class Rig:
         )
         svc = self.stack.enter_context(service_process(config, port, ready=False))
         if ready:
-            svc.wait_ready(timeout=60)
+            svc.wait_ready()
         return svc
 
     def config(self, name: str) -> Path:
@@ -171,7 +171,7 @@ def test_lease_of_a_killed_worker_is_taken_over_after_expiry(tmp_path: Path, db_
         # Two replicas: the survivor keeps ticking and must still wait for the lease.
         services = [r.start("a", ready=False), r.start("b", ready=False)]
         for svc in services:
-            svc.wait_ready(timeout=60)
+            svc.wait_ready()
         op_id = r.create(services[0], NEVER)
         crashed, job_id, killed = kill_owner_while_status_hangs(r, services, op_id)
         [survivor] = [svc for svc in services if svc is not killed]

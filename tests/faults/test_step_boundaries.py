@@ -29,10 +29,11 @@ from reconciler.storage.models import HistoryEntry, Operation
 from reconciler.storage.tokens import create_token
 from tests.support import hooks
 from tests.support.faults import history, stored, submit
-from tests.support.hooks import CallbackReceiver, Reply, serve_receiver, wait_until
+from tests.support.hooks import CallbackReceiver, Reply, serve_receiver
 from tests.support.process import ServiceProcess, cli, service_config, service_env, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
@@ -69,7 +70,7 @@ class Rig:
         self.sim.config.webhook_url = f"http://127.0.0.1:{port}/webhooks/sim"
         env = service_env({hooks.LOG_ENV: str(self.log), hooks.SLEEP_ENV: str(sleep)})
         svc = self.stack.enter_context(service_process(config, port, env=env, ready=False))
-        svc.wait_ready(timeout=90)
+        svc.wait_ready()
         return svc
 
     def create(self, svc: ServiceProcess, name: str) -> str:

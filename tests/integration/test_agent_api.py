@@ -21,8 +21,8 @@ import pytest
 import sqlalchemy as sa
 
 from reconciler.storage.tokens import create_token
-from tests.support.hooks import wait_until
 from tests.support.stack import SIM_TOML, Stack, running_stack
+from tests.support.waiting import wait_until
 
 FAST_POLLING = {"base_delay_seconds": 0.1, "max_delay_seconds": 0.5}
 SPEC_KEYS = {

@@ -43,7 +43,7 @@ from reconciler.outbound.callbacks import (
     next_attempt_delay,
     status_verdict,
 )
-from tests.support.hooks import wait_until
+from tests.support.waiting import wait_until
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 EVENT = {"type": "operation.completed", "operation": {"id": "op_1", "state": "succeeded"}}

@@ -27,7 +27,7 @@ from reconciler.cli import main
 from reconciler.core.clock import utc
 from reconciler.core.escalation import abandon_state
 from reconciler.core.vocabulary import EscalationReason
-from tests.support import hooks
+from tests.support import hooks, waiting
 from tests.support.hooks import Reply, serve_receiver
 from tests.support.stack import QUICK_POLLING as POLLING
 from tests.support.stack import ROOT, Stack, quiescent, running_stack
@@ -96,7 +96,7 @@ def status_reads(stack: Scene, job_id: str) -> list[dict[str, Any]]:
 
 
 def wait_until(predicate: Any, timeout: float = 10.0) -> None:
-    hooks.wait_until(predicate, timeout, "the condition")
+    waiting.wait_until(predicate, timeout, "the condition")
 
 
 def unchanged(stack: Scene, before: dict[str, Any]) -> None:

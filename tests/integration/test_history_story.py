@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from reconciler.cli import main
-from tests.support.hooks import wait_until
 from tests.support.process import cli
+from tests.support.waiting import wait_until
 from tests.support.world import SyncWorld, sync_world
 
 POLLING: dict[str, Any] = {

@@ -15,9 +15,9 @@ from mcp import Client
 
 from reconciler.api.auth import CACHE_SECONDS
 from reconciler.storage.tokens import create_token, revoke_token
-from tests.support.hooks import wait_until
 from tests.support.mcp import connect, run, text_of
 from tests.support.stack import Stack, running_stack
+from tests.support.waiting import wait_until
 
 FAST_POLLING = {"base_delay_seconds": 0.1, "max_delay_seconds": 0.5}
 SCHEMA = {

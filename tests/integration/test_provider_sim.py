@@ -30,7 +30,7 @@ from reconciler.demo.sim import (
     create_app,
 )
 from reconciler.demo.sim.__main__ import parse_fault_flags
-from tests.support.hooks import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.anyio
 

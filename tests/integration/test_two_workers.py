@@ -41,6 +41,7 @@ from tests.support.stack import (
     WEBHOOK_SECRET,
     sim_provider_table,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.both_backends
 
@@ -124,18 +125,17 @@ class Replicas:
         return sorted(self.sim.jobs[job_id].requests["status"], key=lambda r: r.at)
 
     def wait_all_done(self, ids: list[str], timeout: float = 60.0) -> dict[str, dict[str, Any]]:
-        deadline = time.monotonic() + timeout
         done: dict[str, dict[str, Any]] = {}
-        while len(done) < len(ids):
+
+        def all_done() -> bool:
             for index, op_id in enumerate(ids):
                 if op_id not in done:
                     op = self.get(op_id, index)
                     if op["done"]:
                         done[op_id] = op
-            if len(done) < len(ids):
-                left = [i for i in ids if i not in done]
-                assert time.monotonic() < deadline, f"not done in time: {left}"
-                time.sleep(0.2)
+            return len(done) == len(ids)
+
+        wait_until(all_done, timeout, f"{len(ids)} operations done")
         return done
 
 
@@ -188,7 +188,7 @@ def process_replicas(tmp_path: Path, db_url: str, hook_log: Path) -> Iterator[Re
                 stack.enter_context(service_process(config, port, env=env, ready=False))
             )
         for service in services:  # both start at once; then wait for each
-            service.wait_ready(timeout=60)
+            service.wait_ready()
         urls = [service.url for service in services]
         sim.config.webhook_url = f"{urls[0]}/webhooks/sim"
         yield Replicas(urls, sim, agent, operator)
@@ -224,6 +224,13 @@ def check_all(replicas: Replicas, db_url: str, ids: list[str], hook_log: Path) -
     shared = 0
     db = Database(db_url)
     try:
+        # Done is the end state; the completion (the hook) follows it: wait for that too.
+        wait_until(
+            lambda: all(hooks.completion_finished(db, op_id) for op_id in ids),
+            120,
+            "every completion finished",
+            poll=0.1,
+        )
         with db.read() as conn:
             found = {op_id: store.get_operation(conn, op_id) for op_id in ids}
             histories = {op_id: history_of(conn, op_id) for op_id in ids}

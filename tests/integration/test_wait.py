@@ -25,9 +25,9 @@ from reconciler.api.app import create_app
 from reconciler.config import ServerSettings
 from reconciler.runtime import Runtime
 from reconciler.storage.operations import load_operation
-from tests.support.hooks import wait_until
 from tests.support.servers import serve_asgi
 from tests.support.stack import Stack, running_stack
+from tests.support.waiting import wait_until
 
 # The target is 100 ms from the end-state write to the waiter's answer; the assertion is
 # looser because other suites share this machine's two cores.

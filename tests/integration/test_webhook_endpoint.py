@@ -36,9 +36,9 @@ from reconciler.storage.journal import HISTORY, OPS
 from reconciler.storage.operations import get_operation
 from reconciler.storage.webhook_events import EVENTS
 from tests.support.factories import insert_operation
-from tests.support.hooks import wait_until
 from tests.support.servers import serve_asgi, unused_port
 from tests.support.stack import WEBHOOK_SECRET, Stack, running_stack, sim_provider_table
+from tests.support.waiting import wait_until
 
 NOW = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)
 SECRET_OLD = WEBHOOK_SECRET

@@ -14,8 +14,8 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from reconciler.storage.journal import OPS
-from tests.support.hooks import wait_until
 from tests.support.stack import QUICK_POLLING, Stack, running_stack
+from tests.support.waiting import wait_until
 
 # Trust after 3 webhook-first completions; stretched waits of 1-2 s instead of 25-200 ms.
 POLLING = {

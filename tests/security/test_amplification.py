@@ -25,8 +25,8 @@ from reconciler.storage.journal import Journal
 from reconciler.storage.operations import get_operation
 from reconciler.storage.payloads import PAYLOAD_TABLE, load_request
 from tests.support.factories import insert_operation
-from tests.support.hooks import wait_until
 from tests.support.stack import running_stack
+from tests.support.waiting import wait_until
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 BIG = {"pad": "x" * 1_000_000}

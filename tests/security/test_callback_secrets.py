@@ -28,8 +28,9 @@ from reconciler.storage.tokens import (
     create_token,
     rotate_callback_salt,
 )
-from tests.support.hooks import serve_receiver, wait_until
+from tests.support.hooks import serve_receiver
 from tests.support.stack import CALLBACK_SECRET, ROOT, Stack
+from tests.support.waiting import wait_until
 
 SERVICE_KEY = decode_whsec(CALLBACK_SECRET)
 NOW = datetime(2026, 6, 1, tzinfo=UTC)

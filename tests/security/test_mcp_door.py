@@ -33,11 +33,11 @@ from reconciler.demo.sim import SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.tokens import create_token, revoke_token
 from tests.faults.test_front_door import SLACK, refusals
-from tests.support.hooks import wait_until
 from tests.support.mcp import rpc_body, rpc_headers, tool_call
 from tests.support.process import cli, service_config, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET, Stack, running_stack
+from tests.support.waiting import wait_until
 
 NEVER = {"scenario": "never_finishes", "webhooks": "never"}
 # A revoked token's open request ends within the cache window, one re-check and slack.

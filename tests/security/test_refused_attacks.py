@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 
 from reconciler.storage.tokens import create_token, revoke_token
-from tests.support.hooks import wait_until
 from tests.support.stack import Stack
+from tests.support.waiting import wait_until
 
 
 def _other_agent(stack: Stack, name: str = "agent-2") -> dict[str, str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import socket
 import statistics
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from tests.support.stack import (
     make_tokens,
     sim_provider_table,
 )
+from tests.support.waiting import wait_until
 
 
 @dataclass
@@ -74,12 +74,11 @@ class TwoProviders:
         return sum(1 for op in self.rows(op_ids) if op.lease_owner is not None)
 
     def wait_done(self, op_ids: list[str], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.done(op_ids):
-                return True
-            time.sleep(0.05)
-        return self.done(op_ids)
+        try:
+            wait_until(lambda: self.done(op_ids), timeout, f"{len(op_ids)} operations done")
+        except AssertionError:
+            return False
+        return True
 
 
 @contextmanager

@@ -30,8 +30,8 @@ from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import callback_salt, create_token
-from tests.support.hooks import wait_until
 from tests.support.servers import serve_asgi
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_TOML = ROOT / "service" / "reconciler" / "demo" / "sim" / "sim.toml"

@@ -104,6 +104,10 @@ async def wait_until(
             rt.notifier.unsubscribe(op_id, event)
         if not event.is_set():
             return op  # timed out without a change: the last read stands
+        if rt.notifier.closing:
+            # Stopping: answer with the last read rather than read again, as every open wait
+            # would at once, queued behind the engine's work, past the shutdown's grace.
+            return event.record or op
         # Changed here: the committed record, enough when it settles the wait (settling is
         # final). Otherwise read it after subscribing again: a later change may have come
         # between this wake-up and the next subscription, and the handed record predates it.

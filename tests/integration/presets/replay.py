@@ -38,9 +38,9 @@ from reconciler.config import CallbackSettings, SchedulerSettings, ServerSetting
 from reconciler.demo.sim.responses import DroppedResponse
 from reconciler.runtime import Runtime
 from reconciler.storage.operations import load_operation
-from tests.support.hooks import wait_until
 from tests.support.servers import HOST, serve_asgi, unused_port
 from tests.support.stack import make_tokens, quiescent, worker_of
+from tests.support.waiting import wait_until
 
 API_TOKEN = "replay-api-token"
 WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"replay-webhook-secret-0123456789").decode()
