@@ -143,7 +143,7 @@ def receiver(port: int, secret: str) -> int:
     from starlette.routing import Route
 
     from reconciler.client import verify_callback
-    from reconciler.errors import ReconcilerError
+    from reconciler.core.errors import ReconcilerError
 
     arrivals = Arrivals()
 

@@ -22,11 +22,11 @@ from reconciler.config import DEFAULT_PROVIDERS_DIR, Settings, load_settings
 from reconciler.core import story
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import SystemClock, isoformat
+from reconciler.core.errors import ConfigError, InvalidRequest, ReconcilerError
 from reconciler.core.signatures import decode_whsec
 from reconciler.core.states import State
 from reconciler.core.strict_json import require_field_text, shown
 from reconciler.core.vocabulary import DecisionAction, Scope
-from reconciler.errors import ConfigError, InvalidRequest, ReconcilerError
 from reconciler.providers.loader import load_providers, provider_tables
 from reconciler.storage import audit, migrate
 from reconciler.storage import operations as store

@@ -18,13 +18,13 @@ from reconciler.commands.create import ProviderLimits
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Secret, Settings
 from reconciler.core.clock import Clock, SystemClock
 from reconciler.core.completion_lanes import first_lane
+from reconciler.core.errors import ConfigError, InvalidRequest
 from reconciler.core.ids import worker_id
 from reconciler.core.quotas import Quota
 from reconciler.core.signatures import Verifier, build_verifier, decode_whsec
 from reconciler.core.trust import TrustView
 from reconciler.engine.group_commit import GroupCommitter
 from reconciler.engine.wakeups import Notifier
-from reconciler.errors import ConfigError, InvalidRequest
 from reconciler.metrics import Metrics
 from reconciler.outbound import ssrf
 from reconciler.outbound.callbacks import receiver_host

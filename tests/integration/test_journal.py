@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reconciler.core.clock import ManualClock
+from reconciler.core.errors import IllegalTransition, StaleWrite
 from reconciler.core.states import END_STATES, TRANSITIONS, State
 from reconciler.core.vocabulary import HistoryKind
-from reconciler.errors import IllegalTransition, StaleWrite
 from reconciler.storage.database import Database
 from reconciler.storage.journal import HISTORY, Journal, Lease
 from reconciler.storage.models import Operation

@@ -13,8 +13,8 @@ from reconciler.console.inbox import parse_query
 from reconciler.console.operation import without_query
 from reconciler.console.session import Signer, key_from
 from reconciler.console.timeline import deliveries, rows
+from reconciler.core.errors import ConfigError, InvalidRequest
 from reconciler.core.vocabulary import EscalationReason
-from reconciler.errors import ConfigError, InvalidRequest
 from reconciler.storage.completion_steps import StepRecord, StepStatus
 from reconciler.storage.models import HistoryEntry
 

@@ -22,6 +22,7 @@ from reconciler.api.webhooks import is_hint
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.collect import CollectDecision, RetryFetch, decide_collect
 from reconciler.core.create import may_have_landed
+from reconciler.core.errors import DecisionNotAllowed
 from reconciler.core.operator_decision import DecisionRequest, plan_decision
 from reconciler.core.poll import Observation, PollPolicy, PollRecord, Stop, Wait, decide
 from reconciler.core.rate_limit import is_rate_limited, retry_after_value, wait_seconds
@@ -32,7 +33,6 @@ from reconciler.core.vocabulary import (
     RemoteCategory,
     TransportError,
 )
-from reconciler.errors import DecisionNotAllowed
 from reconciler.providers import jsonl
 from reconciler.providers.adapter import (
     CallResult,

@@ -24,10 +24,10 @@ from reconciler.api.validation import (
 from reconciler.commands import create as creating
 from reconciler.commands.cancel import cancel as commands_cancel
 from reconciler.console.providers import webhook_trust
+from reconciler.core.errors import NotFound
 from reconciler.core.states import END_STATES, State
 from reconciler.core.strict_json import require_field_text, shown
 from reconciler.core.views import history_entry_view
-from reconciler.errors import NotFound
 from reconciler.providers.views import provider_view
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store

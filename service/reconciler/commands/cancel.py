@@ -12,9 +12,9 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.errors import Conflict
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import HistoryKind
-from reconciler.errors import Conflict
 from reconciler.providers.spec import ProviderSpec, cancel_deadline_seconds
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database

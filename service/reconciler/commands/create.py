@@ -20,9 +20,9 @@ from sqlalchemy.engine import Connection
 from reconciler.api.validation import CreateRequest
 from reconciler.core import ids
 from reconciler.core.canonical import request_fingerprint, same_json
+from reconciler.core.errors import Conflict, IdempotencyConflict, InvalidRequest
 from reconciler.core.quotas import RATE_WINDOW, Quota, check_quota
 from reconciler.core.states import State
-from reconciler.errors import Conflict, IdempotencyConflict, InvalidRequest
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal

@@ -16,7 +16,6 @@ from urllib.parse import urlsplit, urlunsplit
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from reconciler import errors
 from reconciler.api.validation import parse_decision
 from reconciler.commands.decide import decide as commands_decide
 from reconciler.console import timeline
@@ -29,7 +28,7 @@ from reconciler.console.web import (
     render,
     runtime_of,
 )
-from reconciler.core import risk
+from reconciler.core import errors, risk
 from reconciler.core.operator_decision import plan_decision
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import DecisionAction

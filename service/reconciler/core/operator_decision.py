@@ -18,9 +18,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from reconciler.core import escalation
+from reconciler.core.errors import DecisionNotAllowed, InvalidRequest
 from reconciler.core.states import END_STATES, State, allowed
 from reconciler.core.vocabulary import DecisionAction, DelaySource, EscalationReason
-from reconciler.errors import DecisionNotAllowed, InvalidRequest
 from reconciler.storage.models import Escalation, Operation
 
 

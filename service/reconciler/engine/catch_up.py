@@ -17,9 +17,9 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.catch_up import Overdue, spread
 from reconciler.core.clock import isoformat
+from reconciler.core.errors import StaleWrite
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.engine.steps.poll import record_of
-from reconciler.errors import StaleWrite
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.journal import Entry

@@ -20,12 +20,12 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.clock import isoformat
+from reconciler.core.errors import StaleWrite
 from reconciler.core.poll import PollPolicy
 from reconciler.core.states import END_STATES, State
 from reconciler.core.trust import TrustPolicy
 from reconciler.core.vocabulary import EscalationReason, HistoryKind, TransportError
 from reconciler.engine.flow import Prep, flow_var
-from reconciler.errors import StaleWrite
 from reconciler.metrics import status_label
 from reconciler.providers.adapter import CallResult, ProviderAdapter
 from reconciler.providers.spec import ProviderSpec

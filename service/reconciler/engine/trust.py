@@ -28,12 +28,12 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core import poll as decisions
 from reconciler.core.clock import isoformat
+from reconciler.core.errors import StorageUnavailable
 from reconciler.core.story import SOURCE_WORDS, clock_text
 from reconciler.core.trust import Change, Health, TrustPolicy, TrustState, Verdict, settle, spread
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.engine.steps.poll import record_of
-from reconciler.errors import StorageUnavailable
 from reconciler.storage import trust as store
 from reconciler.storage.history import last_read_before
 from reconciler.storage.journal import Entry, retry_stale

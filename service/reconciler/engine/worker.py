@@ -28,12 +28,12 @@ from typing import Any, NamedTuple
 from sqlalchemy.engine import Connection
 
 from reconciler.core.completion_lanes import choose, lane_or_hooks
+from reconciler.core.errors import Bug, ReconcilerError, StaleWrite, StorageUnavailable
 from reconciler.core.states import END_STATES, State
 from reconciler.engine.catch_up import spread_overdue
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Flow, Prep, Preparer, flow_var
 from reconciler.engine.shares import CALLBACKS, HOOKS, Shares, share_of
-from reconciler.errors import Bug, ReconcilerError, StaleWrite, StorageUnavailable
 from reconciler.logs import operation_id_var, trace_id_var
 from reconciler.storage import operations as store
 from reconciler.storage.availability import explain

@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 from sqlalchemy.engine import Connection
 
 from reconciler.core.chain import HASHED_FIELDS, entry_hash
+from reconciler.core.errors import StaleWrite
 from reconciler.core.states import END_STATES, State, check_transition
 from reconciler.core.vocabulary import DelaySource, HistoryKind
-from reconciler.errors import StaleWrite
 from reconciler.storage import payloads
 from reconciler.storage.fastsql import Raw, insert_many, raw_for, run, update_many
 from reconciler.storage.models import PAYLOADS, HistoryEntry, Operation

@@ -30,9 +30,9 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core import ids
 from reconciler.core.completion_lanes import CALLBACK_PREFIX
+from reconciler.core.errors import InvalidRequest, NotFound
 from reconciler.core.states import END_STATES, State
 from reconciler.core.strict_json import shown
-from reconciler.errors import InvalidRequest, NotFound
 from reconciler.storage import payloads
 from reconciler.storage.fastsql import Raw, raw_for, run
 from reconciler.storage.journal import OPS

@@ -23,12 +23,12 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
+from reconciler.core.errors import StaleWrite
 from reconciler.core.states import State
 from reconciler.core.trust import Change, Health, TrustPolicy, TrustState, TrustView, Verdict
 from reconciler.core.trust import count as count_verdict
 from reconciler.core.trust import view as trust_view_of
 from reconciler.core.vocabulary import DelaySource
-from reconciler.errors import StaleWrite
 from reconciler.storage.fastsql import insert_many, raw_for, run
 from reconciler.storage.journal import OPS
 from reconciler.storage.models import (

@@ -24,13 +24,13 @@ from sqlalchemy.engine import Connection
 from reconciler.core import poll as decisions
 from reconciler.core.backoff import parse_retry_after
 from reconciler.core.clock import isoformat
+from reconciler.core.errors import StaleWrite
 from reconciler.core.states import State
 from reconciler.core.trust import Verdict, judge_read, settle_after
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind, RemoteCategory
 from reconciler.engine.context import STORAGE_OUTAGE, StepContext
 from reconciler.engine.flow import Prep
 from reconciler.engine.steps.create import call_detail
-from reconciler.errors import StaleWrite
 from reconciler.providers.adapter import StatusOutcome
 from reconciler.storage import trust as health
 from reconciler.storage.history import notes_with_cause
