@@ -19,8 +19,8 @@ from reconciler.core.catch_up import Overdue, spread
 from reconciler.core.clock import isoformat
 from reconciler.core.errors import StaleWrite
 from reconciler.core.vocabulary import DelaySource, HistoryKind
+from reconciler.engine.deps import EngineDeps
 from reconciler.engine.steps.poll import record_of
-from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.journal import Entry
 from reconciler.storage.models import Operation
@@ -40,7 +40,7 @@ def _overdue(op: Operation, default_interval: float) -> Overdue:
     )
 
 
-def spread_overdue(conn: Connection, rt: Runtime, now: datetime, actor: str) -> int:
+def spread_overdue(conn: Connection, rt: EngineDeps, now: datetime, actor: str) -> int:
     """Spread the due reads of every provider that has one long overdue; returns how many."""
     late_by = timedelta(seconds=rt.settings.scheduler.catch_up_after_seconds)
     skip = DelaySource.CATCH_UP.value

@@ -1,4 +1,4 @@
-"""What every step shares: the runtime, the lease, bounded provider calls and guarded writes.
+"""What every step shares: its dependencies, the lease, bounded provider calls and guarded writes.
 
 Guarantee: one owner per operation. Every write a step makes is conditional on
 the lease and on the version it was decided on (``storage.journal``). ``apply``
@@ -25,11 +25,11 @@ from reconciler.core.poll import PollPolicy
 from reconciler.core.states import END_STATES, State
 from reconciler.core.trust import TrustPolicy
 from reconciler.core.vocabulary import EscalationReason, HistoryKind, TransportError
+from reconciler.engine.deps import EngineDeps
 from reconciler.engine.flow import Prep, flow_var
 from reconciler.metrics import status_label
 from reconciler.providers.adapter import CallResult, ProviderAdapter
 from reconciler.providers.spec import ProviderSpec
-from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.escalations import escalate, open_escalation
 from reconciler.storage.journal import Entry, Lease, retry_stale
@@ -67,35 +67,33 @@ def _final_look_seconds(spec: ProviderSpec) -> float:
 
 @dataclass
 class StepContext:
-    runtime: Runtime
+    deps: EngineDeps
 
     @property
     def lease(self) -> Lease:
-        return Lease(self.runtime.worker_id)
+        return Lease(self.deps.worker_id)
 
     @property
     def actor(self) -> str:
-        return f"worker:{self.runtime.worker_id}"
+        return f"worker:{self.deps.worker_id}"
 
     def now(self) -> datetime:
-        return self.runtime.clock.now()
+        return self.deps.clock.now()
 
     def holds_lease(self, op: Operation) -> bool:
         expires = op.lease_expires_at
         return (
-            op.lease_owner == self.runtime.worker_id
-            and expires is not None
-            and (expires > self.now())
+            op.lease_owner == self.deps.worker_id and expires is not None and (expires > self.now())
         )
 
     async def reload(self, op_id: str) -> Operation | None:
         """The operation as stored now (the one way the engine reads a row)."""
 
         def load() -> Operation | None:
-            with self.runtime.db.read() as conn:
+            with self.deps.db.read() as conn:
                 return store.get_operation(conn, op_id)
 
-        return await self.runtime.db.run(load)
+        return await self.deps.db.run(load)
 
     def fresh(self, conn: Connection, op_id: str) -> Operation:
         """The row as stored now, inside a write; ``StaleWrite`` once the lease is not ours."""
@@ -113,13 +111,13 @@ class StepContext:
         """``changes`` on ``op`` under this step's lease, in ``conn``'s transaction: how a
         step records a request before sending it (a crash after the send never repeats it
         uncounted)."""
-        return self.runtime.journal.write(conn, op, now=now, lease=self.lease, changes=changes)
+        return self.deps.journal.write(conn, op, now=now, lease=self.lease, changes=changes)
 
     def spec(self, op: Operation) -> ProviderSpec:
-        return self.runtime.providers[op.provider]
+        return self.deps.providers[op.provider]
 
     def adapter(self, op: Operation) -> ProviderAdapter:
-        return self.runtime.adapter(op.provider)
+        return self.deps.adapter(op.provider)
 
     def backoff(self, spec: ProviderSpec) -> BackoffPolicy:
         return spec.polling.backoff()
@@ -189,7 +187,7 @@ class StepContext:
         *,
         retry: bool,
     ) -> Prep:
-        rt = self.runtime
+        rt = self.deps
         flow = flow_var.get()
         attempts = [0]
 
@@ -216,7 +214,7 @@ class StepContext:
         return done
 
     async def _changed(self, op: Operation, after: Operation) -> None:
-        rt = self.runtime
+        rt = self.deps
         if after.state != op.state:
             # Local waiters get the record itself: they need not read it again.
             rt.notifier.changed(op.id, after)
@@ -233,7 +231,7 @@ class StepContext:
 
         A provider is never blamed for a window this process spent unable to write.
         """
-        outages = self.runtime.db.availability.outages_between(start, end)
+        outages = self.deps.db.availability.outages_between(start, end)
         if not outages:
             return None
         first, last = outages[0], outages[-1]
@@ -267,9 +265,9 @@ class StepContext:
         """Stop automatic work on ``op`` and ask a person, inside the caller's transaction."""
         return escalate(
             conn,
-            self.runtime.journal,
+            self.deps.journal,
             op,
-            self.runtime.providers.get(op.provider),
+            self.deps.providers.get(op.provider),
             reason,
             detail,
             now=self.now(),
@@ -306,7 +304,7 @@ class StepContext:
         )
 
     def _reason(self, op: Operation) -> str:
-        with self.runtime.db.read() as conn:
+        with self.deps.db.read() as conn:
             esc = open_escalation(conn, op)
         return esc.reason if esc is not None else "unknown"
 
@@ -315,6 +313,6 @@ class StepContext:
             call.http_status, call.transport_error.value if call.transport_error else None
         )
         if call_name == "status":
-            self.runtime.metrics.status_requests.labels(op.provider, label).inc()
+            self.deps.metrics.status_requests.labels(op.provider, label).inc()
         else:
-            self.runtime.metrics.provider_calls.labels(op.provider, call_name, label).inc()
+            self.deps.metrics.provider_calls.labels(op.provider, call_name, label).inc()

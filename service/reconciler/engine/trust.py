@@ -59,16 +59,16 @@ class Sweep:
 class TrustKeeper:
     def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
-        self.runtime = ctx.runtime
+        self.deps = ctx.deps
 
     def policy(self, provider: str) -> TrustPolicy:
-        spec = self.runtime.providers.get(provider)
+        spec = self.deps.providers.get(provider)
         return spec.polling.trust() if spec is not None else TrustPolicy()
 
     async def sweep(self) -> Sweep:
         """Settle what is due, then bring back what trust no longer covers."""
         result = Sweep()
-        db = self.runtime.db
+        db = self.deps.db
         try:
             await db.run_write(lambda: retry_stale(lambda: self._settle(result)))
             await db.run_write(lambda: retry_stale(lambda: self._restore(result)))
@@ -86,13 +86,13 @@ class TrustKeeper:
                 extra={"provider": provider, "operation_id": change.operation_id},
             )
         if result.restored:
-            self.runtime.notifier.wake()
+            self.deps.notifier.wake()
         return result
 
     # --- settle ------------------------------------------------------------------------------
 
     def _settle(self, result: Sweep) -> None:
-        rt = self.runtime
+        rt = self.deps
         now = rt.clock.now()
         with rt.db.read() as conn:
             if not store.any_due_pending(conn, now):
@@ -128,14 +128,14 @@ class TrustKeeper:
     def _untrusted(self, healths: dict[str, Health]) -> list[str]:
         """Configured providers whose stretched waits, if any, trust no longer covers."""
         out = []
-        for name, spec in self.runtime.providers.items():
+        for name, spec in self.deps.providers.items():
             trusted = healths.get(name, Health()).state is TrustState.TRUSTED
             if not (spec.polling.trust().adaptive and trusted):
                 out.append(name)
         return out
 
     def _restore(self, result: Sweep) -> None:
-        rt = self.runtime
+        rt = self.deps
         with rt.db.read() as conn:
             providers = [
                 p for p in self._untrusted(store.load_all(conn)) if store.has_stretched(conn, p)
@@ -162,7 +162,7 @@ class TrustKeeper:
     def _restored(
         self, conn: Connection, provider: str, health: Health, now: datetime
     ) -> list[tuple[Operation, dict[str, Any], Sequence[Entry]]]:
-        rt = self.runtime
+        rt = self.deps
         spec = rt.providers[provider]
         ops = store.stretched_operations(conn, provider, RESTORE_BATCH)
         if not ops:

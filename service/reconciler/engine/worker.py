@@ -110,13 +110,13 @@ class Worker:
         on_next_due: Callable[[datetime], None] | None = None,
     ) -> None:
         self.ctx = ctx
-        self.runtime = ctx.runtime
+        self.deps = ctx.deps
         self.steps = step_table(steps)
         self.completion = steps.complete
         self.max_in_flight = max_in_flight
         self.on_next_due = on_next_due
-        settings = self.runtime.settings
-        capacities = dict.fromkeys(self.runtime.providers, settings.scheduler.provider_concurrency)
+        settings = self.deps.settings
+        capacities = dict.fromkeys(self.deps.providers, settings.scheduler.provider_concurrency)
         capacities[HOOKS] = settings.callbacks.hook_concurrency
         self.shares = Shares(
             capacities,
@@ -133,7 +133,7 @@ class Worker:
 
     @property
     def owner(self) -> str:
-        return self.runtime.worker_id
+        return self.deps.worker_id
 
     @property
     def in_flight(self) -> int:
@@ -174,7 +174,7 @@ class Worker:
     def _wants(self) -> dict[str, int]:
         """How many operations each share can start now (never more than it has free)."""
         room = self.max_in_flight - len(self._tasks)
-        batch = self.runtime.settings.scheduler.batch_size
+        batch = self.deps.settings.scheduler.batch_size
         wants: dict[str, int] = {}
         for key in self.shares:
             n = min(self.shares.free(key), batch, room)
@@ -184,7 +184,7 @@ class Worker:
         return wants
 
     async def _claim(self, wants: dict[str, int]) -> dict[str, list[_Claimed]]:
-        rt = self.runtime
+        rt = self.deps
         now = rt.clock.now()
         lease = rt.settings.scheduler.lease_seconds
         # Operations a task of ours is on are not prepared by the claim: that task is
@@ -306,7 +306,7 @@ class Worker:
     def _give(self, share: str) -> None:
         if self.shares.give(share) or len(self._tasks) >= self.max_in_flight - 1:
             # The share (or the worker) was full: there may be due work we could not claim.
-            self.runtime.notifier.wake()
+            self.deps.notifier.wake()
 
     def _step_for(self, op: Operation) -> Step | None:
         state = State(op.state)
@@ -362,7 +362,7 @@ class Worker:
     def _give_moved(self, share: str) -> None:
         """A slot freed by a move to another share: wake the claim if the old one was full."""
         if self.shares.free(share) == 1:
-            self.runtime.notifier.wake()
+            self.deps.notifier.wake()
 
     async def _heartbeat(self, op_id: str) -> None:
         """Keep the lease while a slow step (a hook, a hung callback) is still running.
@@ -371,7 +371,7 @@ class Worker:
         another worker while the first is still inside it. The lease is kept for at most
         MAX_HELD_SECONDS: a step stuck beyond that is presumed lost and may be taken over.
         """
-        rt = self.runtime
+        rt = self.deps
         lease = rt.settings.scheduler.lease_seconds
         started = rt.clock.monotonic()
         while rt.clock.monotonic() - started < MAX_HELD_SECONDS:
@@ -389,7 +389,7 @@ class Worker:
 
     async def _park(self, op: Operation) -> None:
         """Nothing to do in this state: stop looking until something changes it."""
-        rt = self.runtime
+        rt = self.deps
 
         def park() -> None:
             with rt.db.write() as conn:
@@ -399,7 +399,7 @@ class Worker:
             await rt.db.run_write(park)
 
     async def _release(self, op_id: str, last: Operation | None) -> None:
-        rt = self.runtime
+        rt = self.deps
 
         def release() -> dict[str, Any]:
             with rt.db.write() as conn:
@@ -461,7 +461,7 @@ class _Task:
 
     async def run(self, op_id: str, op: Operation | None, prep: Prep | None) -> None:
         worker = self.worker
-        rt = worker.runtime
+        rt = worker.deps
         while self.steps_left > 0:
             if op is None:
                 # Reload after the claim (when it did not read the row) or a lost race.
@@ -516,7 +516,7 @@ class _Task:
         self.completion_slot = None
         if State(op.state) is not State.RESULT_COLLECTING:
             return
-        first = self.worker.runtime.journal.first_lane
+        first = self.worker.deps.journal.first_lane
         lane = lane_or_hooks(first(op) if first is not None else None)
         if lane != self.share and self.worker.shares.take(lane):
             self.completion_slot = lane

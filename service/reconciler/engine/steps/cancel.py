@@ -41,7 +41,7 @@ class CancelStep:
     async def __call__(self, op: Operation, prep: Prep | None = None) -> None:
         ctx = self.ctx
         spec = ctx.spec(op)
-        journal = ctx.runtime.journal
+        journal = ctx.deps.journal
         now = ctx.now()
         first_read = now + timedelta(seconds=spec.polling.base_delay_seconds)
         watch = {"next_poll_at": first_read, "delay_source": DelaySource.LOCAL_BACKOFF.value}

@@ -65,7 +65,7 @@ class CollectStep:
     async def __call__(self, op: Operation, prep: Prep | None = None) -> None:
         ctx = self.ctx
         spec = ctx.spec(op)
-        journal = ctx.runtime.journal
+        journal = ctx.deps.journal
         now = ctx.now()
         ref = _ref(op, ctx)
         if spec.result is None:
@@ -121,7 +121,7 @@ class CollectStep:
             max_failures=charged.max_transport_failures,
             detail=dict(entry.detail or {}),
             backoff=ctx.backoff(spec),
-            rng=ctx.runtime.rng,
+            rng=ctx.deps.rng,
         )
         if isinstance(decision, RetryFetch):
             retry_at = now + timedelta(seconds=decision.delay_seconds)

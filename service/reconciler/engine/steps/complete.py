@@ -96,7 +96,7 @@ class CompleteStep:
         """The share a step runs in: hooks together, each callback host on its own."""
         if step != CALLBACK_STEP or op.callback_url is None:
             return HOOKS_LANE
-        return callback_lane(receiver_host(op.callback_url, self.ctx.runtime.allow_hosts))
+        return callback_lane(receiver_host(op.callback_url, self.ctx.deps.allow_hosts))
 
     def steps_for(self, op: Operation) -> list[str]:
         steps = [f"hook:{name}" for name in self.hooks]
@@ -143,7 +143,7 @@ class CompleteStep:
     def _call_in(self, conn: Connection, hook: Hook, plan: Plan) -> Outcome:
         row = plan.current
         assert row is not None and plan.view is not None
-        metrics = self.ctx.runtime.metrics
+        metrics = self.ctx.deps.metrics
         try:
             # A savepoint: a hook that fails leaves nothing of its own behind, and its
             # failure is still recorded in the transaction around it.
@@ -169,7 +169,7 @@ class CompleteStep:
         self._started.add(started)
         if plan.hinted_at is not None:
             lag = max(0.0, (self.ctx.now() - plan.hinted_at).total_seconds())
-            self.ctx.runtime.metrics.lag.observe(lag)
+            self.ctx.deps.metrics.lag.observe(lag)
 
     def _advance(
         self,
@@ -184,7 +184,7 @@ class CompleteStep:
         """From step ``start`` on: start the first unfinished step, or wait for its retry,
         or record the round finished; ``entries`` (the last step's record) go with it."""
         ctx = self.ctx
-        journal = ctx.runtime.journal
+        journal = ctx.deps.journal
         held = share_of(op)
         for index in range(start, len(rows)):
             row = rows[index]
@@ -252,7 +252,7 @@ class CompleteStep:
 
     def _agent_keys(self, conn: Connection, op: Operation, now: datetime) -> list[bytes] | None:
         """The calling agent's own signing keys: no agent can forge another's callbacks."""
-        service_key = self.ctx.runtime.callback_key
+        service_key = self.ctx.deps.callback_key
         assert service_key is not None  # callbacks exist only with a signing key
         return callback_keys(conn, op.caller, service_key, now)
 
@@ -264,7 +264,7 @@ class CompleteStep:
         return await self._hook(row, plan.view)
 
     async def _hook(self, row: StepRow, outcome: dict[str, Any]) -> Outcome:
-        metrics = self.ctx.runtime.metrics
+        metrics = self.ctx.deps.metrics
         hook = self.hooks[row.step.removeprefix("hook:")]
         try:
             if hook.is_async:
@@ -293,7 +293,7 @@ class CompleteStep:
             if result.delivered
             else ("refused" if result.refused else "permanent" if result.permanent else "retryable")
         )
-        self.ctx.runtime.metrics.callback_attempts.labels(label).inc()
+        self.ctx.deps.metrics.callback_attempts.labels(label).inc()
         if result.delivered:
             return Outcome(True, {"http_status": result.http_status, "webhook_id": webhook_id(op)})
         return Outcome(
@@ -326,12 +326,12 @@ class CompleteStep:
             )
             rows = self._with(plan, replace(row, status=StepStatus.DONE))
             return self._advance(conn, op, rows, plan.index + 1, now, [entry])
-        settings = self.ctx.runtime.settings.callbacks
+        settings = self.ctx.deps.settings.callbacks
         attempts = row.attempts
         give_up = outcome.permanent or attempts >= settings.max_attempts
         policy = BackoffPolicy(settings.base_delay_seconds, settings.max_delay_seconds, 0.5)
         delay = next_attempt_delay(
-            attempts - 1, outcome.retry_after, now, policy, self.ctx.runtime.rng
+            attempts - 1, outcome.retry_after, now, policy, self.ctx.deps.rng
         )
         retry_at = now + delay
         reason = outcome.reason[:500]
@@ -350,7 +350,7 @@ class CompleteStep:
             },
         )
         if not give_up:
-            waiting = self.ctx.runtime.journal.write(
+            waiting = self.ctx.deps.journal.write(
                 conn,
                 op,
                 now=now,

@@ -125,7 +125,7 @@ class CreateStep:
         if maybe_sent and spec.create.idempotency is IdempotencyMode.NONE:
             # No key: a resend may make a second job. Only a create that certainly made
             # none, or a person's decision, allows one; otherwise the lookup, if any, asks.
-            allowed = await ctx.runtime.db.run(resend_allowed, ctx.runtime.db, op, ctx.actor)
+            allowed = await ctx.deps.db.run(resend_allowed, ctx.deps.db, op, ctx.actor)
             if allowed is not None:
                 await self._send(op, [allowed])
                 return
@@ -188,7 +188,7 @@ class CreateStep:
         if outage is not None:
             left = op.create_deadline_at - max(outage.started_at, op.created_at)
             until = min(ctx.now() + left, op.deadline_at)
-            if until > ctx.now() and not await ctx.runtime.db.run(self._extended_before, op.id):
+            if until > ctx.now() and not await ctx.deps.db.run(self._extended_before, op.id):
                 await self._give_back(op, until, notes)
                 return
         if unsettled:
@@ -197,7 +197,7 @@ class CreateStep:
         await self._escalate(op, stop.reason, stop.detail, notes)
 
     def _extended_before(self, op_id: str) -> bool:
-        with self.ctx.runtime.db.read() as conn:
+        with self.ctx.deps.db.read() as conn:
             notes = notes_with_cause(conn, op_id, STORAGE_OUTAGE)
         return any("create_window_until" in n for n in notes)
 
@@ -214,7 +214,7 @@ class CreateStep:
         changes = {"create_deadline_at": until, "next_poll_at": now, "delay_source": None}
         await ctx.apply(
             op,
-            lambda conn, fresh: ctx.runtime.journal.write(
+            lambda conn, fresh: ctx.deps.journal.write(
                 conn, fresh, now=now, changes=changes, entries=[given, *rest], lease=ctx.lease
             ),
             final=True,
@@ -232,14 +232,14 @@ class CreateStep:
         ctx = self.ctx
         calls = op.create_attempts + op.create_lookups + 1
         retry_at = next_try_at(
-            op.create_deadline_at, calls, now, ctx.runtime.rng, ctx.backoff(ctx.spec(op))
+            op.create_deadline_at, calls, now, ctx.deps.rng, ctx.backoff(ctx.spec(op))
         )
         changes = {
             **counts,
             "next_poll_at": retry_at,
             "delay_source": DelaySource.LOCAL_BACKOFF.value,
         }
-        return ctx.runtime.journal.write(
+        return ctx.deps.journal.write(
             conn, op, now=now, lease=ctx.lease, changes=changes, entries=before
         )
 
@@ -259,7 +259,7 @@ class CreateStep:
             charged, request = prepared.op, prepared.data
         else:
             charged = await self._reserve(op, {"create_attempts": op.create_attempts + 1}, before)
-            request = await ctx.runtime.db.run(self._request, op.id)
+            request = await ctx.deps.db.run(self._request, op.id)
         spec = ctx.spec(op)
         body = apply_set(request, spec.create.set, template_values(op, spec))
         outcome = await ctx.call(
@@ -320,7 +320,7 @@ class CreateStep:
             max(op.create_attempts + op.create_lookups, 1),
             detail,
             now,
-            ctx.runtime.rng,
+            ctx.deps.rng,
             ctx.backoff(ctx.spec(op)),
             call.retry_after,
         )
@@ -340,7 +340,7 @@ class CreateStep:
 
     def _request(self, op_id: str) -> Any:
         """The create body as stored (read only here: it is the operation's largest part)."""
-        with self.ctx.runtime.db.read() as conn:
+        with self.ctx.deps.db.read() as conn:
             return load_request(conn, op_id)
 
     async def _ambiguous_or_stop(
@@ -353,7 +353,7 @@ class CreateStep:
             max(op.create_attempts + op.create_lookups, 1),
             _observation(call, None),
             now,
-            ctx.runtime.rng,
+            ctx.deps.rng,
             ctx.backoff(ctx.spec(op)),
         )
         detail = {
@@ -386,7 +386,7 @@ class CreateStep:
             }
             await ctx.apply(
                 op,
-                lambda conn, fresh: ctx.runtime.journal.transition(
+                lambda conn, fresh: ctx.deps.journal.transition(
                     conn,
                     fresh,
                     State.FAILED,
@@ -418,7 +418,7 @@ class CreateStep:
             "last_http_status": call.http_status,
             "last_http_at": call.sent_at,
         }
-        journal = ctx.runtime.journal
+        journal = ctx.deps.journal
 
         def later(conn: Connection, fresh: Operation) -> Operation:
             if State(fresh.state) is State.CREATE_PENDING and call.maybe_delivered:
@@ -457,7 +457,7 @@ class CreateStep:
         adaptive = ctx.trust_policy(spec).adaptive
 
         def accept(conn: Connection, fresh: Operation) -> Operation:
-            journal = ctx.runtime.journal
+            journal = ctx.deps.journal
             evidence = {**call_detail(call), "job_id": job_id, "via": via}
             changes: dict[str, Any] = {
                 "remote_job_id": job_id,
@@ -506,9 +506,7 @@ class CreateStep:
             # The create answer is the first observation: while the provider's webhooks are
             # trusted, even the first fallback read waits the stretched schedule.
             trusted = adaptive and is_trusted(conn, op.provider)
-            first, source = first_poll(
-                now, op.deadline_at, ctx.runtime.rng, policy, trusted=trusted
-            )
+            first, source = first_poll(now, op.deadline_at, ctx.deps.rng, policy, trusted=trusted)
             nxt: dict[str, Any] = {"next_poll_at": first, "delay_source": source.value}
             if orphans:
                 nxt = {

@@ -180,14 +180,14 @@ class PollStep:
         due = op.next_poll_at if op.next_poll_at is not None else deadline
         known = [
             decisions.Lapse(o.started_at, o.ended_at)
-            for o in self.ctx.runtime.db.availability.outages_between(min(due, deadline), now)
+            for o in self.ctx.deps.db.availability.outages_between(min(due, deadline), now)
         ]
         return decisions.deadline_lapse(
             deadline,
             op.next_poll_at,
             now,
             known,
-            slack_seconds=self.ctx.runtime.settings.scheduler.catch_up_after_seconds,
+            slack_seconds=self.ctx.deps.settings.scheduler.catch_up_after_seconds,
         )
 
     async def _recovery_look(self, op: Operation, lapse: decisions.Lapse, now: datetime) -> None:
@@ -198,7 +198,7 @@ class PollStep:
         """
         ctx = self.ctx
         note = _lapse_note(ctx.actor, op.deadline_at, lapse)
-        looked = await ctx.runtime.db.run(self._looked_before, op.id)
+        looked = await ctx.deps.db.run(self._looked_before, op.id)
         if looked or op.remote_job_id is None:
             stop = decisions.outage_stop(op.deadline_at, lapse, None)
             await self._escalate(op, stop.reason, stop.detail, [note])
@@ -206,7 +206,7 @@ class PollStep:
         looking = replace(note, detail={**(note.detail or {}), RECOVERY_LOOK: True})
 
         def charge(conn: Connection) -> Operation:
-            return ctx.runtime.journal.write(
+            return ctx.deps.journal.write(
                 conn,
                 op,
                 now=now,
@@ -219,7 +219,7 @@ class PollStep:
         await self._read(op, charged, last_look=True, lapse=lapse)
 
     def _looked_before(self, op_id: str) -> bool:
-        with self.ctx.runtime.db.read() as conn:
+        with self.ctx.deps.db.read() as conn:
             notes = notes_with_cause(conn, op_id, STORAGE_OUTAGE)
         return any(n.get(RECOVERY_LOOK) for n in notes)
 
@@ -305,7 +305,7 @@ class PollStep:
                 record,
                 obs,
                 now,
-                ctx.runtime.rng,
+                ctx.deps.rng,
                 ctx.poll_policy(spec),
                 # Only a pending answer can wait the stretched schedule: read trust for it.
                 trusted=obs.category is RemoteCategory.PENDING
@@ -335,7 +335,7 @@ class PollStep:
             detail=detail,
             delay_source=delay_source,
         )
-        journal = ctx.runtime.journal
+        journal = ctx.deps.journal
         if isinstance(decision, decisions.Wait):
             return journal.write(
                 conn, op, now=now, changes=changes, entries=[entry], lease=ctx.lease
@@ -406,7 +406,7 @@ class PollStep:
                 conn, op.provider, op.remote_job_id, since, until=asked
             )
         verdict = judge_read(None, asked, hinted)
-        if verdict is Verdict.PENDING and self.ctx.runtime.db.availability.outages_between(
+        if verdict is Verdict.PENDING and self.ctx.deps.db.availability.outages_between(
             since, asked
         ):
             # The job ended since our last read, while our storage was down at some point:
@@ -519,7 +519,7 @@ class PollStep:
                 "remote_state": getattr(view, "remote_state", None),
                 "provider_error": provider_error,
             }
-        return ctx.runtime.journal.transition(
+        return ctx.deps.journal.transition(
             conn,
             op,
             target,
