@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.commands.create import ProviderLimits
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Secret, Settings
 from reconciler.core.clock import Clock, SystemClock
 from reconciler.core.completion_lanes import first_lane
 from reconciler.core.errors import ConfigError, InvalidRequest
 from reconciler.core.ids import worker_id
+from reconciler.core.limits import ProviderLimits
 from reconciler.core.quotas import Quota
 from reconciler.core.signatures import Verifier, build_verifier, decode_whsec
 from reconciler.core.trust import TrustView

@@ -12,7 +12,6 @@ transaction; the caller runs it off the event loop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Connection
@@ -21,6 +20,7 @@ from reconciler.api.validation import CreateRequest
 from reconciler.core import ids
 from reconciler.core.canonical import request_fingerprint, same_json
 from reconciler.core.errors import Conflict, IdempotencyConflict, InvalidRequest
+from reconciler.core.limits import ProviderLimits
 from reconciler.core.quotas import RATE_WINDOW, Quota, check_quota
 from reconciler.core.states import State
 from reconciler.storage import operations as store
@@ -29,18 +29,6 @@ from reconciler.storage.journal import Journal
 from reconciler.storage.models import Operation, new_record
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tokens import Principal
-
-
-@dataclass(frozen=True)
-class ProviderLimits:
-    """What the provider file authorises; an agent may ask for less, never for more."""
-
-    deadline_seconds: float
-    max_status_requests: int
-    max_transport_failures: int
-    create_deadline_seconds: float
-    min_deadline_seconds: float = 0.0  # the service's floor ([limits] min_deadline_seconds)
-    quota: Quota = field(default_factory=lambda: Quota(max_in_flight=0, max_per_minute=0))
 
 
 def _within(limits: ProviderLimits, req: CreateRequest) -> tuple[float, int]:
