@@ -54,7 +54,7 @@ def serve(mode: str, db_url: str, port: int) -> None:
     else:
         from tests.support.stack import sim_provider_table
 
-        from reconciler.api.app import create_app
+        from reconciler.app import create_app
         from reconciler.config import Settings
         from reconciler.runtime import Runtime
 

@@ -48,7 +48,7 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     # Imported on use, here and in _demo: the other commands start without the web stack.
-    from reconciler.api.server import serve
+    from reconciler.app import serve
 
     return serve(settings, migrate_first=not args.no_migrate)
 

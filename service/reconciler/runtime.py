@@ -1,7 +1,8 @@
 """Everything a running service holds, built once from the settings.
 
-Routes, the worker and the CLI take what they need from here; tests build
-one with a ``ManualClock``, a seeded ``Random`` and their own environment
+The doors (API routes, console, MCP) receive it; the engine sees it only as
+``engine.deps.EngineDeps``; ``reconciler.app`` builds the app around one. Tests
+build one with a ``ManualClock``, a seeded ``Random`` and their own environment
 instead of the defaults.
 """
 

@@ -19,7 +19,7 @@ from mcp.client import advertise
 from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import SchedulerSettings, Settings
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import create_token

@@ -25,7 +25,7 @@ import pytest
 from fixtures.provider_sim import FaultRates, RequestRecord, SimConfig, SimState
 from fixtures.provider_sim import create_app as create_sim
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import LimitSettings, ServerSettings, Settings
 from reconciler.core.clock import ManualClock
 from reconciler.core.errors import AuthenticationFailed, ConfigError, QuotaExceeded

@@ -20,7 +20,7 @@ import httpx
 from fixtures.provider_sim import FaultRates, SimConfig, SimState
 from fixtures.provider_sim import create_app as create_sim
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store

@@ -22,7 +22,7 @@ from fixtures.provider_sim import SimConfig, SimState
 from fixtures.provider_sim import create_app as create_sim
 from starlette.applications import Starlette
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.engine.worker import Worker

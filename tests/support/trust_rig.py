@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from fixtures.provider_sim import SimConfig, SimState
 from fixtures.provider_sim import create_app as create_sim
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import SchedulerSettings, ServerSettings, Settings
 from reconciler.core.clock import ManualClock
 from reconciler.core.story import tell

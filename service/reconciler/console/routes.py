@@ -1,4 +1,4 @@
-"""Every console route under ``/console``, mounted by ``api.app`` next to the agent API."""
+"""Every console route under ``/console``, mounted by ``reconciler.app`` next to the agent API."""
 
 from __future__ import annotations
 

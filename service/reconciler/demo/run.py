@@ -46,7 +46,7 @@ from starlette.routing import Route
 
 import reconciler
 from reconciler import logs
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import SystemClock
