@@ -22,6 +22,7 @@ from reconciler.core.errors import ConfigError, InvalidRequest
 from reconciler.core.ids import worker_id
 from reconciler.core.limits import ProviderLimits
 from reconciler.core.quotas import Quota
+from reconciler.core.records import OperationRecord
 from reconciler.core.signatures import Verifier, build_verifier, decode_whsec
 from reconciler.core.trust import TrustView
 from reconciler.engine.group_commit import GroupCommitter
@@ -37,7 +38,6 @@ from reconciler.storage import operations as store
 from reconciler.storage import trust
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
-from reconciler.storage.models import Operation
 from reconciler.storage.tokens import Principal
 from reconciler.storage.views import ViewBatcher
 
@@ -114,7 +114,7 @@ class Runtime:
         allow = ssrf.as_allow_list(settings.callbacks.allow_hosts)
         has_hooks = bool(settings.hooks)
 
-        def first(op: Operation) -> str:
+        def first(op: OperationRecord) -> str:
             host = receiver_host(op.callback_url, allow) if op.callback_url else None
             return first_lane(has_hooks, host)
 

@@ -22,11 +22,11 @@ from fixtures.provider_sim import create_app as create_sim
 
 from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.core.records import HistoryRecord, OperationRecord
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
-from reconciler.storage.models import HistoryEntry, Operation
 from tests.support.servers import HOST, serve_asgi
 from tests.support.stack import (
     CALLBACK_SECRET,
@@ -273,7 +273,7 @@ def submit(url: str, agent: str, body: dict[str, Any]) -> str:
     return op_id
 
 
-def stored(db: Database, op_id: str) -> Operation:
+def stored(db: Database, op_id: str) -> OperationRecord:
     """The operation as stored now."""
     with db.read() as conn:
         op = store.get_operation(conn, op_id)
@@ -281,6 +281,6 @@ def stored(db: Database, op_id: str) -> Operation:
     return op
 
 
-def history(db: Database, op_id: str) -> list[HistoryEntry]:
+def history(db: Database, op_id: str) -> list[HistoryRecord]:
     with db.read() as conn:
         return history_of(conn, op_id)

@@ -22,11 +22,11 @@ from reconciler.core.canonical import request_fingerprint, same_json
 from reconciler.core.errors import Conflict, IdempotencyConflict, InvalidRequest
 from reconciler.core.limits import ProviderLimits
 from reconciler.core.quotas import RATE_WINDOW, Quota, check_quota
+from reconciler.core.records import OperationRecord, new_operation
 from reconciler.core.states import State
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
-from reconciler.storage.models import Operation, new_record
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tokens import Principal
 
@@ -57,8 +57,8 @@ def _within(limits: ProviderLimits, req: CreateRequest) -> tuple[float, int]:
 
 
 def _same_operation(
-    existing: Operation, req: CreateRequest, fingerprint: str, deadline: float, budget: int
-) -> Operation:
+    existing: OperationRecord, req: CreateRequest, fingerprint: str, deadline: float, budget: int
+) -> OperationRecord:
     """The stored operation if the retry asks for exactly it; else a conflict naming the field."""
     key = req.idempotency_key
     if existing.request_fingerprint != fingerprint:
@@ -108,7 +108,7 @@ def create_operation(
     req: CreateRequest,
     limits: ProviderLimits,
     now: datetime,
-) -> tuple[Operation, bool]:
+) -> tuple[OperationRecord, bool]:
     """Store the operation durably (``create_pending``) before any provider call.
 
     Returns the operation and whether it is new. The same key with the same request and
@@ -122,7 +122,7 @@ def create_operation(
             existing = store.find_by_key(conn, principal.name, key)
         if existing is not None:
             return _same_operation(existing, req, fingerprint, deadline, budget), False
-    op = new_record(
+    op = new_operation(
         id=ids.operation_id(now),
         provider=req.provider,
         caller=principal.name,

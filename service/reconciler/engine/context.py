@@ -21,19 +21,21 @@ from sqlalchemy.engine import Connection
 from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.clock import isoformat
 from reconciler.core.errors import StaleWrite
+from reconciler.core.escalation import UNKNOWN_PROVIDER, ProviderTerms
 from reconciler.core.poll import PollPolicy
+from reconciler.core.provider_calls import CallResult
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.trust import TrustPolicy
 from reconciler.core.vocabulary import EscalationReason, HistoryKind, TransportError
 from reconciler.engine.deps import EngineDeps
 from reconciler.engine.flow import Prep, flow_var
 from reconciler.metrics import status_label
-from reconciler.providers.adapter import CallResult, ProviderAdapter
+from reconciler.providers.adapter import ProviderAdapter
 from reconciler.providers.spec import ProviderSpec
 from reconciler.storage import operations as store
 from reconciler.storage.escalations import escalate, open_escalation
 from reconciler.storage.journal import Entry, Lease, retry_stale
-from reconciler.storage.models import Operation
 
 T = TypeVar("T")
 # The final look before a deadline (webhook trust) comes this long before it: at least a
@@ -60,6 +62,12 @@ class OutageNote:
 APPLY_ATTEMPTS = 3
 
 
+def _escalation_terms(spec: ProviderSpec | None) -> ProviderTerms:
+    if spec is None:
+        return UNKNOWN_PROVIDER
+    return ProviderTerms(backoff=spec.polling.backoff(), can_cancel=spec.cancel is not None)
+
+
 def _final_look_seconds(spec: ProviderSpec) -> float:
     polling = spec.polling
     return min(polling.max_delay_seconds, max(polling.base_delay_seconds, FINAL_LOOK_MIN_SECONDS))
@@ -80,22 +88,22 @@ class StepContext:
     def now(self) -> datetime:
         return self.deps.clock.now()
 
-    def holds_lease(self, op: Operation) -> bool:
+    def holds_lease(self, op: OperationRecord) -> bool:
         expires = op.lease_expires_at
         return (
             op.lease_owner == self.deps.worker_id and expires is not None and (expires > self.now())
         )
 
-    async def reload(self, op_id: str) -> Operation | None:
+    async def reload(self, op_id: str) -> OperationRecord | None:
         """The operation as stored now (the one way the engine reads a row)."""
 
-        def load() -> Operation | None:
+        def load() -> OperationRecord | None:
             with self.deps.db.read() as conn:
                 return store.get_operation(conn, op_id)
 
         return await self.deps.db.run(load)
 
-    def fresh(self, conn: Connection, op_id: str) -> Operation:
+    def fresh(self, conn: Connection, op_id: str) -> OperationRecord:
         """The row as stored now, inside a write; ``StaleWrite`` once the lease is not ours."""
         found = store.load_records(conn, [op_id], lock=True)
         if not found:
@@ -106,17 +114,17 @@ class StepContext:
         return current
 
     def change_in(
-        self, conn: Connection, op: Operation, now: datetime, **changes: Any
-    ) -> Operation:
+        self, conn: Connection, op: OperationRecord, now: datetime, **changes: Any
+    ) -> OperationRecord:
         """``changes`` on ``op`` under this step's lease, in ``conn``'s transaction: how a
         step records a request before sending it (a crash after the send never repeats it
         uncounted)."""
         return self.deps.journal.write(conn, op, now=now, lease=self.lease, changes=changes)
 
-    def spec(self, op: Operation) -> ProviderSpec:
+    def spec(self, op: OperationRecord) -> ProviderSpec:
         return self.deps.providers[op.provider]
 
-    def adapter(self, op: Operation) -> ProviderAdapter:
+    def adapter(self, op: OperationRecord) -> ProviderAdapter:
         return self.deps.adapter(op.provider)
 
     def backoff(self, spec: ProviderSpec) -> BackoffPolicy:
@@ -138,7 +146,7 @@ class StepContext:
     def trust_policy(self, spec: ProviderSpec) -> TrustPolicy:
         return spec.polling.trust()
 
-    async def call(self, op: Operation, name: str, fn: Callable[[], Awaitable[T]]) -> T:
+    async def call(self, op: OperationRecord, name: str, fn: Callable[[], Awaitable[T]]) -> T:
         """One provider call, counted. Its bound is the provider's share of the worker
         (``engine.shares``): the claim takes no more of a provider's operations than its
         share has slots, so a call never queues behind another provider's."""
@@ -149,8 +157,12 @@ class StepContext:
         return result
 
     async def write(
-        self, op: Operation, fn: Callable[[Connection], Operation], *, final: bool = False
-    ) -> Operation:
+        self,
+        op: OperationRecord,
+        fn: Callable[[Connection], OperationRecord],
+        *,
+        final: bool = False,
+    ) -> OperationRecord:
         """Run ``fn`` in one write transaction off the loop, then signal the change.
 
         ``fn`` writes on ``op`` as the task holds it; a lost race raises ``StaleWrite``.
@@ -159,11 +171,11 @@ class StepContext:
 
     async def apply(
         self,
-        op: Operation,
-        build: Callable[[Connection, Operation], Operation],
+        op: OperationRecord,
+        build: Callable[[Connection, OperationRecord], OperationRecord],
         *,
         final: bool = False,
-    ) -> Operation:
+    ) -> OperationRecord:
         """Write what a provider call taught us onto the freshest row we still lease.
 
         While the call was in flight an agent's cancel, a webhook hint or an operator may
@@ -174,15 +186,19 @@ class StepContext:
         return (await self._commit(op, build, final, retry=True)).op
 
     async def apply_plan(
-        self, op: Operation, build: Callable[[Connection, Operation], Prep], *, final: bool = False
+        self,
+        op: OperationRecord,
+        build: Callable[[Connection, OperationRecord], Prep],
+        *,
+        final: bool = False,
     ) -> Prep:
         """``apply`` for a build that also answers what it learned (``Prep.data``)."""
         return await self._commit(op, build, final, retry=True)
 
     async def _commit(
         self,
-        op: Operation,
-        build: Callable[[Connection, Operation], Operation | Prep],
+        op: OperationRecord,
+        build: Callable[[Connection, OperationRecord], OperationRecord | Prep],
         final: bool,
         *,
         retry: bool,
@@ -213,7 +229,7 @@ class StepContext:
         await self._changed(op, nxt.op if nxt is not None else done.op)
         return done
 
-    async def _changed(self, op: Operation, after: Operation) -> None:
+    async def _changed(self, op: OperationRecord, after: OperationRecord) -> None:
         rt = self.deps
         if after.state != op.state:
             # Local waiters get the record itself: they need not read it again.
@@ -254,20 +270,20 @@ class StepContext:
     def escalate_in(
         self,
         conn: Connection,
-        op: Operation,
+        op: OperationRecord,
         reason: EscalationReason,
         detail: str,
         *,
         before: Sequence[Entry] = (),
         changes: Mapping[str, Any] | None = None,
         transport_error: TransportError | None = None,
-    ) -> Operation:
+    ) -> OperationRecord:
         """Stop automatic work on ``op`` and ask a person, inside the caller's transaction."""
         return escalate(
             conn,
             self.deps.journal,
             op,
-            self.deps.providers.get(op.provider),
+            _escalation_terms(self.deps.providers.get(op.provider)),
             reason,
             detail,
             now=self.now(),
@@ -280,14 +296,14 @@ class StepContext:
 
     async def escalate(
         self,
-        op: Operation,
+        op: OperationRecord,
         reason: EscalationReason,
         detail: str,
         *,
         before: Sequence[Entry] = (),
         changes: Mapping[str, Any] | None = None,
         transport_error: TransportError | None = None,
-    ) -> Operation:
+    ) -> OperationRecord:
         """Stop automatic work on ``op`` and ask a person (on the fresh row, under the lease)."""
         return await self.apply(
             op,
@@ -303,12 +319,12 @@ class StepContext:
             ),
         )
 
-    def _reason(self, op: Operation) -> str:
+    def _reason(self, op: OperationRecord) -> str:
         with self.deps.db.read() as conn:
             esc = open_escalation(conn, op)
         return esc.reason if esc is not None else "unknown"
 
-    def count_call(self, op: Operation, call_name: str, call: CallResult) -> None:
+    def count_call(self, op: OperationRecord, call_name: str, call: CallResult) -> None:
         label = status_label(
             call.http_status, call.transport_error.value if call.transport_error else None
         )

@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection
 from reconciler.core import poll as decisions
 from reconciler.core.clock import isoformat
 from reconciler.core.errors import StorageUnavailable
+from reconciler.core.records import OperationRecord
 from reconciler.core.story import SOURCE_WORDS, clock_text
 from reconciler.core.trust import Change, Health, TrustPolicy, TrustState, Verdict, settle, spread
 from reconciler.core.vocabulary import HistoryKind
@@ -37,7 +38,6 @@ from reconciler.engine.steps.poll import record_of
 from reconciler.storage import trust as store
 from reconciler.storage.history import last_read_before
 from reconciler.storage.journal import Entry, retry_stale
-from reconciler.storage.models import Operation
 
 log = logging.getLogger("reconciler.engine.trust")
 
@@ -161,7 +161,7 @@ class TrustKeeper:
 
     def _restored(
         self, conn: Connection, provider: str, health: Health, now: datetime
-    ) -> list[tuple[Operation, dict[str, Any], Sequence[Entry]]]:
+    ) -> list[tuple[OperationRecord, dict[str, Any], Sequence[Entry]]]:
         rt = self.deps
         spec = rt.providers[provider]
         ops = store.stretched_operations(conn, provider, RESTORE_BATCH)
@@ -176,7 +176,7 @@ class TrustKeeper:
             rt.rng,
         )
         why = _why(health, spec.polling.trust())
-        items: list[tuple[Operation, dict[str, Any], Sequence[Entry]]] = []
+        items: list[tuple[OperationRecord, dict[str, Any], Sequence[Entry]]] = []
         for op, slot in zip(ops, slots, strict=True):
             back = decisions.restore(
                 record_of(op),

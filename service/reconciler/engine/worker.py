@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.completion_lanes import choose, lane_or_hooks
 from reconciler.core.errors import Bug, ReconcilerError, StaleWrite, StorageUnavailable
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.engine.catch_up import spread_overdue
 from reconciler.engine.context import StepContext
@@ -37,7 +38,6 @@ from reconciler.engine.shares import CALLBACKS, HOOKS, Shares, share_of
 from reconciler.logs import operation_id_var, trace_id_var
 from reconciler.storage import operations as store
 from reconciler.storage.availability import explain
-from reconciler.storage.models import Operation
 
 log = logging.getLogger("reconciler.engine.worker")
 
@@ -91,7 +91,7 @@ class _Ask(NamedTuple):
 
 
 class _Claimed(NamedTuple):
-    op: Operation
+    op: OperationRecord
     previous: str | None  # the holder of an expired lease taken over
     prep: Prep | None
 
@@ -251,7 +251,7 @@ class Worker:
             return _Ask(n, share, lambda found: choose(found, room, cap, n))
         return _Ask(n, store.ShareFilter(provider=key, completion=False))
 
-    def _prepare_claimed(self, conn: Connection, op: Operation, now: datetime) -> Prep | None:
+    def _prepare_claimed(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
         step = self._preparer(op, now)
         if step is None:
             return None
@@ -262,7 +262,7 @@ class Worker:
         except Exception as exc:  # the claim is retried without it: see claim_and_prepare
             raise _PrepFailed() from exc
 
-    def _preparer(self, op: Operation, now: datetime) -> Preparer | None:
+    def _preparer(self, op: OperationRecord, now: datetime) -> Preparer | None:
         """The step that will run on ``op`` now, if it can do its first write ahead."""
         if op.next_poll_at is None or op.next_poll_at > now:
             return None
@@ -308,7 +308,7 @@ class Worker:
             # The share (or the worker) was full: there may be due work we could not claim.
             self.deps.notifier.wake()
 
-    def _step_for(self, op: Operation) -> Step | None:
+    def _step_for(self, op: OperationRecord) -> Step | None:
         state = State(op.state)
         # Only an end state is completed: an operator may have reopened one (extend, cancel)
         # before its completion finished, and then the flows own the operation again.
@@ -317,7 +317,7 @@ class Worker:
         return self.steps.get(state)
 
     async def _process(
-        self, op_id: str, share: str, op: Operation | None = None, prep: Prep | None = None
+        self, op_id: str, share: str, op: OperationRecord | None = None, prep: Prep | None = None
     ) -> None:
         operation_id_var.set(op_id)
         task = _Task(self, share)
@@ -387,7 +387,7 @@ class Worker:
             except StorageUnavailable:
                 continue
 
-    async def _park(self, op: Operation) -> None:
+    async def _park(self, op: OperationRecord) -> None:
         """Nothing to do in this state: stop looking until something changes it."""
         rt = self.deps
 
@@ -398,7 +398,7 @@ class Worker:
         with contextlib.suppress(StaleWrite):
             await rt.db.run_write(park)
 
-    async def _release(self, op_id: str, last: Operation | None) -> None:
+    async def _release(self, op_id: str, last: OperationRecord | None) -> None:
         rt = self.deps
 
         def release() -> dict[str, Any]:
@@ -414,7 +414,7 @@ class Worker:
             if at is not None and self.on_next_due is not None:
                 self.on_next_due(at)
 
-    def _due_at(self, last: Operation | None) -> None:
+    def _due_at(self, last: OperationRecord | None) -> None:
         if last is not None and last.next_poll_at is not None and self.on_next_due is not None:
             self.on_next_due(last.next_poll_at)
 
@@ -436,7 +436,7 @@ class _Task:
         self.steps_left = MAX_STEPS_PER_CLAIM
         self.sent_status_read = False
         self.completion_slot: str | None = None  # a completion share held while collecting
-        self.last: Operation | None = None
+        self.last: OperationRecord | None = None
         self.flow = Flow(next_step=self._next_step, release=self._release_in)
 
     def claimed(self, share: str) -> None:
@@ -448,7 +448,7 @@ class _Task:
     def _release_in(self, conn: Connection, op_id: str) -> None:
         store.release(conn, [op_id], self.worker.owner)
 
-    def _next_step(self, after: Operation, now: datetime) -> Preparer | None:
+    def _next_step(self, after: OperationRecord, now: datetime) -> Preparer | None:
         """Inside a write: the step this task would run next on ``after`` now (see ``run``)."""
         if self.steps_left <= 0:
             return None
@@ -459,7 +459,7 @@ class _Task:
             return None
         return self.worker._preparer(after, now)
 
-    async def run(self, op_id: str, op: Operation | None, prep: Prep | None) -> None:
+    async def run(self, op_id: str, op: OperationRecord | None, prep: Prep | None) -> None:
         worker = self.worker
         rt = worker.deps
         while self.steps_left > 0:
@@ -509,7 +509,7 @@ class _Task:
             # a step that wrote nothing is looked at again.
             op, prep = (self.flow.last, self.flow.prepared) if self.flow.changed else (None, None)
 
-    def _reserve_completion(self, op: Operation) -> None:
+    def _reserve_completion(self, op: OperationRecord) -> None:
         """Hold a slot of the share the completion will start in while collecting a result,
         so its last write can start the completion handler (in the same transaction)
         instead of leaving it to a claim."""

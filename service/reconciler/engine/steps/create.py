@@ -31,6 +31,8 @@ from reconciler.core.create import (
     retry_create,
 )
 from reconciler.core.poll import Stop, first_poll
+from reconciler.core.provider_calls import CallResult
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind
 from reconciler.engine.context import STORAGE_OUTAGE, StepContext
@@ -41,12 +43,11 @@ from reconciler.engine.steps.resend import (
     resend_allowed,
     template_values,
 )
-from reconciler.providers.adapter import CallResult, CreateOutcome, LookupOutcome, LookupVerdict
+from reconciler.providers.adapter import CreateOutcome, LookupOutcome, LookupVerdict
 from reconciler.providers.create_set import apply_set
 from reconciler.providers.spec import IdempotencyMode
 from reconciler.storage.history import notes_with_cause
 from reconciler.storage.journal import Entry
-from reconciler.storage.models import Operation
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.payloads import load_request
 from reconciler.storage.trust import is_trusted
@@ -95,7 +96,7 @@ class CreateStep:
     def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
 
-    def prepare(self, conn: Connection, op: Operation, now: datetime) -> Prep | None:
+    def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
         """A first create's count and next try, inside the claim; with it, the request.
 
         Only a create that cannot have reached the provider yet: one that may have (an
@@ -108,7 +109,7 @@ class CreateStep:
         charged = self._reserve_in(conn, op, {"create_attempts": 1}, [], now)
         return Prep(charged, load_request(conn, op.id))
 
-    async def __call__(self, op: Operation, prep: Prep | None = None) -> None:
+    async def __call__(self, op: OperationRecord, prep: Prep | None = None) -> None:
         ctx = self.ctx
         if prep is not None:
             await self._send(op, prepared=prep)
@@ -153,7 +154,7 @@ class CreateStep:
             return
         await self._send(op)
 
-    async def _window_ended(self, op: Operation, stop: Stop) -> None:
+    async def _window_ended(self, op: OperationRecord, stop: Stop) -> None:
         """The create window is over: look before escalating, and never blame the provider
         for time our own database was down.
 
@@ -201,7 +202,7 @@ class CreateStep:
             notes = notes_with_cause(conn, op_id, STORAGE_OUTAGE)
         return any("create_window_until" in n for n in notes)
 
-    async def _give_back(self, op: Operation, until: datetime, notes: list[Entry]) -> None:
+    async def _give_back(self, op: OperationRecord, until: datetime, notes: list[Entry]) -> None:
         ctx = self.ctx
         now = ctx.now()
         first, *rest = notes
@@ -223,11 +224,11 @@ class CreateStep:
     def _reserve_in(
         self,
         conn: Connection,
-        op: Operation,
+        op: OperationRecord,
         counts: dict[str, int],
         before: list[Entry],
         now: datetime,
-    ) -> Operation:
+    ) -> OperationRecord:
         """Count the call and schedule the next try one backoff step away, before sending."""
         ctx = self.ctx
         calls = op.create_attempts + op.create_lookups + 1
@@ -244,15 +245,19 @@ class CreateStep:
         )
 
     async def _reserve(
-        self, op: Operation, counts: dict[str, int], before: list[Entry] | None = None
-    ) -> Operation:
+        self, op: OperationRecord, counts: dict[str, int], before: list[Entry] | None = None
+    ) -> OperationRecord:
         now = self.ctx.now()
         return await self.ctx.write(
             op, lambda conn: self._reserve_in(conn, op, counts, before or [], now)
         )
 
     async def _send(
-        self, op: Operation, before: list[Entry] | None = None, *, prepared: Prep | None = None
+        self,
+        op: OperationRecord,
+        before: list[Entry] | None = None,
+        *,
+        prepared: Prep | None = None,
     ) -> None:
         ctx = self.ctx
         if prepared is not None:
@@ -286,7 +291,7 @@ class CreateStep:
             return
         await self._ambiguous_or_stop(charged, outcome.call, outcome, "create")
 
-    async def _duplicate(self, op: Operation, outcome: CreateOutcome) -> None:
+    async def _duplicate(self, op: OperationRecord, outcome: CreateOutcome) -> None:
         """The provider says this key already made a job: find it, never resend or fail."""
         ctx = self.ctx
         seen = Entry(
@@ -312,7 +317,9 @@ class CreateStep:
         # The job exists but the lookup does not show it yet (a lagging index): look again.
         await self._retry(op, found.call, entry, "the duplicate's job is not found yet")
 
-    async def _retry(self, op: Operation, call: CallResult, entry: Entry, detail: str) -> None:
+    async def _retry(
+        self, op: OperationRecord, call: CallResult, entry: Entry, detail: str
+    ) -> None:
         ctx = self.ctx
         now = ctx.now()
         decision = retry_create(
@@ -329,7 +336,7 @@ class CreateStep:
             return
         await self._retry_later(op, decision, entry, call)
 
-    async def _create_unknown(self, op: Operation, detail: str, before: list[Entry]) -> None:
+    async def _create_unknown(self, op: OperationRecord, detail: str, before: list[Entry]) -> None:
         await self._escalate(
             op,
             EscalationReason.CREATE_UNKNOWN,
@@ -344,7 +351,7 @@ class CreateStep:
             return load_request(conn, op_id)
 
     async def _ambiguous_or_stop(
-        self, op: Operation, call: CallResult, outcome: CreateOutcome | None, via: str
+        self, op: OperationRecord, call: CallResult, outcome: CreateOutcome | None, via: str
     ) -> None:
         ctx = self.ctx
         now = ctx.now()
@@ -408,7 +415,7 @@ class CreateStep:
             raise AssertionError(decision)
 
     async def _retry_later(
-        self, op: Operation, decision: Ambiguous, entry: Entry, call: CallResult
+        self, op: OperationRecord, decision: Ambiguous, entry: Entry, call: CallResult
     ) -> None:
         ctx = self.ctx
         now = ctx.now()
@@ -420,7 +427,7 @@ class CreateStep:
         }
         journal = ctx.deps.journal
 
-        def later(conn: Connection, fresh: Operation) -> Operation:
+        def later(conn: Connection, fresh: OperationRecord) -> OperationRecord:
             if State(fresh.state) is State.CREATE_PENDING and call.maybe_delivered:
                 return journal.transition(
                     conn,
@@ -442,7 +449,7 @@ class CreateStep:
 
     async def _accept(
         self,
-        op: Operation,
+        op: OperationRecord,
         job_id: str,
         outcome: CreateOutcome | None,
         call: CallResult,
@@ -456,7 +463,7 @@ class CreateStep:
         policy = ctx.poll_policy(spec)
         adaptive = ctx.trust_policy(spec).adaptive
 
-        def accept(conn: Connection, fresh: Operation) -> Operation:
+        def accept(conn: Connection, fresh: OperationRecord) -> OperationRecord:
             journal = ctx.deps.journal
             evidence = {**call_detail(call), "job_id": job_id, "via": via}
             changes: dict[str, Any] = {
@@ -530,7 +537,9 @@ class CreateStep:
 
         await ctx.apply(op, accept, final=True)
 
-    async def _violation(self, op: Operation, outcome: CreateOutcome, check: LookupOutcome) -> None:
+    async def _violation(
+        self, op: OperationRecord, outcome: CreateOutcome, check: LookupOutcome
+    ) -> None:
         detail = (
             f"the same idempotency token was answered with job {outcome.job_id} by the "
             f"create call and {check.job_id} by the lookup; neither is chosen"
@@ -552,6 +561,6 @@ class CreateStep:
         await self._escalate(op, EscalationReason.CONTRACT_VIOLATION, detail, entries)
 
     async def _escalate(
-        self, op: Operation, reason: EscalationReason, detail: str, before: list[Entry]
+        self, op: OperationRecord, reason: EscalationReason, detail: str, before: list[Entry]
     ) -> None:
         await self.ctx.escalate(op, reason, detail, before=before)
