@@ -215,19 +215,7 @@ def test_the_docstring_states_the_table() -> None:
     assert table == dict(enumerate(LAYERS))
 
 
-# Core still reads storage's rows and providers' types until core/records.py replaces them.
-PENDING = {"core": "core still imports storage rows and providers (core/records.py to come)"}
-
-
-@pytest.mark.parametrize(
-    "rule",
-    [
-        pytest.param(r, marks=pytest.mark.xfail(strict=True, reason=PENDING[r]))
-        if r in PENDING
-        else r
-        for r in sorted(RULES)
-    ],
-)
+@pytest.mark.parametrize("rule", sorted(RULES))
 def test_rule_holds(graph: Graph, rule: str) -> None:
     found = RULES[rule](graph)
     assert not found, "\n".join(str(v) for v in found)
