@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.engine import Connection
 
@@ -60,6 +60,22 @@ class Entry:
 @dataclass(frozen=True)
 class Lease:
     owner: str
+
+
+class RowHead(Protocol):
+    """What a write needs of the row it changes: which row, the version and state it was
+    read in, and the head of its history chain (the webhook batch reads only these)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def history_head(self) -> str: ...
+    @property
+    def history_seq(self) -> int: ...
 
 
 # A lost race is retried on fresh data this many times before StaleWrite reaches the caller.
@@ -225,7 +241,7 @@ class Journal:
     def write_many(
         self,
         conn: Connection,
-        items: Sequence[tuple[OperationRecord, Mapping[str, Any], Sequence[Entry]]],
+        items: Sequence[tuple[RowHead, Mapping[str, Any], Sequence[Entry]]],
         *,
         now: datetime,
     ) -> None:
