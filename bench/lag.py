@@ -296,7 +296,7 @@ def serve(
 ) -> None:
     from tests.support.stack import sim_provider_table
 
-    from reconciler.api.server import serve as run
+    from reconciler.app import serve as run
     from reconciler.config import SchedulerSettings, ServerSettings, Settings
 
     empty = work / "no-provider-files"

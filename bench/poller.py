@@ -187,7 +187,7 @@ def service_settings(db_url: str, provider_url: str, work: Path, port: int = 808
 
 
 def serve_service(db_url: str, port: int, provider_url: str, work: Path) -> None:
-    from reconciler.api.server import serve
+    from reconciler.app import serve
 
     serve(service_settings(db_url, provider_url, work, port))
 

@@ -22,11 +22,11 @@ from reconciler.config import DEFAULT_PROVIDERS_DIR, Settings, load_settings
 from reconciler.core import story
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import SystemClock, isoformat
+from reconciler.core.errors import ConfigError, InvalidRequest, ReconcilerError
 from reconciler.core.signatures import decode_whsec
 from reconciler.core.states import State
 from reconciler.core.strict_json import require_field_text, shown
 from reconciler.core.vocabulary import DecisionAction, Scope
-from reconciler.errors import ConfigError, InvalidRequest, ReconcilerError
 from reconciler.providers.loader import load_providers, provider_tables
 from reconciler.storage import audit, migrate
 from reconciler.storage import operations as store
@@ -48,7 +48,7 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     # Imported on use, here and in _demo: the other commands start without the web stack.
-    from reconciler.api.server import serve
+    from reconciler.app import serve
 
     return serve(settings, migrate_first=not args.no_migrate)
 

@@ -18,11 +18,11 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from reconciler.core.records import HistoryRecord
 from reconciler.demo.sim import SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
-from reconciler.storage.models import HistoryEntry
 from tests.support.process import ServiceProcess, cli, service_config, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
@@ -114,7 +114,7 @@ def wait_done(svc: ServiceProcess, token: str, op_id: str, timeout: float = 60) 
     return op
 
 
-def history(db: Database, op_id: str) -> list[HistoryEntry]:
+def history(db: Database, op_id: str) -> list[HistoryRecord]:
     with db.read() as conn:
         return history_of(conn, op_id)
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from reconciler.core.records import HistoryRecord, OperationRecord
 from reconciler.demo.sim import RequestRecord, SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
-from reconciler.storage.models import HistoryEntry, Operation
 from reconciler.storage.tokens import create_token
 from tests.support import hooks
 from tests.support.faults import history, stored, submit
@@ -77,10 +77,10 @@ class Rig:
         body = {"provider": "sim", "request": JOB, "callback_url": f"{self.cb_url}/cb/{name}"}
         return submit(svc.url, self.agent, body)
 
-    def row(self, op_id: str) -> Operation:
+    def row(self, op_id: str) -> OperationRecord:
         return stored(self.db, op_id)
 
-    def history(self, op_id: str) -> list[HistoryEntry]:
+    def history(self, op_id: str) -> list[HistoryRecord]:
         return history(self.db, op_id)
 
     def requests(self, job_id: str, endpoint: str) -> list[RequestRecord]:
@@ -93,7 +93,7 @@ class Rig:
         )
         assert response.status_code == 200, response.text
 
-    def finished(self, op_id: str) -> Operation:
+    def finished(self, op_id: str) -> OperationRecord:
         wait_until(lambda: hooks.completion_finished(self.db, op_id), 60, "the completion")
         return self.row(op_id)
 
@@ -117,7 +117,7 @@ def rig(tmp_path: Path, db_url: str) -> Iterator[Rig]:
         yield Rig(tmp_path, db, sim, sim_url, receiver, cb_url, agent, log, stack)
 
 
-def transitions(entries: list[HistoryEntry], to: str) -> int:
+def transitions(entries: list[HistoryRecord], to: str) -> int:
     return sum(1 for e in entries if e.kind == "transition" and e.to_state == to)
 
 

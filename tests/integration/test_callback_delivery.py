@@ -34,9 +34,9 @@ from standardwebhooks import Webhook
 from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.canonical import canonical_json
 from reconciler.core.clock import Clock, ManualClock, SystemClock
+from reconciler.core.errors import InvalidRequest
 from reconciler.core.signatures import decode_whsec
 from reconciler.core.vocabulary import TransportError
-from reconciler.errors import InvalidRequest
 from reconciler.outbound.callbacks import (
     CallbackClient,
     DeliveryOutcome,

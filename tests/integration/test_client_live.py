@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from reconciler import errors
 from reconciler.client import AsyncClient, Client, Outcome, ReplayGuard, RunResult, verify_callback
+from reconciler.core import errors
 from reconciler.storage.tokens import create_token
 from tests.support.hooks import Reply, serve_receiver
 from tests.support.stack import Stack, running_stack

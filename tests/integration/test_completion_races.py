@@ -19,7 +19,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.runtime import Runtime
 from reconciler.storage.models import WebhookEvent
 from tests.support import hooks

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.config import Settings
+from reconciler.core.errors import DemoFailed
 from reconciler.core.trust import TrustMode, TrustState, TrustView
 from reconciler.demo import run
 from reconciler.demo.report import (
@@ -33,7 +34,6 @@ from reconciler.demo.run import (
     plan_batch,
     prepare_directory,
 )
-from reconciler.errors import DemoFailed
 from tests.support.console import operator_client
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 import sqlalchemy as sa
 
-from reconciler.errors import Conflict, StorageUnavailable
+from reconciler.core.errors import Conflict, StorageUnavailable
 from reconciler.storage.database import Database, translate_errors
 from reconciler.storage.fastsql import insert_many, raw_for, run
 from reconciler.storage.webhook_events import EVENT_COLUMNS, EVENTS

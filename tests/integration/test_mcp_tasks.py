@@ -17,7 +17,7 @@ from mcp.client import advertise
 from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import SchedulerSettings, Settings
 from reconciler.demo.sim import SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.runtime import Runtime
 from tests.support.databases import sqlite_url

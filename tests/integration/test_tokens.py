@@ -18,8 +18,8 @@ import sqlalchemy as sa
 
 from reconciler.cli import main
 from reconciler.core.clock import ManualClock
+from reconciler.core.errors import AuthenticationFailed, Conflict, InvalidRequest, PermissionDenied
 from reconciler.core.vocabulary import Scope
-from reconciler.errors import AuthenticationFailed, Conflict, InvalidRequest, PermissionDenied
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import TOKENS, authenticate, create_token, require_operator
 

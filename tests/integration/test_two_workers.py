@@ -23,15 +23,15 @@ from typing import Any
 import httpx
 import pytest
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.core.records import HistoryRecord, OperationRecord
 from reconciler.demo.sim import FaultRates, RequestRecord, SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
-from reconciler.storage.models import HistoryEntry, Operation
 from tests.support import hooks
 from tests.support.process import make_tokens, service_config, service_env, service_process
 from tests.support.servers import serve_asgi
@@ -195,7 +195,7 @@ def process_replicas(tmp_path: Path, db_url: str, hook_log: Path) -> Iterator[Re
 
 
 def check_one_reader_at_a_time(
-    op: Operation, entries: list[HistoryEntry], reads: list[RequestRecord]
+    op: OperationRecord, entries: list[HistoryRecord], reads: list[RequestRecord]
 ) -> None:
     """The provider's own log: each status request for the operation was answered before
     the next one arrived, so no two were ever in flight together (each answer takes
@@ -210,7 +210,7 @@ def check_one_reader_at_a_time(
     assert 1 <= len(observed) <= len(reads)
 
 
-def check_completed_once(op: Operation, entries: list[HistoryEntry]) -> None:
+def check_completed_once(op: OperationRecord, entries: list[HistoryRecord]) -> None:
     assert op.state == "succeeded", (op.id, op.state)
     ends = [e for e in entries if e.kind == "transition" and e.to_state == "succeeded"]
     assert len(ends) == 1

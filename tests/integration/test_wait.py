@@ -21,7 +21,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import ServerSettings
 from reconciler.runtime import Runtime
 from reconciler.storage.operations import load_operation

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.core.clock import SystemClock
 from reconciler.core.states import State
 from reconciler.runtime import Runtime

@@ -27,7 +27,7 @@ import pytest
 import sqlalchemy as sa
 from standardwebhooks.webhooks import Webhook, hmac_data
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import Settings
 from reconciler.core.clock import Clock, ManualClock, SystemClock
 from reconciler.core.states import State

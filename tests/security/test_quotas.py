@@ -12,12 +12,12 @@ from typing import Any
 import httpx
 import pytest
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import LimitSettings, ServerSettings, Settings
 from reconciler.core.clock import ManualClock
+from reconciler.core.errors import AuthenticationFailed, ConfigError, QuotaExceeded
 from reconciler.core.quotas import IN_FLIGHT_RETRY_SECONDS, Quota, check_quota
 from reconciler.core.states import State
-from reconciler.errors import AuthenticationFailed, ConfigError, QuotaExceeded
 from reconciler.runtime import Runtime
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import authenticate, create_token

@@ -17,15 +17,15 @@ from typing import Any
 
 import httpx
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.core.records import HistoryRecord, OperationRecord
 from reconciler.demo.sim import FaultRates, SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
-from reconciler.storage.models import HistoryEntry, Operation
 from tests.support.servers import HOST, serve_asgi
 from tests.support.stack import (
     CALLBACK_SECRET,
@@ -272,7 +272,7 @@ def submit(url: str, agent: str, body: dict[str, Any]) -> str:
     return op_id
 
 
-def stored(db: Database, op_id: str) -> Operation:
+def stored(db: Database, op_id: str) -> OperationRecord:
     """The operation as stored now."""
     with db.read() as conn:
         op = store.get_operation(conn, op_id)
@@ -280,6 +280,6 @@ def stored(db: Database, op_id: str) -> Operation:
     return op
 
 
-def history(db: Database, op_id: str) -> list[HistoryEntry]:
+def history(db: Database, op_id: str) -> list[HistoryRecord]:
     with db.read() as conn:
         return history_of(conn, op_id)

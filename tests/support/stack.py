@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.demo.sim import SimConfig, SimState

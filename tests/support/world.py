@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import httpx
 import sqlalchemy as sa
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import SchedulerSettings, ServerSettings, Settings
 from reconciler.core.clock import ManualClock
 from reconciler.core.story import tell

@@ -11,8 +11,8 @@ from reconciler.agent_tools.definitions import ToolName, build_tools
 from reconciler.agent_tools.server import tool_message
 from reconciler.agent_tools.tasks import poll_interval_ms, task_status, task_view
 from reconciler.api.openapi import OPERATION
+from reconciler.core.errors import InvalidRequest
 from reconciler.core.states import END_STATES, State
-from reconciler.errors import InvalidRequest
 
 
 def test_six_tools_with_valid_schemas() -> None:

@@ -18,9 +18,9 @@ from reconciler.api.validation import (
     parse_create,
     parse_decision,
 )
+from reconciler.core.errors import InvalidRequest
 from reconciler.core.operator_decision import DecisionRequest
 from reconciler.core.vocabulary import DecisionAction
-from reconciler.errors import InvalidRequest
 
 PROVIDERS = {"sim": object(), "acme": object()}
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.clock import isoformat
+from reconciler.core.errors import InvalidObservation, ReconcilerError
 from reconciler.core.poll import (
     Collect,
     Counters,
@@ -30,7 +31,6 @@ from reconciler.core.poll import (
     parse_rfc3339,
 )
 from reconciler.core.vocabulary import DelaySource, EscalationReason, RemoteCategory, TransportError
-from reconciler.errors import InvalidObservation, ReconcilerError
 
 R = EscalationReason
 T0 = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)

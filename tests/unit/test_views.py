@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from reconciler.core.clock import utc
+from reconciler.core.records import EscalationRecord, OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.views import message_for, operation_view
-from reconciler.storage.models import Escalation, Operation
 from tests.support.factories import new_operation
 
 NOW = utc(datetime(2025, 3, 8, 14, 22, 11))
@@ -33,7 +33,7 @@ SPEC_KEYS = {
 NOT_END = sorted(set(State) - END_STATES, key=lambda s: s.value)
 
 
-def op_in(state: State, **overrides: Any) -> Operation:
+def op_in(state: State, **overrides: Any) -> OperationRecord:
     return new_operation(NOW, state=state.value, **overrides)
 
 
@@ -103,13 +103,17 @@ def test_done_is_a_boolean_true_only_in_end_states(state: State) -> None:
 
 
 def test_escalated_is_not_done_and_carries_the_escalation() -> None:
-    escalation = Escalation(
+    escalation = EscalationRecord(
         id=4,
         operation_id="op_x",
         reason="deadline_exceeded",
         message="Operation op_x: waiting stopped.",
         options=["extend", "cancel", "abandon"],
+        resume_state=None,
         created_at=NOW,
+        decided_at=None,
+        decided_by=None,
+        decision=None,
     )
     view = operation_view(op_in(State.ESCALATED, escalation_id=4), NOW, escalation)
     assert view["done"] is False

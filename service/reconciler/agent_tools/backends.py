@@ -1,7 +1,7 @@
 """Where the tools' work is done: in this process (``/mcp``), or by a running service (stdio).
 
 Both answer with the Operation as the HTTP API shows it (a JSON object) and
-raise the ``reconciler.errors`` families, so the tool layer above them is one
+raise the ``reconciler.core.errors`` families, so the tool layer above them is one
 piece of code. ``LocalBackend`` calls ``api.actions`` (the HTTP routes' own
 actions) for one authenticated principal; ``RemoteBackend`` calls the HTTP API
 through ``reconciler.client`` with the token it was started with.

@@ -20,9 +20,9 @@ from jsonschema import exceptions as schema_errors
 
 from reconciler.api.openapi import OPERATION, PROVIDER_LIST
 from reconciler.api.validation import MAX_KEY_LENGTH
+from reconciler.core.errors import InvalidRequest
 from reconciler.core.states import State
 from reconciler.core.strict_json import shown
-from reconciler.errors import InvalidRequest
 from reconciler.storage.operations import MAX_PAGE
 
 DEFAULT_WAIT_SECONDS = 30.0

@@ -28,12 +28,13 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
-from reconciler import __version__, errors
+from reconciler import __version__
 from reconciler.agent_tools.backends import Backend, View
 from reconciler.agent_tools.definitions import ToolName, ToolSet
 from reconciler.agent_tools.tasks import TASKS_EXTENSION, task_view
 from reconciler.api.actions import operation_id
 from reconciler.api.validation import parse_list
+from reconciler.core import errors
 from reconciler.core.strict_json import require_text
 from reconciler.core.views import WAIT_HINT
 

@@ -24,28 +24,28 @@ from reconciler.api.validation import (
 from reconciler.commands import create as creating
 from reconciler.commands.cancel import cancel as commands_cancel
 from reconciler.console.providers import webhook_trust
+from reconciler.core.errors import NotFound
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.strict_json import require_field_text, shown
 from reconciler.core.views import history_entry_view
-from reconciler.errors import NotFound
 from reconciler.providers.views import provider_view
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.history import history_page
-from reconciler.storage.models import Operation
 from reconciler.storage.tokens import Principal
 from reconciler.storage.views import operation_views
 
-Settled = Callable[[Operation], bool]
+Settled = Callable[[OperationRecord], bool]
 # Far above any id we issue (``op_`` and 26 characters): a longer one is not looked up.
 MAX_OPERATION_ID = 100
 
 
-def is_done(op: Operation) -> bool:
+def is_done(op: OperationRecord) -> bool:
     return State(op.state) in END_STATES
 
 
-async def render(rt: Runtime, op: Operation) -> dict[str, Any]:
+async def render(rt: Runtime, op: OperationRecord) -> dict[str, Any]:
     """The Operation view (requests rendering in the same loop turn share one read)."""
     return await rt.views.view(op)
 
@@ -58,10 +58,10 @@ def operation_id(raw: str, field: str = "id") -> str:
     return raw
 
 
-async def load_visible(rt: Runtime, op_id: str, who: Principal) -> Operation:
+async def load_visible(rt: Runtime, op_id: str, who: Principal) -> OperationRecord:
     operation_id(op_id)
 
-    def load() -> Operation:
+    def load() -> OperationRecord:
         with rt.db.read() as conn:
             return store.visible_operation(conn, op_id, who)
 
@@ -75,8 +75,8 @@ async def wait_until(
     deadline: float,
     settled: Settled = is_done,
     *,
-    current: Operation | None = None,
-) -> Operation:
+    current: OperationRecord | None = None,
+) -> OperationRecord:
     """The operation as soon as ``settled`` holds, or at ``deadline`` with the latest record.
 
     ``deadline`` is on the loop's clock, taken when the request arrived, so time spent
@@ -116,7 +116,7 @@ async def wait_until(
             op = None
 
 
-async def start(rt: Runtime, who: Principal, body: Any) -> tuple[Operation, bool]:
+async def start(rt: Runtime, who: Principal, body: Any) -> tuple[OperationRecord, bool]:
     """Store the operation (idempotent on its key); ``(operation, created)``.
 
     The provider's ``request_schema`` and ``create.set`` are applied here, before anything
@@ -145,7 +145,7 @@ async def start(rt: Runtime, who: Principal, body: Any) -> tuple[Operation, bool
     return op, created
 
 
-async def cancel(rt: Runtime, who: Principal, op_id: str, body: Any) -> Operation:
+async def cancel(rt: Runtime, who: Principal, op_id: str, body: Any) -> OperationRecord:
     operation_id(op_id)
     intent = parse_cancel(body)
     op = await rt.db.run_write(

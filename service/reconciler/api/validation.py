@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from reconciler.core.canonical import canonical_json
+from reconciler.core.errors import InvalidRequest
 from reconciler.core.operator_decision import DecisionRequest
 from reconciler.core.states import State
 from reconciler.core.strict_json import require_text
 from reconciler.core.vocabulary import DecisionAction
-from reconciler.errors import InvalidRequest
 from reconciler.providers.create_set import set_conflict
 from reconciler.providers.spec import ProviderSpec
 from reconciler.storage.operations import MAX_PAGE

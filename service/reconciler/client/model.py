@@ -14,8 +14,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from reconciler.core.errors import ServiceError
 from reconciler.core.states import State, awaits_decision
-from reconciler.errors import ServiceError
 
 
 def _time(value: Any) -> datetime | None:

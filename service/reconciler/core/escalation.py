@@ -12,13 +12,25 @@ from typing import Any
 
 from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.clock import utc
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DecisionAction, EscalationReason, TransportError
-from reconciler.providers.spec import ProviderSpec
-from reconciler.storage.models import Operation
 
 A = DecisionAction
 R = EscalationReason
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderTerms:
+    """What an escalation needs of the operation's provider: how its waits grow (for the
+    extension it proposes) and whether it can be asked to cancel."""
+
+    backoff: BackoffPolicy
+    can_cancel: bool
+
+
+# An operation whose provider is no longer configured: default waits, no cancel call.
+UNKNOWN_PROVIDER = ProviderTerms(backoff=BackoffPolicy(), can_cancel=False)
 
 _ALL = (A.EXTEND, A.CANCEL, A.ABANDON)
 
@@ -232,7 +244,7 @@ _STOP_STATES = {
 }
 
 
-def resume_state(op: Operation, reason: EscalationReason) -> State:
+def resume_state(op: OperationRecord, reason: EscalationReason) -> State:
     """Where an operator's ``extend`` takes the operation back to."""
     state = State(op.state)
     if op.remote_job_id is None:
@@ -248,14 +260,13 @@ def resume_state(op: Operation, reason: EscalationReason) -> State:
 
 
 def facts_for(
-    op: Operation,
-    spec: ProviderSpec | None,
+    op: OperationRecord,
+    backoff: BackoffPolicy,
     reason: EscalationReason,
     detail: str,
     now: datetime,
     transport_error: TransportError | None = None,
 ) -> EscalationFacts:
-    backoff = spec.polling.backoff() if spec is not None else BackoffPolicy()
     extra_seconds, extra_requests = proposed_extension(backoff)
     return EscalationFacts(
         operation_id=op.id,

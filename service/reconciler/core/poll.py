@@ -52,8 +52,8 @@ from typing import Any
 
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.clock import isoformat, utc
+from reconciler.core.errors import InvalidObservation
 from reconciler.core.vocabulary import DelaySource, EscalationReason, RemoteCategory, TransportError
-from reconciler.errors import InvalidObservation
 
 # A 429 or 503 without Retry-After means the provider is under pressure: the
 # next read waits at least four normal backoff steps or the policy's floor,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from reconciler.errors import IllegalTransition
+from reconciler.core.errors import IllegalTransition
 
 
 class State(StrEnum):

@@ -46,10 +46,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from reconciler import logs
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import SystemClock
+from reconciler.core.errors import DemoFailed, SignatureRejected
 from reconciler.core.signatures import StandardWebhooksVerifier
 from reconciler.core.trust import TrustView
 from reconciler.core.vocabulary import Scope
@@ -64,7 +65,6 @@ from reconciler.demo.report import (
     render_report,
     settled,
 )
-from reconciler.errors import DemoFailed, SignatureRejected
 from reconciler.runtime import Runtime
 from reconciler.storage import audit, migrate
 from reconciler.storage.database import Database

@@ -17,6 +17,7 @@ from pydantic import Field, PlainValidator, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
 from reconciler.core.backoff import BackoffPolicy
+from reconciler.core.errors import ConfigError
 from reconciler.core.signatures import WebhookScheme
 from reconciler.core.trust import (
     DEFAULT_DISTRUST_AFTER_MISSES,
@@ -26,7 +27,6 @@ from reconciler.core.trust import (
     TrustMode,
     TrustPolicy,
 )
-from reconciler.errors import ConfigError
 from reconciler.providers import fields as f
 from reconciler.providers.base import FileTable
 from reconciler.providers.fields import problem, template_fields

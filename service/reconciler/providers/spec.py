@@ -46,8 +46,8 @@ from typing import Annotated, Any
 
 from pydantic import PlainValidator, ValidationInfo, model_validator
 
+from reconciler.core.errors import ConfigError
 from reconciler.core.trust import TrustMode
-from reconciler.errors import ConfigError
 from reconciler.providers import fields as f
 from reconciler.providers.base import FileTable
 from reconciler.providers.fields import (

@@ -6,7 +6,6 @@ module only gathers the facts from the operation and writes.
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -16,11 +15,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core import escalation
+from reconciler.core.records import EscalationRecord, OperationRecord, with_changes
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import EscalationReason, HistoryKind, TransportError
-from reconciler.providers.spec import ProviderSpec
 from reconciler.storage.journal import Entry, Journal, Lease
-from reconciler.storage.models import Escalation, Operation
+from reconciler.storage.models import Escalation
 
 log = logging.getLogger("reconciler.storage.escalations")
 
@@ -30,8 +29,8 @@ ESCALATIONS = Escalation.__table__  # type: ignore[attr-defined]
 def escalate(
     conn: Connection,
     journal: Journal,
-    op: Operation,
-    spec: ProviderSpec | None,
+    op: OperationRecord,
+    terms: escalation.ProviderTerms,
     reason: EscalationReason,
     detail: str,
     *,
@@ -41,15 +40,13 @@ def escalate(
     changes: Mapping[str, Any] | None = None,
     before: Sequence[Entry] = (),
     transport_error: TransportError | None = None,
-) -> Operation:
+) -> OperationRecord:
     """Stop automatic work on ``op`` and ask a person, with bounded options."""
-    seen = copy.copy(op)  # the facts include what this very write records
-    for name, value in (changes or {}).items():
-        setattr(seen, name, value)
-    facts = escalation.facts_for(seen, spec, reason, detail, now, transport_error)
+    seen = with_changes(op, changes or {})  # the facts include what this very write records
+    facts = escalation.facts_for(seen, terms.backoff, reason, detail, now, transport_error)
     options = escalation.options_for(
         reason,
-        provider_can_cancel=spec is not None and spec.cancel is not None,
+        provider_can_cancel=terms.can_cancel,
         job_id_known=op.remote_job_id is not None,
     )
     message = escalation.render_message(facts, options)
@@ -112,7 +109,7 @@ def escalate(
     )
 
 
-def open_escalation(conn: Connection, op: Operation) -> Escalation | None:
+def open_escalation(conn: Connection, op: OperationRecord) -> EscalationRecord | None:
     if op.escalation_id is None:
         return None
     row = (
@@ -122,14 +119,14 @@ def open_escalation(conn: Connection, op: Operation) -> Escalation | None:
     )
     if row is None or row["decided_at"] is not None:
         return None
-    return Escalation(**dict(row))
+    return EscalationRecord(**dict(row))
 
 
-def escalations_for(conn: Connection, escalation_ids: Sequence[int]) -> dict[int, Escalation]:
+def escalations_for(conn: Connection, escalation_ids: Sequence[int]) -> dict[int, EscalationRecord]:
     if not escalation_ids:
         return {}
     rows = conn.execute(sa.select(ESCALATIONS).where(ESCALATIONS.c.id.in_(list(escalation_ids))))
-    return {r.id: Escalation(**dict(r._mapping)) for r in rows}
+    return {r.id: EscalationRecord(**dict(r._mapping)) for r in rows}
 
 
 def mark_decided(
@@ -143,11 +140,11 @@ def mark_decided(
     )
 
 
-def escalations_of(conn: Connection, operation_id: str) -> list[Escalation]:
+def escalations_of(conn: Connection, operation_id: str) -> list[EscalationRecord]:
     """Every escalation of one operation, oldest first (decided ones with their decision)."""
     rows = conn.execute(
         sa.select(ESCALATIONS)
         .where(ESCALATIONS.c.operation_id == operation_id)
         .order_by(ESCALATIONS.c.id)
     )
-    return [Escalation(**dict(r._mapping)) for r in rows]
+    return [EscalationRecord(**dict(r._mapping)) for r in rows]

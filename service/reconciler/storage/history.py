@@ -11,22 +11,22 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from reconciler.core.records import HistoryRecord
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.storage.fastsql import raw_for, run
 from reconciler.storage.journal import HISTORY
-from reconciler.storage.models import HistoryEntry
 
 
-def history_of(conn: Connection, operation_id: str) -> list[HistoryEntry]:
+def history_of(conn: Connection, operation_id: str) -> list[HistoryRecord]:
     rows = conn.execute(
         sa.select(HISTORY).where(HISTORY.c.operation_id == operation_id).order_by(HISTORY.c.seq)
     ).mappings()
-    return [HistoryEntry(**dict(r)) for r in rows]
+    return [HistoryRecord(**dict(r)) for r in rows]
 
 
 def history_page(
     conn: Connection, operation_id: str, after_seq: int, limit: int
-) -> tuple[list[HistoryEntry], int | None]:
+) -> tuple[list[HistoryRecord], int | None]:
     """Up to ``limit`` entries after ``after_seq``, oldest first, and the seq to go on from."""
     rows = conn.execute(
         sa.select(HISTORY)
@@ -34,7 +34,7 @@ def history_page(
         .order_by(HISTORY.c.seq)
         .limit(limit + 1)
     ).mappings()
-    entries = [HistoryEntry(**dict(r)) for r in rows]
+    entries = [HistoryRecord(**dict(r)) for r in rows]
     more = len(entries) > limit
     entries = entries[:limit]
     return entries, (entries[-1].seq if more and entries else None)
@@ -82,7 +82,7 @@ def notes_with_cause(conn: Connection, operation_id: str, cause: str) -> list[di
 
 def last_of(
     conn: Connection, operation_id: str, kinds: tuple[HistoryKind, ...], causes: tuple[str, ...]
-) -> HistoryEntry | None:
+) -> HistoryRecord | None:
     """The operation's latest entry of one of ``kinds`` with one of ``causes``."""
     row = (
         conn.execute(
@@ -98,4 +98,4 @@ def last_of(
         .mappings()
         .first()
     )
-    return HistoryEntry(**dict(row)) if row is not None else None
+    return HistoryRecord(**dict(row)) if row is not None else None

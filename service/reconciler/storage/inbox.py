@@ -14,11 +14,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core import risk
+from reconciler.core.records import EscalationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import EscalationReason
 from reconciler.storage.escalations import ESCALATIONS
 from reconciler.storage.journal import OPS
-from reconciler.storage.models import Escalation, operation_record
+from reconciler.storage.models import operation_record
 
 # The Unix epoch as a Julian day number: SQLite's julianday() counts from elsewhere.
 _UNIX_EPOCH_JULIAN = 2440587.5
@@ -77,7 +78,7 @@ def escalated(conn: Connection, f: InboxFilter, limit: int, offset: int) -> Slic
     items = []
     for row in rows:
         op = operation_record({c.name: row[c.name] for c in OPS.c})
-        esc = Escalation(**{c.name: row[f"esc_{c.name}"] for c in ESCALATIONS.c})
+        esc = EscalationRecord(**{c.name: row[f"esc_{c.name}"] for c in ESCALATIONS.c})
         items.append((op, esc))
     return Slice(items, total)
 

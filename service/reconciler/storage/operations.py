@@ -30,13 +30,14 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core import ids
 from reconciler.core.completion_lanes import CALLBACK_PREFIX
+from reconciler.core.errors import InvalidRequest, NotFound
+from reconciler.core.records import PAYLOADS, OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.strict_json import shown
-from reconciler.errors import InvalidRequest, NotFound
 from reconciler.storage import payloads
 from reconciler.storage.fastsql import Raw, raw_for, run
 from reconciler.storage.journal import OPS
-from reconciler.storage.models import Operation, operation_record, record_of_values
+from reconciler.storage.models import operation_record, record_of_values
 from reconciler.storage.tokens import Principal
 
 MAX_PAGE = 200
@@ -45,29 +46,30 @@ OPS_COLUMNS = tuple(c.name for c in OPS.c)
 _COLUMN_LIST = ", ".join(OPS_COLUMNS)
 
 
-def _with_parts(conn: Connection, rows: Sequence[Any]) -> list[Operation]:
+def _with_parts(conn: Connection, rows: Sequence[Any]) -> list[OperationRecord]:
     """Records from rows, with the parts read beside the row (all but the request)."""
     parts = payloads.load(conn, [r["id"] for r in rows])
     return [operation_record(r, parts.get(r["id"])) for r in rows]
 
 
-def records_of(conn: Connection, rows: Sequence[Sequence[Any]]) -> list[Operation]:
+def records_of(conn: Connection, rows: Sequence[Sequence[Any]]) -> list[OperationRecord]:
     """Plain records from stored rows in ``OPS_COLUMNS`` order, with their parts."""
     if not rows:
         return []
     raw = raw_for(conn.dialect.name)
     decode = raw.row_decoder(OPS, OPS_COLUMNS)
-    ops = [record_of_values(decode(row)) for row in rows]
-    parts = payloads.load(conn, [op.id for op in ops])
-    for op in ops:
-        for name, value in parts.get(op.id, {}).items():
-            setattr(op, name, value)
-    return ops
+    decoded = [decode(row) for row in rows]
+    parts = payloads.load(conn, [values[0] for values in decoded])  # the id is the first column
+    for values in decoded:
+        found = parts.get(values[0])
+        if found:
+            values.extend([found.get(name) for name in PAYLOADS])
+    return [record_of_values(values) for values in decoded]
 
 
 def load_records(
     conn: Connection, operation_ids: Sequence[str], *, lock: bool = False
-) -> list[Operation]:
+) -> list[OperationRecord]:
     """The operations with these ids (absent ones left out), in no particular order.
 
     ``lock`` (PostgreSQL): lock the rows for this transaction.
@@ -82,12 +84,12 @@ def load_records(
     return records_of(conn, run(conn, sql, params).fetchall())
 
 
-def get_operation(conn: Connection, operation_id: str) -> Operation | None:
+def get_operation(conn: Connection, operation_id: str) -> OperationRecord | None:
     found = load_records(conn, [operation_id])
     return found[0] if found else None
 
 
-def load_operation(conn: Connection, operation_id: str) -> Operation:
+def load_operation(conn: Connection, operation_id: str) -> OperationRecord:
     """The operation, or ``NotFound``."""
     op = get_operation(conn, operation_id)
     if op is None:
@@ -95,7 +97,7 @@ def load_operation(conn: Connection, operation_id: str) -> Operation:
     return op
 
 
-def visible_operation(conn: Connection, operation_id: str, principal: Principal) -> Operation:
+def visible_operation(conn: Connection, operation_id: str, principal: Principal) -> OperationRecord:
     """The operation if this caller may see it; agents see their own only (else 404)."""
     op = get_operation(conn, operation_id)
     if op is None or (not principal.is_operator and op.caller != principal.name):
@@ -103,7 +105,7 @@ def visible_operation(conn: Connection, operation_id: str, principal: Principal)
     return op
 
 
-def find_by_key(conn: Connection, caller: str, key: str) -> Operation | None:
+def find_by_key(conn: Connection, caller: str, key: str) -> OperationRecord | None:
     raw = raw_for(conn.dialect.name)
     sql = raw.statement(
         "find-by-key",
@@ -118,7 +120,7 @@ def find_by_key(conn: Connection, caller: str, key: str) -> Operation | None:
 
 @dataclass(frozen=True)
 class Page:
-    items: list[Operation]
+    items: list[OperationRecord]
     next_cursor: str | None
 
 
@@ -241,7 +243,7 @@ def claim_records(
     limit: int,
     share: ShareFilter | None = None,
     pick: Pick | None = None,
-) -> list[tuple[Operation, str | None]]:
+) -> list[tuple[OperationRecord, str | None]]:
     """Lease up to ``limit`` due operations to ``owner``, earliest due first.
 
     Returns each claimed operation as stored once the lease is ours, with the previous
@@ -301,7 +303,7 @@ def any_status_read_due_before(
 
 def due_status_reads(
     conn: Connection, now: datetime, skip_source: str, limit: int
-) -> list[Operation]:
+) -> list[OperationRecord]:
     """Unleased operations whose next status read is due, except those ``skip_source`` set.
 
     For the catch-up spread (``engine.catch_up``), which reschedules them in the same

@@ -23,14 +23,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core import callback_secrets
-from reconciler.core.vocabulary import Scope
-from reconciler.errors import (
+from reconciler.core.errors import (
     AuthenticationFailed,
     Conflict,
     InvalidRequest,
     NotFound,
     PermissionDenied,
 )
+from reconciler.core.vocabulary import Scope
 from reconciler.storage.fastsql import raw_for, run
 from reconciler.storage.models import ApiToken
 

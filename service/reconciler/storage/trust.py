@@ -23,21 +23,16 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
+from reconciler.core.errors import StaleWrite
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.trust import Change, Health, TrustPolicy, TrustState, TrustView, Verdict
 from reconciler.core.trust import count as count_verdict
 from reconciler.core.trust import view as trust_view_of
 from reconciler.core.vocabulary import DelaySource
-from reconciler.errors import StaleWrite
 from reconciler.storage.fastsql import insert_many, raw_for, run
 from reconciler.storage.journal import OPS
-from reconciler.storage.models import (
-    Operation,
-    ProviderHealth,
-    WebhookEvent,
-    WebhookVerdict,
-    operation_record,
-)
+from reconciler.storage.models import ProviderHealth, WebhookEvent, WebhookVerdict, operation_record
 
 HEALTH = ProviderHealth.__table__  # type: ignore[attr-defined]
 VERDICTS = WebhookVerdict.__table__  # type: ignore[attr-defined]
@@ -188,7 +183,7 @@ def count_completions(
 
 def record_verdict(
     conn: Connection,
-    op: Operation,
+    op: OperationRecord,
     verdict: Verdict,
     *,
     asked_at: datetime,
@@ -287,7 +282,7 @@ def judge(
     )
 
 
-def stretched_operations(conn: Connection, provider: str, limit: int) -> list[Operation]:
+def stretched_operations(conn: Connection, provider: str, limit: int) -> list[OperationRecord]:
     """Observing operations of ``provider`` on a stretched schedule, locked (PostgreSQL).
 
     Rows another transaction holds are skipped: the next sweep finds them again.
