@@ -4,7 +4,8 @@ Every stop condition is proven step by step in ``tests/steps/test_poll_step.py``
 in-process provider on a manual clock). These cases run the service's own routes,
 worker and webhook intake against the sim (``tests/support/world.py``: both apps over
 ``httpx.ASGITransport``, one manual clock), to show the same through HTTP: what the
-operator sees (reason, seed-003 message, bounded options, the Operation and the list)
+operator sees (reason, the escalation message of docs/design.md#escalation-message,
+bounded options, the Operation and the list)
 and what the provider saw: exactly the budget charged, and nothing after the stop,
 however long the clock runs on. Retry-After and webhook hints are timed on the clock
 both sides share, so the comparisons are exact.

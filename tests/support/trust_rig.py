@@ -1,6 +1,6 @@
 """The in-process world (``tests/support/world.py``) set up for webhook trust.
 
-The seed-003 schedule with a small ``trust_after``, so trust is earned in a few jobs,
+The default polling schedule with a small ``trust_after``, so trust is earned in a few jobs,
 and creates that send no ``running`` webhook, so each completion is webhook-first.
 """
 
