@@ -17,7 +17,6 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Connection
 
-from reconciler.api.validation import CreateRequest
 from reconciler.core import ids
 from reconciler.core.canonical import request_fingerprint, same_json
 from reconciler.core.quotas import RATE_WINDOW, Quota, check_quota
@@ -29,6 +28,7 @@ from reconciler.storage.journal import Journal
 from reconciler.storage.models import Operation, new_record
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tokens import Principal
+from reconciler.wire import CreateOperation
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class ProviderLimits:
     quota: Quota = field(default_factory=lambda: Quota(max_in_flight=0, max_per_minute=0))
 
 
-def _within(limits: ProviderLimits, req: CreateRequest) -> tuple[float, int]:
+def _within(limits: ProviderLimits, req: CreateOperation) -> tuple[float, int]:
     deadline = limits.deadline_seconds
     if req.deadline_seconds is not None:
         if req.deadline_seconds > limits.deadline_seconds:
@@ -69,7 +69,7 @@ def _within(limits: ProviderLimits, req: CreateRequest) -> tuple[float, int]:
 
 
 def _same_operation(
-    existing: Operation, req: CreateRequest, fingerprint: str, deadline: float, budget: int
+    existing: Operation, req: CreateOperation, fingerprint: str, deadline: float, budget: int
 ) -> Operation:
     """The stored operation if the retry asks for exactly it; else a conflict naming the field."""
     key = req.idempotency_key
@@ -117,7 +117,7 @@ def create_operation(
     db: Database,
     journal: Journal,
     principal: Principal,
-    req: CreateRequest,
+    req: CreateOperation,
     limits: ProviderLimits,
     now: datetime,
 ) -> tuple[Operation, bool]:
