@@ -21,25 +21,12 @@ import pytest
 import sqlalchemy as sa
 
 from reconciler.storage.tokens import create_token
+from reconciler.wire import Operation as OperationView
 from tests.support.stack import SIM_TOML, Stack, running_stack
 
 FAST_POLLING = {"base_delay_seconds": 0.1, "max_delay_seconds": 0.5}
-SPEC_KEYS = {
-    "id",
-    "provider",
-    "state",
-    "done",
-    "remote_job_id",
-    "remote_state",
-    "message",
-    "poll_after_seconds",
-    "progress",
-    "deadline_at",
-    "budget",
-    "result",
-    "error",
-    "escalation",
-}
+# The key set is the wire model's: stated there once.
+SPEC_KEYS = frozenset(OperationView.model_fields)
 END_STATES = {
     "succeeded",
     "completed_with_errors",
