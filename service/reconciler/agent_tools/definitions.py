@@ -137,7 +137,7 @@ def input_schema(name: ToolName, cap: float) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ToolSet:
-    """The tools of one server, with their validators; ``wait_max_seconds`` is its cap."""
+    """The tools of one server; ``wait_max_seconds`` is its long-poll cap."""
 
     wait_max_seconds: float
     tools: tuple[types.Tool, ...]

@@ -56,12 +56,17 @@ def _metadata_size(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
+def _text(max_length: int) -> Any:
+    # The pattern says "not only whitespace" to other validators; ours is ``_not_blank``.
+    return Field(min_length=1, max_length=max_length, pattern=r"\S")
+
+
 # Text of 1 to N characters, not only whitespace.
 _NOT_BLANK = AfterValidator(_not_blank)
-ProviderName = Annotated[str, Field(min_length=1, max_length=MAX_PROVIDER_NAME), _NOT_BLANK]
-IdempotencyKey = Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH), _NOT_BLANK]
-CallbackUrl = Annotated[str, Field(min_length=1, max_length=MAX_CALLBACK_URL), _NOT_BLANK]
-CancelReason = Annotated[str, Field(min_length=1, max_length=MAX_CANCEL_REASON), _NOT_BLANK]
+ProviderName = Annotated[str, _text(MAX_PROVIDER_NAME), _NOT_BLANK]
+IdempotencyKey = Annotated[str, _text(MAX_KEY_LENGTH), _NOT_BLANK]
+CallbackUrl = Annotated[str, _text(MAX_CALLBACK_URL), _NOT_BLANK]
+CancelReason = Annotated[str, _text(MAX_CANCEL_REASON), _NOT_BLANK]
 PositiveSeconds = Annotated[float, Field(gt=0), AfterValidator(_finite)]
 PositiveCount = Annotated[int, Field(gt=0), BeforeValidator(_whole)]
 JsonObject = dict[str, Any]

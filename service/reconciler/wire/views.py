@@ -94,7 +94,7 @@ class OperationPage(BaseModel):
 class HistoryEntry(BaseModel):
     """One transition or observation, in the order it was recorded."""
 
-    model_config = ConfigDict(**ANSWER, populate_by_name=True)
+    model_config = ANSWER
 
     seq: int
     at: Timestamp
