@@ -175,8 +175,3 @@ class NoArguments(BaseModel):
     """``list_providers``: nothing to say."""
 
     model_config = STRICT
-
-
-def tool_arguments(model: type[BaseModel], arguments: Any, wait_max_seconds: float) -> Any:
-    """``arguments`` validated as ``model`` against the service's wait cap (pydantic errors)."""
-    return model.model_validate(arguments, context={WAIT_CAP: wait_max_seconds})
