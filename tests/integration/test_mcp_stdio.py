@@ -82,7 +82,7 @@ def test_the_stdio_tools_work_against_the_service(stack: Stack, mode: str) -> No
             assert waited.structured_content["state"] == "succeeded"
             assert "SUCCEEDED" in text_of(waited)
             bad = await client.call_tool("get_job", {})
-            assert bad.is_error and "'id' is a required property" in text_of(bad)
+            assert bad.is_error and "'id' is required" in text_of(bad)
             missing = await client.call_tool("get_job", {"id": "op_nope"})
             assert missing.is_error and "does not exist" in text_of(missing)
             unknown = await client.call_tool("start_job", {"provider": "nope", "request": {}})

@@ -95,7 +95,7 @@ def _imported(tree: ast.Module, module: str, is_package: bool, known: frozenset[
             else:
                 target = node.module or ""
             found.add(target)
-            # ``from reconciler import errors`` imports the module ``reconciler.errors``.
+            # ``from reconciler.core import errors`` imports the module ``reconciler.errors``.
             found.update(f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known)
     return {name for name in found if name == PACKAGE or name.startswith(PACKAGE + ".")}
 

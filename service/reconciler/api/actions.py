@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from reconciler.api.validation import (
-    ListQuery,
+    admit_create,
     check_provider_request,
     history_cursor,
     parse_cancel,
@@ -35,6 +35,7 @@ from reconciler.storage import operations as store
 from reconciler.storage.history import history_page
 from reconciler.storage.tokens import Principal
 from reconciler.storage.views import operation_views
+from reconciler.wire import CreateOperation, OperationFilter
 
 Settled = Callable[[OperationRecord], bool]
 # Far above any id we issue (``op_`` and 26 characters): a longer one is not looked up.
@@ -122,7 +123,14 @@ async def start(rt: Runtime, who: Principal, body: Any) -> tuple[OperationRecord
     The provider's ``request_schema`` and ``create.set`` are applied here, before anything
     is stored.
     """
-    req = parse_create(body, rt.providers, rt.check_callback_url)
+    return await start_validated(rt, who, parse_create(body, rt.providers, rt.check_callback_url))
+
+
+async def start_validated(
+    rt: Runtime, who: Principal, req: CreateOperation
+) -> tuple[OperationRecord, bool]:
+    """``start`` for a body already validated as a ``CreateOperation`` (an MCP call)."""
+    admit_create(req, rt.providers, rt.check_callback_url)
     check_provider_request(req, rt.providers[req.provider])
     limits = rt.limits_for(req.provider)
     op, created = await rt.db.run_write(
@@ -156,7 +164,7 @@ async def cancel(rt: Runtime, who: Principal, op_id: str, body: Any) -> Operatio
     return op
 
 
-async def page(rt: Runtime, who: Principal, query: ListQuery) -> dict[str, Any]:
+async def page(rt: Runtime, who: Principal, query: OperationFilter) -> dict[str, Any]:
     def load() -> dict[str, Any]:
         with rt.db.read() as conn:
             found = store.list_operations(

@@ -16,7 +16,6 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Connection
 
-from reconciler.api.validation import CreateRequest
 from reconciler.core import ids
 from reconciler.core.canonical import request_fingerprint, same_json
 from reconciler.core.errors import Conflict, IdempotencyConflict, InvalidRequest
@@ -29,9 +28,10 @@ from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tokens import Principal
+from reconciler.wire import CreateOperation
 
 
-def _within(limits: ProviderLimits, req: CreateRequest) -> tuple[float, int]:
+def _within(limits: ProviderLimits, req: CreateOperation) -> tuple[float, int]:
     deadline = limits.deadline_seconds
     if req.deadline_seconds is not None:
         if req.deadline_seconds > limits.deadline_seconds:
@@ -57,7 +57,7 @@ def _within(limits: ProviderLimits, req: CreateRequest) -> tuple[float, int]:
 
 
 def _same_operation(
-    existing: OperationRecord, req: CreateRequest, fingerprint: str, deadline: float, budget: int
+    existing: OperationRecord, req: CreateOperation, fingerprint: str, deadline: float, budget: int
 ) -> OperationRecord:
     """The stored operation if the retry asks for exactly it; else a conflict naming the field."""
     key = req.idempotency_key
@@ -105,7 +105,7 @@ def create_operation(
     db: Database,
     journal: Journal,
     principal: Principal,
-    req: CreateRequest,
+    req: CreateOperation,
     limits: ProviderLimits,
     now: datetime,
 ) -> tuple[OperationRecord, bool]:
