@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from reconciler.api.validation import parse_decision
 from reconciler.commands import providers as provider_commands
 from reconciler.commands.decide import decide
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Settings, load_settings
@@ -42,6 +41,7 @@ from reconciler.storage.tokens import (
     rotate_callback_salt,
 )
 from reconciler.storage.views import view_of
+from reconciler.wire import parse_decision
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 

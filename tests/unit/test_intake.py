@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.api.validation import parse_cancel, parse_create, parse_decision
+from reconciler.api.validation import parse_cancel, parse_create
 from reconciler.core.errors import InvalidRequest
 from reconciler.core.operator_decision import DecisionRequest
 from reconciler.core.vocabulary import DecisionAction
@@ -18,6 +18,7 @@ from reconciler.wire import (
     MAX_METADATA_BYTES,
     CancelOperation,
     CreateOperation,
+    parse_decision,
 )
 
 PROVIDERS = {"sim": object(), "acme": object()}

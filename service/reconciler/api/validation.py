@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from reconciler.core.errors import InvalidRequest
-from reconciler.core.operator_decision import DecisionRequest
 from reconciler.core.strict_json import require_text
 from reconciler.providers.create_set import set_conflict
 from reconciler.providers.spec import ProviderSpec
@@ -22,7 +21,6 @@ from reconciler.wire import (
     CancelOperation,
     CreateOperation,
     OperationFilter,
-    OperatorDecision,
     validated,
 )
 
@@ -66,17 +64,6 @@ def parse_cancel(body: Any) -> CancelOperation:
     if isinstance(body, dict):
         require_text(body)
     return validated(CancelOperation, body)
-
-
-def parse_decision(body: Any) -> DecisionRequest:
-    if isinstance(body, dict):
-        require_text(body)
-    decision = validated(OperatorDecision, body)
-    return DecisionRequest(
-        action=decision.action,
-        extra_seconds=decision.extra_seconds,
-        extra_status_requests=decision.extra_status_requests,
-    )
 
 
 def parse_list(values: Mapping[str, Any], what: str = "field") -> OperationFilter:

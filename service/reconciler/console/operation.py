@@ -16,7 +16,6 @@ from urllib.parse import urlsplit, urlunsplit
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from reconciler.api.validation import parse_decision
 from reconciler.commands.decide import decide as commands_decide
 from reconciler.console import timeline
 from reconciler.console.web import (
@@ -40,6 +39,7 @@ from reconciler.storage.completion_steps import steps_of
 from reconciler.storage.escalations import escalations_of
 from reconciler.storage.history import history_of
 from reconciler.storage.views import view_of
+from reconciler.wire import parse_decision
 
 MAX_ID = 40
 FORM_FIELDS = {"csrf", "action", "escalation", "extra_seconds", "extra_status_requests"}

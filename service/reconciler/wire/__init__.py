@@ -7,6 +7,7 @@ pydantic and ``reconciler.core`` only: the API, the console, the tools and the
 commands all import their request types from here.
 """
 
+from reconciler.wire.decisions import parse_decision
 from reconciler.wire.errors import ErrorBody, ErrorDetail
 from reconciler.wire.events import CallbackEvent
 from reconciler.wire.fields import (
@@ -72,5 +73,6 @@ __all__ = [
     "WaitJob",
     "WebhookSettings",
     "invalid_request",
+    "parse_decision",
     "validated",
 ]
