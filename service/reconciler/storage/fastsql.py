@@ -20,7 +20,7 @@ value; PostgreSQL: ``= ANY`` of one array, so the text, and its prepared plan, d
 not depend on the list's length). ``[[postgres|sqlite]]`` is text that differs
 between the two (a row lock SQLite has no syntax for: ``[[FOR UPDATE|]]``).
 
-Two reads stay with SQLAlchemy: migrations keep Alembic's operations (they change the
+Two paths stay with SQLAlchemy: migrations keep Alembic's operations (they change the
 schema, not the rows), and the audit streams the whole history through a server-side
 cursor (``stream_results``), which the driver cursor here does not offer.
 """
@@ -179,7 +179,18 @@ def codec_for(dialect: sa.Dialect) -> Codec:
 class _Prepared:
     """A statement's text and codes for one dialect."""
 
-    __slots__ = ("codec", "decode", "encoders", "lists", "parts", "results", "spread", "text")
+    __slots__ = (
+        "codec",
+        "decode",
+        "encoders",
+        "lists",
+        "order",
+        "parts",
+        "results",
+        "spread",
+        "text",
+        "texts",
+    )
 
     def __init__(self, sql: Sql, codec: Codec) -> None:
         self.codec = codec
@@ -190,6 +201,8 @@ class _Prepared:
         self.decode: RowDecoder | None = None
         text = _EITHER.sub(r"\2" if codec.sqlite else r"\1", sql.text)
         self.lists = frozenset(i for i, is_list in enumerate(_marks(text)) if is_list)
+        self.order = sorted(self.lists)
+        self.texts: dict[tuple[int, ...], str] = {}  # SQLite: by the lists' lengths
         # SQLite: one mark per value, so the text depends on the lists' lengths.
         self.spread = codec.sqlite and bool(self.lists)
         self.parts = text.split(_LIST)
@@ -226,11 +239,16 @@ class _Prepared:
     def text_for(self, values: Sequence[Any]) -> str:
         if not self.spread:
             return self.text
-        parts = iter(self.parts)
-        text = next(parts)
-        for i in sorted(self.lists):
-            text += "(" + ", ".join(repeat("?", len(values[i]))) + ")" + next(parts)
-        return text
+        lengths = tuple(len(values[i]) for i in self.order)
+        found = self.texts.get(lengths)
+        if found is None:
+            parts = iter(self.parts)
+            found = next(parts)
+            for length in lengths:
+                found += "(" + ", ".join(repeat("?", length)) + ")" + next(parts)
+            if len(self.texts) < 64:  # the common lengths; others are built each time
+                self.texts[lengths] = found
+        return found
 
 
 def _marks(text: str) -> list[bool]:
