@@ -1,4 +1,4 @@
-"""Each fault of issue 14, measured: does one bad party stall the rest?
+"""Each isolation fault, measured: does one bad party stall the rest?
 
     python bench/faults.py [--only NAME[,NAME]] [--hold 20] [--postgres]
 
@@ -40,10 +40,11 @@ sys.path[:0] = [
 ]
 
 import httpx  # noqa: E402
-from fixtures.provider_sim import FaultRates  # noqa: E402
 from tests.support.databases import sqlite_url  # noqa: E402
 from tests.support.faults import hanging_server, p99, rss_kib, two_providers  # noqa: E402
 from tests.support.hooks import serve_receiver  # noqa: E402
+
+from reconciler.demo.sim import FaultRates  # noqa: E402
 
 
 @dataclass
@@ -332,9 +333,10 @@ def _pg_outage(tmp: Path) -> Row:
 
 
 def _waits(tmp: Path) -> Row:
-    from fixtures.provider_sim import SimConfig, SimState
     from tests.faults import test_wait_and_stop as waits
     from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
+
+    from reconciler.demo.sim import SimConfig, SimState
 
     sim = SimState(SimConfig(token=SIM_TOKEN, webhook_secret=WEBHOOK_SECRET))
     timeout = 15.0

@@ -4,7 +4,7 @@
         [--tick 5] [--postgres ADMIN_URL] [--trace] [--profile] [--keep]
 
 Per round: a fresh database (SQLite WAL file; PostgreSQL with ``--postgres``, a throw-away
-database), the simulated provider (``python -m fixtures.provider_sim``) and the service
+database), the simulated provider (``python -m reconciler.demo.sim``) and the service
 (``reconciler.server.serve``, what ``reconciler serve`` runs, with one no-op completion
 hook) each in their own subprocess. The client submits ``--operations`` jobs at ``--rate``
 per second; each job succeeds after ``--duration`` s and the sim sends one signed
@@ -296,7 +296,7 @@ def serve(
 ) -> None:
     from tests.support.stack import sim_provider_table
 
-    from reconciler.api.server import serve as run
+    from reconciler.app import serve as run
     from reconciler.config import SchedulerSettings, ServerSettings, Settings
 
     empty = work / "no-provider-files"
@@ -686,7 +686,7 @@ def run_round(backend: str, args: argparse.Namespace, work: Path) -> Round:
         sim = spawn(
             [
                 "-m",
-                "fixtures.provider_sim",
+                "reconciler.demo.sim",
                 "--port",
                 str(sim_port),
                 "--webhook-url",

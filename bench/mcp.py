@@ -51,8 +51,8 @@ def serve(db_url: str, port: int, sim_url: str) -> None:
     from tests.support.stack import sim_provider_table
 
     from reconciler import logs
-    from reconciler.api.app import create_app
     from reconciler.api.server import tune_process
+    from reconciler.app import create_app
     from reconciler.config import SchedulerSettings, ServerSettings, Settings
     from reconciler.runtime import Runtime
 
@@ -318,7 +318,7 @@ def main() -> int:
     sim = start(
         [
             "-m",
-            "fixtures.provider_sim",
+            "reconciler.demo.sim",
             "--port",
             str(sim_port),
             "--token",

@@ -31,7 +31,7 @@ service process are read from /proc. Target: < 300 MB with 100 k in flight.
 
 (b) Status reads per completed operation. A discrete-event simulation on a virtual clock
 (no sleeping) drives the real decision core (``decisions.first_poll_at``,
-``before_request``, ``decide``) with the seed-003 policy (base 5 s, max 120 s, jitter
+``before_request``, ``decide``) with the default policy (base 5 s, max 120 s, jitter
 floor 0.5, deadline 2400 s; budget 1000 so no run is cut) over ``--jobs`` jobs with
 durations log-uniform 10 s-10 min (seeded), with webhooks arriving (a hint at the job's
 end brings the next read forward to that moment) and with webhooks lost (fallback poller
@@ -95,7 +95,7 @@ from reconciler.core.vocabulary import RemoteCategory  # noqa: E402
 
 SIM_ENV = {"SIM_TOKEN": "bench-token"}
 MB = 1024 * 1024
-# The seed-003 schedule (SPEC's example provider file) with a budget that never cuts a run.
+# The default polling schedule (docs/design.md#next-read) with a budget that never cuts a run.
 REALISTIC = {
     "base_delay_seconds": 5.0,
     "max_delay_seconds": 120.0,
@@ -187,7 +187,7 @@ def service_settings(db_url: str, provider_url: str, work: Path, port: int = 808
 
 
 def serve_service(db_url: str, port: int, provider_url: str, work: Path) -> None:
-    from reconciler.api.server import serve
+    from reconciler.app import serve
 
     serve(service_settings(db_url, provider_url, work, port))
 
@@ -733,7 +733,7 @@ def report_reads(args: argparse.Namespace) -> None:
             + ("; target >= 5x" if mode is Mode.LOST else "")
         )
     over = sum(1 for n in ours[Mode.LOST].reads if n > 12)
-    print(f"  runs needing more than 12 reads (SPEC's example budget), webhooks lost: {over}")
+    print(f"  runs needing more than 12 reads (the default budget), webhooks lost: {over}")
 
 
 # --- (c) webhook trust regimes --------------------------------------------------------------

@@ -164,7 +164,8 @@ def _active(db: Database) -> int:
 
 
 def _windows(db: Database, pid: int) -> Counter[str]:
-    """Where the work stood when a replica died: the windows seed 001 names, and more."""
+    """Where the work stood when a replica died: a create sent without its job id yet, a
+    job id saved before its first read, a cancel or a completion in flight, and more."""
     found: Counter[str] = Counter()
     now = time.time()
     with db.read() as conn:

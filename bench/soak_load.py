@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from fixtures.provider_sim import FaultRates
 
-# The provider's chaos: every endpoint, every job (seed 001's faults and more, at random).
+from reconciler.demo.sim import FaultRates
+
+# The provider's chaos: every endpoint, every job (lost answers, resets, 5xx, at random).
 CHAOS = FaultRates(
     server_error=0.04,
     rate_limit=0.03,

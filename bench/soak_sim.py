@@ -25,8 +25,9 @@ for _path in (str(ROOT), str(ROOT / "service")):
 import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 from bench.soak_load import CHAOS  # noqa: E402
-from fixtures.provider_sim import ConnectionDropped, SimConfig, create_app  # noqa: E402
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET  # noqa: E402
+
+from reconciler.demo.sim import ConnectionDropped, SimConfig, create_app  # noqa: E402
 
 WEBHOOK_URL = "http://replicas.invalid/webhooks/sim"
 

@@ -7,7 +7,7 @@
 Per round and backend (SQLite WAL file; PostgreSQL with ``--postgres``: a throw-away
 database on ``$RECONCILER_TEST_POSTGRES_URL``, else a throw-away cluster as
 ``bench/soak_infra.py`` starts one), each run on a fresh database and a fresh simulated
-provider (``python -m fixtures.provider_sim``, its own process):
+provider (``python -m reconciler.demo.sim``, its own process):
 
 * **ours**: one service process (``reconciler serve``, through
   ``bench/throughput_parts.py serve``) with one no-op completion hook. An agent submits
@@ -37,7 +37,7 @@ run as a third run in every round, the order rotating between
 rounds, so that the load of a shared machine falls on both alike. ``--py-spy DIR``
 samples each service run with py-spy (``pip install py-spy``) into raw collapsed stacks;
 ``frames FILE`` prints the top frames of one (self and inclusive share of samples).
-Targets (issue 18, SQLite, one process): ours / bare >= 0.5, <= 6 ms of service CPU and
+Targets (SQLite, one process): ours / bare >= 0.5, <= 6 ms of service CPU and
 <= 8 write transactions per operation; PostgreSQL: ours / bare >= 0.35.
 """
 
@@ -146,7 +146,7 @@ def callback_secret() -> str:
 
 def start_sim(work: Path, service_port: int | None) -> tuple[Any, str]:
     port = free_port()
-    args = ["-m", "fixtures.provider_sim", "--port", str(port), "--token", SIM_TOKEN]
+    args = ["-m", "reconciler.demo.sim", "--port", str(port), "--token", SIM_TOKEN]
     args += ["--webhook-secret", webhook_secret()]
     if service_port is not None:
         args += ["--webhook-url", f"http://127.0.0.1:{service_port}/webhooks/sim"]

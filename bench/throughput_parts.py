@@ -80,7 +80,7 @@ def serve(root: Path, config: Path, profile: Path | None) -> int:
     sys.path.insert(0, str(root / "service"))
     sys.path.append(str(HERE))  # for this module's hook, as bench.throughput_parts
     _count_writes_from_outside()
-    from reconciler.api.server import serve as run
+    from reconciler.app import serve as run
     from reconciler.config import load_settings
 
     settings = load_settings(str(config))
@@ -143,7 +143,7 @@ def receiver(port: int, secret: str) -> int:
     from starlette.routing import Route
 
     from reconciler.client import verify_callback
-    from reconciler.errors import ReconcilerError
+    from reconciler.core.errors import ReconcilerError
 
     arrivals = Arrivals()
 

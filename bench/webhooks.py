@@ -54,7 +54,7 @@ def serve(mode: str, db_url: str, port: int) -> None:
     else:
         from tests.support.stack import sim_provider_table
 
-        from reconciler.api.app import create_app
+        from reconciler.app import create_app
         from reconciler.config import Settings
         from reconciler.runtime import Runtime
 
@@ -93,10 +93,10 @@ def serve(mode: str, db_url: str, port: int) -> None:
 def seed(db_url: str) -> None:
     from reconciler.core import ids
     from reconciler.core.canonical import request_fingerprint
+    from reconciler.core.records import new_operation
     from reconciler.storage import migrate
     from reconciler.storage.database import Database
     from reconciler.storage.journal import Journal
-    from reconciler.storage.models import new_record
 
     db = Database(db_url)
     migrate.upgrade(db)
@@ -104,7 +104,7 @@ def seed(db_url: str) -> None:
     now = datetime.now(UTC)
     with db.write() as conn:
         for i in range(OPERATIONS):
-            op = new_record(
+            op = new_operation(
                 id=ids.operation_id(now),
                 provider="sim",
                 caller="bench",

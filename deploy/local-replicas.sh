@@ -223,7 +223,7 @@ stop_all() {
     load_state || return 0
     stop_pid reconciler-1 "$(state REPLICA_1_PID)" reconciler
     stop_pid reconciler-2 "$(state REPLICA_2_PID)" reconciler
-    stop_pid provider-sim "$(state SIM_PID)" provider_sim
+    stop_pid provider-sim "$(state SIM_PID)" reconciler.demo.sim
     stop_postgres
     remove_run_dir "$(state RUN_DIR)"
     remove_run_dir "$(state PG_ROOT)"
@@ -291,9 +291,9 @@ write_env_file() {
 write_config() {
     local run_dir="$1" sim_port="$2"
     mkdir -p "$run_dir/providers"
-    # The fixture's provider file, pointed at this run's simulator.
+    # The simulator's provider file, pointed at this run's simulator.
     sed -e "s#^base_url = .*#base_url = \"http://127.0.0.1:${sim_port}\"#" \
-        "$REPO_ROOT/fixtures/providers/sim.toml" >"$run_dir/providers/sim.toml"
+        "$REPO_ROOT/service/reconciler/demo/sim/sim.toml" >"$run_dir/providers/sim.toml"
     grep -q "^base_url = \"http://127.0.0.1:${sim_port}\"" "$run_dir/providers/sim.toml" ||
         die "could not point providers/sim.toml at the simulator"
     cat >"$run_dir/reconciler.toml" <<EOF
@@ -380,7 +380,7 @@ start_all() {
     bounded "$STEP_TIMEOUT" "$SERVICE_BIN" db upgrade --config "$run_dir/reconciler.toml" \
         >"$run_dir/migrate.log" 2>&1 || die "reconciler db upgrade failed; see $run_dir/migrate.log"
 
-    (cd "$REPO_ROOT" && exec "$PYTHON" -m fixtures.provider_sim --host 127.0.0.1 \
+    (cd "$REPO_ROOT" && exec "$PYTHON" -m reconciler.demo.sim --host 127.0.0.1 \
         --port "$sim_port" --webhook-url "http://127.0.0.1:$port_1/webhooks/sim" \
         >"$run_dir/provider-sim.log" 2>&1 </dev/null) &
     sim_pid="$!"

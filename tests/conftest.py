@@ -1,4 +1,11 @@
-"""Shared fixtures: every database test runs on SQLite and on a real PostgreSQL.
+"""Shared fixtures: database tests run on SQLite; storage tests on PostgreSQL too.
+
+A test (or module) whose subject is storage behaviour, what the two databases do
+differently (transactions racing, claims and leases, LISTEN/NOTIFY, migrations,
+counting in SQL), carries ``@pytest.mark.both_backends``: its ``backend``,
+``db_url``, ``db``, ``runtime``, ``empty_db_url`` and ``module_db_url`` run once
+per backend. Every other test runs on a SQLite file: what it proves (HTTP, the
+engine's decisions, the doors) does not depend on the database underneath.
 
 The PostgreSQL flavour needs ``RECONCILER_TEST_POSTGRES_URL`` (``.ci/run``
 starts a cluster and sets it). Locally it is skipped when unset; under
@@ -22,6 +29,26 @@ from reconciler.storage.database import Database
 from tests.support.databases import POSTGRES_ENV, PostgresFactory, postgres_admin_url, sqlite_url
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+BOTH_BACKENDS = "both_backends"
+
+
+def _parametrized_by_mark(metafunc: pytest.Metafunc, name: str) -> bool:
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0]
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",")]
+        if name in names:
+            return True
+    return False
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Runs a ``both_backends`` test once per backend; any other test gets SQLite only."""
+    if metafunc.definition.get_closest_marker(BOTH_BACKENDS) is None:
+        return
+    for name, scope in (("backend", "function"), ("module_db_url", "module")):
+        if name in metafunc.fixturenames and not _parametrized_by_mark(metafunc, name):
+            metafunc.parametrize(name, BACKENDS, indirect=True, scope=scope)  # type: ignore[arg-type]
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -59,9 +86,10 @@ def _need_postgres(factory: PostgresFactory | None) -> PostgresFactory:
     return factory
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture
 def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+    """The database under test: SQLite unless the test is ``both_backends``."""
+    return str(getattr(request, "param", "sqlite"))
 
 
 @pytest.fixture
@@ -118,14 +146,14 @@ def runtime(db_url: str, clock: ManualClock) -> Iterator[Runtime]:
         rt.db.dispose()
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module")
 def module_db_url(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     postgres_factory: PostgresFactory | None,
 ) -> Iterator[str]:
     """Like ``db_url``, shared by one module's tests (for a service that is slow to set up)."""
-    if request.param == "sqlite":
+    if getattr(request, "param", "sqlite") == "sqlite":
         with sqlite_url(tmp_path_factory.mktemp("module-db")) as url:
             yield url
         return

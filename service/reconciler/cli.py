@@ -22,11 +22,11 @@ from reconciler.config import DEFAULT_PROVIDERS_DIR, Settings, load_settings
 from reconciler.core import story
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import SystemClock, isoformat
+from reconciler.core.errors import ConfigError, InvalidRequest, ReconcilerError
 from reconciler.core.signatures import decode_whsec
 from reconciler.core.states import State
 from reconciler.core.strict_json import require_field_text, shown
 from reconciler.core.vocabulary import DecisionAction, Scope
-from reconciler.errors import ConfigError, InvalidRequest, ReconcilerError
 from reconciler.providers.loader import load_providers, provider_tables
 from reconciler.storage import audit, migrate
 from reconciler.storage import operations as store
@@ -48,7 +48,7 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     # Imported on use, here and in _demo: the other commands start without the web stack.
-    from reconciler.api.server import serve
+    from reconciler.app import serve
 
     return serve(settings, migrate_first=not args.no_migrate)
 
@@ -63,7 +63,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
         seed=args.seed,
         timeout=args.timeout,
         keep=args.keep,
-        sim_root=Path(args.sim_root) if args.sim_root else None,
+        quick=args.quick,
         directory=Path(args.dir),
         keep_serving=args.keep_serving,
     )
@@ -103,7 +103,7 @@ def _current_database(settings: Settings) -> Database:
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_EXPIRY = timedelta(days=3660)
 DEFAULT_ROTATION_WINDOW = "24h"
-_PATH_ARGUMENTS = {"config", "sim_root", "dir"}
+_PATH_ARGUMENTS = {"config", "dir"}
 _POSITIONAL = {"operation", "action", "command"}
 
 
@@ -371,11 +371,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo", parents=[common], help="run the service with a simulated provider and a batch"
     )
-    demo.add_argument("--operations", type=int, default=50, help="how many (default 50)")
+    size = demo.add_mutually_exclusive_group()
+    size.add_argument("--operations", type=int, default=50, help="how many (default 50)")
+    size.add_argument(
+        "--quick",
+        action="store_true",
+        help="four short operations, one per path the summary checks",
+    )
     demo.add_argument("--seed", type=int, default=7, help="scenario mix seed (default 7)")
     demo.add_argument("--timeout", type=float, default=120.0, help="time bound in s (default 120)")
     demo.add_argument("--keep", action="store_true", help="keep the demo directory afterwards")
-    demo.add_argument("--sim-root", help="the repository clone holding fixtures/provider_sim")
     demo.add_argument("--dir", default="demo-run", help="demo directory, wiped at start")
     demo.add_argument(
         "--keep-serving",

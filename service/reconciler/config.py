@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from reconciler.errors import ConfigError
+from reconciler.core.errors import ConfigError
 
 ENV_PREFIX = "RECONCILER_"
 CONFIG_ENV = "RECONCILER_CONFIG"

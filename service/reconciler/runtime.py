@@ -1,7 +1,8 @@
 """Everything a running service holds, built once from the settings.
 
-Routes, the worker and the CLI take what they need from here; tests build
-one with a ``ManualClock``, a seeded ``Random`` and their own environment
+The doors (API routes, console, MCP) receive it; the engine sees it only as
+``engine.deps.EngineDeps``; ``reconciler.app`` builds the app around one. Tests
+build one with a ``ManualClock``, a seeded ``Random`` and their own environment
 instead of the defaults.
 """
 
@@ -14,17 +15,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.commands.create import ProviderLimits
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Secret, Settings
 from reconciler.core.clock import Clock, SystemClock
 from reconciler.core.completion_lanes import first_lane
+from reconciler.core.errors import ConfigError, InvalidRequest
 from reconciler.core.ids import worker_id
+from reconciler.core.limits import ProviderLimits
 from reconciler.core.quotas import Quota
+from reconciler.core.records import OperationRecord
 from reconciler.core.signatures import Verifier, build_verifier, decode_whsec
 from reconciler.core.trust import TrustView
 from reconciler.engine.group_commit import GroupCommitter
 from reconciler.engine.wakeups import Notifier
-from reconciler.errors import ConfigError, InvalidRequest
 from reconciler.metrics import Metrics
 from reconciler.outbound import ssrf
 from reconciler.outbound.callbacks import receiver_host
@@ -36,7 +38,6 @@ from reconciler.storage import operations as store
 from reconciler.storage import trust
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
-from reconciler.storage.models import Operation
 from reconciler.storage.tokens import Principal
 from reconciler.storage.views import ViewBatcher
 
@@ -113,7 +114,7 @@ class Runtime:
         allow = ssrf.as_allow_list(settings.callbacks.allow_hosts)
         has_hooks = bool(settings.hooks)
 
-        def first(op: Operation) -> str:
+        def first(op: OperationRecord) -> str:
             host = receiver_host(op.callback_url, allow) if op.callback_url else None
             return first_lane(has_hooks, host)
 

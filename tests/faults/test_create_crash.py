@@ -17,15 +17,18 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
+from reconciler.core.records import HistoryRecord
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
-from reconciler.storage.models import HistoryEntry
 from tests.support.process import ServiceProcess, cli, service_config, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.both_backends
 
 LEASE_SECONDS = 2.0
 READY_SECONDS = 90.0
@@ -77,12 +80,11 @@ def row(db: Database, op_id: str) -> Any:
 
 
 def wait_row(db: Database, op_id: str, ok: Any, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    current = row(db, op_id)
-    while not ok(current) and time.monotonic() < deadline:
-        time.sleep(0.02)
-        current = row(db, op_id)
-    return current
+    return wait_until(
+        lambda: (current := row(db, op_id)) is not None and ok(current) and current,
+        timeout,
+        f"the row of {op_id} to change",
+    )
 
 
 def start(svc: ServiceProcess, token: str, request: dict[str, Any]) -> str:
@@ -112,7 +114,7 @@ def wait_done(svc: ServiceProcess, token: str, op_id: str, timeout: float = 60) 
     return op
 
 
-def history(db: Database, op_id: str) -> list[HistoryEntry]:
+def history(db: Database, op_id: str) -> list[HistoryRecord]:
     with db.read() as conn:
         return history_of(conn, op_id)
 
@@ -131,10 +133,8 @@ def test_kill_while_the_create_call_hangs_then_restart_makes_one_job(
         op_id = start(svc, token, {"duration": 0.3, "create_fault": "delay", "create_delay": 60})
         before = wait_row(db, op_id, lambda r: r.create_attempts == 1)
         idem = before.idempotency_token
-        deadline = time.monotonic() + 30
         # Kill once the provider has made the job and is holding the answer back.
-        while not state.jobs_for_key(idem) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: state.jobs_for_key(idem), 30, "the provider to make the job")
         assert len(state.jobs) == 1
         assert [r.status for r in provider_requests(state, idem, "create")] == [None]
         svc.kill()

@@ -18,19 +18,20 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
 from reconciler.core.signatures import decode_whsec, sign_standard_webhook
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from tests.support.process import cli, make_tokens, service_config, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
+from tests.support.waiting import wait_until
 
 BOUND = 2.0  # server.write_wait_seconds in these tests
 # /healthz takes milliseconds; a loop stalled by the lock would wait at least the write
@@ -169,12 +170,11 @@ def service(tmp_path: Path, db_path: Path) -> Iterator[tuple[str, Writes]]:
 
 
 def _wait_ready(url: str, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if httpx.get(f"{url}/readyz", timeout=3).status_code == 200:
-            return
-        time.sleep(0.1)
-    raise AssertionError("/readyz did not return to 200")
+    wait_until(
+        lambda: httpx.get(f"{url}/readyz", timeout=3).status_code == 200,
+        timeout,
+        "/readyz to return to 200",
+    )
 
 
 def _kinds(writes: Writes) -> dict[str, Callable[[httpx.Client], httpx.Response]]:
@@ -242,11 +242,12 @@ def test_a_full_disk_turns_readyz_and_nothing_acknowledged_is_lost(tmp_path: Pat
             time.sleep(1.0)
             filler = _fill(small)
             full = (time.monotonic(), 0.0)
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                if httpx.get(f"{url}/readyz", timeout=3).status_code == 503:
-                    break
-                time.sleep(0.1)
+            with suppress(AssertionError):  # full or not, the writes are what is checked
+                wait_until(
+                    lambda: httpx.get(f"{url}/readyz", timeout=3).status_code == 503,
+                    20,
+                    "/readyz to say the disk is full",
+                )
             time.sleep(2 * BOUND)
             filler.unlink()
             full = (full[0], time.monotonic())

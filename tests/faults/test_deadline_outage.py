@@ -25,15 +25,18 @@ from typing import Any
 import httpx
 import pytest
 from bench.soak_infra import ThrowawayPostgres
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from tests.support.faults import history, stored
-from tests.support.hooks import serve_receiver, wait_until
+from tests.support.hooks import serve_receiver
 from tests.support.process import cli, make_tokens, service_config, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.both_backends
 
 OPERATIONS = 6
 DEADLINE = 10.0  # seconds from create: inside the outage

@@ -17,14 +17,14 @@ from typing import IO
 
 import httpx
 import pytest
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
 from reconciler.core.clock import SystemClock
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import create_token
 from tests.support import hooks
-from tests.support.hooks import serve_receiver, wait_until
+from tests.support.hooks import serve_receiver
 from tests.support.servers import serve_asgi, unused_port
 from tests.support.stack import (
     CALLBACK_SECRET,
@@ -34,13 +34,14 @@ from tests.support.stack import (
     WEBHOOK_SECRET,
     quiescent,
 )
+from tests.support.waiting import wait_until
 
 HOOKS = (hooks.RECORD, hooks.SLOW, hooks.AUDIT)
 SLOW_STEP = f"hook:{hooks.SLOW}"
 # The restarted service takes over once the killed one's lease has expired.
 LEASE_SECONDS = 5
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 
 def write_config(tmp_path: Path, db_url: str, sim_url: str, port: int) -> Path:

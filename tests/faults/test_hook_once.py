@@ -16,19 +16,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import create_token
 from tests.support import hooks
 from tests.support.faults import submit
-from tests.support.hooks import serve_receiver, wait_until
+from tests.support.hooks import serve_receiver
 from tests.support.process import ServiceProcess, service_config, service_env, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
+from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 LEASE_SECONDS = 3.0  # the restarted service takes over once the killed one's lease expired
 JOB = {"scenario": "success", "duration": 0.3}
@@ -60,7 +61,7 @@ def _crash_and_restart(
         config, port = start("first")
         sim.config.webhook_url = f"http://127.0.0.1:{port}/webhooks/sim"
         with service_process(config, port, env=env, ready=False) as first:
-            first.wait_ready(timeout=90)  # start-up is slow on a loaded machine
+            first.wait_ready()
             body = {"provider": "sim", "request": JOB, "callback_url": f"{cb_url}/cb/once"}
             op_id = submit(first.url, agent, body)
             wait_until(lambda: first.proc.poll() is not None, 60, "the hook's crash point")
@@ -73,7 +74,7 @@ def _crash_and_restart(
         config, port = start("second")
         sim.config.webhook_url = f"http://127.0.0.1:{port}/webhooks/sim"
         with service_process(config, port, env=env, ready=False) as second:
-            second.wait_ready(timeout=90)
+            second.wait_ready()
             _finish(second, db, op_id)
         assert receiver.by_webhook_id() == {op_id: 1}
     return op_id, db, log

@@ -8,16 +8,16 @@ has returned yet, and the hanging side never holds more operations than its shar
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
-from fixtures.provider_sim import FaultRates
 
+from reconciler.demo.sim import FaultRates
 from tests.support import hooks
 from tests.support.databases import sqlite_url
 from tests.support.faults import TwoProviders, hanging_server, two_providers
-from tests.support.hooks import serve_receiver, wait_until
+from tests.support.hooks import serve_receiver
+from tests.support.waiting import wait_until
 
 QUICK = {"scenario": "success", "duration": 0.3}
 HANG = 60.0  # the slow provider answers after this; no test waits for it
@@ -26,12 +26,11 @@ HANG = 60.0  # the slow provider answers after this; no test waits for it
 def _wait_leased(
     stack: TwoProviders, op_ids: list[str], at_least: int, timeout: float = 20
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if stack.leased(op_ids) >= at_least:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"fewer than {at_least} of the hanging operations were ever started")
+    wait_until(
+        lambda: stack.leased(op_ids) >= at_least,
+        timeout,
+        f"{at_least} of the hanging operations to be started",
+    )
 
 
 def _counted(stack: TwoProviders, metric: str, **labels: str) -> float:

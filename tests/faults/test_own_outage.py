@@ -23,6 +23,7 @@ from reconciler.storage.history import history_of
 from tests.support.databases import PostgresFactory
 from tests.support.faults import TcpProxy
 from tests.support.stack import running_stack
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.postgres
 
@@ -53,13 +54,7 @@ def proxied(pg_url: str) -> Iterator[tuple[str, TcpProxy]]:
 
 
 def _poll(what: Any, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = what()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
+    return wait_until(what, timeout, "the operation's next state")
 
 
 def _row(db: Database, op_id: str) -> Any:

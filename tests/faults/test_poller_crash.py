@@ -18,17 +18,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from fixtures.provider_sim import RequestRecord, SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
+import pytest
 
+from reconciler.core.records import HistoryRecord, OperationRecord
+from reconciler.demo.sim import RequestRecord, SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
-from reconciler.storage.models import HistoryEntry, Operation
 from reconciler.storage.tokens import create_token
 from tests.support.faults import history, stored, submit
-from tests.support.hooks import wait_until
 from tests.support.process import ServiceProcess, cli, service_config, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.both_backends
 
 # A status read may take up to STATUS_TIMEOUT; the lease outlives it, so the holder of a
 # live lease is the only reader, and a dead holder's lease frees the operation soon after.
@@ -73,27 +76,27 @@ class Rig:
         )
         svc = self.stack.enter_context(service_process(config, port, ready=False))
         if ready:
-            svc.wait_ready(timeout=60)
+            svc.wait_ready()
         return svc
 
     def config(self, name: str) -> Path:
         return self.tmp_path / name / "reconciler.toml"
 
-    def finished(self, op_id: str) -> Operation:
-        def done() -> Operation | None:
+    def finished(self, op_id: str) -> OperationRecord:
+        def done() -> OperationRecord | None:
             op = self.row(op_id)
             return op if op.state == "succeeded" else None
 
-        found: Operation = wait_until(done, 30, "the operation to finish")
+        found: OperationRecord = wait_until(done, 30, "the operation to finish")
         return found
 
     def create(self, svc: ServiceProcess, request: dict[str, Any]) -> str:
         return submit(svc.url, self.agent, {"provider": "sim", "request": request})
 
-    def row(self, op_id: str) -> Operation:
+    def row(self, op_id: str) -> OperationRecord:
         return stored(self.db, op_id)
 
-    def history(self, op_id: str) -> list[HistoryEntry]:
+    def history(self, op_id: str) -> list[HistoryRecord]:
         return history(self.db, op_id)
 
     def status_requests(self, job_id: str) -> list[RequestRecord]:
@@ -128,7 +131,7 @@ def rig(tmp_path: Path, db_url: str) -> Iterator[Rig]:
 
 def kill_owner_while_status_hangs(
     r: Rig, services: list[ServiceProcess], op_id: str
-) -> tuple[Operation, str, ServiceProcess]:
+) -> tuple[OperationRecord, str, ServiceProcess]:
     """Let a few reads happen, make the next one hang, SIGKILL its sender while it hangs.
 
     Returns the row as the killed worker left it, the job id and the killed process.
@@ -159,7 +162,7 @@ def metric(svc: ServiceProcess, name: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def reads_of(entries: list[HistoryEntry]) -> list[HistoryEntry]:
+def reads_of(entries: list[HistoryRecord]) -> list[HistoryRecord]:
     return [e for e in entries if e.cause == "status_read"]
 
 
@@ -168,7 +171,7 @@ def test_lease_of_a_killed_worker_is_taken_over_after_expiry(tmp_path: Path, db_
         # Two replicas: the survivor keeps ticking and must still wait for the lease.
         services = [r.start("a", ready=False), r.start("b", ready=False)]
         for svc in services:
-            svc.wait_ready(timeout=60)
+            svc.wait_ready()
         op_id = r.create(services[0], NEVER)
         crashed, job_id, killed = kill_owner_while_status_hangs(r, services, op_id)
         [survivor] = [svc for svc in services if svc is not killed]

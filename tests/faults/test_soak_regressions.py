@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -32,10 +31,10 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from fixtures.provider_sim import FaultRates
 
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource
+from reconciler.demo.sim import FaultRates
 from reconciler.engine import worker
 from reconciler.engine.steps.poll import _hinted_wait
 from reconciler.storage.database import Database
@@ -44,6 +43,7 @@ from reconciler.storage.webhook_events import IncomingEvent, Outcome, write_batc
 from tests.support import hooks
 from tests.support.factories import insert_operation
 from tests.support.stack import Stack, running_stack
+from tests.support.waiting import wait_until
 
 SKEW = 0.05
 NOW = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)
@@ -67,16 +67,6 @@ def status_reads(stack: Stack, job_id: str) -> list[dict[str, Any]]:
     return sorted(reads, key=lambda r: r["at"])
 
 
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def first_429(stack: Stack, op_id: str) -> tuple[str, dict[str, Any]]:
     """Wait until the operation's first status read has been answered 429; return it."""
 
@@ -85,7 +75,7 @@ def first_429(stack: Stack, op_id: str) -> tuple[str, dict[str, Any]]:
         reads = status_reads(stack, job_id) if job_id else []
         return (job_id, reads[0]) if reads and reads[0]["status"] == 429 else None
 
-    found: tuple[str, dict[str, Any]] = wait_for(seen, 20, "a status read answered 429")
+    found: tuple[str, dict[str, Any]] = wait_until(seen, 20, "a status read answered 429")
     return found
 
 
@@ -254,7 +244,7 @@ def test_a_read_that_gets_no_provider_slot_before_its_deadline_is_not_sent(
 
     Each provider has its own share of the worker; an operation whose provider has no
     free slot is not claimed at all, so when it is, the deadline check before the
-    request stops it (seed 003: check the deadline before a request, not after).
+    request stops it (the deadline is checked before a request: docs/design.md#read-order).
     """
     polling = {"base_delay_seconds": 1.0, "max_delay_seconds": 1.0, "jitter_floor": 1.0}
     # Every status answer takes 5 s; with one provider slot, a read holds it that long.
@@ -274,15 +264,15 @@ def test_a_read_that_gets_no_provider_slot_before_its_deadline_is_not_sent(
         # until the blocker's read holds the only provider slot (it is answered after 5 s),
         # then make it due, well before its 3 s deadline.
         stack.wait_state(late, {"observing"}, timeout=20)
-        wait_for(lambda: set_due(rt.db, late, FAR_FUTURE), 20, "the late read to be held back")
-        wait_for(
+        wait_until(lambda: set_due(rt.db, late, FAR_FUTURE), 20, "the late read to be held back")
+        wait_until(
             lambda: any(
                 r.endpoint == "status" and r.answered_at is None for r in stack.sim.requests
             ),
             20,
             "the blocker's status read to hold the only provider slot",
         )
-        wait_for(lambda: set_due(rt.db, late, datetime.now(UTC)), 20, "the late read to be due")
+        wait_until(lambda: set_due(rt.db, late, datetime.now(UTC)), 20, "the late read to be due")
         op = stack.wait_state(late, {"result_timed_out"}, timeout=30)
         assert op["state"] == "result_timed_out", op
         assert status_reads(stack, op["remote_job_id"]) == [], "no request after the deadline"
@@ -313,7 +303,7 @@ def test_a_lapsed_lease_of_our_own_does_not_start_a_second_task_on_the_operation
         )
         op_id = stack.create({"scenario": "success", "duration": 0.2}).json()["id"]
         key = hooks.hook_key(op_id, hooks.SLOW)
-        wait_for(lambda: hooks.completion_finished(rt.db, op_id), 30, "the completion")
+        wait_until(lambda: hooks.completion_finished(rt.db, op_id), 30, "the completion")
         stack.settled([op_id])  # idle with nothing due: a stray second run has had its turn
         assert hooks.started_by_key(log) == {key: 1}
         assert hooks.finished_by_key(log) == {key: 1}

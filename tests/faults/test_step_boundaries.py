@@ -21,20 +21,21 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fixtures.provider_sim import RequestRecord, SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
+from reconciler.core.records import HistoryRecord, OperationRecord
+from reconciler.demo.sim import RequestRecord, SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
-from reconciler.storage.models import HistoryEntry, Operation
 from reconciler.storage.tokens import create_token
 from tests.support import hooks
 from tests.support.faults import history, stored, submit
-from tests.support.hooks import CallbackReceiver, Reply, serve_receiver, wait_until
+from tests.support.hooks import CallbackReceiver, Reply, serve_receiver
 from tests.support.process import ServiceProcess, cli, service_config, service_env, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
+from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 # The restarted service takes over once the killed one's lease has expired.
 LEASE_SECONDS = 3.0
@@ -69,17 +70,17 @@ class Rig:
         self.sim.config.webhook_url = f"http://127.0.0.1:{port}/webhooks/sim"
         env = service_env({hooks.LOG_ENV: str(self.log), hooks.SLEEP_ENV: str(sleep)})
         svc = self.stack.enter_context(service_process(config, port, env=env, ready=False))
-        svc.wait_ready(timeout=90)
+        svc.wait_ready()
         return svc
 
     def create(self, svc: ServiceProcess, name: str) -> str:
         body = {"provider": "sim", "request": JOB, "callback_url": f"{self.cb_url}/cb/{name}"}
         return submit(svc.url, self.agent, body)
 
-    def row(self, op_id: str) -> Operation:
+    def row(self, op_id: str) -> OperationRecord:
         return stored(self.db, op_id)
 
-    def history(self, op_id: str) -> list[HistoryEntry]:
+    def history(self, op_id: str) -> list[HistoryRecord]:
         return history(self.db, op_id)
 
     def requests(self, job_id: str, endpoint: str) -> list[RequestRecord]:
@@ -92,7 +93,7 @@ class Rig:
         )
         assert response.status_code == 200, response.text
 
-    def finished(self, op_id: str) -> Operation:
+    def finished(self, op_id: str) -> OperationRecord:
         wait_until(lambda: hooks.completion_finished(self.db, op_id), 60, "the completion")
         return self.row(op_id)
 
@@ -116,7 +117,7 @@ def rig(tmp_path: Path, db_url: str) -> Iterator[Rig]:
         yield Rig(tmp_path, db, sim, sim_url, receiver, cb_url, agent, log, stack)
 
 
-def transitions(entries: list[HistoryEntry], to: str) -> int:
+def transitions(entries: list[HistoryRecord], to: str) -> int:
     return sum(1 for e in entries if e.kind == "transition" and e.to_state == to)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,18 +17,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-from fixtures.provider_sim import FaultRates, SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
+from reconciler.demo.sim import FaultRates, SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from tests.support.process import (
     ServiceProcess,
-    cli,
     make_tokens,
     service_config,
     service_process,
+    upgrade,
 )
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
+from tests.support.waiting import wait_until
 
 WAITS = 500
 TIMEOUT = 5.0
@@ -41,7 +41,7 @@ def served(tmp_path: Path, sim: SimState) -> Iterator[tuple[ServiceProcess, str]
     with serve_asgi(create_sim(state=sim)) as sim_url:
         db_url = f"sqlite:///{tmp_path / 'reconciler.db'}"
         config, port = service_config(tmp_path, db_url, sim_url)
-        assert cli(config, "db", "upgrade").returncode == 0
+        upgrade(db_url)
         agent, _ = make_tokens(db_url)
         with service_process(config, port) as svc:
             yield svc, agent
@@ -97,6 +97,38 @@ def test_hundreds_of_waits_answer_at_their_timeout(tmp_path: Path) -> None:
     assert late < MARGIN, f"the latest /wait answered {late:.1f} s after its timeout"
 
 
+Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def _open_waits(port: int, agent: str, ops: list[str]) -> list[Stream]:
+    """One /wait per operation, each request sent whole; returns the open connections (the
+    writer too: a writer collected closes its connection)."""
+    streams = []
+    for op_id in ops:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            (
+                f"GET /v1/operations/{op_id}/wait?timeout_seconds=30 HTTP/1.1\r\n"
+                f"Host: x\r\nAuthorization: Bearer {agent}\r\nConnection: close\r\n\r\n"
+            ).encode()
+        )
+        await writer.drain()
+        streams.append((reader, writer))
+    return streams
+
+
+async def _round_trip(port: int) -> bytes:
+    """A /healthz on a connection opened after the waits' and answered: by then the server has
+    accepted every earlier connection (the kernel hands them over in order) and read what
+    was already in their buffers, so each wait's request is parsed and in flight."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 30)
+    writer.close()
+    return answer
+
+
 def test_sigterm_answers_open_waits_and_stops_without_a_traceback(tmp_path: Path) -> None:
     # Status reads hang, so steps are in flight when the stop comes.
     sim = SimState(
@@ -108,30 +140,23 @@ def test_sigterm_answers_open_waits_and_stops_without_a_traceback(tmp_path: Path
     )
     with served(tmp_path, sim) as (svc, agent):
         ops = _create(svc.url, agent, 10)
-        answered: list[int] = []
+        port = int(svc.url.rsplit(":", 1)[1])
+        wait_until(lambda: any(r.endpoint == "status" for r in sim.requests), 30, "a status read")
 
-        def wait(op_id: str) -> None:
-            response = httpx.get(
-                f"{svc.url}/v1/operations/{op_id}/wait",
-                params={"timeout_seconds": 30},
-                headers={"Authorization": f"Bearer {agent}"},
-                timeout=40,
-            )
-            answered.append(response.status_code)
+        async def stop_while_waiting() -> list[bytes]:
+            streams = await _open_waits(port, agent, ops)
+            assert (await _round_trip(port)).startswith(b"HTTP/1.1 200")
+            os.kill(svc.pid, signal.SIGTERM)
+            answers = [await asyncio.wait_for(r.read(), 40) for r, _ in streams]
+            for _, writer in streams:
+                writer.close()
+            return answers
 
-        waiters = [threading.Thread(target=wait, args=(op,), daemon=True) for op in ops]
-        for thread in waiters:
-            thread.start()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not any(r.endpoint == "status" for r in sim.requests):
-            time.sleep(0.05)
-        time.sleep(0.5)  # the waits are open
-        os.kill(svc.pid, signal.SIGTERM)
+        answers = asyncio.run(stop_while_waiting())
         code = svc.proc.wait(timeout=30)
-        for thread in waiters:
-            thread.join(timeout=10)
     log = svc.log.read_text("utf-8")
     # A clean stop exits 0: supervisors report a death by signal as a failure.
     assert code == 0, f"exit status {code} after a clean SIGTERM"
-    assert answered == [200] * len(ops), "an open /wait was cut off instead of answered"
+    heads = [a.split(b"\r\n", 1)[0] for a in answers]
+    assert all(h.startswith(b"HTTP/1.1 200") for h in heads), f"a /wait was cut off: {heads}"
     assert "Traceback" not in log and "CancelledError" not in log, log[-3000:]

@@ -21,25 +21,13 @@ import pytest
 import sqlalchemy as sa
 
 from reconciler.storage.tokens import create_token
+from reconciler.wire import Operation as OperationView
 from tests.support.stack import SIM_TOML, Stack, running_stack
+from tests.support.waiting import wait_until
 
 FAST_POLLING = {"base_delay_seconds": 0.1, "max_delay_seconds": 0.5}
-SPEC_KEYS = {
-    "id",
-    "provider",
-    "state",
-    "done",
-    "remote_job_id",
-    "remote_state",
-    "message",
-    "poll_after_seconds",
-    "progress",
-    "deadline_at",
-    "budget",
-    "result",
-    "error",
-    "escalation",
-}
+# The key set is the wire model's: stated there once.
+VIEW_KEYS = frozenset(OperationView.model_fields)
 END_STATES = {
     "succeeded",
     "completed_with_errors",
@@ -81,17 +69,16 @@ def provider_jobs(stack: Stack) -> list[dict[str, Any]]:
 def settle(stack: Stack, op_id: str, timeout: float = 40.0) -> None:
     """Wait until the worker has nothing left to write for this operation (done, and its
     completion steps closed), so that a row count afterwards sees only what the API adds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def settled() -> bool:
         with stack.runtime.db.read() as conn:
             row = conn.execute(
                 sa.text("SELECT state, completion_pending FROM operations WHERE id = :id"),
                 {"id": op_id},
             ).one()
-        if row.state in END_STATES and not row.completion_pending:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{op_id} did not settle within {timeout} s")
+        return row.state in END_STATES and not row.completion_pending
+
+    wait_until(settled, timeout, f"{op_id} to settle")
 
 
 def token_of(stack: Stack, op_id: str) -> str:
@@ -511,11 +498,12 @@ def test_the_operation_has_the_spec_shape_and_done_only_at_the_end(stack: Stack)
     running = stack.create({"scenario": "never_finishes", "duration": 5, "total": 500})
     op_id = running.json()["id"]
     op = stack.wait_state(op_id, {"observing"}, timeout=20)
-    deadline = time.monotonic() + 10
-    while op["progress"] is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-        op = stack.get(op_id)
-    assert set(op) >= SPEC_KEYS
+    op = wait_until(
+        lambda: (seen := stack.get(op_id))["progress"] is not None and seen,
+        10,
+        "the first progress report",
+    )
+    assert set(op) >= VIEW_KEYS
     assert op["id"] == op_id and op["id"].startswith("op_")
     assert op["provider"] == "sim"
     assert op["state"] == "observing"
@@ -537,7 +525,7 @@ def test_the_operation_has_the_spec_shape_and_done_only_at_the_end(stack: Stack)
         stack.create({"scenario": "late_failure", "duration": 0.2}).json()["id"], timeout=40
     )
     for end, state in ((ok, "succeeded"), (failed, "failed")):
-        assert set(end) >= SPEC_KEYS
+        assert set(end) >= VIEW_KEYS
         assert end["state"] == state and end["state"] in END_STATES
         assert end["done"] is True
         assert end["poll_after_seconds"] is None
@@ -628,7 +616,7 @@ def test_listing_filters_pages_and_scopes(two_provider_stack: Stack) -> None:
     assert sorted(_ids(stack, agent, provider="sim")) == sorted([*done, *running])
     assert _ids(stack, agent, provider="sim", state="failed") == []
     every = _list(stack, agent)["operations"]
-    assert all(set(op) >= SPEC_KEYS for op in every)
+    assert all(set(op) >= VIEW_KEYS for op in every)
 
     # Scopes: an agent sees its own only; an operator sees everyone's.
     assert theirs not in _ids(stack, agent)

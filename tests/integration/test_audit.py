@@ -10,17 +10,19 @@ import pytest
 import sqlalchemy as sa
 
 from reconciler.core.clock import ManualClock
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.storage import audit
 from reconciler.storage.database import Database
 from reconciler.storage.journal import HISTORY, Journal
-from reconciler.storage.models import Operation
 from tests.support.factories import insert_operation
+
+pytestmark = pytest.mark.both_backends
 
 KEY = b"audit-test-key"
 
 
-def _story(db: Database, journal: Journal, clock: ManualClock) -> Operation:
+def _story(db: Database, journal: Journal, clock: ManualClock) -> OperationRecord:
     op = insert_operation(db, journal, clock.now())
     for to in (State.ACCEPTED, State.OBSERVING, State.RESULT_COLLECTING, State.SUCCEEDED):
         clock.advance(5)
@@ -65,7 +67,7 @@ def _cli_verify(db_url: str, key: str | None) -> subprocess.CompletedProcess[str
 
 
 @pytest.fixture
-def story(db: Database, clock: ManualClock) -> tuple[Journal, Operation, Operation]:
+def story(db: Database, clock: ManualClock) -> tuple[Journal, OperationRecord, OperationRecord]:
     journal = Journal(key=KEY)
     first = _story(db, journal, clock)
     second = _story(db, journal, clock)
@@ -100,7 +102,7 @@ def _tamper_and_check(
 
 
 def test_edited_field_is_named(
-    db: Database, db_url: str, story: tuple[Journal, Operation, Operation]
+    db: Database, db_url: str, story: tuple[Journal, OperationRecord, OperationRecord]
 ) -> None:
     _, op, _ = story
     target = _entry_ids(db, op.id)[2]
@@ -114,7 +116,7 @@ def test_edited_field_is_named(
 
 
 def test_edited_detail_is_named(
-    db: Database, db_url: str, story: tuple[Journal, Operation, Operation]
+    db: Database, db_url: str, story: tuple[Journal, OperationRecord, OperationRecord]
 ) -> None:
     _, op, _ = story
     target = _entry_ids(db, op.id)[1]
@@ -128,7 +130,7 @@ def test_edited_detail_is_named(
 
 
 def test_deleted_middle_entry_is_detected(
-    db: Database, db_url: str, story: tuple[Journal, Operation, Operation]
+    db: Database, db_url: str, story: tuple[Journal, OperationRecord, OperationRecord]
 ) -> None:
     _, op, _ = story
     entries = _entry_ids(db, op.id)
@@ -139,7 +141,7 @@ def test_deleted_middle_entry_is_detected(
 
 
 def test_deleted_newest_entries_are_detected(
-    db: Database, db_url: str, story: tuple[Journal, Operation, Operation]
+    db: Database, db_url: str, story: tuple[Journal, OperationRecord, OperationRecord]
 ) -> None:
     _, op, _ = story
     entries = _entry_ids(db, op.id)
@@ -153,7 +155,7 @@ def test_deleted_newest_entries_are_detected(
 
 
 def test_swapped_entries_are_detected(
-    db: Database, db_url: str, story: tuple[Journal, Operation, Operation]
+    db: Database, db_url: str, story: tuple[Journal, OperationRecord, OperationRecord]
 ) -> None:
     _, op, _ = story
     a, b = _entry_ids(db, op.id)[1:3]
@@ -165,7 +167,7 @@ def test_swapped_entries_are_detected(
 
 
 def test_rewritten_head_is_detected(
-    db: Database, db_url: str, story: tuple[Journal, Operation, Operation]
+    db: Database, db_url: str, story: tuple[Journal, OperationRecord, OperationRecord]
 ) -> None:
     _, _, op = story
     _tamper_and_check(

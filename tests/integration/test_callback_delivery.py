@@ -34,15 +34,16 @@ from standardwebhooks import Webhook
 from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.canonical import canonical_json
 from reconciler.core.clock import Clock, ManualClock, SystemClock
+from reconciler.core.errors import InvalidRequest
 from reconciler.core.signatures import decode_whsec
 from reconciler.core.vocabulary import TransportError
-from reconciler.errors import InvalidRequest
 from reconciler.outbound.callbacks import (
     CallbackClient,
     DeliveryOutcome,
     next_attempt_delay,
     status_verdict,
 )
+from tests.support.waiting import wait_until
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 EVENT = {"type": "operation.completed", "operation": {"id": "op_1", "state": "succeeded"}}
@@ -172,10 +173,12 @@ def serve(
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "receiver did not start"
-        time.sleep(0.01)
+
+    def started() -> bool:
+        assert thread.is_alive(), "the receiver stopped during start-up"
+        return bool(server.started)
+
+    wait_until(started, 10, "the receiver to start")
     try:
         yield port
     finally:

@@ -20,8 +20,9 @@ from typing import Any
 from standardwebhooks import Webhook
 
 from tests.support import hooks
-from tests.support.hooks import CallbackReceiver, Delivery, Reply, serve_receiver, wait_until
+from tests.support.hooks import CallbackReceiver, Delivery, Reply, serve_receiver
 from tests.support.stack import Stack, running_stack
+from tests.support.waiting import wait_until
 
 MAX_ATTEMPTS = 3
 CALLBACKS = {

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from reconciler import errors
 from reconciler.client import AsyncClient, Client, Outcome, ReplayGuard, RunResult, verify_callback
+from reconciler.core import errors
 from reconciler.storage.tokens import create_token
-from tests.support.hooks import Reply, serve_receiver, wait_until
+from tests.support.hooks import Reply, serve_receiver
 from tests.support.stack import Stack, running_stack
+from tests.support.waiting import wait_until
 
 FAST_POLLING = {"base_delay_seconds": 0.1, "max_delay_seconds": 0.5}
 # A retry at least a second later carries a new timestamp (one in the same second would be

@@ -19,13 +19,16 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.runtime import Runtime
 from reconciler.storage.models import WebhookEvent
 from tests.support import hooks
-from tests.support.hooks import CallbackReceiver, serve_receiver, wait_until
+from tests.support.hooks import CallbackReceiver, serve_receiver
 from tests.support.servers import serve_asgi
 from tests.support.stack import Stack, running_stack, worker_of
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.both_backends
 
 HOOKS = (hooks.RECORD, hooks.RECORD_ASYNC, hooks.AUDIT)
 

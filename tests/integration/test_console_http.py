@@ -21,8 +21,8 @@ import sqlalchemy as sa
 
 from reconciler.api.auth import CACHE_SECONDS
 from reconciler.console.session import SESSION_COOKIE
+from reconciler.core.errors import RejectReason
 from reconciler.core.states import State
-from reconciler.errors import RejectReason
 from reconciler.storage.journal import HISTORY
 from reconciler.storage.tokens import create_token, revoke_token
 from tests.support.console import csrf_of, operator_client, sign_in

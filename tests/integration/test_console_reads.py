@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from datetime import timedelta
 
+import pytest
+
 from reconciler.core import risk
 from reconciler.core.clock import ManualClock
 from reconciler.core.states import State
@@ -12,6 +14,8 @@ from reconciler.storage import inbox, provider_stats
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from tests.support.factories import insert_operation
+
+pytestmark = pytest.mark.both_backends
 
 
 def test_at_risk_lists_exactly_what_the_risk_rules_label(db: Database) -> None:

@@ -1,8 +1,12 @@
 """Operator decisions on escalations: the HTTP API and ``reconciler decide``, end to end.
 
-The service runs on uvicorn against a real database and the simulated provider;
-each test lets the poller escalate on its own, decides, and then checks what the
-operation, its history and the provider show afterwards.
+Each test lets the poller escalate on its own, decides, and then checks what the
+operation, its history and the provider show afterwards. The API's decisions run in
+the in-process world (``tests/support/world.py``: the service's routes and worker and
+the simulated provider over ``httpx.ASGITransport``, one manual clock), so "the poller
+resumes" and "no read follows" are the clock running on, not a wait. The command line
+runs as its own process beside the service on uvicorn (``live``), and so does the
+callback that keeps failing, whose retries are real deliveries to a receiver.
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ from reconciler.cli import main
 from reconciler.core.clock import utc
 from reconciler.core.escalation import abandon_state
 from reconciler.core.vocabulary import EscalationReason
-from tests.support import hooks
+from tests.support import hooks, waiting
 from tests.support.hooks import Reply, serve_receiver
 from tests.support.stack import QUICK_POLLING as POLLING
 from tests.support.stack import ROOT, Stack, quiescent, running_stack
+from tests.support.world import SyncWorld, sync_world
 
 NEVER = {"scenario": "never_finishes", "webhooks": "never", "cancel_delay": 0.3}
 # Requests and fields that make the poller stop with each reason, quickly.
@@ -45,12 +50,20 @@ ESCALATE: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "contradictory_status": ({"scenario": "running_past_expiry", "webhooks": "never"}, {}),
 }
 STOPPED = {"escalated", "result_timed_out"}
+PROVIDER = {"polling": POLLING, "status": {"not_found_grace_seconds": 0.3}}
+# The in-process world or the live service: the helpers below take either.
+Scene = SyncWorld | Stack
 
 
 @pytest.fixture
-def stack(tmp_path: Path, db_url: str) -> Iterator[Stack]:
-    provider = {"polling": POLLING, "status": {"not_found_grace_seconds": 0.3}}
-    with running_stack(tmp_path, db_url, provider=provider) as s:
+def stack(tmp_path: Path, db_url: str) -> Iterator[SyncWorld]:
+    with sync_world(tmp_path, db_url, provider=PROVIDER) as world:
+        yield world
+
+
+@pytest.fixture
+def live(tmp_path: Path, db_url: str) -> Iterator[Stack]:
+    with running_stack(tmp_path, db_url, provider=PROVIDER) as s:
         yield s
 
 
@@ -58,7 +71,7 @@ def epoch(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-def escalate(stack: Stack, reason: str) -> dict[str, Any]:
+def escalate(stack: Scene, reason: str) -> dict[str, Any]:
     request, fields = ESCALATE[reason]
     created = stack.create(request, **fields)
     assert created.status_code == 202, created.text
@@ -68,7 +81,7 @@ def escalate(stack: Stack, reason: str) -> dict[str, Any]:
     return op
 
 
-def decide(stack: Stack, op_id: str, body: Any, *, operator: bool = True) -> httpx.Response:
+def decide(stack: Scene, op_id: str, body: Any, *, operator: bool = True) -> httpx.Response:
     kwargs: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
     return stack.client.post(
         f"/v1/operations/{op_id}/decisions",
@@ -77,19 +90,16 @@ def decide(stack: Stack, op_id: str, body: Any, *, operator: bool = True) -> htt
     )
 
 
-def status_reads(stack: Stack, job_id: str) -> list[dict[str, Any]]:
+def status_reads(stack: Scene, job_id: str) -> list[dict[str, Any]]:
     reads: list[dict[str, Any]] = stack.sim_job(job_id)["requests"]["status"]
     return reads
 
 
 def wait_until(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
+    waiting.wait_until(predicate, timeout, "the condition")
 
 
-def unchanged(stack: Stack, before: dict[str, Any]) -> None:
+def unchanged(stack: Scene, before: dict[str, Any]) -> None:
     """A refused decision changed nothing: same state, same open escalation, same budget."""
     after = stack.get(before["id"], operator=True)
     assert after["state"] == before["state"]
@@ -98,14 +108,14 @@ def unchanged(stack: Stack, before: dict[str, Any]) -> None:
     assert after["deadline_at"] == before["deadline_at"]
 
 
-def decision_entries(stack: Stack, op_id: str) -> list[dict[str, Any]]:
+def decision_entries(stack: Scene, op_id: str) -> list[dict[str, Any]]:
     return [e for e in stack.history(op_id) if e["kind"] == "decision"]
 
 
 # --- extend ----------------------------------------------------------------------------
 
 
-def test_extend_grants_new_limits_and_the_operation_finishes(stack: Stack) -> None:
+def test_extend_grants_new_limits_and_the_operation_finishes(stack: Scene) -> None:
     op = escalate(stack, "request_budget_exhausted")
     job_id = op["remote_job_id"]
     assert len(status_reads(stack, job_id)) == 3
@@ -137,24 +147,25 @@ def test_extend_grants_new_limits_and_the_operation_finishes(stack: Stack) -> No
     ]
 
     # The poller resumes on its own; then the job finishes and the operation completes.
-    wait_until(lambda: len(status_reads(stack, job_id)) >= 5)
-    forced = httpx.post(f"{stack.sim_url}/_sim/jobs/{job_id}/complete", json={"state": "succeeded"})
+    stack.run_until(lambda: len(status_reads(stack, job_id)) >= 5)
+    forced = stack.sim_client.post(f"/_sim/jobs/{job_id}/complete", json={"state": "succeeded"})
     assert forced.status_code == 200
-    done = stack.wait(op["id"], timeout=15)
+    done = stack.wait(op["id"])
     assert done["state"] == "succeeded", done
     reads = status_reads(stack, job_id)
     assert len(reads) == done["budget"]["status_requests_used"] <= 7
 
 
-def test_extension_is_a_new_bounded_limit(stack: Stack) -> None:
+def test_extension_is_a_new_bounded_limit(stack: Scene) -> None:
     op = escalate(stack, "request_budget_exhausted")
     response = decide(stack, op["id"], {"action": "extend", "extra_status_requests": 2})
     assert response.status_code == 200, response.text
     # Without extra_seconds the offered amount applies.
     offered = op["escalation"]["options"][0]
     assert response.json()["escalation"]["decision"]["extra_seconds"] == offered["extra_seconds"]
-    wait_until(lambda: stack.get(op["id"], operator=True)["escalation"]["decided"] is False)
+    stack.run_until(lambda: stack.row(op["id"])["state"] == "escalated")  # escalated again
     again = stack.get(op["id"], operator=True)
+    assert again["escalation"]["decided"] is False
     assert again["escalation"]["reason"] == "request_budget_exhausted"
     assert "Status requests: 5 of 5" in again["escalation"]["message"]
     assert len(status_reads(stack, op["remote_job_id"])) == 5
@@ -166,7 +177,7 @@ def test_extension_is_a_new_bounded_limit(stack: Stack) -> None:
 @pytest.mark.parametrize(
     "reason", ["request_budget_exhausted", "deadline_exceeded", "rate_limited"]
 )
-def test_cancel_hands_over_to_cancellation(stack: Stack, reason: str) -> None:
+def test_cancel_hands_over_to_cancellation(stack: Scene, reason: str) -> None:
     op = escalate(stack, reason)
     job_id = op["remote_job_id"]
     response = decide(stack, op["id"], {"action": "cancel"})
@@ -197,7 +208,7 @@ def test_cancel_hands_over_to_cancellation(stack: Stack, reason: str) -> None:
     "reason",
     ["request_budget_exhausted", "deadline_exceeded", "unknown_state", "authorization_denied"],
 )
-def test_abandon_ends_as_the_escalation_says(stack: Stack, reason: str) -> None:
+def test_abandon_ends_as_the_escalation_says(stack: Scene, reason: str) -> None:
     op = escalate(stack, reason)
     reads_before = len(status_reads(stack, op["remote_job_id"]))
     expected = abandon_state(EscalationReason(reason)).value
@@ -228,7 +239,7 @@ def test_abandon_ends_as_the_escalation_says(stack: Stack, reason: str) -> None:
     ("reason", "action"),
     [("authorization_denied", "cancel"), ("contract_violation", "extend")],
 )
-def test_option_not_offered_is_409(stack: Stack, reason: str, action: str) -> None:
+def test_option_not_offered_is_409(stack: Scene, reason: str, action: str) -> None:
     op = escalate(stack, reason)
     assert action not in [o["action"] for o in op["escalation"]["options"]]
     response = decide(stack, op["id"], {"action": action})
@@ -238,7 +249,7 @@ def test_option_not_offered_is_409(stack: Stack, reason: str, action: str) -> No
     assert decision_entries(stack, op["id"]) == []
 
 
-def test_agent_token_is_403(stack: Stack) -> None:
+def test_agent_token_is_403(stack: Scene) -> None:
     op = escalate(stack, "request_budget_exhausted")
     response = decide(stack, op["id"], {"action": "extend"}, operator=False)
     assert response.status_code == 403
@@ -248,7 +259,7 @@ def test_agent_token_is_403(stack: Stack) -> None:
     unchanged(stack, op)
 
 
-def test_second_decision_is_409(stack: Stack) -> None:
+def test_second_decision_is_409(stack: Scene) -> None:
     op = escalate(stack, "unknown_state")
     assert decide(stack, op["id"], {"action": "abandon"}).status_code == 200
     for body in ({"action": "extend"}, {"action": "abandon"}, {"action": "cancel"}):
@@ -258,7 +269,7 @@ def test_second_decision_is_409(stack: Stack) -> None:
     assert stack.get(op["id"])["state"] == "failed"
 
 
-def test_decision_without_an_open_escalation_is_409(stack: Stack) -> None:
+def test_decision_without_an_open_escalation_is_409(stack: Scene) -> None:
     created = stack.create({"scenario": "never_finishes", "webhooks": "never"})
     op_id = created.json()["id"]
     response = decide(stack, op_id, {"action": "abandon"})
@@ -289,7 +300,7 @@ BAD_BODIES: list[Any] = [
 ]
 
 
-def test_bad_bodies_are_400(stack: Stack) -> None:
+def test_bad_bodies_are_400(stack: Scene) -> None:
     op = escalate(stack, "request_budget_exhausted")
     for body in BAD_BODIES:
         response = decide(stack, op["id"], body)
@@ -321,8 +332,9 @@ def cli_config(tmp_path: Path, db_url: str) -> Path:
 
 @pytest.mark.parametrize("action", ["extend", "cancel", "abandon"])
 def test_cli_decide_is_picked_up_by_the_service(
-    stack: Stack, tmp_path: Path, db_url: str, action: str, capsys: pytest.CaptureFixture[str]
+    live: Stack, tmp_path: Path, db_url: str, action: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    stack = live
     op = escalate(stack, "request_budget_exhausted")
     job_id = op["remote_job_id"]
     extra = ["--extra-requests", "2", "--extra-seconds", "30"] if action == "extend" else []

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.config import Settings
+from reconciler.core.errors import DemoFailed
 from reconciler.core.trust import TrustMode, TrustState, TrustView
 from reconciler.demo import run
 from reconciler.demo.report import (
@@ -33,7 +34,6 @@ from reconciler.demo.run import (
     plan_batch,
     prepare_directory,
 )
-from reconciler.errors import DemoFailed
 from tests.support.console import operator_client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ def test_demo_runs_a_mixed_batch_to_a_clean_summary(tmp_path: Path):
     assert "NOT complete" in mcp and "-> succeeded, done=true" in mcp
     once = re.search(r"exactly once each: (\d+) of (\d+)  -> ok", out)
     assert once is not None and once.group(1) == once.group(2) and int(once.group(1)) >= 8
-    # Both bounded stops of the mix, each with its seed-003 message.
+    # Both bounded stops of the mix, each with its escalation message.
     assert "  rate_limited: 1 operation(s)" in out
     assert "  unknown_state: 1 operation(s)" in out
     assert out.count("External job needs a decision") == 2

@@ -341,7 +341,7 @@ def test_compose_replicas_get_every_provider_credential() -> None:
 
 
 def test_compose_provider_file_is_the_fixture_but_for_base_url() -> None:
-    fixture = tomllib.loads((ROOT / "fixtures" / "providers" / "sim.toml").read_text())
+    fixture = tomllib.loads((ROOT / "service/reconciler/demo/sim/sim.toml").read_text())
     deployed = tomllib.loads((DEPLOY / "compose" / "providers" / "sim.toml").read_text())
     assert deployed["providers"]["sim"].pop("base_url") == "http://provider-sim:9000"
     fixture["providers"]["sim"].pop("base_url")

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 import sqlalchemy as sa
 
-from reconciler.errors import Conflict, StorageUnavailable
+from reconciler.core.errors import Conflict, StorageUnavailable
 from reconciler.storage.database import Database, translate_errors
 from reconciler.storage.fastsql import AS_IS, Sql, codec_for, run
 from reconciler.storage.journal import OPS, Journal
@@ -38,6 +38,8 @@ _EVENTS_IN = Sql(
     params=("event_id", "provider"),
     returns=("event_id", "received_at"),
 )
+
+pytestmark = pytest.mark.both_backends
 
 INSTANTS = [
     datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC),  # no fraction: still six digits on SQLite

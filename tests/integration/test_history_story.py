@@ -1,8 +1,9 @@
-"""An operation's history reads like seed 003's audit story, over the API and on the CLI.
+"""An operation's history reads as a story (docs/design.md#history), over the API and the CLI.
 
-Real runs against the simulated provider: one that meets a 503 with ``Retry-After``
-and then succeeds, one that spends its budget and is escalated, then extended by
-an operator. The API gives the entries (oldest first, each observation with its
+Runs of the service against the simulated provider in the in-process world
+(``tests/support/world.py``, one manual clock): one that meets a 503 with
+``Retry-After`` and then succeeds, one that spends its budget and is escalated, then
+extended by an operator. The API gives the entries (oldest first, each observation with its
 delay source); ``reconciler ops history`` tells them as lines; ``ops list`` and
 ``ops show`` show the operations.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -21,7 +21,8 @@ import pytest
 
 from reconciler.cli import main
 from tests.support.process import cli
-from tests.support.stack import Stack, running_stack
+from tests.support.waiting import wait_until
+from tests.support.world import SyncWorld, sync_world
 
 POLLING: dict[str, Any] = {
     "base_delay_seconds": 0.05,
@@ -35,9 +36,10 @@ SOURCES = {"provider_retry_after", "provider_poll_hint", "local_backoff", "manua
 
 
 @pytest.fixture
-def stack(tmp_path: Path, db_url: str) -> Iterator[Stack]:
-    with running_stack(tmp_path, db_url, provider={"polling": POLLING}) as s:
-        yield s
+def stack(tmp_path: Path, db_url: str) -> Iterator[SyncWorld]:
+    """The in-process world: the runs' times are the manual clock's, so the story's are."""
+    with sync_world(tmp_path, db_url, polling=POLLING) as world:
+        yield world
 
 
 @pytest.fixture
@@ -68,15 +70,15 @@ def matching(lines: list[str], pattern: str) -> list[re.Match[str]]:
     return found
 
 
-def finished_history(stack: Stack, op_id: str) -> list[dict[str, Any]]:
+def finished_history(stack: SyncWorld, op_id: str) -> list[dict[str, Any]]:
     """The history once the completion handler has closed it (it runs after the end state)."""
-    deadline = time.monotonic() + 10
-    while True:
+
+    def closed() -> list[dict[str, Any]] | None:
         entries = stack.history(op_id)
-        if entries[-1]["cause"] == "completion_finished":
-            return entries
-        assert time.monotonic() < deadline, "the completion handler did not finish"
-        time.sleep(0.05)
+        return entries if entries[-1]["cause"] == "completion_finished" else None
+
+    entries: list[dict[str, Any]] = wait_until(closed, 10, "the completion handler to finish")
+    return entries
 
 
 def check_oldest_first(entries: list[dict[str, Any]]) -> None:
@@ -93,7 +95,7 @@ def check_lines_follow_entries(lines: list[str], entries: list[dict[str, Any]]) 
         assert line.startswith(f"{at} "), (line, entry)
 
 
-def test_a_retry_after_run_reads_like_the_seed_story(stack: Stack, config: Path) -> None:
+def test_a_retry_after_run_reads_like_the_seed_story(stack: SyncWorld, config: Path) -> None:
     request = {
         "scenario": "success",
         "duration": 1.2,
@@ -134,7 +136,7 @@ def test_a_retry_after_run_reads_like_the_seed_story(stack: Stack, config: Path)
 
 
 def test_an_escalated_and_extended_run_tells_its_escalation_and_decision(
-    stack: Stack, config: Path
+    stack: SyncWorld, config: Path
 ) -> None:
     created = stack.create(
         {"scenario": "never_finishes", "webhooks": "never"}, max_status_requests=3
@@ -179,7 +181,9 @@ def run_main(capsys: pytest.CaptureFixture[str], config: Path, *args: str) -> tu
     return code, out.out, out.err
 
 
-def test_ops_list_and_show(stack: Stack, config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_ops_list_and_show(
+    stack: SyncWorld, config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     done = stack.wait(stack.create({"scenario": "success", "duration": 0.2}).json()["id"])
     assert done["state"] == "succeeded"
     created = stack.create({"scenario": "unknown_state", "duration": 0.2, "webhooks": "never"})

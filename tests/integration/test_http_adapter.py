@@ -34,10 +34,10 @@ from starlette.routing import Mount, Route
 from starlette.types import Message, Receive, Scope, Send
 
 from reconciler.core.clock import ManualClock
+from reconciler.core.errors import ConfigError, UnsafePathValue
+from reconciler.core.provider_calls import CallResult
 from reconciler.core.vocabulary import RemoteCategory, TransportError
-from reconciler.errors import ConfigError, UnsafePathValue
 from reconciler.providers.adapter import (
-    CallResult,
     CreateOutcome,
     LookupOutcome,
     LookupVerdict,

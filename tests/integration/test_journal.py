@@ -14,14 +14,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reconciler.core.clock import ManualClock
+from reconciler.core.errors import IllegalTransition, StaleWrite
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, TRANSITIONS, State
 from reconciler.core.vocabulary import HistoryKind
-from reconciler.errors import IllegalTransition, StaleWrite
 from reconciler.storage.database import Database
 from reconciler.storage.journal import HISTORY, Journal, Lease
 from reconciler.storage.models import Operation
 from reconciler.storage.operations import load_operation
 from tests.support.factories import insert_operation
+
+pytestmark = pytest.mark.both_backends
 
 ALL_EDGES = [(frm, to) for frm, tos in TRANSITIONS.items() for to in sorted(tos)]
 
@@ -34,7 +37,9 @@ def _history(db: Database, op_id: str) -> list[dict[str, object]]:
         return [dict(r._mapping) for r in rows]
 
 
-def _force_state(db: Database, journal: Journal, op: Operation, state: State) -> Operation:
+def _force_state(
+    db: Database, journal: Journal, op: OperationRecord, state: State
+) -> OperationRecord:
     """Put a fresh operation into ``state`` without walking the table (test set-up only)."""
     with db.write() as conn:
         conn.execute(

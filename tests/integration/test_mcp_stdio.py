@@ -1,5 +1,9 @@
 """``reconciler mcp`` as a subprocess speaking stdio to the SDK's client, forwarding to a live
-service; and its refusals (no token, a refused token) as one line and exit status 2."""
+service; and its refusals (no token, a refused token) as one line and exit status 2.
+
+What is tested is the stdio bridge, not storage: one service on SQLite serves the whole
+module (each test makes its own operations, under keys of its own).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from pathlib import Path
 import pytest
 from mcp import Client, StdioServerParameters
 
+from tests.support.databases import sqlite_url
 from tests.support.mcp import CreateTaskResult, TasksExtension, get_task, run, text_of
 from tests.support.stack import Stack, running_stack
 
@@ -19,9 +24,13 @@ ROOT = Path(__file__).resolve().parents[2]
 FAST_POLLING = {"base_delay_seconds": 0.1, "max_delay_seconds": 0.5}
 
 
-@pytest.fixture
-def stack(tmp_path: Path, db_url: str) -> Iterator[Stack]:
-    with running_stack(tmp_path, db_url, provider={"polling": FAST_POLLING}) as running:
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp_path = tmp_path_factory.mktemp("mcp-stdio")
+    with (
+        sqlite_url(tmp_path) as db_url,
+        running_stack(tmp_path, db_url, provider={"polling": FAST_POLLING}) as running,
+    ):
         yield running
 
 
@@ -73,7 +82,7 @@ def test_the_stdio_tools_work_against_the_service(stack: Stack, mode: str) -> No
             assert waited.structured_content["state"] == "succeeded"
             assert "SUCCEEDED" in text_of(waited)
             bad = await client.call_tool("get_job", {})
-            assert bad.is_error and "'id' is a required property" in text_of(bad)
+            assert bad.is_error and "'id' is required" in text_of(bad)
             missing = await client.call_tool("get_job", {"id": "op_nope"})
             assert missing.is_error and "does not exist" in text_of(missing)
             unknown = await client.call_tool("start_job", {"provider": "nope", "request": {}})

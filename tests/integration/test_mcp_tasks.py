@@ -13,14 +13,14 @@ import httpx
 import mcp_types as types
 import pytest
 import sqlalchemy as sa
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 from mcp.client import advertise
 from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import SchedulerSettings, Settings
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import create_token
 from tests.support.mcp import (

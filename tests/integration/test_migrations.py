@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -12,6 +13,8 @@ from alembic.migration import MigrationContext
 from reconciler.storage import migrate
 from reconciler.storage.database import Database
 from reconciler.storage.models import TABLES
+
+pytestmark = pytest.mark.both_backends
 
 
 def test_upgrade_from_empty_and_models_match(empty_db_url: str) -> None:

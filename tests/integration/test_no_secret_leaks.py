@@ -2,8 +2,9 @@
 
 A full run of the real service process (JSON logs to a file) through success, failure,
 a provider that refuses our credential, forged webhooks, an escalation, a cancel and an
-agent callback; then every byte the service wrote or answered is searched for the secrets
-it was given.
+agent callback; then every byte the service wrote or answered, and what the CLI commands
+printed (run through its ``main`` in this process), is searched for the secrets it was
+given.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from typing import Any
 
 import httpx
 import sqlalchemy as sa
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from tests.support.hooks import serve_receiver
-from tests.support.process import cli, service_config, service_env, service_process
+from tests.support.process import cli_here, service_config, service_env, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import CALLBACK_SECRET, SIM_TOKEN, WEBHOOK_SECRET
+from tests.support.waiting import wait_until
 
 AUDIT_KEY = "audit-key-that-must-never-show-1234"
 
@@ -44,13 +46,13 @@ def _secrets(agent: str, operator: str) -> dict[str, str]:
 
 
 def _wait_all(client: httpx.Client, ids: list[str], headers: dict[str, str]) -> list[Any]:
-    deadline = time.monotonic() + 60
     seen: list[Any] = []
-    while time.monotonic() < deadline:
-        seen = [client.get(f"/v1/operations/{i}", headers=headers).json() for i in ids]
-        if all(op["done"] or op["state"] == "escalated" for op in seen):
-            break
-        time.sleep(0.2)
+
+    def settled() -> bool:
+        seen[:] = [client.get(f"/v1/operations/{i}", headers=headers).json() for i in ids]
+        return all(op["done"] or op["state"] == "escalated" for op in seen)
+
+    wait_until(settled, 60, "every operation done or escalated", poll=0.1)
     return seen
 
 
@@ -66,9 +68,9 @@ def test_a_full_run_leaks_no_secret(tmp_path: Path, db_url: str) -> None:
             provider={"deadline_seconds": 20, "max_status_requests": 20},
         )
         env = service_env({"RECONCILER_AUDIT_KEY": AUDIT_KEY})
-        assert cli(config, "db", "upgrade", env=env).returncode == 0
+        assert cli_here(config, "db", "upgrade", env=env).returncode == 0
         made = [
-            cli(config, "tokens", "create", "--name", name, "--scope", scope, env=env)
+            cli_here(config, "tokens", "create", "--name", name, "--scope", scope, env=env)
             for name, scope in (("agent-1", "agent"), ("ops-1", "operator"))
         ]
         agent, operator = (m.stdout.strip() for m in made)
@@ -137,9 +139,9 @@ def test_a_full_run_leaks_no_secret(tmp_path: Path, db_url: str) -> None:
             client.close()
         assert {op["state"] for op in final} >= {"succeeded", "failed", "escalated"}
         assert receiver.deliveries(), "the callback path was not exercised"
-        answers.append(cli(config, "ops", "list", env=env).stdout)
-        answers.append(cli(config, "ops", "history", ids[0], env=env).stdout)
-        verify = cli(config, "audit", "verify", env=env)
+        answers.append(cli_here(config, "ops", "list", env=env).stdout)
+        answers.append(cli_here(config, "ops", "history", ids[0], env=env).stdout)
+        verify = cli_here(config, "audit", "verify", env=env)
         assert verify.returncode == 0, verify.stderr
         answers.append(verify.stdout + verify.stderr)
 

@@ -13,8 +13,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.support.hooks import wait_until
 from tests.support.proctree import alive, collect, stop_tree
+from tests.support.waiting import wait_until
 
 # A parent that starts a child in a new session (as Ray's raylet starts its workers),
 # writes both PIDs, and ignores SIGTERM if told to.

@@ -18,7 +18,10 @@ from typing import Any
 
 import httpx
 import pytest
-from fixtures.provider_sim import (
+from standardwebhooks import Webhook
+from standardwebhooks.webhooks import WebhookVerificationError
+
+from reconciler.demo.sim import (
     ConnectionDropped,
     FaultConfigError,
     FaultRates,
@@ -26,9 +29,8 @@ from fixtures.provider_sim import (
     SimState,
     create_app,
 )
-from fixtures.provider_sim.__main__ import parse_fault_flags
-from standardwebhooks import Webhook
-from standardwebhooks.webhooks import WebhookVerificationError
+from reconciler.demo.sim.__main__ import parse_fault_flags
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -624,7 +626,7 @@ def test_runs_as_a_standalone_server() -> None:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SIM_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fixtures.provider_sim", "--port", str(port), "--seed", "1"],
+        [sys.executable, "-m", "reconciler.demo.sim", "--port", str(port), "--seed", "1"],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -633,16 +635,15 @@ def test_runs_as_a_standalone_server() -> None:
     try:
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=base, timeout=2.0, trust_env=False) as client:
-            deadline = time.monotonic() + 15
-            while True:
+
+            def answering() -> bool:
                 assert proc.poll() is None, "the sim exited early"
                 try:
-                    if client.get("/_sim/jobs").status_code == 200:
-                        break
+                    return client.get("/_sim/jobs").status_code == 200
                 except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "the sim did not answer in time"
-                time.sleep(0.1)
+                    return False
+
+            wait_until(answering, 15, "the sim to answer")
             created = client.post(
                 "/v1/jobs", json={"duration": 0}, headers={"Idempotency-Key": "s"}
             )

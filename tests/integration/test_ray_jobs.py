@@ -26,16 +26,16 @@ from typing import Any
 import httpx
 import pytest
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.runtime import Runtime
 from tests.support.databases import sqlite_url
 from tests.support.drop_proxy import DropProxy, drop_proxy
-from tests.support.hooks import wait_until
 from tests.support.ray_head import RayHead, RayStartFailed, RayUnavailable, ray_head
 from tests.support.ray_head import ray_executable as find_ray
 from tests.support.servers import serve_asgi
 from tests.support.stack import make_tokens, quiescent, worker_of
+from tests.support.waiting import wait_until
 
 # The first test also waits for the head to start: 10-20 s on an idle machine, and about
 # a minute was seen on a loaded one. One xdist worker runs the whole module (see

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from starlette.testclient import TestClient
 
 from reconciler.api import health
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import Settings
 from reconciler.runtime import Runtime
 from tests.support.databases import sqlite_url

@@ -1,19 +1,22 @@
-"""Poller stop conditions through the real service and the simulated provider over HTTP.
+"""Poller stop conditions through the service's routes and the simulated provider.
 
 Every stop condition is proven step by step in ``tests/steps/test_poll_step.py`` (an
-in-process provider on a manual clock). These cases run the whole stack (uvicorn, real
-database, the sim on loopback, wall-clock time) for a few of them, to show the same
-through real HTTP: what the operator sees (reason, seed-003 message, bounded options,
-the Operation and the list) and what the provider saw: at most the budget, and nothing
-after the stop. Retry-After and webhook hints are timed on the wire here.
+in-process provider on a manual clock). These cases run the service's own routes,
+worker and webhook intake against the sim (``tests/support/world.py``: both apps over
+``httpx.ASGITransport``, one manual clock), to show the same through HTTP: what the
+operator sees (reason, the escalation message of docs/design.md#escalation-message,
+bounded options, the Operation and the list)
+and what the provider saw: exactly the budget charged, and nothing after the stop,
+however long the clock runs on. Retry-After and webhook hints are timed on the clock
+both sides share, so the comparisons are exact.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,42 +24,60 @@ from typing import Any
 import pytest
 
 from tests.support.stack import QUICK_POLLING as POLLING
-from tests.support.stack import Stack, running_stack
+from tests.support.world import World, world
 
-# Fast polling: reads every 25-200 ms, short sharp delays after 429/503.
-# The sim's clock and the service's clock are both the wall clock of this machine.
-SKEW = 0.05
+# The sim and the service read one clock: only the float rounding of timestamps differs.
+SKEW = 1e-6
 ALL_OPTIONS = ["extend", "cancel", "abandon"]
+# Once stopped, the clock runs on this long and nothing more may reach the provider.
+QUIET_SECONDS = 600
 
 
-@contextmanager
-def stack_with(
-    tmp_path: Path, db_url: str, *, grace: float = 0.5, **polling: Any
-) -> Iterator[Stack]:
-    provider = {"polling": {**POLLING, **polling}, "status": {"not_found_grace_seconds": grace}}
-    with running_stack(tmp_path, db_url, provider=provider) as stack:
-        yield stack
+def run(
+    tmp_path: Path,
+    db_url: str,
+    body: Callable[[World], Awaitable[None]],
+    *,
+    grace: float = 0.5,
+    **polling: Any,
+) -> None:
+    async def main() -> None:
+        async with world(
+            tmp_path,
+            db_url,
+            polling={**POLLING, **polling},
+            provider={"status": {"not_found_grace_seconds": grace}},
+        ) as w:
+            await body(w)
+
+    asyncio.run(main())
 
 
 def epoch(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-def job_requests(stack: Stack, job_id: str) -> dict[str, list[dict[str, Any]]]:
-    requests: dict[str, list[dict[str, Any]]] = stack.sim_job(job_id)["requests"]
-    return requests
+def job_requests(w: World, job_id: str) -> dict[str, list[dict[str, Any]]]:
+    return {
+        name: [asdict(r) for r in records] for name, records in w.sim.jobs[job_id].requests.items()
+    }
 
 
-def all_requests(stack: Stack, job_id: str) -> list[dict[str, Any]]:
+def all_requests(w: World, job_id: str) -> list[dict[str, Any]]:
     """Every request the sim logged for the job (any endpoint, answered or not), by time."""
-    log = stack.client.get(f"{stack.sim_url}/_sim/requests").json()["requests"]
-    return sorted((r for r in log if r["job_id"] == job_id), key=lambda r: r["at"])
+    return sorted((asdict(r) for r in w.sim.requests if r.job_id == job_id), key=lambda r: r["at"])
 
 
-def settle(stack: Stack, op_id: str, states: set[str], timeout: float = 15.0) -> dict[str, Any]:
-    op = stack.wait_state(op_id, states, timeout=timeout)
+async def settle(w: World, op_id: str, states: set[str]) -> dict[str, Any]:
+    await w.run_until(w.in_state(op_id, *states))
+    op = await w.get(op_id, operator=True)
     assert op["state"] in states, f"{op_id} stuck in {op['state']}: {op.get('escalation')}"
     return op
+
+
+async def wait_done(w: World, op_id: str) -> dict[str, Any]:
+    await w.run_until(w.finished(op_id))
+    return await w.get(op_id, operator=True)
 
 
 @dataclass(frozen=True)
@@ -141,9 +162,9 @@ def check_options(op: dict[str, Any], case: Case) -> None:
             assert "additional check" in option["description"]
 
 
-def check_listed(stack: Stack, op: dict[str, Any], reason: str) -> None:
-    response = stack.client.get(
-        "/v1/operations", params={"state": op["state"]}, headers=stack.headers(operator=True)
+async def check_listed(w: World, op: dict[str, Any], reason: str) -> None:
+    response = await w.client.get(
+        "/v1/operations", params={"state": op["state"]}, headers=w.headers(operator=True)
     )
     assert response.status_code == 200
     listed = {o["id"]: o for o in response.json()["operations"]}
@@ -152,37 +173,36 @@ def check_listed(stack: Stack, op: dict[str, Any], reason: str) -> None:
     assert all(o["state"] == op["state"] for o in listed.values())
 
 
-def check_provider_quiet(stack: Stack, op: dict[str, Any]) -> None:
-    """Nothing reached the provider after the stop, and nothing ever will: the worker is
-    idle and the operation has nothing due, so no tick can claim it."""
+async def check_provider_quiet(w: World, op: dict[str, Any]) -> None:
+    """Nothing reached the provider after the stop, and nothing does while the clock runs
+    on for ``QUIET_SECONDS``, every due moment on the way acted upon."""
     job_id = op["remote_job_id"]
     stopped_at = epoch(op["escalation"]["created_at"])
-    stack.settled([op["id"]])
-    before = all_requests(stack, job_id)
+    before = all_requests(w, job_id)
     assert before and all(r["at"] <= stopped_at + SKEW for r in before), before
-    after = all_requests(stack, job_id)
+    await w.advance(QUIET_SECONDS)
+    after = all_requests(w, job_id)
     assert after == before
-    again = stack.get(op["id"], operator=True)
+    again = await w.get(op["id"], operator=True)
     assert again["budget"] == op["budget"]
     assert again["state"] == op["state"]
 
 
-def check_budget(stack: Stack, op: dict[str, Any]) -> list[dict[str, Any]]:
+def check_budget(w: World, op: dict[str, Any]) -> list[dict[str, Any]]:
     """The provider saw exactly the charged status requests, never more than the budget.
 
-    One charged request may be unsent: the deadline is checked again after the charge,
-    just before transmission, and a slow machine can cross it in between (an unused
-    reservation, never an uncounted request).
+    Time moves only between steps here, so the deadline check just before transmission
+    cannot be crossed after the charge: every charged request was sent.
     """
-    status = job_requests(stack, op["remote_job_id"])["status"]
+    status = job_requests(w, op["remote_job_id"])["status"]
     budget = op["budget"]
-    assert len(status) <= budget["status_requests_used"] <= len(status) + 1
+    assert len(status) == budget["status_requests_used"]
     assert budget["status_requests_used"] <= budget["max_status_requests"]
     return status
 
 
-def check_history(stack: Stack, op: dict[str, Any], case: Case) -> None:
-    entries = stack.history(op["id"])
+async def check_history(w: World, op: dict[str, Any], case: Case) -> None:
+    entries = await w.history(op["id"])
     escalations = [e for e in entries if e["kind"] == "escalation"]
     assert len(escalations) == 1
     assert escalations[0]["detail"]["reason"] == case.reason
@@ -197,26 +217,29 @@ def test_stop_condition_escalates_with_reason_message_and_silence(
     tmp_path: Path, db_url: str, name: str
 ) -> None:
     case = CASES[name]
-    with stack_with(tmp_path, db_url, grace=case.grace) as stack:
-        created = stack.create(case.request, **case.fields)
+
+    async def body(w: World) -> None:
+        created = await w.submit(case.request, **case.fields)
         assert created.status_code == 202, created.text
-        op = settle(stack, created.json()["id"], {case.state})
+        op = await settle(w, created.json()["id"], {case.state})
         assert op["done"] is (case.state != "escalated")
         assert op["escalation"]["reason"] == case.reason
         assert op["escalation"]["decided"] is False
         check_message(op, case)
         check_options(op, case)
-        check_listed(stack, op, case.reason)
-        status = check_budget(stack, op)
+        await check_listed(w, op, case.reason)
+        status = check_budget(w, op)
         if case.last_statuses:
             tail = [r["status"] for r in status[-len(case.last_statuses) :]]
             assert tail == list(case.last_statuses)
         if case.reason == "deadline_exceeded":
             # The deadline is checked before a request: none was sent at or after it.
             deadline = epoch(op["deadline_at"])
-            assert all(r["at"] < deadline + SKEW for r in status)
-        check_history(stack, op, case)
-        check_provider_quiet(stack, op)
+            assert all(r["at"] < deadline for r in status)
+        await check_history(w, op, case)
+        await check_provider_quiet(w, op)
+
+    run(tmp_path, db_url, body, grace=case.grace)
 
 
 @pytest.mark.parametrize(("status", "form"), [(503, "seconds"), (429, "http-date")])
@@ -232,19 +255,22 @@ def test_retry_after_is_honoured(tmp_path: Path, db_url: str, status: int, form:
         "retry_after": 1,
         "retry_after_form": form,
     }
-    with stack_with(tmp_path, db_url) as stack:
-        op = stack.wait(stack.create(request).json()["id"], timeout=15)
+
+    async def body(w: World) -> None:
+        op = await wait_done(w, await w.create(**request))
         assert op["state"] == "succeeded", op
-        reads = job_requests(stack, op["remote_job_id"])["status"]
+        reads = job_requests(w, op["remote_job_id"])["status"]
         index = next(i for i, r in enumerate(reads) if r["status"] == status)
         faulted, following = reads[index], reads[index + 1]
         # The header said 1 s (seconds) or an IMF-fixdate rounded up to the next whole second.
         earliest = faulted["at"] + 1 if form == "seconds" else math.ceil(faulted["at"] + 1)
         assert following["at"] >= earliest - SKEW, (faulted, following)
-        entry = [e for e in stack.history(op["id"]) if e["cause"] == "status_read"][index]
+        entry = [e for e in await w.history(op["id"]) if e["cause"] == "status_read"][index]
         assert entry["detail"]["http_status"] == status
         assert entry["delay_source"] == "provider_retry_after"
         assert epoch(entry["detail"]["next_poll_at"]) >= earliest - SKEW
+
+    run(tmp_path, db_url, body)
 
 
 def test_status_requests_never_exceed_budget_with_webhook_hints(
@@ -252,17 +278,20 @@ def test_status_requests_never_exceed_budget_with_webhook_hints(
 ) -> None:
     """Hints bring reads forward; they never add reads beyond the budget."""
     request = {"scenario": "never_finishes", "webhooks": "duplicate", "duplicates": 5}
-    with stack_with(tmp_path, db_url) as stack:
-        ids = [stack.create(request, max_status_requests=3).json()["id"] for _ in range(3)]
+
+    async def body(w: World) -> None:
+        ids = [(await w.submit(request, max_status_requests=3)).json()["id"] for _ in range(3)]
         for op_id in ids:
-            op = settle(stack, op_id, {"escalated"})
+            op = await settle(w, op_id, {"escalated"})
             assert op["escalation"]["reason"] == "request_budget_exhausted"
-            status = check_budget(stack, op)
+            status = check_budget(w, op)
             assert len(status) == 3
-        stack.settled(ids)
+        await w.advance(QUIET_SECONDS)  # the duplicate hints keep coming; no read follows
         for op_id in ids:
-            op = stack.get(op_id, operator=True)
-            assert len(job_requests(stack, op["remote_job_id"])["status"]) == 3
+            op = await w.get(op_id, operator=True)
+            assert len(job_requests(w, op["remote_job_id"])["status"]) == 3
+
+    run(tmp_path, db_url, body)
 
 
 def test_retry_after_is_honoured_when_a_webhook_arrives_meanwhile(
@@ -279,11 +308,14 @@ def test_retry_after_is_honoured_when_a_webhook_arrives_meanwhile(
         "status_fault_count": 1,
         "retry_after": 2,
     }
-    with stack_with(tmp_path, db_url) as stack:
-        op = stack.wait(stack.create(request).json()["id"], timeout=15)
+
+    async def body(w: World) -> None:
+        op = await wait_done(w, await w.create(**request))
         assert op["state"] == "succeeded", op
-        hints = [e for e in stack.history(op["id"]) if e["kind"] == "hint"]
-        reads = job_requests(stack, op["remote_job_id"])["status"]
+        hints = [e for e in await w.history(op["id"]) if e["kind"] == "hint"]
+        reads = job_requests(w, op["remote_job_id"])["status"]
         index = next(i for i, r in enumerate(reads) if r["status"] == 503)
         assert hints and epoch(hints[0]["at"]) < reads[index]["at"] + 2
         assert reads[index + 1]["at"] >= reads[index]["at"] + 2 - SKEW
+
+    run(tmp_path, db_url, body)

@@ -19,8 +19,8 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
+from reconciler.core.errors import StorageUnavailable
 from reconciler.engine.group_commit import GroupCommitter
-from reconciler.errors import StorageUnavailable
 from reconciler.storage.availability import Availability, WriteFailure, classify, explain
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal

@@ -1,43 +1,68 @@
-"""Tokens: made by the CLI, shown once, stored hashed; checked on every API request."""
+"""Tokens: made by the CLI, shown once, stored hashed; checked on every API request.
+
+The commands run in this process, through the CLI's ``main`` (the parser and handlers
+``python -m reconciler`` runs), with only the database named by the environment:
+what is tested is the command, and the process start is proven by every test that
+runs the service as a process.
+"""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pytest
 import sqlalchemy as sa
 
+from reconciler.cli import main
 from reconciler.core.clock import ManualClock
+from reconciler.core.errors import AuthenticationFailed, Conflict, InvalidRequest, PermissionDenied
 from reconciler.core.vocabulary import Scope
-from reconciler.errors import AuthenticationFailed, Conflict, InvalidRequest, PermissionDenied
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import TOKENS, authenticate, create_token, require_operator
 
+pytestmark = pytest.mark.both_backends
 
-def test_cli_prints_the_token_once_and_stores_only_a_digest(db: Database, db_url: str) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "reconciler",
-            "tokens",
-            "create",
-            "--name",
-            "ops-1",
-            "--scope",
-            "operator",
-        ],
-        env={"RECONCILER_DATABASE_URL": db_url, "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+
+@dataclass(frozen=True)
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+Cli = Callable[..., Run]
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Cli:
+    """``reconciler <args>`` with ``RECONCILER_DATABASE_URL`` the only setting."""
+    for name in [n for n in os.environ if n.startswith("RECONCILER_")]:
+        monkeypatch.delenv(name)
+
+    def run(db_url: str, *args: str) -> Run:
+        monkeypatch.setenv("RECONCILER_DATABASE_URL", db_url)
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse refusing the arguments
+            code = exc.code if isinstance(exc.code, int) else 2
+        out = capsys.readouterr()
+        return Run(code, out.out, out.err)
+
+    return run
+
+
+def test_cli_prints_the_token_once_and_stores_only_a_digest(
+    db: Database, db_url: str, cli: Cli
+) -> None:
+    result = cli(db_url, "tokens", "create", "--name", "ops-1", "--scope", "operator")
     assert result.returncode == 0, result.stderr
     token = result.stdout.strip()
     assert token.startswith("rk_") and len(token) > 40
+    assert token not in result.stderr
     with db.read() as conn:
         rows = conn.execute(sa.select(TOKENS)).mappings().all()
         dump = repr([dict(r) for r in rows])
@@ -46,18 +71,7 @@ def test_cli_prints_the_token_once_and_stores_only_a_digest(db: Database, db_url
     assert principal.name == "ops-1" and principal.scope is Scope.OPERATOR
 
 
-def cli(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "reconciler", *args],
-        env={"RECONCILER_DATABASE_URL": db_url, "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
-def test_cli_rejects_a_bad_scope(db_url: str) -> None:
+def test_cli_rejects_a_bad_scope(db_url: str, cli: Cli) -> None:
     result = cli(db_url, "tokens", "create", "--name", "x", "--scope", "root")
     assert result.returncode == 2
     assert "invalid choice: 'root'" in result.stderr
@@ -80,7 +94,9 @@ def test_authentication_outcomes(db: Database, clock: ManualClock) -> None:
         require_operator(principal)
 
 
-def test_cli_lists_and_revokes_tokens_without_showing_them(db: Database, db_url: str) -> None:
+def test_cli_lists_and_revokes_tokens_without_showing_them(
+    db: Database, db_url: str, cli: Cli
+) -> None:
     with db.write() as conn:
         agent = create_token(conn, "agent-1", "agent", datetime(2026, 1, 1, tzinfo=UTC))
         operator = create_token(conn, "ops-1", "operator", datetime(2026, 1, 2, tzinfo=UTC))
@@ -121,7 +137,7 @@ def test_cli_lists_and_revokes_tokens_without_showing_them(db: Database, db_url:
     )
 
 
-def test_cli_on_a_database_without_the_schema_says_to_upgrade(empty_db_url: str) -> None:
+def test_cli_on_a_database_without_the_schema_says_to_upgrade(empty_db_url: str, cli: Cli) -> None:
     for args in (("tokens", "list"), ("tokens", "revoke", "--name", "x"), ("ops", "list")):
         result = cli(empty_db_url, *args)
         assert result.returncode == 2, (args, result.stderr)

@@ -22,16 +22,16 @@ from typing import Any
 
 import httpx
 import pytest
-from fixtures.provider_sim import FaultRates, RequestRecord, SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.core.records import HistoryRecord, OperationRecord
+from reconciler.demo.sim import FaultRates, RequestRecord, SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
-from reconciler.storage.models import HistoryEntry, Operation
 from tests.support import hooks
 from tests.support.process import make_tokens, service_config, service_env, service_process
 from tests.support.servers import serve_asgi
@@ -41,6 +41,9 @@ from tests.support.stack import (
     WEBHOOK_SECRET,
     sim_provider_table,
 )
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.both_backends
 
 OPERATIONS = 30
 BUDGET = 40
@@ -122,18 +125,17 @@ class Replicas:
         return sorted(self.sim.jobs[job_id].requests["status"], key=lambda r: r.at)
 
     def wait_all_done(self, ids: list[str], timeout: float = 60.0) -> dict[str, dict[str, Any]]:
-        deadline = time.monotonic() + timeout
         done: dict[str, dict[str, Any]] = {}
-        while len(done) < len(ids):
+
+        def all_done() -> bool:
             for index, op_id in enumerate(ids):
                 if op_id not in done:
                     op = self.get(op_id, index)
                     if op["done"]:
                         done[op_id] = op
-            if len(done) < len(ids):
-                left = [i for i in ids if i not in done]
-                assert time.monotonic() < deadline, f"not done in time: {left}"
-                time.sleep(0.2)
+            return len(done) == len(ids)
+
+        wait_until(all_done, timeout, f"{len(ids)} operations done")
         return done
 
 
@@ -186,14 +188,14 @@ def process_replicas(tmp_path: Path, db_url: str, hook_log: Path) -> Iterator[Re
                 stack.enter_context(service_process(config, port, env=env, ready=False))
             )
         for service in services:  # both start at once; then wait for each
-            service.wait_ready(timeout=60)
+            service.wait_ready()
         urls = [service.url for service in services]
         sim.config.webhook_url = f"{urls[0]}/webhooks/sim"
         yield Replicas(urls, sim, agent, operator)
 
 
 def check_one_reader_at_a_time(
-    op: Operation, entries: list[HistoryEntry], reads: list[RequestRecord]
+    op: OperationRecord, entries: list[HistoryRecord], reads: list[RequestRecord]
 ) -> None:
     """The provider's own log: each status request for the operation was answered before
     the next one arrived, so no two were ever in flight together (each answer takes
@@ -208,7 +210,7 @@ def check_one_reader_at_a_time(
     assert 1 <= len(observed) <= len(reads)
 
 
-def check_completed_once(op: Operation, entries: list[HistoryEntry]) -> None:
+def check_completed_once(op: OperationRecord, entries: list[HistoryRecord]) -> None:
     assert op.state == "succeeded", (op.id, op.state)
     ends = [e for e in entries if e.kind == "transition" and e.to_state == "succeeded"]
     assert len(ends) == 1
@@ -222,6 +224,13 @@ def check_all(replicas: Replicas, db_url: str, ids: list[str], hook_log: Path) -
     shared = 0
     db = Database(db_url)
     try:
+        # Done is the end state; the completion (the hook) follows it: wait for that too.
+        wait_until(
+            lambda: all(hooks.completion_finished(db, op_id) for op_id in ids),
+            120,
+            "every completion finished",
+            poll=0.1,
+        )
         with db.read() as conn:
             found = {op_id: store.get_operation(conn, op_id) for op_id in ids}
             histories = {op_id: history_of(conn, op_id) for op_id in ids}

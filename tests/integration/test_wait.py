@@ -21,13 +21,13 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import ServerSettings
 from reconciler.runtime import Runtime
 from reconciler.storage.operations import load_operation
-from tests.support.hooks import wait_until
 from tests.support.servers import serve_asgi
 from tests.support.stack import Stack, running_stack
+from tests.support.waiting import wait_until
 
 # The target is 100 ms from the end-state write to the waiter's answer; the assertion is
 # looser because other suites share this machine's two cores.
@@ -121,6 +121,7 @@ def best_of(attempts: int, measure: Callable[[], float]) -> float:
     return min(seen)
 
 
+@pytest.mark.both_backends
 def test_wait_returns_right_after_completion(tmp_path: Path, db_url: str):
     with running_stack(tmp_path, db_url, provider=POLLING) as stack:
         assert best_of(3, lambda: woken_after(stack.url, stack, stack.runtime)) < WAKE_BOUND
@@ -178,6 +179,7 @@ def test_bad_timeout_is_400(tmp_path: Path, db_url: str, value: str):
         assert "timeout_seconds" in response.json()["error"]["message"]
 
 
+@pytest.mark.both_backends
 def test_waiter_on_one_replica_is_woken_by_a_completion_on_another(
     tmp_path: Path, db_url: str, backend: str
 ):
@@ -196,6 +198,7 @@ def test_waiter_on_one_replica_is_woken_by_a_completion_on_another(
             assert f"worker:{stack.runtime.worker_id}" in actors
 
 
+@pytest.mark.both_backends
 def test_two_hundred_waiters_share_one_wakeup(tmp_path: Path, db_url: str):
     waiters = 200
     with running_stack(tmp_path, db_url, provider=POLLING) as stack:
@@ -244,6 +247,7 @@ def test_two_hundred_waiters_share_one_wakeup(tmp_path: Path, db_url: str):
         assert finished <= min(returned) and max(returned) - finished < 15
 
 
+@pytest.mark.both_backends
 def test_a_change_between_wake_up_and_resubscribing_is_not_missed(tmp_path: Path, db_url: str):
     # A change made in this process hands its waiters the committed record. When that
     # record does not settle the wait, a later change may already have come (and found

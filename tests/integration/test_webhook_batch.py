@@ -25,6 +25,8 @@ from reconciler.storage.webhook_events import (
 )
 from tests.support.factories import insert_operation
 
+pytestmark = pytest.mark.both_backends
+
 NOW = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)
 LATER = NOW + timedelta(hours=1)
 

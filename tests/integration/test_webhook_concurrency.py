@@ -19,7 +19,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.core.clock import SystemClock
 from reconciler.core.states import State
 from reconciler.runtime import Runtime
@@ -36,6 +36,8 @@ from tests.integration.test_webhook_endpoint import (
 )
 from tests.support.factories import insert_operation
 from tests.support.servers import serve_asgi
+
+pytestmark = pytest.mark.both_backends
 
 
 @pytest.fixture

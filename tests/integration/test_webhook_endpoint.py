@@ -15,7 +15,6 @@ import base64
 import hashlib
 import json
 import socket
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ import pytest
 import sqlalchemy as sa
 from standardwebhooks.webhooks import Webhook, hmac_data
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import Settings
 from reconciler.core.clock import Clock, ManualClock, SystemClock
 from reconciler.core.states import State
@@ -39,6 +38,7 @@ from reconciler.storage.webhook_events import EVENTS
 from tests.support.factories import insert_operation
 from tests.support.servers import serve_asgi, unused_port
 from tests.support.stack import WEBHOOK_SECRET, Stack, running_stack, sim_provider_table
+from tests.support.waiting import wait_until
 
 NOW = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)
 SECRET_OLD = WEBHOOK_SECRET
@@ -46,7 +46,7 @@ SECRET_NEW = "whsec_" + base64.b64encode(b"rotated-webhook-secret-01234567").dec
 SECRET_WRONG = "whsec_" + base64.b64encode(b"somebody-elses-secret-012345678").decode()
 BODY_ID_ENV = "SIMBODY_WEBHOOK_SECRETS"
 JOB = "job_known_0001"
-MAX_BODY = 262144  # fixtures/providers/sim.toml [webhook] max_body_bytes
+MAX_BODY = 262144  # the sim's sim.toml [webhook] max_body_bytes
 
 
 # --- signing (standardwebhooks only) ------------------------------------------------------
@@ -716,14 +716,7 @@ def deliver_live(stack_url: str, body: bytes, msg_id: str, secret: str = WEBHOOK
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
+    return wait_until(check, timeout, what)
 
 
 def status_reads(stack: Stack, job_id: str) -> list[float]:
@@ -841,6 +834,7 @@ def _lease_free(stack: Stack, op_id: str) -> bool:
     return owner is None
 
 
+@pytest.mark.both_backends
 def test_hint_wakes_the_scheduler_at_once(tmp_path: Path, db_url: str) -> None:
     provider = {"polling": SLOW_POLLING}
     with running_stack(tmp_path, db_url, provider=provider, tick_seconds=30.0) as stack:

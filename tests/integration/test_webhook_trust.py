@@ -1,8 +1,8 @@
 """Webhook trust through the real shell and the simulated provider, on a manual clock.
 
 Every case runs the service's own steps (create, poll, webhook intake, the trust keeper)
-against the sim over ASGI, on SQLite and PostgreSQL; time only moves when the rig moves
-it, to the next moment something is due.
+against the sim over ASGI, on SQLite (the health's storage on PostgreSQL too); time only
+moves when the rig moves it, to the next moment something is due.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from pathlib import Path
+
+import pytest
 
 from reconciler.core.trust import TrustPolicy, TrustState, Verdict
 from reconciler.storage.database import Database
@@ -150,6 +152,7 @@ def test_a_late_webhook_within_the_grace_is_not_a_miss(tmp_path: Path, db_url: s
     run(body)
 
 
+@pytest.mark.both_backends
 def test_health_survives_a_restart(tmp_path: Path, db_url: str) -> None:
     async def body() -> None:
         rig = await open_rig(tmp_path, db_url)
@@ -170,6 +173,7 @@ def test_health_survives_a_restart(tmp_path: Path, db_url: str) -> None:
     run(body)
 
 
+@pytest.mark.both_backends
 def test_two_replicas_share_the_health(tmp_path: Path, db_url: str) -> None:
     async def body() -> None:
         first = await open_rig(tmp_path, db_url)
@@ -196,6 +200,7 @@ def test_two_replicas_share_the_health(tmp_path: Path, db_url: str) -> None:
     run(body)
 
 
+@pytest.mark.both_backends
 def test_counting_from_many_transactions_at_once_loses_no_update(db_url: str) -> None:
     """Replicas counting completions of one provider at the same moment: every one counts."""
     writers, each = 8, 5

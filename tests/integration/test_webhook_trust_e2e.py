@@ -8,7 +8,6 @@ in ``test_webhook_trust.py``.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import sqlalchemy as sa
 
 from reconciler.storage.journal import OPS
 from tests.support.stack import QUICK_POLLING, Stack, running_stack
+from tests.support.waiting import wait_until
 
 # Trust after 3 webhook-first completions; stretched waits of 1-2 s instead of 25-200 ms.
 POLLING = {
@@ -28,10 +28,7 @@ POLLING = {
 
 
 def until(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
+    wait_until(check, timeout, "the condition")
 
 
 def trust_state(stack: Stack) -> str | None:

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from fixtures.provider_sim import SimConfig
 
 from reconciler.config import ServerSettings
+from reconciler.core.errors import StorageUnavailable
+from reconciler.demo.sim import SimConfig
 from reconciler.engine.group_commit import GroupCommitter
-from reconciler.errors import StorageUnavailable
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.webhook_events import IncomingEvent

@@ -11,17 +11,21 @@ from __future__ import annotations
 import asyncio
 import random
 
+import pytest
+
 from reconciler.config import Settings
 from reconciler.core.clock import ManualClock
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.engine.context import StepContext
 from reconciler.engine.worker import Steps, Worker
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
-from reconciler.storage.models import Operation
 from tests.support.factories import insert_operation
 from tests.support.stack import sim_provider_table
 from tests.support.steps import BASE_URL, ENVIRON
+
+pytestmark = pytest.mark.both_backends
 
 
 def test_a_claim_in_the_release_window_is_worked(db_url: str, clock: ManualClock) -> None:
@@ -45,17 +49,17 @@ def _claim_in_the_release_window(runtime: Runtime, clock: ManualClock) -> None:
     )
     polled: list[str] = []
 
-    async def poll(current: Operation) -> None:
+    async def poll(current: OperationRecord) -> None:
         polled.append(current.id)
 
-    async def nothing(current: Operation) -> None:
+    async def nothing(current: OperationRecord) -> None:
         return None
 
     steps = Steps(create=nothing, poll=poll, cancel=nothing, collect=nothing, complete=None)
     worker = Worker(StepContext(runtime), steps)
     release = worker._release
 
-    async def release_then_tick(op_id: str, last: Operation | None) -> None:
+    async def release_then_tick(op_id: str, last: OperationRecord | None) -> None:
         await release(op_id, last)
         if len(polled) == 1:
             # The lease is back and the operation still due: a tick arrives right now.

@@ -28,8 +28,9 @@ from reconciler.storage.tokens import (
     create_token,
     rotate_callback_salt,
 )
-from tests.support.hooks import serve_receiver, wait_until
+from tests.support.hooks import serve_receiver
 from tests.support.stack import CALLBACK_SECRET, ROOT, Stack
+from tests.support.waiting import wait_until
 
 SERVICE_KEY = decode_whsec(CALLBACK_SECRET)
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
@@ -40,6 +41,7 @@ def _signed(keys: list[bytes], body: bytes) -> dict[str, str]:
     return sign_standard_webhook(keys[0], "op_x", now, body, *keys[1:])
 
 
+@pytest.mark.both_backends
 def test_agent_a_cannot_sign_a_callback_that_verifies_for_agent_b(db: Database) -> None:
     with db.write() as conn:
         create_token(conn, "agent-a", "agent", NOW)
@@ -55,6 +57,7 @@ def test_agent_a_cannot_sign_a_callback_that_verifies_for_agent_b(db: Database) 
         Webhook(as_whsec(keys_b[0])).verify(forged, headers)
 
 
+@pytest.mark.both_backends
 def test_secrets_are_stored_nowhere_in_clear(db: Database) -> None:
     with db.write() as conn:
         create_token(conn, "agent-a", "agent", NOW)
@@ -65,6 +68,7 @@ def test_secrets_are_stored_nowhere_in_clear(db: Database) -> None:
         assert needle not in text
 
 
+@pytest.mark.both_backends
 def test_rotation_signs_with_both_secrets_inside_the_window_only(db: Database) -> None:
     with db.write() as conn:
         create_token(conn, "agent-a", "agent", NOW)
@@ -80,6 +84,7 @@ def test_rotation_signs_with_both_secrets_inside_the_window_only(db: Database) -
         Webhook(as_whsec(secret)).verify(body, headers)
 
 
+@pytest.mark.both_backends
 def test_tokens_from_before_per_agent_secrets_keep_the_shared_one_until_rotated(
     db: Database,
 ) -> None:

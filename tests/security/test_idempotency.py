@@ -75,6 +75,7 @@ def _downgrade(db: Database, revision: str) -> None:
             engine.dispose()
 
 
+@pytest.mark.both_backends
 def test_the_migration_carries_stored_operations_over(empty_db_url: str) -> None:
     db = Database(empty_db_url)
     try:

@@ -3,7 +3,7 @@
 
 Tried as an adversary would (authenticated agents and anonymous senders, loopback
 only). Storage-bound rows run on SQLite and PostgreSQL (the ``db_url`` fixture).
-Attacks refused before issue 17 keep their tests where they already were; this table
+Attacks refused before this matrix was drawn keep their tests where they were; this table
 names them, and ``test_every_listed_test_exists`` fails if one is renamed or removed,
 so the matrix cannot silently lose a row.
 

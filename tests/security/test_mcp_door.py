@@ -25,18 +25,19 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
 from reconciler.agent_tools.http import TOKEN_RECHECK_SECONDS
 from reconciler.api.auth import CACHE_SECONDS
 from reconciler.config import LimitSettings
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.tokens import create_token, revoke_token
 from tests.faults.test_front_door import SLACK, refusals
 from tests.support.mcp import rpc_body, rpc_headers, tool_call
 from tests.support.process import cli, service_config, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET, Stack, running_stack
+from tests.support.waiting import wait_until
 
 NEVER = {"scenario": "never_finishes", "webhooks": "never"}
 # A revoked token's open request ends within the cache window, one re-check and slack.
@@ -197,18 +198,14 @@ def test_a_request_open_when_its_token_expires_is_ended(stack: Stack) -> None:
 def test_a_legacy_stream_open_at_revocation_ends_with_an_error_event(stack: Stack) -> None:
     token = _agent(stack, "agent-legacy")
     wait = _waiting(stack, token, headers=LEGACY)
-    deadline = time.monotonic() + 10
-    while not stack.runtime.notifier._waiters:  # the wait is registered on the server
-        assert time.monotonic() < deadline, "the legacy wait never started"
-        time.sleep(0.05)
+    # The wait is registered on the server.
+    wait_until(lambda: stack.runtime.notifier._waiters, 10, "the legacy wait to start")
     revoked_at = _revoke(stack, "agent-legacy")
     wait.thread.join(timeout=REVOKED_WITHIN + 5)
     assert wait.ended and wait.ended[0][0] - revoked_at <= REVOKED_WITHIN
     assert '"error"' in wait.text[0] and "the request was ended" in wait.text[0]
-    deadline = time.monotonic() + 5
-    while stack.runtime.notifier._waiters:  # and the wait itself is gone, not left running
-        assert time.monotonic() < deadline, "the revoked token's wait still runs"
-        time.sleep(0.05)
+    # And the wait itself is gone, not left running.
+    wait_until(lambda: not stack.runtime.notifier._waiters, 5, "the revoked token's wait to end")
 
 
 def test_a_client_hanging_up_mid_body_is_logged_at_info(
@@ -224,10 +221,13 @@ def test_a_client_hanging_up_mid_body_is_logged_at_info(
     with socket.create_connection((where.hostname, where.port)) as sock:
         sock.sendall(head + b'{"jsonrpc":' + b" " * 100)
     registry = stack.runtime.metrics.registry
-    deadline = time.monotonic() + 10
-    while not registry.get_sample_value("reconciler_client_disconnects_total", {"endpoint": "mcp"}):
-        assert time.monotonic() < deadline, "the disconnect was never counted"
-        time.sleep(0.05)
+    wait_until(
+        lambda: registry.get_sample_value(
+            "reconciler_client_disconnects_total", {"endpoint": "mcp"}
+        ),
+        10,
+        "the disconnect to be counted",
+    )
     lines = [r for r in caplog.records if "client disconnected" in r.getMessage()]
     assert lines and all(r.levelno == logging.INFO and r.exc_info is None for r in lines)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

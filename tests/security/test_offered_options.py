@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from reconciler.cli import main
+from reconciler.core.errors import InvalidRequest
 from reconciler.core.operator_decision import DecisionRequest, extension_amounts
 from reconciler.core.vocabulary import DecisionAction
-from reconciler.errors import InvalidRequest
 from tests.integration.test_decisions_api import decide, escalate
 from tests.support.stack import Stack
 

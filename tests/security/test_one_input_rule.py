@@ -25,7 +25,7 @@ from starlette.requests import Request
 
 from reconciler.cli import main as cli_main
 from reconciler.console.web import read_form
-from reconciler.errors import InvalidRequest
+from reconciler.core.errors import InvalidRequest
 from tests.support.mcp import rpc_body, rpc_headers, tool_call
 from tests.support.stack import CALLBACK_SECRET, Stack
 

@@ -12,12 +12,12 @@ from typing import Any
 import httpx
 import pytest
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import LimitSettings, ServerSettings, Settings
 from reconciler.core.clock import ManualClock
+from reconciler.core.errors import AuthenticationFailed, ConfigError, QuotaExceeded
 from reconciler.core.quotas import IN_FLIGHT_RETRY_SECONDS, Quota, check_quota
 from reconciler.core.states import State
-from reconciler.errors import AuthenticationFailed, ConfigError, QuotaExceeded
 from reconciler.runtime import Runtime
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import authenticate, create_token
@@ -61,6 +61,7 @@ def _limits(stack: Stack, **values: Any) -> None:
     object.__setattr__(settings, "limits", LimitSettings(**values))
 
 
+@pytest.mark.both_backends
 def test_creates_beyond_the_rate_are_429_with_retry_after(limited: Stack) -> None:
     _limits(limited, max_creates_per_minute=3)
     job = {"scenario": "never_finishes", "webhooks": "never"}
@@ -73,6 +74,7 @@ def test_creates_beyond_the_rate_are_429_with_retry_after(limited: Stack) -> Non
     assert limited.create({**job, "i": 0}, idempotency_key="k0").status_code == 200
 
 
+@pytest.mark.both_backends
 def test_operations_in_flight_are_capped_per_agent(limited: Stack) -> None:
     _limits(limited, max_operations_in_flight=2, max_creates_per_minute=0)
     job = {"scenario": "never_finishes", "webhooks": "never"}
@@ -106,6 +108,7 @@ def test_a_hint_flood_adds_one_history_entry_while_the_read_is_pending(
     assert kinds.count("hint") == 1
 
 
+@pytest.mark.both_backends
 def test_history_is_paged_with_a_cursor(stack: Stack) -> None:
     op_id = stack.create({"scenario": "success", "duration": 0.2}).json()["id"]
     stack.wait(op_id)
@@ -130,6 +133,7 @@ def test_history_is_paged_with_a_cursor(stack: Stack) -> None:
         assert response.status_code == 400, (bad, response.text)
 
 
+@pytest.mark.both_backends
 def test_expired_tokens_are_refused(db: Database, clock: ManualClock) -> None:
     with db.write() as conn:
         token = create_token(conn, "brief", "agent", clock.now(), clock.now() + timedelta(hours=1))

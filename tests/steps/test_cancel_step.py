@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reconciler.errors import Conflict
+from reconciler.core.errors import Conflict
 from tests.support.steps import StepRig, step_rig
 
 pytestmark = pytest.mark.anyio

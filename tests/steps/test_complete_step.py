@@ -18,8 +18,8 @@ import pytest
 from standardwebhooks import Webhook
 
 from reconciler.config import HookSpec
+from reconciler.core.errors import ConfigError
 from reconciler.engine.hooks import load_hooks
-from reconciler.errors import ConfigError
 from tests.support import hooks
 from tests.support.steps import StepRig, step_rig
 

@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 from reconciler.api import actions
-from reconciler.errors import InvalidRequest
+from reconciler.core.errors import InvalidRequest
 from reconciler.storage.escalations import open_escalation
 from reconciler.storage.models import Operation
 from tests.support.provider_mock import BASE_URL, answer, error

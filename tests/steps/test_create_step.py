@@ -196,7 +196,7 @@ async def test_the_create_deadline_stops_reconciling_and_asks_a_person(
 async def test_a_second_job_for_the_same_token_is_a_contract_violation(
     tmp_path: Path, db_url: str
 ) -> None:
-    """Seed 001: the resend and the lookup name different jobs; neither id is chosen."""
+    """The resend and the lookup name different jobs; neither id is chosen."""
     async with step_rig(tmp_path, db_url) as rig:
         op_id = rig.submit()
         provider = rig.provider

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.providers.http_adapter import HttpAdapter
 from reconciler.storage.provider_stats import webhook_counts
 from tests.support.provider_mock import BASE_URL, FakeProvider, error

@@ -184,7 +184,7 @@ async def test_stop_condition_escalates_with_reason_message_options_and_silence(
         assert view["done"] is (case.state != "escalated")
         assert esc["reason"] == case.reason and esc["decided"] is False
 
-        # What the operator reads: seed 003's message and bounded options.
+        # What the operator reads: the escalation message and bounded options.
         lines = message_lines(esc["message"])
         budget = view["budget"]
         assert lines["Operation"] == op_id
@@ -350,7 +350,7 @@ async def test_a_late_answer_is_applied_on_the_fresh_row_after_a_cancel(
 async def test_a_read_charged_in_time_but_not_sendable_before_the_deadline_is_withheld(
     tmp_path: Path, db_url: str
 ) -> None:
-    """Seed 003: the deadline is checked again just before transmission.
+    """The deadline is checked again just before transmission (docs/design.md#read-order).
 
     Persisting the charge takes time on a loaded machine; the clock is moved past the
     deadline between the charge and the send (at the provider call, before the request

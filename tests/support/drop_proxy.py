@@ -14,12 +14,12 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 import httpx
-from fixtures.provider_sim.responses import DroppedResponse
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from reconciler.demo.sim.responses import DroppedResponse
 from tests.support.servers import serve_asgi
 
 # Hop-by-hop and framing headers: the proxy's own connection sets them.

@@ -5,15 +5,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from reconciler.core import ids
+from reconciler.core import ids, records
 from reconciler.core.canonical import request_fingerprint
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
-from reconciler.storage.models import Operation, new_record
 
 
-def new_operation(now: datetime, **overrides: Any) -> Operation:
+def new_operation(now: datetime, **overrides: Any) -> OperationRecord:
     request = overrides.pop("request", {"report": "q3"})
     provider = overrides.pop("provider", "sim")
     values: dict[str, Any] = {
@@ -43,10 +43,12 @@ def new_operation(now: datetime, **overrides: Any) -> Operation:
         "history_head": "",
     }
     values.update(overrides)
-    return new_record(**values)
+    return records.new_operation(**values)
 
 
-def insert_operation(db: Database, journal: Journal, now: datetime, **overrides: Any) -> Operation:
+def insert_operation(
+    db: Database, journal: Journal, now: datetime, **overrides: Any
+) -> OperationRecord:
     op = new_operation(now, **overrides)
     with db.write() as conn:
         return journal.insert(conn, op, actor="test", cause="test:create", now=now)

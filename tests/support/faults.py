@@ -9,7 +9,6 @@ from __future__ import annotations
 import socket
 import statistics
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
@@ -17,16 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from fixtures.provider_sim import FaultRates, SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.core.records import HistoryRecord, OperationRecord
+from reconciler.demo.sim import FaultRates, SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
-from reconciler.storage.models import HistoryEntry, Operation
 from tests.support.servers import HOST, serve_asgi
 from tests.support.stack import (
     CALLBACK_SECRET,
@@ -36,6 +35,7 @@ from tests.support.stack import (
     make_tokens,
     sim_provider_table,
 )
+from tests.support.waiting import wait_until
 
 
 @dataclass
@@ -74,12 +74,11 @@ class TwoProviders:
         return sum(1 for op in self.rows(op_ids) if op.lease_owner is not None)
 
     def wait_done(self, op_ids: list[str], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.done(op_ids):
-                return True
-            time.sleep(0.05)
-        return self.done(op_ids)
+        try:
+            wait_until(lambda: self.done(op_ids), timeout, f"{len(op_ids)} operations done")
+        except AssertionError:
+            return False
+        return True
 
 
 @contextmanager
@@ -273,7 +272,7 @@ def submit(url: str, agent: str, body: dict[str, Any]) -> str:
     return op_id
 
 
-def stored(db: Database, op_id: str) -> Operation:
+def stored(db: Database, op_id: str) -> OperationRecord:
     """The operation as stored now."""
     with db.read() as conn:
         op = store.get_operation(conn, op_id)
@@ -281,6 +280,6 @@ def stored(db: Database, op_id: str) -> Operation:
     return op
 
 
-def history(db: Database, op_id: str) -> list[HistoryEntry]:
+def history(db: Database, op_id: str) -> list[HistoryRecord]:
     with db.read() as conn:
         return history_of(conn, op_id)

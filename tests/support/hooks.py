@@ -31,7 +31,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,19 +188,7 @@ def hook_key(op_id: str, hook: str, completion_round: int = 1) -> str:
     return f"{op_id}:{completion_round}:hook:{hook}"
 
 
-# --- waiting ---------------------------------------------------------------------
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``predicate`` until it returns something truthy (bounded); return it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
+# --- what a completion left ----------------------------------------------------
 
 
 def completion_finished(db: Database, op_id: str) -> bool:

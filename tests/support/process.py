@@ -7,15 +7,15 @@ start it, wait for it, and stop only what they started, by PID.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -23,10 +23,12 @@ from typing import Any
 
 import httpx
 
+from reconciler.storage import migrate
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import create_token
 from tests.support.servers import unused_port
 from tests.support.stack import CALLBACK_SECRET, ROOT, SIM_TOKEN, SIM_TOML, WEBHOOK_SECRET
+from tests.support.waiting import wait_until
 
 
 def _toml_value(value: Any) -> str:
@@ -44,7 +46,7 @@ def _toml_value(value: Any) -> str:
 
 
 def provider_file(directory: Path, sim_url: str, **keys: Any) -> Path:
-    """A copy of fixtures/providers/sim.toml at ``sim_url``; ``keys`` replace single keys
+    """A copy of the sim's sim.toml at ``sim_url``; ``keys`` replace single keys
     (their names are unique in that file, e.g. ``deadline_seconds=5``)."""
     text = SIM_TOML.read_text("utf-8").replace('"http://127.0.0.1:9000"', json.dumps(sim_url))
     for key, value in keys.items():
@@ -118,6 +120,36 @@ def cli(
     )
 
 
+@contextmanager
+def _environment(env: Mapping[str, str]) -> Iterator[None]:
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def cli_here(
+    config: Path, *args: str, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``cli`` in this process: the same parser and handlers through ``main(argv)``, with the
+    same environment and captured output, without an interpreter start per command. For
+    commands a test uses or reads; ``cli`` where the process itself is what is tested."""
+    from reconciler.cli import main
+
+    argv = [*args, "--config", str(config)]
+    out, err = io.StringIO(), io.StringIO()
+    with _environment(env or service_env()), redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse refusing the arguments
+            code = exc.code if isinstance(exc.code, int) else 2
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
 @dataclass
 class ServiceProcess:
     proc: subprocess.Popen[bytes]
@@ -128,18 +160,18 @@ class ServiceProcess:
     def pid(self) -> int:
         return self.proc.pid
 
-    def wait_ready(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def wait_ready(self, timeout: float = 120) -> None:
+        """Bounded generously: an interpreter start on a loaded machine can take a minute."""
+
+        def ready() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the service exited during start-up; see {self.log}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return
+                return httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200
             except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"the service was not ready within {timeout} s; see {self.log}")
+                return False
+
+        wait_until(ready, timeout, f"the service to be ready (see {self.log})")
 
     def kill(self) -> None:
         """SIGKILL: no shutdown handlers, no flushing, exactly like a crash."""
@@ -182,6 +214,16 @@ def service_process(
         yield service
     finally:
         service.stop()
+
+
+def upgrade(db_url: str) -> None:
+    """The schema at head, in this process: what ``reconciler db upgrade`` runs, without an
+    interpreter start (the command itself is tested where the command is what is tested)."""
+    db = Database(db_url)
+    try:
+        migrate.upgrade(db)
+    finally:
+        db.dispose()
 
 
 def make_tokens(db_url: str) -> tuple[str, str]:

@@ -1,7 +1,7 @@
 """The simulated provider's HTTP contract answered in-process, for ``httpx.MockTransport``.
 
 Step tests hand ``FakeProvider.handle`` to the runtime as its provider transport: the
-real adapter renders real requests from ``fixtures/providers/sim.toml`` and parses
+real adapter renders real requests from the sim's ``sim.toml`` and parses
 real responses, but nothing listens on a socket and nothing sleeps. Each endpoint
 answers from a script when one is queued (a response, an exception to raise as the
 transport's error, or a function of the request), else from the job's state, which

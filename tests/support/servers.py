@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
 import uvicorn
+
+from tests.support.waiting import wait_until
 
 HOST = "127.0.0.1"
 
@@ -42,14 +43,17 @@ def serve_asgi(
     server = uvicorn.Server(uvicorn.Config(app, **options))
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
     thread.start()
-    deadline = time.monotonic() + startup_timeout
-    while not server.started:
+
+    def started() -> bool:
         if not thread.is_alive():
             raise RuntimeError("uvicorn stopped during start-up")
-        if time.monotonic() > deadline:
-            server.should_exit = True
-            raise RuntimeError(f"uvicorn did not start within {startup_timeout} s")
-        time.sleep(0.01)
+        return bool(server.started)
+
+    try:
+        wait_until(started, startup_timeout, "uvicorn to start", poll=0.01)
+    except AssertionError:
+        server.should_exit = True
+        raise
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
         yield f"http://{HOST}:{port}"

@@ -18,23 +18,23 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from fixtures.provider_sim import SimConfig, SimState
-from fixtures.provider_sim import create_app as create_sim
 from starlette.applications import Starlette
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.core.callback_secrets import agent_key, as_whsec
+from reconciler.demo.sim import SimConfig, SimState
+from reconciler.demo.sim import create_app as create_sim
 from reconciler.engine.worker import Worker
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import callback_salt, create_token
-from tests.support.hooks import wait_until
 from tests.support.servers import serve_asgi
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-SIM_TOML = ROOT / "fixtures" / "providers" / "sim.toml"
+SIM_TOML = ROOT / "service" / "reconciler" / "demo" / "sim" / "sim.toml"
 SIM_TOKEN = "sim-token-for-tests"
 WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"provider-webhook-secret-0123456").decode()
 CALLBACK_SECRET = "whsec_" + base64.b64encode(b"callback-signing-secret-0123456").decode()
@@ -54,7 +54,7 @@ QUICK_POLLING: dict[str, Any] = {
 def sim_provider_table(
     base_url: str, *, drop: tuple[str, ...] = (), **sections: Any
 ) -> dict[str, Any]:
-    """The sim's provider table from fixtures/providers/sim.toml, pointed at ``base_url``.
+    """The sim's provider table from its sim.toml, pointed at ``base_url``.
 
     ``drop`` removes whole sections (e.g. ``("lookup",)`` for a provider without one);
     a section given as a table is merged into the file's, any other value replaces
@@ -117,11 +117,12 @@ class Stack:
         return op
 
     def wait_state(self, op_id: str, states: set[str], timeout: float = 30.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        op = self.get(op_id, operator=True)
-        while op["state"] not in states and time.monotonic() < deadline:
-            time.sleep(0.05)
-            op = self.get(op_id, operator=True)
+        """Until the operation is in one of ``states`` (bounded); returns it."""
+        op: dict[str, Any] = wait_until(
+            lambda: (seen := self.get(op_id, operator=True))["state"] in states and seen,
+            timeout,
+            f"{op_id} to reach {sorted(states)}",
+        )
         return op
 
     def settled(self, op_ids: Sequence[str], timeout: float = 30.0) -> None:

@@ -31,6 +31,7 @@ from reconciler.commands.decide import decide as decide_command
 from reconciler.config import CallbackSettings, HookSpec, SchedulerSettings, Settings
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import ManualClock
+from reconciler.core.records import HistoryRecord, OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import Scope
 from reconciler.engine.context import StepContext
@@ -46,7 +47,6 @@ from reconciler.providers.http_adapter import build_adapter
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.history import history_of
-from reconciler.storage.models import HistoryEntry, Operation
 from reconciler.storage.tokens import Principal, callback_salt, create_token
 from reconciler.storage.views import view_of
 from tests.support.provider_mock import BASE_URL, FakeProvider
@@ -101,13 +101,13 @@ class StepRig:
         )
         return op.id
 
-    def cancel(self, op_id: str, reason: str | None = None) -> Operation:
+    def cancel(self, op_id: str, reason: str | None = None) -> OperationRecord:
         rt = self.runtime
         return cancel_command(
             rt.db, rt.journal, rt.providers, op_id, AGENT, reason, self.clock.now()
         )
 
-    def decide(self, op_id: str, body: dict[str, Any]) -> Operation:
+    def decide(self, op_id: str, body: dict[str, Any]) -> OperationRecord:
         rt = self.runtime
         return decide_command(
             rt.db,
@@ -121,7 +121,7 @@ class StepRig:
 
     # --- reading ---------------------------------------------------------------------
 
-    def row(self, op_id: str) -> Operation:
+    def row(self, op_id: str) -> OperationRecord:
         with self.runtime.db.read() as conn:
             return store.load_operation(conn, op_id)
 
@@ -137,7 +137,7 @@ class StepRig:
         assert salt is not None and self.runtime.callback_key is not None
         return as_whsec(agent_key(self.runtime.callback_key, salt))
 
-    def history(self, op_id: str) -> list[HistoryEntry]:
+    def history(self, op_id: str) -> list[HistoryRecord]:
         with self.runtime.db.read() as conn:
             return history_of(conn, op_id)
 
@@ -149,7 +149,7 @@ class StepRig:
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
-    def advance_to_due(self, op_id: str) -> Operation:
+    def advance_to_due(self, op_id: str) -> OperationRecord:
         """Move the clock to the moment the operation asked to be looked at (never back)."""
         op = self.row(op_id)
         assert op.next_poll_at is not None, f"{op_id} is parked in {op.state}"
@@ -157,12 +157,12 @@ class StepRig:
             self.clock.set(op.next_poll_at)
         return op
 
-    def step_for(self, op: Operation) -> Step:
+    def step_for(self, op: OperationRecord) -> Step:
         if op.completion_pending and State(op.state) in END_STATES:
             return self.steps.complete  # type: ignore[return-value]
         return self.table[State(op.state)]
 
-    async def step(self, op_id: str) -> Operation:
+    async def step(self, op_id: str) -> OperationRecord:
         """Claim the operation (it must be due) and run its step once; returns the row after."""
         rt = self.runtime
         owner = rt.worker_id
@@ -195,7 +195,9 @@ class StepRig:
             await asyncio.sleep(0.001)
         return claimed
 
-    async def run(self, op_id: str, states: Sequence[str], max_rounds: int = 200) -> Operation:
+    async def run(
+        self, op_id: str, states: Sequence[str], max_rounds: int = 200
+    ) -> OperationRecord:
         """Advance to each due time and tick until the operation is in one of ``states``
         with nothing left pending; fails if it parks elsewhere or takes too many rounds."""
         wanted = {State(s) for s in states}

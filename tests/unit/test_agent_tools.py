@@ -10,9 +10,10 @@ from jsonschema import Draft202012Validator
 from reconciler.agent_tools.definitions import ToolName, build_tools
 from reconciler.agent_tools.server import tool_message
 from reconciler.agent_tools.tasks import poll_interval_ms, task_status, task_view
-from reconciler.api.openapi import OPERATION
+from reconciler.core.errors import InvalidRequest
 from reconciler.core.states import END_STATES, State
-from reconciler.errors import InvalidRequest
+from reconciler.wire import Operation
+from reconciler.wire.schemas import model_schema
 
 
 def test_six_tools_with_valid_schemas() -> None:
@@ -23,7 +24,7 @@ def test_six_tools_with_valid_schemas() -> None:
         assert tool.output_schema is not None
         Draft202012Validator.check_schema(tool.output_schema)
     by_name = {t.name: t for t in toolset.tools}
-    assert by_name["get_job"].output_schema == OPERATION
+    assert by_name["get_job"].output_schema == model_schema(Operation)
     wait = by_name["wait_job"].input_schema["properties"]["timeout_seconds"]
     assert wait["maximum"] == 60 and isinstance(wait["maximum"], int)
     assert "at most 60" in (by_name["wait_job"].description or "")
@@ -34,12 +35,13 @@ def test_six_tools_with_valid_schemas() -> None:
 @pytest.mark.parametrize(
     ("tool", "arguments", "message"),
     [
-        ("get_job", {}, "arguments: 'id' is a required property"),
-        ("get_job", {"id": ""}, "'id': '' should be non-empty"),
-        ("get_job", {"id": "op_1", "x": 1}, "('x' was unexpected)"),
-        ("wait_job", {"id": "op_1", "timeout_seconds": True}, "'timeout_seconds': True is not of"),
-        ("start_job", {"provider": "p", "request": []}, "'request': [] is not of type 'object'"),
-        ("list_jobs", {"done": "no"}, "'done': 'no' is not of type 'boolean'"),
+        ("get_job", {}, "'id' is required"),
+        ("get_job", {"id": ""}, "'id' must not be empty"),
+        ("get_job", {"id": "op_1", "x": 1}, "unknown argument(s): x; allowed: id"),
+        ("wait_job", {"id": "op_1", "timeout_seconds": True}, "'timeout_seconds' must be a number"),
+        ("wait_job", {"id": "op_1", "timeout_seconds": 61}, "'timeout_seconds' must be at most 60"),
+        ("start_job", {"provider": "p", "request": []}, "'request' must be a JSON object, got an"),
+        ("list_jobs", {"done": "no"}, "'done' must be true or false, got a string"),
         ("missing", {}, "there is no tool 'missing'; the tools are: start_job, get_job"),
     ],
 )
@@ -51,8 +53,9 @@ def test_argument_errors_name_the_field(tool: str, arguments: dict[str, Any], me
 
 def test_good_arguments_pass() -> None:
     toolset = build_tools(60.0)
-    assert toolset.check("wait_job", {"id": "op_1", "timeout_seconds": 60}) is ToolName.WAIT_JOB
-    assert toolset.check("list_jobs", {}) is ToolName.LIST_JOBS
+    tool, args = toolset.check("wait_job", {"id": "op_1", "timeout_seconds": 60})
+    assert tool is ToolName.WAIT_JOB and args.model_dump() == {"id": "op_1", "timeout_seconds": 60}
+    assert toolset.check("list_jobs", {})[0] is ToolName.LIST_JOBS
 
 
 def view(state: State, escalation: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:

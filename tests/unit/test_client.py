@@ -15,7 +15,6 @@ import httpx
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from reconciler import errors
 from reconciler.client import (
     AsyncClient,
     Client,
@@ -27,6 +26,7 @@ from reconciler.client import (
     verify_callback,
 )
 from reconciler.client.calls import error_for
+from reconciler.core import errors
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "whsec_" + base64.b64encode(b"agent-callback-secret-123456789").decode()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.config import HookSpec, Secret, Settings, load_settings
-from reconciler.errors import ConfigError
+from reconciler.core.errors import ConfigError
 
 
 def test_defaults_need_no_file() -> None:

@@ -13,10 +13,10 @@ from reconciler.console.inbox import parse_query
 from reconciler.console.operation import without_query
 from reconciler.console.session import Signer, key_from
 from reconciler.console.timeline import deliveries, rows
+from reconciler.core.errors import ConfigError, InvalidRequest
+from reconciler.core.records import HistoryRecord
 from reconciler.core.vocabulary import EscalationReason
-from reconciler.errors import ConfigError, InvalidRequest
 from reconciler.storage.completion_steps import StepRecord, StepStatus
-from reconciler.storage.models import HistoryEntry
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 
@@ -96,14 +96,18 @@ def test_first_line_is_why_it_stopped() -> None:
     assert first_line(None) == ""
 
 
-def _entry(seq: int, kind: str, cause: str, at: datetime, **detail: object) -> HistoryEntry:
-    return HistoryEntry(
+def _entry(seq: int, kind: str, cause: str, at: datetime, **detail: object) -> HistoryRecord:
+    return HistoryRecord(
+        id=seq,
         operation_id="op_1",
         seq=seq,
         at=at,
         kind=kind,
         actor="worker:1",
+        from_state=None,
+        to_state=None,
         cause=cause,
+        delay_source=None,
         detail=detail,
         prev_hash="",
         hash="",

@@ -17,9 +17,9 @@ from reconciler.core.create import (
     before_create,
     decide_create,
 )
+from reconciler.core.errors import InvalidObservation
 from reconciler.core.poll import Stop
 from reconciler.core.vocabulary import DelaySource, EscalationReason, TransportError
-from reconciler.errors import InvalidObservation
 
 R = EscalationReason
 T0 = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""Escalation options, where abandon leads, and the seed-003 message."""
+"""Escalation options, where abandon leads, and the message (docs/design.md#escalation)."""
 
 from __future__ import annotations
 

@@ -8,19 +8,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.api.validation import (
+from reconciler.api.validation import parse_cancel, parse_create, parse_decision
+from reconciler.core.errors import InvalidRequest
+from reconciler.core.operator_decision import DecisionRequest
+from reconciler.core.vocabulary import DecisionAction
+from reconciler.wire import (
     MAX_CANCEL_REASON,
     MAX_KEY_LENGTH,
     MAX_METADATA_BYTES,
-    CancelRequest,
-    CreateRequest,
-    parse_cancel,
-    parse_create,
-    parse_decision,
+    CancelOperation,
+    CreateOperation,
 )
-from reconciler.core.operator_decision import DecisionRequest
-from reconciler.core.vocabulary import DecisionAction
-from reconciler.errors import InvalidRequest
 
 PROVIDERS = {"sim": object(), "acme": object()}
 
@@ -37,7 +35,7 @@ def refuse(url: str) -> None:
     raise Refused(f"callback_url {url} refused")
 
 
-def create(body: Any, check: Any = no_check) -> CreateRequest:
+def create(body: Any, check: Any = no_check) -> CreateOperation:
     return parse_create(body, PROVIDERS, check)
 
 
@@ -49,7 +47,7 @@ def base(**fields: Any) -> dict[str, Any]:
 
 
 def test_minimal_create() -> None:
-    assert create(base()) == CreateRequest(
+    assert create(base()) == CreateOperation(
         provider="sim",
         request={"report": "q3"},
         idempotency_key=None,
@@ -257,9 +255,11 @@ def test_any_json_value_is_either_parsed_or_refused_with_invalid_request(body: A
 
 
 def test_cancel_without_a_body_or_with_a_reason() -> None:
-    assert parse_cancel(None) == CancelRequest(reason=None)
-    assert parse_cancel({}) == CancelRequest(reason=None)
-    assert parse_cancel({"reason": "customer withdrew"}) == CancelRequest("customer withdrew")
+    assert parse_cancel(None) == CancelOperation(reason=None)
+    assert parse_cancel({}) == CancelOperation(reason=None)
+    assert parse_cancel({"reason": "customer withdrew"}) == CancelOperation(
+        reason="customer withdrew"
+    )
     long_enough = "r" * MAX_CANCEL_REASON
     assert parse_cancel({"reason": long_enough}).reason == long_enough
 

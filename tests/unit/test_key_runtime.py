@@ -8,6 +8,7 @@ which creates may have made a job, JSONL lines, webhook types, and the resend pl
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import random
 from datetime import UTC, datetime, timedelta
@@ -22,9 +23,12 @@ from reconciler.api.webhooks import is_hint
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.collect import CollectDecision, RetryFetch, decide_collect
 from reconciler.core.create import may_have_landed
+from reconciler.core.errors import DecisionNotAllowed
 from reconciler.core.operator_decision import DecisionRequest, plan_decision
 from reconciler.core.poll import Observation, PollPolicy, PollRecord, Stop, Wait, decide
+from reconciler.core.provider_calls import CallResult
 from reconciler.core.rate_limit import is_rate_limited, retry_after_value, wait_seconds
+from reconciler.core.records import EscalationRecord, OperationRecord, new_operation
 from reconciler.core.states import State
 from reconciler.core.vocabulary import (
     DecisionAction,
@@ -32,10 +36,8 @@ from reconciler.core.vocabulary import (
     RemoteCategory,
     TransportError,
 )
-from reconciler.errors import DecisionNotAllowed
 from reconciler.providers import jsonl
 from reconciler.providers.adapter import (
-    CallResult,
     LookupVerdict,
     check_result,
     create_outcome,
@@ -46,7 +48,6 @@ from reconciler.providers.create_set import apply_set, fill, render, set_conflic
 from reconciler.providers.loader import parse_provider
 from reconciler.providers.pointer import Pointer
 from reconciler.providers.spec import LineTest, ProviderSpec, SetRule
-from reconciler.storage.models import Escalation, Operation
 from tests.support.provider_mock import BASE_URL
 from tests.support.stack import sim_provider_table
 
@@ -418,8 +419,8 @@ def test_only_listed_event_types_are_hints() -> None:
 
 def _escalated(
     reason: EscalationReason = EscalationReason.CREATE_UNKNOWN,
-) -> tuple[Operation, Escalation]:
-    op = Operation(
+) -> tuple[OperationRecord, EscalationRecord]:
+    op = new_operation(
         id="op_1",
         provider="sim",
         caller="agent-1",
@@ -436,7 +437,7 @@ def _escalated(
         create_attempts=1,
         escalation_id=5,
     )
-    esc = Escalation(
+    esc = EscalationRecord(
         id=5,
         operation_id="op_1",
         reason=reason.value,
@@ -444,6 +445,9 @@ def _escalated(
         created_at=NOW,
         options=[{"action": "abandon"}, {"action": "resend"}],
         resume_state=State.CREATE_UNKNOWN.value,
+        decided_at=None,
+        decided_by=None,
+        decision=None,
     )
     return op, esc
 
@@ -458,8 +462,11 @@ def test_resend_reopens_the_create_for_the_next_attempt_only() -> None:
 
 
 def test_resend_is_refused_where_it_was_not_offered() -> None:
-    op, esc = _escalated()
-    esc.options = [{"action": "extend"}, {"action": "abandon"}]
-    esc.reason = EscalationReason.PROVIDER_FAILURE.value
+    op, offered = _escalated()
+    esc = dataclasses.replace(
+        offered,
+        options=[{"action": "extend"}, {"action": "abandon"}],
+        reason=EscalationReason.PROVIDER_FAILURE.value,
+    )
     with pytest.raises(DecisionNotAllowed, match="not offered"):
         plan_decision(op, esc, DecisionRequest(DecisionAction.RESEND), "operator:ops", NOW, 30)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.errors import PointerSyntaxError, ReconcilerError
+from reconciler.core.errors import PointerSyntaxError, ReconcilerError
 from reconciler.providers.pointer import (
     MISSING,
     Pointer,

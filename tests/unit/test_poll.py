@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.clock import isoformat
+from reconciler.core.errors import InvalidObservation, ReconcilerError
 from reconciler.core.poll import (
     Collect,
     Counters,
@@ -30,7 +31,6 @@ from reconciler.core.poll import (
     parse_rfc3339,
 )
 from reconciler.core.vocabulary import DelaySource, EscalationReason, RemoteCategory, TransportError
-from reconciler.errors import InvalidObservation, ReconcilerError
 
 R = EscalationReason
 T0 = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)
@@ -242,7 +242,7 @@ def test_any_other_answer_resets_the_429_streak() -> None:
 
 
 def test_503_with_retry_after_waits_at_least_that_long() -> None:
-    # Seed 003: "do not use your normal thirty-second backoff and try again early".
+    # Retry-After is a minimum: the normal backoff never reads earlier than it asks.
     w = wait(run(rec(), obs(http_status=503, category=None, retry_after="120")))
     assert w.at == NOW + timedelta(seconds=120)
     assert w.source is DelaySource.PROVIDER_RETRY_AFTER
@@ -416,7 +416,7 @@ def test_pending_past_the_deadline_stops_at_once() -> None:
 
 
 def test_pending_on_the_last_budgeted_request_escalates_at_once() -> None:
-    # Seed 003 audit: "polled, state running, request budget exhausted, escalated".
+    # No read is scheduled that the budget would refuse: the answer that spent it escalates.
     d = run(rec(status_requests_used=12), obs())
     s = stop(d, R.REQUEST_BUDGET_EXHAUSTED)
     assert "12 of 12" in s.detail

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.errors import ConfigError
+from reconciler.core.errors import ConfigError
 from reconciler.providers.loader import (
     PRESETS_DIR,
     load_providers,

@@ -1,4 +1,4 @@
-"""Provider files: the SPEC example loads with every key; each kind of mistake is one clear line."""
+"""Provider files: a full example loads with every key; each kind of mistake is one clear line."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from reconciler.core.backoff import BackoffPolicy
+from reconciler.core.errors import ConfigError
 from reconciler.core.signatures import WebhookScheme
 from reconciler.core.trust import TrustMode
 from reconciler.core.vocabulary import RemoteCategory
-from reconciler.errors import ConfigError
 from reconciler.providers.loader import load_providers, parse_provider
 from reconciler.providers.pointer import MISSING
 from reconciler.providers.spec import (

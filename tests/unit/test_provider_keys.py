@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from reconciler.core.errors import ConfigError
 from reconciler.core.signatures import WebhookScheme
-from reconciler.errors import ConfigError
 from reconciler.providers.loader import parse_provider
 from reconciler.providers.pointer import MISSING
 from reconciler.providers.spec import (

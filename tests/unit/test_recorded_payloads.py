@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from reconciler.core.provider_calls import CallResult
 from reconciler.core.vocabulary import RemoteCategory as C
 from reconciler.providers.adapter import (
-    CallResult,
     LookupVerdict,
     check_result,
     create_outcome,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.errors import ConfigError, InvalidRequest
+from reconciler.core.errors import ConfigError, InvalidRequest
 from reconciler.providers.loader import load_providers
 from reconciler.providers.request_schema import RequestSchema
 from reconciler.providers.spec import INLINE_SOURCE

@@ -21,6 +21,7 @@ from standardwebhooks.webhooks import Webhook
 from starlette.datastructures import Headers
 
 from reconciler.core.clock import ManualClock
+from reconciler.core.errors import ConfigError, RejectReason, SignatureRejected
 from reconciler.core.signatures import (
     GitHubVerifier,
     HmacSha256Verifier,
@@ -32,7 +33,6 @@ from reconciler.core.signatures import (
     decode_whsec,
     sign_standard_webhook,
 )
-from reconciler.errors import ConfigError, RejectReason, SignatureRejected
 
 # The published Standard Webhooks test vector.
 SW_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

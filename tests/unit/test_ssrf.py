@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.errors import ConfigError, ForbiddenAddress, InvalidRequest, ResolutionFailed
+from reconciler.core.errors import ConfigError, ForbiddenAddress, InvalidRequest, ResolutionFailed
 from reconciler.outbound.ssrf import (
     AddressClass,
     AllowList,

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reconciler.core.errors import ConfigError
 from reconciler.core.vocabulary import RemoteCategory as C
-from reconciler.errors import ConfigError
 from reconciler.providers.pointer import Pointer
 from reconciler.providers.state_table import (
     StateRule,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from reconciler.core.errors import IllegalTransition
 from reconciler.core.states import END_STATES, REOPENING, TRANSITIONS, State, check_transition
-from reconciler.errors import IllegalTransition
 
 
 def test_every_state_has_a_row() -> None:

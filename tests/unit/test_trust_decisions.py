@@ -86,7 +86,7 @@ observations = st.fixed_dictionaries(
     seed=st.integers(0, 2**16),
     deadline=st.floats(10, 4000),
 )
-def test_trust_and_the_final_look_keep_every_seed_003_bound(
+def test_trust_and_the_final_look_keep_every_polling_bound(
     obs: dict[str, Any],
     elapsed: float,
     used: int,

@@ -1,7 +1,7 @@
 """Where the tools' work is done: in this process (``/mcp``), or by a running service (stdio).
 
 Both answer with the Operation as the HTTP API shows it (a JSON object) and
-raise the ``reconciler.errors`` families, so the tool layer above them is one
+raise the ``reconciler.core.errors`` families, so the tool layer above them is one
 piece of code. ``LocalBackend`` calls ``api.actions`` (the HTTP routes' own
 actions) for one authenticated principal; ``RemoteBackend`` calls the HTTP API
 through ``reconciler.client`` with the token it was started with.
@@ -10,20 +10,19 @@ through ``reconciler.client`` with the token it was started with.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from typing import Any, Protocol
 
 from reconciler.api import actions
-from reconciler.api.validation import ListQuery
 from reconciler.client import AsyncClient
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import Principal
+from reconciler.wire import CreateOperation, OperationFilter
 
 View = dict[str, Any]
 
 
 class Backend(Protocol):
-    async def start(self, body: Mapping[str, Any]) -> View: ...
+    async def start(self, body: CreateOperation) -> View: ...
 
     async def get(self, op_id: str) -> View: ...
 
@@ -31,7 +30,7 @@ class Backend(Protocol):
 
     async def cancel(self, op_id: str) -> View: ...
 
-    async def list(self, query: ListQuery) -> View: ...
+    async def list(self, query: OperationFilter) -> View: ...
 
     async def providers(self) -> View: ...
 
@@ -40,8 +39,8 @@ class LocalBackend:
     def __init__(self, runtime: Runtime, who: Principal) -> None:
         self.rt, self.who = runtime, who
 
-    async def start(self, body: Mapping[str, Any]) -> View:
-        op, _ = await actions.start(self.rt, self.who, dict(body))
+    async def start(self, body: CreateOperation) -> View:
+        op, _ = await actions.start_validated(self.rt, self.who, body)
         return await actions.render(self.rt, op)
 
     async def get(self, op_id: str) -> View:
@@ -56,7 +55,7 @@ class LocalBackend:
     async def cancel(self, op_id: str) -> View:
         return await actions.render(self.rt, await actions.cancel(self.rt, self.who, op_id, None))
 
-    async def list(self, query: ListQuery) -> View:
+    async def list(self, query: OperationFilter) -> View:
         return await actions.page(self.rt, self.who, query)
 
     async def providers(self) -> View:
@@ -67,14 +66,10 @@ class RemoteBackend:
     def __init__(self, client: AsyncClient) -> None:
         self.client = client
 
-    async def start(self, body: Mapping[str, Any]) -> View:
-        # The service parses it with the same parser as in-app: the same refusals, same words.
-        args = dict(body)
-        op = await self.client.start(
-            args.pop("provider", None),
-            args.pop("request", None),
-            **args,
-        )
+    async def start(self, body: CreateOperation) -> View:
+        # The service validates it again at its own door: the same model, the same words.
+        args = body.model_dump(exclude_none=True)
+        op = await self.client.start(args.pop("provider"), args.pop("request"), **args)
         return dict(op.raw)
 
     async def get(self, op_id: str) -> View:
@@ -86,7 +81,7 @@ class RemoteBackend:
     async def cancel(self, op_id: str) -> View:
         return dict((await self.client.cancel(op_id)).raw)
 
-    async def list(self, query: ListQuery) -> View:
+    async def list(self, query: OperationFilter) -> View:
         page = await self.client.list(
             state=query.state.value if query.state else None,
             provider=query.provider,

@@ -1,10 +1,11 @@
 """The six MCP tools: names, descriptions written for a model, input and output schemas.
 
 Shared by the in-app server (``/mcp``) and the stdio proxy (``reconciler mcp``),
-so both offer exactly the same tools. The output schemas are the OpenAPI
-document's (``api.openapi``): a tool answers with the same Operation the HTTP
-API does. Guarantee: arguments are checked against the advertised input schema
-before anything runs, and a mismatch is a message naming the field.
+so both offer exactly the same tools. Both schemas are generated from the wire
+models (``reconciler.wire``): a tool answers with the same Operation the HTTP API
+does, and its arguments are the model its schema is made from. Guarantee: the
+arguments are validated once, as that model, before anything runs, and a mismatch
+is a message naming the field, in the HTTP API's words.
 """
 
 from __future__ import annotations
@@ -15,15 +16,23 @@ from enum import StrEnum
 from typing import Any
 
 import mcp_types as types
-from jsonschema import Draft202012Validator
-from jsonschema import exceptions as schema_errors
+from pydantic import BaseModel
 
-from reconciler.api.openapi import OPERATION, PROVIDER_LIST
-from reconciler.api.validation import MAX_KEY_LENGTH
-from reconciler.core.states import State
+from reconciler.core.errors import InvalidRequest
 from reconciler.core.strict_json import shown
-from reconciler.errors import InvalidRequest
-from reconciler.storage.operations import MAX_PAGE
+from reconciler.wire import (
+    JobId,
+    NoArguments,
+    Operation,
+    OperationFilter,
+    OperationPage,
+    ProviderList,
+    StartJob,
+    WaitJob,
+    validated,
+)
+from reconciler.wire.requests import WAIT_CAP
+from reconciler.wire.schemas import model_schema, with_values
 
 DEFAULT_WAIT_SECONDS = 30.0
 MAX_MESSAGE = 300
@@ -97,134 +106,41 @@ def _descriptions(cap: float) -> dict[ToolName, str]:
     }
 
 
-def _id_schema(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {
-            "id": {
-                "type": "string",
-                "minLength": 1,
-                "description": "The job's id (`op_...`), as start_job or list_jobs gave it.",
-            },
-            **(extra or {}),
-        },
-        "required": ["id"],
-        "additionalProperties": False,
-    }
-
-
-def _inputs(cap: float) -> dict[ToolName, dict[str, Any]]:
-    wait = {
-        "type": "number",
-        "minimum": 0,
-        # 30, not 30.0: the number is quoted back in messages ("greater than the maximum of 30").
-        "maximum": int(cap) if float(cap).is_integer() else cap,
-    }
-    return {
-        ToolName.START_JOB: {
-            "type": "object",
-            "properties": {
-                "provider": {
-                    "type": "string",
-                    "minLength": 1,
-                    "description": "A provider's `name` from list_providers.",
-                },
-                "request": {
-                    "type": "object",
-                    "description": "The job's parameters, matching the provider's "
-                    "`request_schema`; sent to the provider as they are.",
-                },
-                "idempotency_key": {
-                    "type": "string",
-                    "minLength": 1,
-                    "maxLength": MAX_KEY_LENGTH,
-                    "description": "Names this piece of work; the same key and request "
-                    "always return the same job.",
-                },
-                "deadline_seconds": {
-                    "type": "number",
-                    "exclusiveMinimum": 0,
-                    "description": "Stop waiting after this long (at most the provider's "
-                    "`max_deadline_seconds`).",
-                },
-                "max_status_requests": {"type": "integer", "minimum": 1},
-                "metadata": {
-                    "type": "object",
-                    "description": "Your own notes, kept with the job (for example the task it "
-                    "belongs to).",
-                },
-                "wait_seconds": {
-                    **wait,
-                    "description": "Wait this long for the job to finish before answering.",
-                },
-            },
-            "required": ["provider", "request"],
-            "additionalProperties": False,
-        },
-        ToolName.GET_JOB: _id_schema(),
-        ToolName.WAIT_JOB: _id_schema(
-            {
-                "timeout_seconds": {
-                    **wait,
-                    "description": "How long to wait at most (seconds).",
-                }
-            }
-        ),
-        ToolName.CANCEL_JOB: _id_schema(),
-        ToolName.LIST_JOBS: {
-            "type": "object",
-            "properties": {
-                "state": {"type": "string", "enum": [s.value for s in State]},
-                "provider": {"type": "string"},
-                "done": {
-                    "type": "boolean",
-                    "description": "Default false (jobs still running) unless `state` is given.",
-                },
-                "limit": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
-                "cursor": {"type": "string"},
-            },
-            "additionalProperties": False,
-        },
-        ToolName.LIST_PROVIDERS: {
-            "type": "object",
-            "properties": {},
-            "additionalProperties": False,
-        },
-    }
-
-
-PAGE: dict[str, Any] = {
-    "type": "object",
-    "required": ["operations", "next_cursor"],
-    "properties": {
-        "operations": {"type": "array", "items": OPERATION},
-        "next_cursor": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-    },
+ARGUMENTS: dict[ToolName, type[BaseModel]] = {
+    ToolName.START_JOB: StartJob,
+    ToolName.GET_JOB: JobId,
+    ToolName.WAIT_JOB: WaitJob,
+    ToolName.CANCEL_JOB: JobId,
+    ToolName.LIST_JOBS: OperationFilter,
+    ToolName.LIST_PROVIDERS: NoArguments,
 }
-
-_OUTPUTS: dict[ToolName, dict[str, Any]] = {
-    ToolName.START_JOB: OPERATION,
-    ToolName.GET_JOB: OPERATION,
-    ToolName.WAIT_JOB: OPERATION,
-    ToolName.CANCEL_JOB: OPERATION,
-    ToolName.LIST_JOBS: PAGE,
-    ToolName.LIST_PROVIDERS: PROVIDER_LIST,
+ANSWERS: dict[ToolName, type[BaseModel]] = {
+    ToolName.START_JOB: Operation,
+    ToolName.GET_JOB: Operation,
+    ToolName.WAIT_JOB: Operation,
+    ToolName.CANCEL_JOB: Operation,
+    ToolName.LIST_JOBS: OperationPage,
+    ToolName.LIST_PROVIDERS: ProviderList,
 }
+# The one value the models cannot know: this service's long-poll cap.
+_CAPPED = {ToolName.START_JOB: "wait_seconds", ToolName.WAIT_JOB: "timeout_seconds"}
 
 
-def _field(error: schema_errors.ValidationError) -> str:
-    if error.validator == "required" or not error.absolute_path:
-        return "arguments"
-    return "'" + ".".join(str(p) for p in error.absolute_path) + "'"
+def input_schema(name: ToolName, cap: float) -> dict[str, Any]:
+    schema = model_schema(ARGUMENTS[name])
+    if name in _CAPPED:
+        # 30, not 30.0: the number is quoted back to the model as it reads it.
+        maximum = int(cap) if float(cap).is_integer() else cap
+        schema = with_values(schema, {_CAPPED[name]: {"maximum": maximum}})
+    return schema
 
 
 @dataclass(frozen=True)
 class ToolSet:
-    """The tools of one server, with their validators; ``wait_max_seconds`` is its cap."""
+    """The tools of one server; ``wait_max_seconds`` is its long-poll cap."""
 
     wait_max_seconds: float
     tools: tuple[types.Tool, ...]
-    _validators: Mapping[ToolName, Any]
 
     def input_schema(self, name: str) -> Mapping[str, Any] | None:
         for tool in self.tools:
@@ -232,8 +148,8 @@ class ToolSet:
                 return tool.input_schema
         return None
 
-    def check(self, name: str, arguments: Mapping[str, Any]) -> ToolName:
-        """The tool, or ``InvalidRequest`` saying what to fix in the call."""
+    def check(self, name: str, arguments: Mapping[str, Any]) -> tuple[ToolName, BaseModel]:
+        """The tool and its arguments as its model, or ``InvalidRequest`` saying what to fix."""
         try:
             tool = ToolName(name)
         except ValueError:
@@ -241,12 +157,20 @@ class ToolSet:
             raise InvalidRequest(
                 f"there is no tool {shown(name)!r}; the tools are: {known}"
             ) from None
-        error = schema_errors.best_match(self._validators[tool].iter_errors(dict(arguments)))
-        if error is not None:
-            text = error.message
-            text = text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
-            raise InvalidRequest(f"{_field(error)}: {text}")
-        return tool
+        try:
+            args = validated(
+                ARGUMENTS[tool],
+                dict(arguments),
+                what="the arguments",
+                unknown="argument",
+                context={WAIT_CAP: self.wait_max_seconds},
+            )
+        except InvalidRequest as exc:
+            text = exc.message
+            raise InvalidRequest(
+                text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
+            ) from None
+        return tool, args
 
     def default_wait(self) -> float:
         return min(DEFAULT_WAIT_SECONDS, self.wait_max_seconds)
@@ -254,15 +178,14 @@ class ToolSet:
 
 def build_tools(wait_max_seconds: float) -> ToolSet:
     """The tools for a service whose long-polls are capped at ``wait_max_seconds``."""
-    descriptions, inputs = _descriptions(wait_max_seconds), _inputs(wait_max_seconds)
+    descriptions = _descriptions(wait_max_seconds)
     tools = tuple(
         types.Tool(
             name=name.value,
             description=descriptions[name],
-            input_schema=inputs[name],
-            output_schema=_OUTPUTS[name],
+            input_schema=input_schema(name, wait_max_seconds),
+            output_schema=model_schema(ANSWERS[name]),
         )
         for name in ToolName
     )
-    validators = {name: Draft202012Validator(inputs[name]) for name in ToolName}
-    return ToolSet(wait_max_seconds, tools, validators)
+    return ToolSet(wait_max_seconds, tools)

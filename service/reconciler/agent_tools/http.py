@@ -49,14 +49,14 @@ from reconciler.agent_tools.server import build_server
 from reconciler.api.auth import principal_for
 from reconciler.api.bodies import read_limited, require_json_type
 from reconciler.api.errors import error_response, status_for
-from reconciler.core.strict_json import parse_request_json
-from reconciler.errors import (
+from reconciler.core.errors import (
     AuthenticationFailed,
     Bug,
     ClientDisconnected,
     InvalidRequest,
     ReconcilerError,
 )
+from reconciler.core.strict_json import parse_request_json
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import Principal
 

@@ -28,14 +28,15 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
-from reconciler import __version__, errors
+from reconciler import __version__
 from reconciler.agent_tools.backends import Backend, View
 from reconciler.agent_tools.definitions import ToolName, ToolSet
 from reconciler.agent_tools.tasks import TASKS_EXTENSION, task_view
 from reconciler.api.actions import operation_id
-from reconciler.api.validation import parse_list
+from reconciler.core import errors
 from reconciler.core.strict_json import require_text
 from reconciler.core.views import WAIT_HINT
+from reconciler.wire import JobId, OperationFilter, StartJob, WaitJob
 
 log = logging.getLogger("reconciler.mcp")
 
@@ -179,36 +180,35 @@ class ToolServer:
         arguments = dict(params.arguments or {})
         try:
             require_text(arguments)
-            tool = self.toolset.check(params.name, arguments)
-            return await self._run(ctx, tool, arguments)
+            tool, args = self.toolset.check(params.name, arguments)
+            return await self._run(ctx, tool, args)
         except _CALLER + _TRANSIENT as exc:
             known = params.name in {t.value for t in ToolName}
             return tool_error(params.name if known else "the tool call", exc)
 
-    async def _run(
-        self, ctx: ServerRequestContext[Any, Any], tool: ToolName, args: dict[str, Any]
-    ) -> Any:
+    async def _run(self, ctx: ServerRequestContext[Any, Any], tool: ToolName, args: Any) -> Any:
         backend = self.backend_for(ctx)
-        if tool is ToolName.START_JOB:
-            wait_seconds = args.pop("wait_seconds", None)
-            view = await backend.start(args)
+        if isinstance(args, StartJob):
+            view = await backend.start(args.create())
             if tasks_declared(ctx):
                 # The operation is stored: tasks/get for this id resolves from now on.
                 return _task(view, result_type="task")
-            if wait_seconds and not view["done"]:
-                view = await backend.wait(view["id"], float(wait_seconds))
+            if args.wait_seconds and not view["done"]:
+                view = await backend.wait(view["id"], args.wait_seconds)
             return operation_result(view)
-        if tool is ToolName.GET_JOB:
-            return operation_result(await backend.get(args["id"]))
-        if tool is ToolName.WAIT_JOB:
-            timeout = float(args.get("timeout_seconds", self.toolset.default_wait()))
-            return operation_result(await backend.wait(args["id"], timeout))
-        if tool is ToolName.CANCEL_JOB:
-            return operation_result(await backend.cancel(args["id"]))
-        if tool is ToolName.LIST_JOBS:
-            if "done" not in args and "state" not in args:
-                args["done"] = False  # what an agent that lost its context looks for
-            query = parse_list(args, "argument")
+        if isinstance(args, WaitJob):
+            timeout = args.timeout_seconds
+            wait = self.toolset.default_wait() if timeout is None else timeout
+            return operation_result(await backend.wait(args.id, wait))
+        if isinstance(args, JobId):
+            if tool is ToolName.CANCEL_JOB:
+                return operation_result(await backend.cancel(args.id))
+            return operation_result(await backend.get(args.id))
+        if isinstance(args, OperationFilter):
+            query = args
+            if not {"done", "state"} & args.model_fields_set:
+                # What an agent that lost its context looks for: the jobs still running.
+                query = args.model_copy(update={"done": False})
             return _page_result(await backend.list(query), query.done)
         return _providers_result(await backend.providers())
 

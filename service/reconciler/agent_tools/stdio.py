@@ -21,7 +21,7 @@ from reconciler.agent_tools.backends import RemoteBackend
 from reconciler.agent_tools.definitions import build_tools
 from reconciler.agent_tools.server import build_server
 from reconciler.client import AsyncClient
-from reconciler.errors import AuthenticationFailed, PermissionDenied, ServiceError
+from reconciler.core.errors import AuthenticationFailed, PermissionDenied, ServiceError
 
 TOKEN_ENV = "RECONCILER_TOKEN"
 URL_ENV = "RECONCILER_URL"

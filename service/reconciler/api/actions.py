@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from reconciler.api.validation import (
-    ListQuery,
+    admit_create,
     check_provider_request,
     history_cursor,
     parse_cancel,
@@ -24,28 +24,29 @@ from reconciler.api.validation import (
 from reconciler.commands import create as creating
 from reconciler.commands.cancel import cancel as commands_cancel
 from reconciler.console.providers import webhook_trust
+from reconciler.core.errors import NotFound
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.strict_json import require_field_text, shown
 from reconciler.core.views import history_entry_view
-from reconciler.errors import NotFound
 from reconciler.providers.views import provider_view
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.history import history_page
-from reconciler.storage.models import Operation
 from reconciler.storage.tokens import Principal
 from reconciler.storage.views import operation_views
+from reconciler.wire import CreateOperation, OperationFilter
 
-Settled = Callable[[Operation], bool]
+Settled = Callable[[OperationRecord], bool]
 # Far above any id we issue (``op_`` and 26 characters): a longer one is not looked up.
 MAX_OPERATION_ID = 100
 
 
-def is_done(op: Operation) -> bool:
+def is_done(op: OperationRecord) -> bool:
     return State(op.state) in END_STATES
 
 
-async def render(rt: Runtime, op: Operation) -> dict[str, Any]:
+async def render(rt: Runtime, op: OperationRecord) -> dict[str, Any]:
     """The Operation view (requests rendering in the same loop turn share one read)."""
     return await rt.views.view(op)
 
@@ -58,10 +59,10 @@ def operation_id(raw: str, field: str = "id") -> str:
     return raw
 
 
-async def load_visible(rt: Runtime, op_id: str, who: Principal) -> Operation:
+async def load_visible(rt: Runtime, op_id: str, who: Principal) -> OperationRecord:
     operation_id(op_id)
 
-    def load() -> Operation:
+    def load() -> OperationRecord:
         with rt.db.read() as conn:
             return store.visible_operation(conn, op_id, who)
 
@@ -75,8 +76,8 @@ async def wait_until(
     deadline: float,
     settled: Settled = is_done,
     *,
-    current: Operation | None = None,
-) -> Operation:
+    current: OperationRecord | None = None,
+) -> OperationRecord:
     """The operation as soon as ``settled`` holds, or at ``deadline`` with the latest record.
 
     ``deadline`` is on the loop's clock, taken when the request arrived, so time spent
@@ -104,6 +105,10 @@ async def wait_until(
             rt.notifier.unsubscribe(op_id, event)
         if not event.is_set():
             return op  # timed out without a change: the last read stands
+        if rt.notifier.closing:
+            # Stopping: answer with the last read rather than read again, as every open wait
+            # would at once, queued behind the engine's work, past the shutdown's grace.
+            return event.record or op
         # Changed here: the committed record, enough when it settles the wait (settling is
         # final). Otherwise read it after subscribing again: a later change may have come
         # between this wake-up and the next subscription, and the handed record predates it.
@@ -112,13 +117,20 @@ async def wait_until(
             op = None
 
 
-async def start(rt: Runtime, who: Principal, body: Any) -> tuple[Operation, bool]:
+async def start(rt: Runtime, who: Principal, body: Any) -> tuple[OperationRecord, bool]:
     """Store the operation (idempotent on its key); ``(operation, created)``.
 
     The provider's ``request_schema`` and ``create.set`` are applied here, before anything
     is stored.
     """
-    req = parse_create(body, rt.providers, rt.check_callback_url)
+    return await start_validated(rt, who, parse_create(body, rt.providers, rt.check_callback_url))
+
+
+async def start_validated(
+    rt: Runtime, who: Principal, req: CreateOperation
+) -> tuple[OperationRecord, bool]:
+    """``start`` for a body already validated as a ``CreateOperation`` (an MCP call)."""
+    admit_create(req, rt.providers, rt.check_callback_url)
     check_provider_request(req, rt.providers[req.provider])
     limits = rt.limits_for(req.provider)
     op, created = await rt.db.run_write(
@@ -141,7 +153,7 @@ async def start(rt: Runtime, who: Principal, body: Any) -> tuple[Operation, bool
     return op, created
 
 
-async def cancel(rt: Runtime, who: Principal, op_id: str, body: Any) -> Operation:
+async def cancel(rt: Runtime, who: Principal, op_id: str, body: Any) -> OperationRecord:
     operation_id(op_id)
     intent = parse_cancel(body)
     op = await rt.db.run_write(
@@ -152,7 +164,7 @@ async def cancel(rt: Runtime, who: Principal, op_id: str, body: Any) -> Operatio
     return op
 
 
-async def page(rt: Runtime, who: Principal, query: ListQuery) -> dict[str, Any]:
+async def page(rt: Runtime, who: Principal, query: OperationFilter) -> dict[str, Any]:
     def load() -> dict[str, Any]:
         with rt.db.read() as conn:
             found = store.list_operations(

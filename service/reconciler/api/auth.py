@@ -16,7 +16,7 @@ from collections.abc import Callable
 from sqlalchemy.engine import Connection
 from starlette.requests import Request
 
-from reconciler.errors import AuthenticationFailed
+from reconciler.core.errors import AuthenticationFailed
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import Principal, authenticate, digest
 

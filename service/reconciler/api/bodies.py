@@ -14,13 +14,13 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from reconciler.core.strict_json import parse_request_json
-from reconciler.errors import (
+from reconciler.core.errors import (
     ClientDisconnected,
     InvalidRequest,
     PayloadTooLarge,
     UnsupportedMediaType,
 )
+from reconciler.core.strict_json import parse_request_json
 
 
 def too_large(limit: int) -> str:

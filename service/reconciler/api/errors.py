@@ -14,11 +14,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from reconciler import errors
+from reconciler.core import errors
 
 log = logging.getLogger("reconciler.http")
 
-# By family (see the tree in ``reconciler.errors``); the most specific class wins.
+# By family (see the tree in ``reconciler.core.errors``); the most specific class wins.
 STATUS: dict[type[errors.ReconcilerError], int] = {
     errors.PayloadTooLarge: 413,
     errors.UnsupportedMediaType: 415,

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from reconciler.errors import AuthenticationFailed
+from reconciler.core.errors import AuthenticationFailed
 from reconciler.runtime import Runtime
 from reconciler.storage import migrate
 

@@ -13,7 +13,7 @@ from reconciler.api.auth import principal as authenticate
 from reconciler.api.bodies import read_json
 from reconciler.api.validation import parse_decision, parse_history_params, parse_list_params
 from reconciler.commands.decide import decide as commands_decide
-from reconciler.errors import InvalidRequest
+from reconciler.core.errors import InvalidRequest
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import require_operator
 

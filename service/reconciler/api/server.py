@@ -1,4 +1,7 @@
-"""Running the app on uvicorn."""
+"""The app on uvicorn: the process's settings, the server, and its front door.
+
+``reconciler.app.serve`` puts them together.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +14,9 @@ from typing import Any
 
 import uvicorn
 
-from reconciler import logs
-from reconciler.api.app import create_app
 from reconciler.api.frontdoor import DoorLimits, Refusal, protocol_class
 from reconciler.config import Settings
 from reconciler.runtime import Runtime
-from reconciler.storage import migrate
 
 
 def tune_process() -> None:
@@ -30,17 +30,6 @@ def tune_process() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
-
-
-def serve(settings: Settings, *, migrate_first: bool = True) -> int:
-    logs.configure(settings.log_level)
-    runtime = Runtime.build(settings)
-    if migrate_first:
-        migrate.upgrade(runtime.db)
-    app = create_app(runtime)
-    tune_process()
-    Server(server_config(app, settings, runtime), runtime).run()
-    return 0
 
 
 class Server(uvicorn.Server):

@@ -24,9 +24,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from reconciler.api.bodies import read_limited
-from reconciler.core.signatures import Verifier
-from reconciler.core.strict_json import is_text, parse_json
-from reconciler.errors import (
+from reconciler.core.errors import (
     ClientDisconnected,
     InvalidRequest,
     NotFound,
@@ -36,6 +34,8 @@ from reconciler.errors import (
     StorageUnavailable,
     UnstorableContent,
 )
+from reconciler.core.signatures import Verifier
+from reconciler.core.strict_json import is_text, parse_json
 from reconciler.providers.pointer import MISSING
 from reconciler.providers.spec import WebhookSpec
 from reconciler.runtime import Runtime

@@ -11,7 +11,7 @@ Needs only httpx and the standard library (no web server, no database driver)::
         else:
             ...  # run.outcome says which of six things happened; run.operation_id stays
 
-Errors are the package's own families (``reconciler.errors``), mapped from the
+Errors are the package's own families (``reconciler.core.errors``), mapped from the
 answer's ``error.code``: ``InvalidRequest`` (bad input), ``NotFound``,
 ``Conflict`` (``IdempotencyConflict``), ``AuthenticationFailed`` /
 ``PermissionDenied``, and ``ServiceError`` when the service failed or could
@@ -40,7 +40,7 @@ from reconciler.client.model import (
     outcome_of,
 )
 from reconciler.client.sync import Client
-from reconciler.errors import (
+from reconciler.core.errors import (
     AuthenticationFailed,
     Conflict,
     IdempotencyConflict,

@@ -13,7 +13,7 @@ import httpx
 from reconciler.client import calls
 from reconciler.client.model import HistoryEntry, Operation, Page, Provider, RunResult
 from reconciler.client.sync import check_max_wait, new_key, settled_for_run, unreachable
-from reconciler.errors import InvalidRequest, ServiceError
+from reconciler.core.errors import InvalidRequest, ServiceError
 
 T = TypeVar("T")
 
@@ -23,7 +23,7 @@ class AsyncClient:
 
     Calls that cannot make a second job (reads, waits, cancels, and a start with an
     ``idempotency_key``) are retried ``retries`` times after a connection error,
-    never after an answer: an error answer raises its ``reconciler.errors`` class.
+    never after an answer: an error answer raises its ``reconciler.core.errors`` class.
     """
 
     def __init__(

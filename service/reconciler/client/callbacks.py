@@ -2,7 +2,7 @@
 
 Guarantee: ``verify_callback`` returns the event only for a delivery signed with
 the secret, stamped within the tolerance and not seen before; anything else
-raises ``SignatureRejected`` (a ``reconciler.errors.AuthenticationFailed``) with
+raises ``SignatureRejected`` (a ``reconciler.core.errors.AuthenticationFailed``) with
 a machine-readable ``reason``.
 
 How a replay is told from a retry: the service signs every delivery attempt
@@ -31,9 +31,9 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from reconciler.client.model import Operation
+from reconciler.core.errors import InvalidRequest, RejectReason, SignatureRejected
 from reconciler.core.signatures import DEFAULT_TOLERANCE_SECONDS, StandardWebhooksVerifier
 from reconciler.core.strict_json import parse_json
-from reconciler.errors import InvalidRequest, RejectReason, SignatureRejected
 
 MAX_REMEMBERED = 100_000
 

@@ -2,7 +2,7 @@
 
 Pure: the sync and async clients only send what a ``Call`` describes and hand
 the answer to ``decode``. Guarantee: an error answer raises the class of its
-``error.code`` (``reconciler.errors``), a 5xx or an unreadable answer
+``error.code`` (``reconciler.core.errors``), a 5xx or an unreadable answer
 ``ServiceError``; a call is marked idempotent only when sending it twice cannot
 make a second job, which is what allows a retry after a connection error.
 """
@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
-from reconciler import errors
 from reconciler.client.model import (
     HistoryPage,
     Operation,
@@ -23,6 +22,7 @@ from reconciler.client.model import (
     Provider,
     providers_from_json,
 )
+from reconciler.core import errors
 
 T = TypeVar("T")
 

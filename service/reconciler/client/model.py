@@ -3,7 +3,7 @@
 Pure: JSON in, frozen dataclasses out. Unknown keys are kept in ``raw`` and
 otherwise ignored, so a newer service does not break an older client. The one
 decision here is ``outcome_of``: which of six distinct outcomes an operation
-stands for (seed 002: success, failure and timeout are different words).
+stands for (success, failure and timeout are different words: docs/design.md#operation-view).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from reconciler.core.errors import ServiceError
 from reconciler.core.states import State, awaits_decision
-from reconciler.errors import ServiceError
 
 
 def _time(value: Any) -> datetime | None:
@@ -77,7 +77,7 @@ class Escalation:
 
 @dataclass(frozen=True)
 class Operation:
-    """One operation as ``GET /v1/operations/{id}`` shows it (SPEC "Operation shape")."""
+    """One operation as ``GET /v1/operations/{id}`` shows it (docs/design.md#operation-view)."""
 
     id: str
     provider: str

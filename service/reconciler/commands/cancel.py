@@ -12,14 +12,14 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.errors import Conflict
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import HistoryKind
-from reconciler.errors import Conflict
 from reconciler.providers.spec import ProviderSpec, cancel_deadline_seconds
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Entry, Journal, retry_stale
-from reconciler.storage.models import Operation
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tokens import Principal
 
@@ -32,10 +32,10 @@ def cancel(
     who: Principal,
     reason: str | None,
     now: datetime,
-) -> Operation:
+) -> OperationRecord:
     """Record the intent on the caller's own operation (operators: any), retried on a race."""
 
-    def once() -> Operation:
+    def once() -> OperationRecord:
         with db.write() as conn:
             op = store.visible_operation(conn, operation_id, who)
             spec = providers.get(op.provider)
@@ -56,13 +56,13 @@ def cancel(
 def request_cancel(
     conn: Connection,
     journal: Journal,
-    op: Operation,
+    op: OperationRecord,
     who: str,
     reason: str | None,
     now: datetime,
     cancel_deadline_seconds: float,
     can_cancel: bool = True,
-) -> Operation:
+) -> OperationRecord:
     """Record the intent to cancel. Never claims ``cancelled``: only the provider can.
 
     * job running (accepted/observing) → ``cancel_requested``; a worker sends the call once;

@@ -12,38 +12,26 @@ transaction; the caller runs it off the event loop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Connection
 
-from reconciler.api.validation import CreateRequest
 from reconciler.core import ids
 from reconciler.core.canonical import request_fingerprint, same_json
+from reconciler.core.errors import Conflict, IdempotencyConflict, InvalidRequest
+from reconciler.core.limits import ProviderLimits
 from reconciler.core.quotas import RATE_WINDOW, Quota, check_quota
+from reconciler.core.records import OperationRecord, new_operation
 from reconciler.core.states import State
-from reconciler.errors import Conflict, IdempotencyConflict, InvalidRequest
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
-from reconciler.storage.models import Operation, new_record
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tokens import Principal
+from reconciler.wire import CreateOperation
 
 
-@dataclass(frozen=True)
-class ProviderLimits:
-    """What the provider file authorises; an agent may ask for less, never for more."""
-
-    deadline_seconds: float
-    max_status_requests: int
-    max_transport_failures: int
-    create_deadline_seconds: float
-    min_deadline_seconds: float = 0.0  # the service's floor ([limits] min_deadline_seconds)
-    quota: Quota = field(default_factory=lambda: Quota(max_in_flight=0, max_per_minute=0))
-
-
-def _within(limits: ProviderLimits, req: CreateRequest) -> tuple[float, int]:
+def _within(limits: ProviderLimits, req: CreateOperation) -> tuple[float, int]:
     deadline = limits.deadline_seconds
     if req.deadline_seconds is not None:
         if req.deadline_seconds > limits.deadline_seconds:
@@ -69,8 +57,8 @@ def _within(limits: ProviderLimits, req: CreateRequest) -> tuple[float, int]:
 
 
 def _same_operation(
-    existing: Operation, req: CreateRequest, fingerprint: str, deadline: float, budget: int
-) -> Operation:
+    existing: OperationRecord, req: CreateOperation, fingerprint: str, deadline: float, budget: int
+) -> OperationRecord:
     """The stored operation if the retry asks for exactly it; else a conflict naming the field."""
     key = req.idempotency_key
     if existing.request_fingerprint != fingerprint:
@@ -117,10 +105,10 @@ def create_operation(
     db: Database,
     journal: Journal,
     principal: Principal,
-    req: CreateRequest,
+    req: CreateOperation,
     limits: ProviderLimits,
     now: datetime,
-) -> tuple[Operation, bool]:
+) -> tuple[OperationRecord, bool]:
     """Store the operation durably (``create_pending``) before any provider call.
 
     Returns the operation and whether it is new. The same key with the same request and
@@ -134,7 +122,7 @@ def create_operation(
             existing = store.find_by_key(conn, principal.name, key)
         if existing is not None:
             return _same_operation(existing, req, fingerprint, deadline, budget), False
-    op = new_record(
+    op = new_operation(
         id=ids.operation_id(now),
         provider=req.provider,
         caller=principal.name,

@@ -13,6 +13,7 @@ from datetime import datetime
 from sqlalchemy.engine import Connection
 
 from reconciler.core.operator_decision import DecisionRequest, plan_decision
+from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.providers.spec import ProviderSpec, cancel_deadline_seconds
 from reconciler.storage import operations as store
@@ -20,7 +21,6 @@ from reconciler.storage.completion_steps import reopen_given_up
 from reconciler.storage.database import Database
 from reconciler.storage.escalations import mark_decided, open_escalation
 from reconciler.storage.journal import Entry, Journal, retry_stale
-from reconciler.storage.models import Operation
 from reconciler.storage.notify import CHANGE_CHANNEL, WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tokens import Principal, require_operator
 
@@ -33,11 +33,11 @@ def decide(
     who: Principal,
     request: DecisionRequest,
     now: datetime,
-) -> Operation:
+) -> OperationRecord:
     """An operator's decision on an operation's open escalation, retried on a race."""
     require_operator(who)
 
-    def once() -> Operation:
+    def once() -> OperationRecord:
         with db.write() as conn:
             op = store.load_operation(conn, operation_id)
             spec = providers.get(op.provider)
@@ -57,12 +57,12 @@ def decide(
 def apply_decision(
     conn: Connection,
     journal: Journal,
-    op: Operation,
+    op: OperationRecord,
     request: DecisionRequest,
     who: str,
     now: datetime,
     cancel_deadline_seconds: float,
-) -> Operation:
+) -> OperationRecord:
     plan = plan_decision(op, open_escalation(conn, op), request, who, now, cancel_deadline_seconds)
     if plan.reopen_given_up_steps:
         reopen_given_up(conn, op)

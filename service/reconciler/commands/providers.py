@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from reconciler.errors import InvalidRequest
+from reconciler.core.errors import InvalidRequest
 from reconciler.providers.loader import (
     ProviderTable,
     preset_file,

@@ -15,9 +15,8 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from reconciler import errors
 from reconciler.console.web import operator, page, render, runtime_of
-from reconciler.core import risk
+from reconciler.core import errors, risk
 from reconciler.core.states import State
 from reconciler.core.vocabulary import EscalationReason
 from reconciler.storage import inbox as reads

@@ -16,7 +16,6 @@ from urllib.parse import urlsplit, urlunsplit
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from reconciler import errors
 from reconciler.api.validation import parse_decision
 from reconciler.commands.decide import decide as commands_decide
 from reconciler.console import timeline
@@ -29,8 +28,9 @@ from reconciler.console.web import (
     render,
     runtime_of,
 )
-from reconciler.core import risk
+from reconciler.core import errors, risk
 from reconciler.core.operator_decision import plan_decision
+from reconciler.core.records import EscalationRecord, OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import DecisionAction
 from reconciler.providers.spec import cancel_deadline_seconds
@@ -39,7 +39,6 @@ from reconciler.storage import operations as store
 from reconciler.storage.completion_steps import steps_of
 from reconciler.storage.escalations import escalations_of
 from reconciler.storage.history import history_of
-from reconciler.storage.models import Escalation, Operation
 from reconciler.storage.views import view_of
 
 MAX_ID = 40
@@ -66,7 +65,7 @@ def _op_id(request: Request) -> str:
     return op_id
 
 
-def _open(op: Operation, escalations: list[Escalation]) -> Escalation | None:
+def _open(op: OperationRecord, escalations: list[EscalationRecord]) -> EscalationRecord | None:
     for esc in escalations:
         if esc.id == op.escalation_id and esc.decided_at is None:
             return esc
@@ -127,8 +126,8 @@ async def operation_page(request: Request) -> Response:
 def _option(rt: Runtime, who: Operator, data: dict[str, Any], action: str) -> dict[str, Any]:
     """The offered option to confirm; refused exactly as the API would refuse the decision."""
     request = parse_decision({"action": action})
-    op: Operation = data["op"]
-    esc: Escalation | None = data["open"]
+    op: OperationRecord = data["op"]
+    esc: EscalationRecord | None = data["open"]
     # A dry run of the decision's pure planning: the same refusal, the same words.
     plan_decision(
         op,

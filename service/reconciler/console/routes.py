@@ -1,4 +1,4 @@
-"""Every console route under ``/console``, mounted by ``api.app`` next to the agent API."""
+"""Every console route under ``/console``, mounted by ``reconciler.app`` next to the agent API."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from reconciler import errors
 from reconciler.console.audit import audit_page
 from reconciler.console.inbox import inbox, inbox_stamp
 from reconciler.console.operation import confirm_page, decide, operation_page
 from reconciler.console.providers import providers_page
 from reconciler.console.signin import sign_in, sign_in_form, sign_out
 from reconciler.console.web import PREFIX, page
+from reconciler.core import errors
 
 
 @page

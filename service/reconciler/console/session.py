@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from reconciler.config import Secret, Settings
-from reconciler.errors import ConfigError
+from reconciler.core.errors import ConfigError
 
 log = logging.getLogger("reconciler.console")
 

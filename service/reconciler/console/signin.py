@@ -13,7 +13,6 @@ from urllib.parse import urlsplit
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from reconciler import errors
 from reconciler.console.session import SESSION_COOKIE, SIGNIN_COOKIE
 from reconciler.console.web import (
     PREFIX,
@@ -25,6 +24,7 @@ from reconciler.console.web import (
     runtime_of,
     state_of,
 )
+from reconciler.core import errors
 from reconciler.storage.tokens import Standing, standing_of
 
 MAX_TOKEN_CHARS = 200

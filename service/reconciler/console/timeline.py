@@ -14,9 +14,9 @@ from datetime import datetime
 from typing import Any
 
 from reconciler.core import story
+from reconciler.core.records import HistoryRecord
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.storage.completion_steps import StepRecord
-from reconciler.storage.models import HistoryEntry
 
 
 @dataclass(frozen=True)
@@ -52,13 +52,13 @@ def _moment(value: Any) -> datetime | None:
     return None
 
 
-def _transition(entry: HistoryEntry) -> str:
+def _transition(entry: HistoryRecord) -> str:
     if entry.kind != HistoryKind.TRANSITION:
         return ""
     return f"{entry.from_state or '(new)'} → {entry.to_state}"
 
 
-def row_of(entry: HistoryEntry) -> Row:
+def row_of(entry: HistoryRecord) -> Row:
     detail: dict[str, Any] = dict(entry.detail or {})
     return Row(
         seq=entry.seq,
@@ -75,7 +75,7 @@ def row_of(entry: HistoryEntry) -> Row:
     )
 
 
-def rows(entries: Iterable[HistoryEntry]) -> list[Row]:
+def rows(entries: Iterable[HistoryRecord]) -> list[Row]:
     return [row_of(e) for e in entries]
 
 
@@ -100,7 +100,7 @@ class Delivery:
     tried: list[Attempt] = field(default_factory=list)
 
 
-def _attempt(entry: HistoryEntry) -> Attempt:
+def _attempt(entry: HistoryRecord) -> Attempt:
     detail: dict[str, Any] = dict(entry.detail or {})
     number = detail.get("attempt")
     if entry.cause.startswith("step_done"):
@@ -118,7 +118,7 @@ def _attempt(entry: HistoryEntry) -> Attempt:
     return Attempt(entry.at, number, answer, outcome)
 
 
-def deliveries(steps: Sequence[StepRecord], entries: Iterable[HistoryEntry]) -> list[Delivery]:
+def deliveries(steps: Sequence[StepRecord], entries: Iterable[HistoryRecord]) -> list[Delivery]:
     """Each step row with the attempts its history entries record, in order.
 
     History entries carry no round, so an attempt belongs to the latest round of

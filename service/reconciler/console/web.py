@@ -21,12 +21,12 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from reconciler import errors
 from reconciler.api.auth import cached_principal
 from reconciler.api.bodies import read_limited
 from reconciler.api.errors import status_for
 from reconciler.console import formatting
 from reconciler.console.session import SESSION_COOKIE, Session, Signer, key_from
+from reconciler.core import errors
 from reconciler.core.strict_json import require_field_text
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import Principal, principal_by_id

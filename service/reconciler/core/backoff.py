@@ -1,4 +1,6 @@
-"""Capped exponential backoff with a jitter floor (seed 003), and Retry-After parsing.
+"""Capped exponential backoff with a jitter floor, and Retry-After parsing.
+
+See docs/design.md#next-read.
 
 Pure: the caller passes the attempt number, the policy and a ``random.Random``.
 Used by the poller, the create reconciliation and callback delivery alike.

@@ -87,7 +87,7 @@ def fingerprint_json(value: Any) -> str:
 
 
 def request_fingerprint(provider: str, request: Any) -> str:
-    """SHA-256 of the RFC 8785 text of provider and request (seed 001)."""
+    """SHA-256 of the RFC 8785 text of provider and request (docs/design.md#idempotency-keys)."""
     text = fingerprint_json({"provider": provider, "request": request})
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 

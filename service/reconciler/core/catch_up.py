@@ -1,7 +1,7 @@
 """Spreading status reads that fell due together (a restart, a pause): a pure decision.
 
-Guarantee: a late wake never bursts (seed 003: do not compensate for missed
-intervals with a burst of status calls). Overdue reads of one provider are
+Guarantee: a late wake never bursts (missed intervals are not made up with a
+burst of status calls, docs/design.md#catch-up). Overdue reads of one provider are
 placed one by one over a window as long as their own cadence would have
 taken to send them — ``n`` reads at the rate ``sum(1 / interval)`` they were
 being sent at, never faster than ``max_rate`` — so the window grows with

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
+from reconciler.core.provider_calls import CallResult, ResultCheck
 from reconciler.core.states import State
 from reconciler.core.vocabulary import RETRYABLE_4XX, RemoteCategory
-from reconciler.providers.adapter import CallResult, ResultCheck
 
 INLINE_RESULT_BYTES = 65_536
 MAX_FAILED_ITEMS = 50

@@ -14,9 +14,9 @@ from typing import Any
 
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.clock import isoformat
+from reconciler.core.errors import InvalidObservation
 from reconciler.core.poll import Stop
 from reconciler.core.vocabulary import RETRYABLE_4XX, DelaySource, EscalationReason, TransportError
-from reconciler.errors import InvalidObservation
 
 # 409: the provider is still working on a request with the same idempotency key.
 RETRYABLE_CREATE_4XX = RETRYABLE_4XX | {409}

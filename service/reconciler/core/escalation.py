@@ -1,7 +1,7 @@
-"""Escalations: bounded options, the seed-003 message, and where stopping and resuming lead.
+"""Escalations: bounded options, the operator's message, and where stopping and resuming lead.
 
 An escalation asks for a decision, not "continue?": every option is bounded
-and states its cost (seed 003, "Escalation should ask for a decision").
+and states its cost (docs/design.md#escalation).
 """
 
 from __future__ import annotations
@@ -12,13 +12,25 @@ from typing import Any
 
 from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.clock import utc
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DecisionAction, EscalationReason, TransportError
-from reconciler.providers.spec import ProviderSpec
-from reconciler.storage.models import Operation
 
 A = DecisionAction
 R = EscalationReason
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderTerms:
+    """What an escalation needs of the operation's provider: how its waits grow (for the
+    extension it proposes) and whether it can be asked to cancel."""
+
+    backoff: BackoffPolicy
+    can_cancel: bool
+
+
+# An operation whose provider is no longer configured: default waits, no cancel call.
+UNKNOWN_PROVIDER = ProviderTerms(backoff=BackoffPolicy(), can_cancel=False)
 
 _ALL = (A.EXTEND, A.CANCEL, A.ABANDON)
 
@@ -26,7 +38,7 @@ _ALL = (A.EXTEND, A.CANCEL, A.ABANDON)
 # - Waiting-related stops (deadline, budget, rate limit) and provider trouble
 #   are cured by time, so a bounded extension makes sense next to ending it.
 # - unknown_state: a person may allow a bounded pause while someone checks
-#   what the provider's new state means (seed 003).
+#   what the provider's new state means.
 # - contradictory_status: the next read may resolve the contradiction, but
 #   only under a new, explicit limit.
 # - authorization_denied: an identical request would be denied again, so the
@@ -83,7 +95,7 @@ def abandon_state(reason: EscalationReason) -> State:
 def proposed_extension(backoff: BackoffPolicy) -> tuple[float, int]:
     """Default extension (extra_seconds, extra_status_requests) scaled to the provider's polling.
 
-    Fifteen minutes with four checks (seed 003), widened so that four checks
+    Fifteen minutes with four checks (docs/design.md#decisions), widened so that four checks
     at the provider's capped cadence fit into the extra time.
     """
     checks = DEFAULT_EXTRA_STATUS_REQUESTS
@@ -174,7 +186,7 @@ def options_payload(
 
 
 def render_message(facts: EscalationFacts, options: tuple[DecisionAction, ...]) -> str:
-    """The seed-003 escalation message: enough context to decide, one fact per line."""
+    """The escalation message (docs/design.md#escalation-message): one fact per line."""
     job = _one_line(facts.provider_job_id, _FIELD_LIMIT) or "not known yet"
     state = _one_line(facts.last_remote_state, _FIELD_LIMIT) or "not observed"
     detail = _one_line(facts.detail, _DETAIL_LIMIT)
@@ -232,7 +244,7 @@ _STOP_STATES = {
 }
 
 
-def resume_state(op: Operation, reason: EscalationReason) -> State:
+def resume_state(op: OperationRecord, reason: EscalationReason) -> State:
     """Where an operator's ``extend`` takes the operation back to."""
     state = State(op.state)
     if op.remote_job_id is None:
@@ -248,14 +260,13 @@ def resume_state(op: Operation, reason: EscalationReason) -> State:
 
 
 def facts_for(
-    op: Operation,
-    spec: ProviderSpec | None,
+    op: OperationRecord,
+    backoff: BackoffPolicy,
     reason: EscalationReason,
     detail: str,
     now: datetime,
     transport_error: TransportError | None = None,
 ) -> EscalationFacts:
-    backoff = spec.polling.backoff() if spec is not None else BackoffPolicy()
     extra_seconds, extra_requests = proposed_extension(backoff)
     return EscalationFacts(
         operation_id=op.id,

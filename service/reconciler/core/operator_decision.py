@@ -1,6 +1,6 @@
 """Planning an operator's decision on an escalation: only what was offered, once.
 
-Guarantee: an escalation asks for a bounded decision (seed 003). An extension
+Guarantee: an escalation asks for a bounded decision (docs/design.md#decisions). An extension
 is a new authorization with a new deadline and extra status requests (delay
 source ``manual_extension``), at most what the escalation offered: the offer
 states the cost, and an amount beyond it would be an authorization nobody was
@@ -18,10 +18,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from reconciler.core import escalation
+from reconciler.core.errors import DecisionNotAllowed, InvalidRequest
+from reconciler.core.records import EscalationRecord, OperationRecord
 from reconciler.core.states import END_STATES, State, allowed
 from reconciler.core.vocabulary import DecisionAction, DelaySource, EscalationReason
-from reconciler.errors import DecisionNotAllowed, InvalidRequest
-from reconciler.storage.models import Escalation, Operation
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class DecisionPlan:
     delay_source: DelaySource | None = field(default=None)
 
 
-def _offered(esc: Escalation) -> dict[str, dict[str, Any]]:
+def _offered(esc: EscalationRecord) -> dict[str, dict[str, Any]]:
     return {str(o["action"]): o for o in esc.options}
 
 
@@ -75,7 +75,11 @@ def extension_amounts(option: dict[str, Any], request: DecisionRequest) -> tuple
 
 
 def _extend_changes(
-    op: Operation, esc: Escalation, now: datetime, extra_seconds: float, extra_requests: int
+    op: OperationRecord,
+    esc: EscalationRecord,
+    now: datetime,
+    extra_seconds: float,
+    extra_requests: int,
 ) -> dict[str, Any]:
     """A new authorization: a later deadline, more status requests, fresh failure counts."""
     extra = timedelta(seconds=extra_seconds)
@@ -97,7 +101,7 @@ def _extend_changes(
 
 
 def _cancel_changes(
-    op: Operation,
+    op: OperationRecord,
     offered: dict[str, dict[str, Any]],
     reason: EscalationReason,
     who: str,
@@ -126,7 +130,7 @@ def _cancel_changes(
 
 
 def plan_resend(
-    op: Operation, now: datetime, record: dict[str, Any], changes: dict[str, Any]
+    op: OperationRecord, now: datetime, record: dict[str, Any], changes: dict[str, Any]
 ) -> None:
     """A resend of a create_unknown's create: authorized for the next attempt only.
 
@@ -150,8 +154,8 @@ def plan_resend(
 
 
 def plan_decision(
-    op: Operation,
-    esc: Escalation | None,
+    op: OperationRecord,
+    esc: EscalationRecord | None,
     request: DecisionRequest,
     who: str,
     now: datetime,

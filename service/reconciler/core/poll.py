@@ -1,7 +1,7 @@
-"""The fallback poller's pure decision core (seed 003): stop, collect, finish, or when to read next.
+"""The fallback poller's pure decision core: stop, collect, finish, or when to read next.
 
 Values in, a decision out: no I/O, no clock, no hidden randomness. The shell
-follows seed 003's ordering around it:
+follows this order around it (docs/design.md#read-order):
 
 1. ``before_request(record, now)``; a ``Stop`` means no request is sent.
 2. charge the request (``status_requests_used += 1``) and persist it;
@@ -13,14 +13,14 @@ A late wake (the process slept or restarted past ``next_poll_at``) is not
 special: it runs the same steps, so it sends at most one request and never a
 burst to "catch up" on missed intervals.
 
-Delay precedence for the next read (SPEC "Poller"): ``Retry-After`` is a
+Delay precedence for the next read (docs/design.md#next-read): ``Retry-After`` is a
 minimum on any response > a validated provider hint > capped exponential
 backoff with jitter. A ``Wait`` is never before ``now`` and never after the
 deadline; when ``Retry-After`` itself reaches past the deadline no legal
 request is left, so the wait ends at the deadline and that wake stops with
 ``deadline_exceeded`` in ``before_request`` without sending anything.
 
-Webhook trust (SPEC "Webhook trust: polling as a fallback") changes two things, both
+Webhook trust (docs/design.md#webhook-trust) changes two things, both
 values of the policy and of the decision:
 
 * while the provider's webhooks are trusted (``trusted=True``) a pending read waits a
@@ -52,8 +52,8 @@ from typing import Any
 
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.clock import isoformat, utc
+from reconciler.core.errors import InvalidObservation
 from reconciler.core.vocabulary import DelaySource, EscalationReason, RemoteCategory, TransportError
-from reconciler.errors import InvalidObservation
 
 # A 429 or 503 without Retry-After means the provider is under pressure: the
 # next read waits at least four normal backoff steps or the policy's floor,
@@ -135,8 +135,8 @@ class Counters:
     """Absolute counter values after this observation; the shell persists them as given.
 
     ``poll_attempt`` includes the poll just decided and is the backoff
-    exponent of the following wait (seed 003: "attempt = number of completed
-    polls"). ``hint_consumed`` is true when a pending webhook hint has now been
+    exponent of the following wait (the backoff counts completed polls,
+    docs/design.md#next-read). ``hint_consumed`` is true when a pending webhook hint has now been
     answered by a parsable status read and should be cleared.
     """
 
@@ -200,7 +200,7 @@ Decision = Collect | Finish | Stop | Wait
 
 
 def before_request(record: PollRecord, now: datetime) -> Stop | None:
-    """Seed-003 checks before a status request; only None lets the shell charge and send."""
+    """Checks before a status request; only None lets the shell charge and send."""
     if now >= record.deadline_at:
         return Stop(
             EscalationReason.DEADLINE_EXCEEDED,
@@ -584,7 +584,7 @@ def _wait(
     stretched: float | None = None,
 ) -> Decision:
     # Stop now rather than schedule a read that before_request would refuse:
-    # the record then shows the response that ended the run (seed 003 audit).
+    # the history then shows the response that ended the run.
     if now >= record.deadline_at:
         return Stop(
             EscalationReason.DEADLINE_EXCEEDED,

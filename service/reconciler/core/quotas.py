@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from reconciler.errors import QuotaExceeded
+from reconciler.core.errors import QuotaExceeded
 
 RATE_WINDOW = timedelta(minutes=1)
 # When one of the agent's operations ends is not known in advance; a client that honours

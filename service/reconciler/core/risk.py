@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from fractions import Fraction
 
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
-from reconciler.storage.models import Operation
 
 # At risk when at most this share of the deadline window is left ...
 DEADLINE_LEFT = Fraction(1, 5)
@@ -31,7 +31,7 @@ class Risk:
     text: str
 
 
-def risks(op: Operation, now: datetime) -> list[Risk]:
+def risks(op: OperationRecord, now: datetime) -> list[Risk]:
     """What is nearly spent on a running operation (empty when nothing is, or it is not running)."""
     if State(op.state) not in WATCHED:
         return []

@@ -20,7 +20,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from reconciler.core.clock import Clock
-from reconciler.errors import ConfigError, RejectReason, SignatureRejected
+from reconciler.core.errors import ConfigError, RejectReason, SignatureRejected
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey

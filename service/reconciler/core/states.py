@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from reconciler.errors import IllegalTransition
+from reconciler.core.errors import IllegalTransition
 
 
 class State(StrEnum):
@@ -47,11 +47,11 @@ END_STATES: frozenset[State] = frozenset(
 
 S = State
 
-# Seed 001 gives the spine (create_pending -> accepted -> observing ->
-# result_collecting -> succeeded, the create_unknown detour, the cancel path);
-# the rest follows from SPEC: every stop that needs a person goes through
-# `escalated`, and two end states (result_timed_out, cancellation_unconfirmed)
-# can be reopened only by an operator's recorded decision.
+# The spine is create_pending -> accepted -> observing -> result_collecting ->
+# succeeded, with the create_unknown detour and the cancel path; every stop
+# that needs a person goes through `escalated`, and two end states
+# (result_timed_out, cancellation_unconfirmed) can be reopened only by an
+# operator's recorded decision (docs/design.md#states).
 TRANSITIONS: dict[State, frozenset[State]] = {
     S.CREATE_PENDING: frozenset({S.CREATE_UNKNOWN, S.ACCEPTED, S.FAILED, S.CANCELLED, S.ESCALATED}),
     S.CREATE_UNKNOWN: frozenset({S.ACCEPTED, S.FAILED, S.CANCELLED, S.ESCALATED}),

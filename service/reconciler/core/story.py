@@ -1,4 +1,4 @@
-"""An operation's history told as the audit sequence of seed 003, one line per entry.
+"""An operation's history told as a story, one line per entry (docs/design.md#history).
 
 10:20:05 polled, state queued, next poll 10:20:14 from local backoff
 10:20:31 received 503, Retry-After 120, next poll 10:22:31 from provider guidance
@@ -13,8 +13,8 @@ from datetime import datetime
 from typing import Any
 
 from reconciler.core.clock import utc
+from reconciler.core.records import HistoryRecord, OperationRecord
 from reconciler.core.vocabulary import DelaySource, HistoryKind
-from reconciler.storage.models import HistoryEntry, Operation
 
 SOURCE_WORDS = {
     DelaySource.PROVIDER_RETRY_AFTER.value: "provider guidance",
@@ -77,7 +77,7 @@ def _status_read(detail: dict[str, Any], source: str | None) -> str:
     return text
 
 
-def _transition(entry: HistoryEntry, detail: dict[str, Any]) -> str:
+def _transition(entry: HistoryRecord, detail: dict[str, Any]) -> str:
     if entry.from_state is None:
         deadline = detail.get("deadline_at")
         budget = detail.get("max_status_requests")
@@ -96,7 +96,7 @@ def _transition(entry: HistoryEntry, detail: dict[str, Any]) -> str:
     return f"{entry.from_state} -> {entry.to_state} ({entry.cause})"
 
 
-def text_of(entry: HistoryEntry) -> str:
+def text_of(entry: HistoryRecord) -> str:
     """What happened, in the story's words, without the time."""
     detail: dict[str, Any] = dict(entry.detail or {})
     kind = entry.kind
@@ -133,15 +133,15 @@ def text_of(entry: HistoryEntry) -> str:
     return text
 
 
-def line(entry: HistoryEntry) -> str:
+def line(entry: HistoryRecord) -> str:
     return f"{clock_text(entry.at)} {text_of(entry)}"
 
 
-def tell(entries: Iterable[HistoryEntry]) -> list[str]:
+def tell(entries: Iterable[HistoryRecord]) -> list[str]:
     return [line(e) for e in entries]
 
 
-def header(op: Operation) -> str:
+def header(op: OperationRecord) -> str:
     """The line that names what the story is about, before its first entry."""
     job = op.remote_job_id or "not known yet"
     return f"operation {op.id} (provider {op.provider}, job {job}), state {op.state}"

@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from reconciler.errors import InvalidRequest
+from reconciler.core.errors import InvalidRequest
 
 MAX_JSON_DEPTH = 64
 MAX_INT_DIGITS = 40

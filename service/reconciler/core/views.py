@@ -2,7 +2,7 @@
 
 Written so that a model cannot misread it: ``done`` is a boolean that is true
 only in an end state, and ``message`` says in plain words whether the work is
-finished, whether it succeeded and what to do next (seed 002).
+finished, whether it succeeded and what to do next (docs/design.md#operation-view).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from datetime import datetime
 from typing import Any
 
 from reconciler.core.clock import isoformat
+from reconciler.core.records import EscalationRecord, HistoryRecord, OperationRecord
 from reconciler.core.states import END_STATES, State
-from reconciler.storage.models import Escalation, HistoryEntry, Operation
 
 WAIT_HINT = "Wait with GET /v1/operations/{id}/wait."
 
@@ -81,11 +81,11 @@ _MESSAGES: dict[State, str] = {
 }
 
 
-def message_for(op: Operation) -> str:
+def message_for(op: OperationRecord) -> str:
     return _MESSAGES[State(op.state)].replace("{id}", op.id)
 
 
-def _poll_after(op: Operation, now: datetime) -> float | None:
+def _poll_after(op: OperationRecord, now: datetime) -> float | None:
     """How long an agent should wait before asking again, when it does not long-poll."""
     if State(op.state) in END_STATES:
         return None
@@ -94,7 +94,7 @@ def _poll_after(op: Operation, now: datetime) -> float | None:
     return float(min(300, max(1, round((op.next_poll_at - now).total_seconds()))))
 
 
-def escalation_view(esc: Escalation | None) -> dict[str, Any] | None:
+def escalation_view(esc: EscalationRecord | None) -> dict[str, Any] | None:
     if esc is None:
         return None
     return {
@@ -108,7 +108,7 @@ def escalation_view(esc: Escalation | None) -> dict[str, Any] | None:
 
 
 def operation_view(
-    op: Operation, now: datetime, escalation: Escalation | None = None
+    op: OperationRecord, now: datetime, escalation: EscalationRecord | None = None
 ) -> dict[str, Any]:
     state = State(op.state)
     return {
@@ -140,7 +140,7 @@ def operation_view(
     }
 
 
-def history_entry_view(entry: HistoryEntry) -> dict[str, Any]:
+def history_entry_view(entry: HistoryRecord) -> dict[str, Any]:
     return {
         "seq": entry.seq,
         "at": isoformat(entry.at),

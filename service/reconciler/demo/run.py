@@ -1,8 +1,8 @@
 """``reconciler demo``: the whole system on loopback, with a mixed batch of operations.
 
-Two simulated providers (``fixtures/provider_sim``, found in a clone of the
-repository) run as subprocesses: ``sim``, whose webhooks arrive, and ``sim-lossy``,
-which loses or lies about them; each earns or loses its own webhook trust, and the
+Two simulated providers (``reconciler.demo.sim``, shipped in the package) run as
+subprocesses: ``sim``, whose webhooks arrive, and ``sim-lossy``, which loses or lies
+about them; each earns or loses its own webhook trust, and the
 summary shows each on its own. The service runs in this process on a fresh
 SQLite file in the demo directory, next to a callback receiver that verifies
 and counts every delivery. The batch goes through the real agent API; the run
@@ -18,6 +18,7 @@ import base64
 import contextlib
 import copy
 import dataclasses
+import importlib.resources
 import logging
 import os
 import random
@@ -44,12 +45,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-import reconciler
 from reconciler import logs
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import SystemClock
+from reconciler.core.errors import DemoFailed, SignatureRejected
 from reconciler.core.signatures import StandardWebhooksVerifier
 from reconciler.core.trust import TrustView
 from reconciler.core.vocabulary import Scope
@@ -64,7 +65,6 @@ from reconciler.demo.report import (
     render_report,
     settled,
 )
-from reconciler.errors import DemoFailed, SignatureRejected
 from reconciler.runtime import Runtime
 from reconciler.storage import audit, migrate
 from reconciler.storage.database import Database
@@ -111,6 +111,11 @@ WARMUP_COUNT = 8
 ALWAYS_FIRST = frozenset({"rate_limit_storm"})
 TRUST_WAIT_SECONDS = 25.0
 JUDGE_WAIT_SECONDS = float(DEMO_POLLING["webhook_grace_seconds"]) + 1.5
+# --quick: one short operation per path the summary checks (a webhook that arrives, a
+# lost one found by polling, an escalation, a cancel), a repeated key, the MCP job and
+# the audit; no job runs longer than QUICK_SECONDS (a cancel ends its own).
+QUICK_KINDS = ("webhooks_delivered", "webhooks_lost", "unknown_state", "cancelled")
+QUICK_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
@@ -119,7 +124,7 @@ class DemoOptions:
     seed: int = 7
     timeout: float = 120.0
     keep: bool = False
-    sim_root: Path | None = None
+    quick: bool = False
     directory: Path = Path("demo-run")
     keep_serving: bool = False  # after the summary, serve the console until Ctrl-C
 
@@ -143,7 +148,7 @@ def _job(scenario: str, rng: random.Random, low: float, high: float, **knobs: An
     }
 
 
-# Each builds a create body for the simulated provider (see fixtures/provider_sim).
+# Each builds a create body for the simulated provider (see reconciler.demo.sim).
 KINDS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
     "webhooks_delivered": lambda r: _job("success", r, 1, 20),
     "webhooks_lost": lambda r: _job("success", r, 1, 20, webhooks="never"),
@@ -228,9 +233,11 @@ class Planned:
         return LOSSY_PROVIDER if self.kind in LOSSY_KINDS else PROVIDER
 
 
-def plan_batch(count: int, rng: random.Random, seed: int) -> list[Planned]:
+def plan_batch(
+    count: int, rng: random.Random, seed: int, required: tuple[str, ...] = REQUIRED
+) -> list[Planned]:
     """``count`` operations across the scenarios, in a seeded random order."""
-    kinds = list(REQUIRED[:count])
+    kinds = list(required[:count])
     names, weights = zip(*FILL_WEIGHTS.items(), strict=True)
     kinds += rng.choices(names, weights=weights, k=count - len(kinds))
     rng.shuffle(kinds)
@@ -242,6 +249,18 @@ def plan_batch(count: int, rng: random.Random, seed: int) -> list[Planned]:
         key = f"demo-{seed}-{index:03d}"
         planned.append(Planned(index, kind, request, key, cancel_after))
     return planned
+
+
+def plan_quick(rng: random.Random, seed: int) -> list[Planned]:
+    """The --quick batch: QUICK_KINDS once each, in a seeded order, each job short."""
+
+    def shortened(p: Planned) -> Planned:
+        if p.cancel_after is not None:
+            return p
+        request = {**p.request, "duration": min(p.request["duration"], QUICK_SECONDS)}
+        return dataclasses.replace(p, request=request)
+
+    return [shortened(p) for p in plan_batch(len(QUICK_KINDS), rng, seed, QUICK_KINDS)]
 
 
 def first_wave(planned: list[Planned]) -> list[Planned]:
@@ -257,16 +276,6 @@ def pick_repeats(planned: list[Planned], rng: random.Random) -> list[Planned]:
 
 
 # --- where things live -----------------------------------------------------------------
-
-
-def locate_sim_root(explicit: Path | None) -> Path:
-    root = explicit or Path(reconciler.__file__).resolve().parents[2]
-    if not (root / "fixtures" / "provider_sim" / "__main__.py").is_file():
-        raise DemoFailed(
-            f"the simulated provider (fixtures/provider_sim) is not under {root}; "
-            "run from a clone of the repository or pass --sim-root"
-        )
-    return root
 
 
 def prepare_directory(path: Path) -> Path:
@@ -333,15 +342,17 @@ def serve_in_thread(app: Any, name: str, sock: socket.socket | None = None) -> I
 
 
 @contextmanager
-def run_sim(root: Path, log_path: Path, env: dict[str, str], webhook_url: str) -> Iterator[str]:
+def run_sim(log_path: Path, env: dict[str, str], webhook_url: str) -> Iterator[str]:
     """Start the simulated provider as a subprocess; stop it by its PID on the way out."""
     with log_path.open("ab") as log:
         for _ in range(3):
             port = _free_port()
-            command = [sys.executable, "-m", "fixtures.provider_sim", "--host", HOST]
+            command = [sys.executable, "-m", "reconciler.demo.sim", "--host", HOST]
             command += ["--port", str(port), "--webhook-url", webhook_url]
             # Token and webhook secret go through the environment, not argv (visible in ps).
-            proc = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=log)
+            # The demo directory as cwd: `-m` puts it first on sys.path, and nothing there
+            # can stand in for the installed package.
+            proc = subprocess.Popen(command, cwd=log_path.parent, env=env, stdout=log, stderr=log)
             try:
                 url = f"http://{HOST}:{port}"
                 if _wait_for_sim(proc, url):
@@ -408,11 +419,10 @@ class CallbackReceiver:
 # --- the service -----------------------------------------------------------------------
 
 
-def demo_settings(
-    base: Settings, workdir: Path, sim_root: Path, sim_urls: dict[str, str]
-) -> Settings:
+def demo_settings(base: Settings, workdir: Path, sim_urls: dict[str, str]) -> Settings:
     """The service's settings: one provider table (the sim's) per simulated provider."""
-    with (sim_root / "fixtures" / "providers" / "sim.toml").open("rb") as fh:
+    sim_toml = importlib.resources.files("reconciler.demo") / "sim" / "sim.toml"
+    with sim_toml.open("rb") as fh:
         template = tomllib.load(fh)["providers"]["sim"]
     providers = {}
     for name, url in sim_urls.items():
@@ -811,11 +821,13 @@ class DemoSecrets:
 
 def _run(options: DemoOptions, base: Settings, workdir: Path, started: float) -> RunReport:
     rng = random.Random(options.seed)
-    planned = plan_batch(options.operations, rng, options.seed)
+    if options.quick:
+        planned = plan_quick(rng, options.seed)
+    else:
+        planned = plan_batch(options.operations, rng, options.seed)
     repeats = pick_repeats(planned, rng)
     keys = DemoSecrets()
     environ = keys.service_env()
-    sim_root = locate_sim_root(options.sim_root)
     print(f"reconciler demo: {len(planned)} operations, seed {options.seed}, files in {workdir}")
     with ExitStack() as stack:
         stack.enter_context(service_logs(workdir / "service.log", base.log_level))
@@ -828,7 +840,6 @@ def _run(options: DemoOptions, base: Settings, workdir: Path, started: float) ->
         sim_urls = {
             name: stack.enter_context(
                 run_sim(
-                    sim_root,
                     workdir / f"{name}.log",
                     keys.sim_env(),
                     f"{url_of(service_sock)}/webhooks/{name}",
@@ -836,7 +847,7 @@ def _run(options: DemoOptions, base: Settings, workdir: Path, started: float) ->
             )
             for name in PROVIDERS
         }
-        settings = demo_settings(base, workdir, sim_root, sim_urls)
+        settings = demo_settings(base, workdir, sim_urls)
         runtime = Runtime.build(settings, environ=environ)
         migrate.upgrade(runtime.db)
         *tokens, agent_secret = _make_tokens(runtime)
@@ -912,7 +923,6 @@ def run_demo(options: DemoOptions, base: Settings) -> int:
     if options.operations < 1 or options.timeout <= 0:
         raise DemoFailed("--operations must be at least 1 and --timeout greater than 0")
     started = time.monotonic()
-    locate_sim_root(options.sim_root)
     workdir = prepare_directory(options.directory)
     try:
         report = _run(options, base, workdir, started)

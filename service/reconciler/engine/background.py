@@ -7,6 +7,7 @@ import logging
 from datetime import datetime, timedelta
 
 from reconciler.engine.context import StepContext
+from reconciler.engine.deps import EngineDeps
 from reconciler.engine.hooks import load_hooks
 from reconciler.engine.steps.cancel import CancelStep
 from reconciler.engine.steps.collect import CollectStep
@@ -17,26 +18,25 @@ from reconciler.engine.ticker import Scheduler
 from reconciler.engine.trust import TrustKeeper
 from reconciler.engine.worker import Steps, Worker
 from reconciler.outbound.callbacks import CallbackClient
-from reconciler.runtime import Runtime
 
 log = logging.getLogger("reconciler.engine.background")
 
 
 class Background:
-    def __init__(self, runtime: Runtime, *, run_scheduler: bool = True) -> None:
-        self.runtime = runtime
-        self.ctx = StepContext(runtime)
-        settings = runtime.settings
+    def __init__(self, deps: EngineDeps, *, run_scheduler: bool = True) -> None:
+        self.deps = deps
+        self.ctx = StepContext(deps)
+        settings = deps.settings
         hooks = load_hooks(settings.hooks, settings.source)
         self.callbacks = (
             CallbackClient(
-                signing_key=runtime.callback_key,
+                signing_key=deps.callback_key,
                 allow_hosts=settings.callbacks.allow_hosts,
-                clock=runtime.clock,
+                clock=deps.clock,
                 timeout_seconds=settings.callbacks.timeout_seconds,
                 max_response_bytes=settings.callbacks.max_response_bytes,
             )
-            if runtime.callback_key is not None
+            if deps.callback_key is not None
             else None
         )
         steps = Steps(
@@ -52,19 +52,19 @@ class Background:
             self.worker, settings.scheduler.tick_seconds, trust_sweep=self.trust.sweep
         )
         self.run_scheduler = run_scheduler and settings.scheduler.enabled
-        runtime.notifier.on_wake(self._wake)
+        deps.notifier.on_wake(self._wake)
 
     def _wake(self) -> None:
         if self.run_scheduler:
             self.scheduler.wake()
 
     def _next_due(self, when: datetime) -> None:
-        # Due times are in the runtime's clock; the scheduler runs on the wall clock.
-        delay = (when - self.runtime.clock.now()).total_seconds()
+        # Due times are in the service's clock; the scheduler runs on the wall clock.
+        delay = (when - self.deps.clock.now()).total_seconds()
         self.scheduler.wake_at(datetime.now(tz=when.tzinfo) + timedelta(seconds=max(0.0, delay)))
 
     async def start(self) -> None:
-        rt = self.runtime
+        rt = self.deps
         rt.notifier.bind(asyncio.get_running_loop())
         if not rt.db.sqlite:
             rt.notifier.start_listener(rt.db.url)
@@ -74,6 +74,6 @@ class Background:
     async def stop(self) -> None:
         self.scheduler.shutdown()
         await self.worker.drain()
-        await self.runtime.notifier.stop()
+        await self.deps.notifier.stop()
         if self.callbacks is not None:
             await self.callbacks.aclose()

@@ -17,19 +17,19 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.catch_up import Overdue, spread
 from reconciler.core.clock import isoformat
+from reconciler.core.errors import StaleWrite
+from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import DelaySource, HistoryKind
+from reconciler.engine.deps import EngineDeps
 from reconciler.engine.steps.poll import record_of
-from reconciler.errors import StaleWrite
-from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.journal import Entry
-from reconciler.storage.models import Operation
 
 # At most this many due reads are looked at per claim (the rest wait for the next tick).
 SCAN_LIMIT = 2000
 
 
-def _overdue(op: Operation, default_interval: float) -> Overdue:
+def _overdue(op: OperationRecord, default_interval: float) -> Overdue:
     assert op.next_poll_at is not None
     return Overdue(
         operation_id=op.id,
@@ -40,13 +40,13 @@ def _overdue(op: Operation, default_interval: float) -> Overdue:
     )
 
 
-def spread_overdue(conn: Connection, rt: Runtime, now: datetime, actor: str) -> int:
+def spread_overdue(conn: Connection, rt: EngineDeps, now: datetime, actor: str) -> int:
     """Spread the due reads of every provider that has one long overdue; returns how many."""
     late_by = timedelta(seconds=rt.settings.scheduler.catch_up_after_seconds)
     skip = DelaySource.CATCH_UP.value
     if not store.any_status_read_due_before(conn, now, now - late_by, skip):
         return 0  # nothing long overdue (the usual case): no reason to look at every due read
-    by_provider: dict[str, list[Operation]] = defaultdict(list)
+    by_provider: dict[str, list[OperationRecord]] = defaultdict(list)
     for op in store.due_status_reads(conn, now, DelaySource.CATCH_UP.value, SCAN_LIMIT):
         by_provider[op.provider].append(op)
     moved = 0

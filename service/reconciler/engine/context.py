@@ -1,4 +1,4 @@
-"""What every step shares: the runtime, the lease, bounded provider calls and guarded writes.
+"""What every step shares: its dependencies, the lease, bounded provider calls and guarded writes.
 
 Guarantee: one owner per operation. Every write a step makes is conditional on
 the lease and on the version it was decided on (``storage.journal``). ``apply``
@@ -20,20 +20,22 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.clock import isoformat
+from reconciler.core.errors import StaleWrite
+from reconciler.core.escalation import UNKNOWN_PROVIDER, ProviderTerms
 from reconciler.core.poll import PollPolicy
+from reconciler.core.provider_calls import CallResult
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.trust import TrustPolicy
 from reconciler.core.vocabulary import EscalationReason, HistoryKind, TransportError
+from reconciler.engine.deps import EngineDeps
 from reconciler.engine.flow import Prep, flow_var
-from reconciler.errors import StaleWrite
 from reconciler.metrics import status_label
-from reconciler.providers.adapter import CallResult, ProviderAdapter
+from reconciler.providers.adapter import ProviderAdapter
 from reconciler.providers.spec import ProviderSpec
-from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.escalations import escalate, open_escalation
 from reconciler.storage.journal import Entry, Lease, retry_stale
-from reconciler.storage.models import Operation
 
 T = TypeVar("T")
 # The final look before a deadline (webhook trust) comes this long before it: at least a
@@ -60,6 +62,12 @@ class OutageNote:
 APPLY_ATTEMPTS = 3
 
 
+def _escalation_terms(spec: ProviderSpec | None) -> ProviderTerms:
+    if spec is None:
+        return UNKNOWN_PROVIDER
+    return ProviderTerms(backoff=spec.polling.backoff(), can_cancel=spec.cancel is not None)
+
+
 def _final_look_seconds(spec: ProviderSpec) -> float:
     polling = spec.polling
     return min(polling.max_delay_seconds, max(polling.base_delay_seconds, FINAL_LOOK_MIN_SECONDS))
@@ -67,37 +75,35 @@ def _final_look_seconds(spec: ProviderSpec) -> float:
 
 @dataclass
 class StepContext:
-    runtime: Runtime
+    deps: EngineDeps
 
     @property
     def lease(self) -> Lease:
-        return Lease(self.runtime.worker_id)
+        return Lease(self.deps.worker_id)
 
     @property
     def actor(self) -> str:
-        return f"worker:{self.runtime.worker_id}"
+        return f"worker:{self.deps.worker_id}"
 
     def now(self) -> datetime:
-        return self.runtime.clock.now()
+        return self.deps.clock.now()
 
-    def holds_lease(self, op: Operation) -> bool:
+    def holds_lease(self, op: OperationRecord) -> bool:
         expires = op.lease_expires_at
         return (
-            op.lease_owner == self.runtime.worker_id
-            and expires is not None
-            and (expires > self.now())
+            op.lease_owner == self.deps.worker_id and expires is not None and (expires > self.now())
         )
 
-    async def reload(self, op_id: str) -> Operation | None:
+    async def reload(self, op_id: str) -> OperationRecord | None:
         """The operation as stored now (the one way the engine reads a row)."""
 
-        def load() -> Operation | None:
-            with self.runtime.db.read() as conn:
+        def load() -> OperationRecord | None:
+            with self.deps.db.read() as conn:
                 return store.get_operation(conn, op_id)
 
-        return await self.runtime.db.run(load)
+        return await self.deps.db.run(load)
 
-    def fresh(self, conn: Connection, op_id: str) -> Operation:
+    def fresh(self, conn: Connection, op_id: str) -> OperationRecord:
         """The row as stored now, inside a write; ``StaleWrite`` once the lease is not ours."""
         found = store.load_records(conn, [op_id], lock=True)
         if not found:
@@ -108,18 +114,18 @@ class StepContext:
         return current
 
     def change_in(
-        self, conn: Connection, op: Operation, now: datetime, **changes: Any
-    ) -> Operation:
+        self, conn: Connection, op: OperationRecord, now: datetime, **changes: Any
+    ) -> OperationRecord:
         """``changes`` on ``op`` under this step's lease, in ``conn``'s transaction: how a
         step records a request before sending it (a crash after the send never repeats it
         uncounted)."""
-        return self.runtime.journal.write(conn, op, now=now, lease=self.lease, changes=changes)
+        return self.deps.journal.write(conn, op, now=now, lease=self.lease, changes=changes)
 
-    def spec(self, op: Operation) -> ProviderSpec:
-        return self.runtime.providers[op.provider]
+    def spec(self, op: OperationRecord) -> ProviderSpec:
+        return self.deps.providers[op.provider]
 
-    def adapter(self, op: Operation) -> ProviderAdapter:
-        return self.runtime.adapter(op.provider)
+    def adapter(self, op: OperationRecord) -> ProviderAdapter:
+        return self.deps.adapter(op.provider)
 
     def backoff(self, spec: ProviderSpec) -> BackoffPolicy:
         return spec.polling.backoff()
@@ -140,7 +146,7 @@ class StepContext:
     def trust_policy(self, spec: ProviderSpec) -> TrustPolicy:
         return spec.polling.trust()
 
-    async def call(self, op: Operation, name: str, fn: Callable[[], Awaitable[T]]) -> T:
+    async def call(self, op: OperationRecord, name: str, fn: Callable[[], Awaitable[T]]) -> T:
         """One provider call, counted. Its bound is the provider's share of the worker
         (``engine.shares``): the claim takes no more of a provider's operations than its
         share has slots, so a call never queues behind another provider's."""
@@ -151,8 +157,12 @@ class StepContext:
         return result
 
     async def write(
-        self, op: Operation, fn: Callable[[Connection], Operation], *, final: bool = False
-    ) -> Operation:
+        self,
+        op: OperationRecord,
+        fn: Callable[[Connection], OperationRecord],
+        *,
+        final: bool = False,
+    ) -> OperationRecord:
         """Run ``fn`` in one write transaction off the loop, then signal the change.
 
         ``fn`` writes on ``op`` as the task holds it; a lost race raises ``StaleWrite``.
@@ -161,11 +171,11 @@ class StepContext:
 
     async def apply(
         self,
-        op: Operation,
-        build: Callable[[Connection, Operation], Operation],
+        op: OperationRecord,
+        build: Callable[[Connection, OperationRecord], OperationRecord],
         *,
         final: bool = False,
-    ) -> Operation:
+    ) -> OperationRecord:
         """Write what a provider call taught us onto the freshest row we still lease.
 
         While the call was in flight an agent's cancel, a webhook hint or an operator may
@@ -176,20 +186,24 @@ class StepContext:
         return (await self._commit(op, build, final, retry=True)).op
 
     async def apply_plan(
-        self, op: Operation, build: Callable[[Connection, Operation], Prep], *, final: bool = False
+        self,
+        op: OperationRecord,
+        build: Callable[[Connection, OperationRecord], Prep],
+        *,
+        final: bool = False,
     ) -> Prep:
         """``apply`` for a build that also answers what it learned (``Prep.data``)."""
         return await self._commit(op, build, final, retry=True)
 
     async def _commit(
         self,
-        op: Operation,
-        build: Callable[[Connection, Operation], Operation | Prep],
+        op: OperationRecord,
+        build: Callable[[Connection, OperationRecord], OperationRecord | Prep],
         final: bool,
         *,
         retry: bool,
     ) -> Prep:
-        rt = self.runtime
+        rt = self.deps
         flow = flow_var.get()
         attempts = [0]
 
@@ -215,8 +229,8 @@ class StepContext:
         await self._changed(op, nxt.op if nxt is not None else done.op)
         return done
 
-    async def _changed(self, op: Operation, after: Operation) -> None:
-        rt = self.runtime
+    async def _changed(self, op: OperationRecord, after: OperationRecord) -> None:
+        rt = self.deps
         if after.state != op.state:
             # Local waiters get the record itself: they need not read it again.
             rt.notifier.changed(op.id, after)
@@ -233,7 +247,7 @@ class StepContext:
 
         A provider is never blamed for a window this process spent unable to write.
         """
-        outages = self.runtime.db.availability.outages_between(start, end)
+        outages = self.deps.db.availability.outages_between(start, end)
         if not outages:
             return None
         first, last = outages[0], outages[-1]
@@ -256,20 +270,20 @@ class StepContext:
     def escalate_in(
         self,
         conn: Connection,
-        op: Operation,
+        op: OperationRecord,
         reason: EscalationReason,
         detail: str,
         *,
         before: Sequence[Entry] = (),
         changes: Mapping[str, Any] | None = None,
         transport_error: TransportError | None = None,
-    ) -> Operation:
+    ) -> OperationRecord:
         """Stop automatic work on ``op`` and ask a person, inside the caller's transaction."""
         return escalate(
             conn,
-            self.runtime.journal,
+            self.deps.journal,
             op,
-            self.runtime.providers.get(op.provider),
+            _escalation_terms(self.deps.providers.get(op.provider)),
             reason,
             detail,
             now=self.now(),
@@ -282,14 +296,14 @@ class StepContext:
 
     async def escalate(
         self,
-        op: Operation,
+        op: OperationRecord,
         reason: EscalationReason,
         detail: str,
         *,
         before: Sequence[Entry] = (),
         changes: Mapping[str, Any] | None = None,
         transport_error: TransportError | None = None,
-    ) -> Operation:
+    ) -> OperationRecord:
         """Stop automatic work on ``op`` and ask a person (on the fresh row, under the lease)."""
         return await self.apply(
             op,
@@ -305,16 +319,16 @@ class StepContext:
             ),
         )
 
-    def _reason(self, op: Operation) -> str:
-        with self.runtime.db.read() as conn:
+    def _reason(self, op: OperationRecord) -> str:
+        with self.deps.db.read() as conn:
             esc = open_escalation(conn, op)
         return esc.reason if esc is not None else "unknown"
 
-    def count_call(self, op: Operation, call_name: str, call: CallResult) -> None:
+    def count_call(self, op: OperationRecord, call_name: str, call: CallResult) -> None:
         label = status_label(
             call.http_status, call.transport_error.value if call.transport_error else None
         )
         if call_name == "status":
-            self.runtime.metrics.status_requests.labels(op.provider, label).inc()
+            self.deps.metrics.status_requests.labels(op.provider, label).inc()
         else:
-            self.runtime.metrics.provider_calls.labels(op.provider, call_name, label).inc()
+            self.deps.metrics.provider_calls.labels(op.provider, call_name, label).inc()

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection
 
-from reconciler.storage.models import Operation
+from reconciler.core.records import OperationRecord
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Prep:
     the step, as ``final=True`` on the write would say.
     """
 
-    op: Operation
+    op: OperationRecord
     data: Any = None
     final: bool = False
 
@@ -42,7 +42,7 @@ class Prep:
 class Preparer(Protocol):
     """A step that can do its first write inside another transaction."""
 
-    def prepare(self, conn: Connection, op: Operation, now: datetime) -> Prep | None: ...
+    def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None: ...
 
 
 @dataclass
@@ -51,10 +51,10 @@ class Flow:
 
     # Decides, inside a write, which step the worker would run next on ``after`` (None:
     # it would stop there). Reads only this task's state, never the loop's.
-    next_step: Callable[[Operation, datetime], Preparer | None]
+    next_step: Callable[[OperationRecord, datetime], Preparer | None]
     release: Callable[[Connection, str], None]
     # What the task's writes left: the latest record, a prepared next step, the lease given up.
-    last: Operation | None = None
+    last: OperationRecord | None = None
     changed: bool = False
     prepared: Prep | None = None
     released: bool = False
@@ -65,7 +65,7 @@ class Flow:
         self.released = False
 
     def after_write(
-        self, conn: Connection, after: Operation, now: datetime, final: bool
+        self, conn: Connection, after: OperationRecord, now: datetime, final: bool
     ) -> tuple[Prep | None, bool]:
         """Inside the write's transaction: prepare the next step, or release, or neither.
 
@@ -81,7 +81,7 @@ class Flow:
         step = self.next_step(after, now)
         return (step.prepare(conn, after, now) if step is not None else None), False
 
-    def wrote(self, after: Operation, prep: Prep | None, released: bool) -> None:
+    def wrote(self, after: OperationRecord, prep: Prep | None, released: bool) -> None:
         """On the loop, once the write committed."""
         self.last = prep.op if prep is not None else after
         self.changed = True

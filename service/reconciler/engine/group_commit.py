@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from reconciler.errors import ReconcilerError, StorageUnavailable
+from reconciler.core.errors import ReconcilerError, StorageUnavailable
 from reconciler.storage.availability import explain
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal

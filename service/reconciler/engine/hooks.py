@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reconciler.config import HookSpec
-from reconciler.errors import ConfigError
+from reconciler.core.errors import ConfigError
 
 HookFn = Callable[..., Any]
 

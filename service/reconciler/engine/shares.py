@@ -20,8 +20,8 @@ from reconciler.core.completion_lanes import (
     is_callback_lane,
     lane_or_hooks,
 )
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
-from reconciler.storage.models import Operation
 
 # The claim's key for "any callback host with a free slot"; a claimed operation then runs
 # in its own host's share. Neither key can be a provider's name (those have no colon).
@@ -29,11 +29,11 @@ CALLBACKS = ":callbacks"
 HOOKS = HOOKS_LANE
 
 
-def completing(op: Operation) -> bool:
+def completing(op: OperationRecord) -> bool:
     return bool(op.completion_pending) and State(op.state) in END_STATES
 
 
-def share_of(op: Operation) -> str:
+def share_of(op: OperationRecord) -> str:
     """Which share an operation's next step runs in (the claim uses the same rule)."""
     if completing(op):
         return lane_or_hooks(op.completion_lane)

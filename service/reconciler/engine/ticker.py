@@ -9,6 +9,7 @@ coalesce into one tick.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -47,7 +48,24 @@ class Scheduler:
     async def _tick(self) -> int:
         # The interval job's next run is at most one interval from this one.
         self._planned = datetime.now(UTC) + timedelta(seconds=self.tick_seconds)
-        return await self.worker.tick()
+        result = await self._unless_stopped(self.worker.tick)
+        return 0 if result is None else int(result)
+
+    async def _sweep(self) -> Any:
+        assert self.trust_sweep is not None
+        return await self._unless_stopped(self.trust_sweep)
+
+    async def _unless_stopped(self, run: Callable[[], Awaitable[Any]]) -> Any:
+        try:
+            return await run()
+        except asyncio.CancelledError:
+            if self._scheduler is not None:
+                raise
+            # A run still going when the service stops is cancelled with the loop; the
+            # scheduler would log that as a job's traceback, though nothing went wrong
+            # (the worker's writes are transactions: the next start takes over).
+            log.debug("a scheduled run was cancelled by the stop")
+            return None
 
     def start(self) -> None:
         scheduler = AsyncIOScheduler(timezone=UTC)
@@ -66,7 +84,7 @@ class Scheduler:
             # within a tick of their grace ending, and an outage's stretched waits are
             # withdrawn within a tick of the miss.
             scheduler.add_job(
-                self.trust_sweep,
+                self._sweep,
                 "interval",
                 seconds=self.tick_seconds,
                 id=TRUST_JOB_ID,

@@ -28,16 +28,16 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core import poll as decisions
 from reconciler.core.clock import isoformat
+from reconciler.core.errors import StorageUnavailable
+from reconciler.core.records import OperationRecord
 from reconciler.core.story import SOURCE_WORDS, clock_text
 from reconciler.core.trust import Change, Health, TrustPolicy, TrustState, Verdict, settle, spread
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.engine.steps.poll import record_of
-from reconciler.errors import StorageUnavailable
 from reconciler.storage import trust as store
 from reconciler.storage.history import last_read_before
 from reconciler.storage.journal import Entry, retry_stale
-from reconciler.storage.models import Operation
 
 log = logging.getLogger("reconciler.engine.trust")
 
@@ -59,16 +59,16 @@ class Sweep:
 class TrustKeeper:
     def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
-        self.runtime = ctx.runtime
+        self.deps = ctx.deps
 
     def policy(self, provider: str) -> TrustPolicy:
-        spec = self.runtime.providers.get(provider)
+        spec = self.deps.providers.get(provider)
         return spec.polling.trust() if spec is not None else TrustPolicy()
 
     async def sweep(self) -> Sweep:
         """Settle what is due, then bring back what trust no longer covers."""
         result = Sweep()
-        db = self.runtime.db
+        db = self.deps.db
         try:
             await db.run_write(lambda: retry_stale(lambda: self._settle(result)))
             await db.run_write(lambda: retry_stale(lambda: self._restore(result)))
@@ -86,13 +86,13 @@ class TrustKeeper:
                 extra={"provider": provider, "operation_id": change.operation_id},
             )
         if result.restored:
-            self.runtime.notifier.wake()
+            self.deps.notifier.wake()
         return result
 
     # --- settle ------------------------------------------------------------------------------
 
     def _settle(self, result: Sweep) -> None:
-        rt = self.runtime
+        rt = self.deps
         now = rt.clock.now()
         with rt.db.read() as conn:
             if not store.any_due_pending(conn, now):
@@ -128,14 +128,14 @@ class TrustKeeper:
     def _untrusted(self, healths: dict[str, Health]) -> list[str]:
         """Configured providers whose stretched waits, if any, trust no longer covers."""
         out = []
-        for name, spec in self.runtime.providers.items():
+        for name, spec in self.deps.providers.items():
             trusted = healths.get(name, Health()).state is TrustState.TRUSTED
             if not (spec.polling.trust().adaptive and trusted):
                 out.append(name)
         return out
 
     def _restore(self, result: Sweep) -> None:
-        rt = self.runtime
+        rt = self.deps
         with rt.db.read() as conn:
             providers = [
                 p for p in self._untrusted(store.load_all(conn)) if store.has_stretched(conn, p)
@@ -161,8 +161,8 @@ class TrustKeeper:
 
     def _restored(
         self, conn: Connection, provider: str, health: Health, now: datetime
-    ) -> list[tuple[Operation, dict[str, Any], Sequence[Entry]]]:
-        rt = self.runtime
+    ) -> list[tuple[OperationRecord, dict[str, Any], Sequence[Entry]]]:
+        rt = self.deps
         spec = rt.providers[provider]
         ops = store.stretched_operations(conn, provider, RESTORE_BATCH)
         if not ops:
@@ -176,7 +176,7 @@ class TrustKeeper:
             rt.rng,
         )
         why = _why(health, spec.polling.trust())
-        items: list[tuple[Operation, dict[str, Any], Sequence[Entry]]] = []
+        items: list[tuple[OperationRecord, dict[str, Any], Sequence[Entry]]] = []
         for op, slot in zip(ops, slots, strict=True):
             back = decisions.restore(
                 record_of(op),

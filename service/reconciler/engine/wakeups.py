@@ -23,7 +23,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from reconciler.storage.models import Operation
+from reconciler.core.records import OperationRecord
 from reconciler.storage.notify import WAKE_CHANNEL, notifications
 
 log = logging.getLogger("reconciler.engine.wakeups")
@@ -72,7 +72,7 @@ class Change(asyncio.Event):
     """Set at the next change of one operation; ``record`` is the committed record when the
     change was made in this process (None: from another replica, or on shutdown)."""
 
-    record: Operation | None = None
+    record: OperationRecord | None = None
 
 
 class Notifier:
@@ -94,7 +94,7 @@ class Notifier:
     def wake(self) -> None:
         self._call(self._wake_local)
 
-    def changed(self, operation_id: str, record: Operation | None = None) -> None:
+    def changed(self, operation_id: str, record: OperationRecord | None = None) -> None:
         self._call(self._changed_local, operation_id, record)
 
     def _call(self, fn: Callable[..., None], *args: Any) -> None:
@@ -115,7 +115,7 @@ class Notifier:
         for handler in self._wake_handlers:
             handler()
 
-    def _changed_local(self, operation_id: str, record: Operation | None = None) -> None:
+    def _changed_local(self, operation_id: str, record: OperationRecord | None = None) -> None:
         event = self._waiters.pop(operation_id, None)
         self._counts.pop(operation_id, None)
         if event is not None:

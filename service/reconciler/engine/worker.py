@@ -5,7 +5,7 @@ and who may do it, is decided by the database: ``store.claim_records`` leases
 due rows to this worker, and every write a step makes is conditional on
 still holding that lease (``journal.Lease``), so a worker whose lease
 expired cannot write. A claimed operation is reloaded before anything is
-sent (seed 003: another worker may have finished it meanwhile): the claim
+sent (another worker may have finished it meanwhile, docs/design.md#polling): the claim
 reads each row back once the lease is taken, in the same statement.
 
 Fewer transactions: the claim also prepares each claimed operation's step (the
@@ -28,16 +28,16 @@ from typing import Any, NamedTuple
 from sqlalchemy.engine import Connection
 
 from reconciler.core.completion_lanes import choose, lane_or_hooks
+from reconciler.core.errors import Bug, ReconcilerError, StaleWrite, StorageUnavailable
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.engine.catch_up import spread_overdue
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Flow, Prep, Preparer, flow_var
 from reconciler.engine.shares import CALLBACKS, HOOKS, Shares, share_of
-from reconciler.errors import Bug, ReconcilerError, StaleWrite, StorageUnavailable
 from reconciler.logs import operation_id_var, trace_id_var
 from reconciler.storage import operations as store
 from reconciler.storage.availability import explain
-from reconciler.storage.models import Operation
 
 log = logging.getLogger("reconciler.engine.worker")
 
@@ -91,7 +91,7 @@ class _Ask(NamedTuple):
 
 
 class _Claimed(NamedTuple):
-    op: Operation
+    op: OperationRecord
     previous: str | None  # the holder of an expired lease taken over
     prep: Prep | None
 
@@ -110,13 +110,13 @@ class Worker:
         on_next_due: Callable[[datetime], None] | None = None,
     ) -> None:
         self.ctx = ctx
-        self.runtime = ctx.runtime
+        self.deps = ctx.deps
         self.steps = step_table(steps)
         self.completion = steps.complete
         self.max_in_flight = max_in_flight
         self.on_next_due = on_next_due
-        settings = self.runtime.settings
-        capacities = dict.fromkeys(self.runtime.providers, settings.scheduler.provider_concurrency)
+        settings = self.deps.settings
+        capacities = dict.fromkeys(self.deps.providers, settings.scheduler.provider_concurrency)
         capacities[HOOKS] = settings.callbacks.hook_concurrency
         self.shares = Shares(
             capacities,
@@ -133,7 +133,7 @@ class Worker:
 
     @property
     def owner(self) -> str:
-        return self.runtime.worker_id
+        return self.deps.worker_id
 
     @property
     def in_flight(self) -> int:
@@ -174,7 +174,7 @@ class Worker:
     def _wants(self) -> dict[str, int]:
         """How many operations each share can start now (never more than it has free)."""
         room = self.max_in_flight - len(self._tasks)
-        batch = self.runtime.settings.scheduler.batch_size
+        batch = self.deps.settings.scheduler.batch_size
         wants: dict[str, int] = {}
         for key in self.shares:
             n = min(self.shares.free(key), batch, room)
@@ -184,7 +184,7 @@ class Worker:
         return wants
 
     async def _claim(self, wants: dict[str, int]) -> dict[str, list[_Claimed]]:
-        rt = self.runtime
+        rt = self.deps
         now = rt.clock.now()
         lease = rt.settings.scheduler.lease_seconds
         # Operations a task of ours is on are not prepared by the claim: that task is
@@ -251,7 +251,7 @@ class Worker:
             return _Ask(n, share, lambda found: choose(found, room, cap, n))
         return _Ask(n, store.ShareFilter(provider=key, completion=False))
 
-    def _prepare_claimed(self, conn: Connection, op: Operation, now: datetime) -> Prep | None:
+    def _prepare_claimed(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
         step = self._preparer(op, now)
         if step is None:
             return None
@@ -262,7 +262,7 @@ class Worker:
         except Exception as exc:  # the claim is retried without it: see claim_and_prepare
             raise _PrepFailed() from exc
 
-    def _preparer(self, op: Operation, now: datetime) -> Preparer | None:
+    def _preparer(self, op: OperationRecord, now: datetime) -> Preparer | None:
         """The step that will run on ``op`` now, if it can do its first write ahead."""
         if op.next_poll_at is None or op.next_poll_at > now:
             return None
@@ -306,9 +306,9 @@ class Worker:
     def _give(self, share: str) -> None:
         if self.shares.give(share) or len(self._tasks) >= self.max_in_flight - 1:
             # The share (or the worker) was full: there may be due work we could not claim.
-            self.runtime.notifier.wake()
+            self.deps.notifier.wake()
 
-    def _step_for(self, op: Operation) -> Step | None:
+    def _step_for(self, op: OperationRecord) -> Step | None:
         state = State(op.state)
         # Only an end state is completed: an operator may have reopened one (extend, cancel)
         # before its completion finished, and then the flows own the operation again.
@@ -317,7 +317,7 @@ class Worker:
         return self.steps.get(state)
 
     async def _process(
-        self, op_id: str, share: str, op: Operation | None = None, prep: Prep | None = None
+        self, op_id: str, share: str, op: OperationRecord | None = None, prep: Prep | None = None
     ) -> None:
         operation_id_var.set(op_id)
         task = _Task(self, share)
@@ -362,7 +362,7 @@ class Worker:
     def _give_moved(self, share: str) -> None:
         """A slot freed by a move to another share: wake the claim if the old one was full."""
         if self.shares.free(share) == 1:
-            self.runtime.notifier.wake()
+            self.deps.notifier.wake()
 
     async def _heartbeat(self, op_id: str) -> None:
         """Keep the lease while a slow step (a hook, a hung callback) is still running.
@@ -371,7 +371,7 @@ class Worker:
         another worker while the first is still inside it. The lease is kept for at most
         MAX_HELD_SECONDS: a step stuck beyond that is presumed lost and may be taken over.
         """
-        rt = self.runtime
+        rt = self.deps
         lease = rt.settings.scheduler.lease_seconds
         started = rt.clock.monotonic()
         while rt.clock.monotonic() - started < MAX_HELD_SECONDS:
@@ -387,9 +387,9 @@ class Worker:
             except StorageUnavailable:
                 continue
 
-    async def _park(self, op: Operation) -> None:
+    async def _park(self, op: OperationRecord) -> None:
         """Nothing to do in this state: stop looking until something changes it."""
-        rt = self.runtime
+        rt = self.deps
 
         def park() -> None:
             with rt.db.write() as conn:
@@ -398,8 +398,8 @@ class Worker:
         with contextlib.suppress(StaleWrite):
             await rt.db.run_write(park)
 
-    async def _release(self, op_id: str, last: Operation | None) -> None:
-        rt = self.runtime
+    async def _release(self, op_id: str, last: OperationRecord | None) -> None:
+        rt = self.deps
 
         def release() -> dict[str, Any]:
             with rt.db.write() as conn:
@@ -414,7 +414,7 @@ class Worker:
             if at is not None and self.on_next_due is not None:
                 self.on_next_due(at)
 
-    def _due_at(self, last: Operation | None) -> None:
+    def _due_at(self, last: OperationRecord | None) -> None:
         if last is not None and last.next_poll_at is not None and self.on_next_due is not None:
             self.on_next_due(last.next_poll_at)
 
@@ -436,7 +436,7 @@ class _Task:
         self.steps_left = MAX_STEPS_PER_CLAIM
         self.sent_status_read = False
         self.completion_slot: str | None = None  # a completion share held while collecting
-        self.last: Operation | None = None
+        self.last: OperationRecord | None = None
         self.flow = Flow(next_step=self._next_step, release=self._release_in)
 
     def claimed(self, share: str) -> None:
@@ -448,7 +448,7 @@ class _Task:
     def _release_in(self, conn: Connection, op_id: str) -> None:
         store.release(conn, [op_id], self.worker.owner)
 
-    def _next_step(self, after: Operation, now: datetime) -> Preparer | None:
+    def _next_step(self, after: OperationRecord, now: datetime) -> Preparer | None:
         """Inside a write: the step this task would run next on ``after`` now (see ``run``)."""
         if self.steps_left <= 0:
             return None
@@ -459,9 +459,9 @@ class _Task:
             return None
         return self.worker._preparer(after, now)
 
-    async def run(self, op_id: str, op: Operation | None, prep: Prep | None) -> None:
+    async def run(self, op_id: str, op: OperationRecord | None, prep: Prep | None) -> None:
         worker = self.worker
-        rt = worker.runtime
+        rt = worker.deps
         while self.steps_left > 0:
             if op is None:
                 # Reload after the claim (when it did not read the row) or a lost race.
@@ -509,14 +509,14 @@ class _Task:
             # a step that wrote nothing is looked at again.
             op, prep = (self.flow.last, self.flow.prepared) if self.flow.changed else (None, None)
 
-    def _reserve_completion(self, op: Operation) -> None:
+    def _reserve_completion(self, op: OperationRecord) -> None:
         """Hold a slot of the share the completion will start in while collecting a result,
         so its last write can start the completion handler (in the same transaction)
         instead of leaving it to a claim."""
         self.completion_slot = None
         if State(op.state) is not State.RESULT_COLLECTING:
             return
-        first = self.worker.runtime.journal.first_lane
+        first = self.worker.deps.journal.first_lane
         lane = lane_or_hooks(first(op) if first is not None else None)
         if lane != self.share and self.worker.shares.take(lane):
             self.completion_slot = lane

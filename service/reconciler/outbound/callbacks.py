@@ -37,10 +37,10 @@ import httpx
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.canonical import canonical_json
 from reconciler.core.clock import Clock
+from reconciler.core.errors import InvalidRequest, ResolutionFailed
 from reconciler.core.rate_limit import retry_after_value
 from reconciler.core.signatures import sign_standard_webhook
 from reconciler.core.vocabulary import RETRYABLE_4XX, TransportError
-from reconciler.errors import InvalidRequest, ResolutionFailed
 from reconciler.outbound import ssrf
 from reconciler.providers.transport import classify_transport_error
 

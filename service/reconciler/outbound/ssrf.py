@@ -36,7 +36,7 @@ from enum import StrEnum
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from reconciler.errors import ConfigError, ForbiddenAddress, InvalidRequest, ResolutionFailed
+from reconciler.core.errors import ConfigError, ForbiddenAddress, InvalidRequest, ResolutionFailed
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -11,12 +11,12 @@ need no HTTP.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
-from reconciler.core.vocabulary import RemoteCategory, TransportError
+from reconciler.core.provider_calls import CallResult, ResultCheck
+from reconciler.core.vocabulary import RemoteCategory
 from reconciler.providers import jsonl
 from reconciler.providers.pointer import MISSING, Pointer
 from reconciler.providers.spec import DuplicateRule, LookupSpec, ProviderSpec, ResultSpec
@@ -25,47 +25,6 @@ from reconciler.providers.state_table import state_word
 MAX_JOB_ID_CHARS = 300  # operations.remote_job_id
 _SHA256_HEX_CHARS = 64
 _ENDED_WITH_RESULT = (RemoteCategory.SUCCESS, RemoteCategory.PARTIAL)
-
-
-@dataclass(frozen=True)
-class CallResult:
-    """One request to a provider and what came back. Holds no credentials.
-
-    Exactly one of these holds: ``http_status`` is set (the provider answered),
-    ``transport_error`` is set (no HTTP answer), or ``refused`` is set (the adapter
-    sent nothing because the input was unusable, e.g. a job ID with ``..``).
-    ``maybe_delivered`` is False only when the provider certainly did not get the
-    request (DNS, refused or failed connection, TLS handshake, a refusal): a create
-    that failed that way is safe to repeat and is not ambiguous.
-    """
-
-    method: str
-    target: str  # path (or, for a foreign result URL, the URL) the request went to
-    sent_at: datetime
-    elapsed_ms: float
-    http_status: int | None = None
-    transport_error: TransportError | None = None
-    transport_detail: str | None = None
-    refused: str | None = None
-    maybe_delivered: bool = True
-    retry_after: str | None = None
-    location: str | None = None
-    content_type: str | None = None
-    content_length: int | None = None
-    provider_request_id: str | None = None
-    body: Any = None
-    body_bytes: bytes | None = field(default=None, repr=False)
-    parse_error: str | None = None
-    too_large: bool = False
-    rate_limited: bool = False  # a 429, or a 403 that says the rate limit is spent
-
-    @property
-    def ok(self) -> bool:
-        return self.http_status is not None and 200 <= self.http_status < 300
-
-    @property
-    def answered(self) -> bool:
-        return self.http_status is not None
 
 
 @dataclass(frozen=True)
@@ -127,22 +86,6 @@ class StatusView:
 class StatusOutcome:
     call: CallResult
     view: StatusView | None = None  # only for a 2xx answer with a JSON body
-
-
-@dataclass(frozen=True)
-class ResultCheck:
-    """Validation of a fetched result; ``problems`` empty means it may be consumed."""
-
-    document: Any
-    problems: tuple[str, ...]
-    summary: dict[str, Any] = field(default_factory=dict)
-    failed_items: tuple[Any, ...] = ()
-    sha256: str | None = None
-    size: int | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
 
 @runtime_checkable

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from pydantic import BeforeValidator, PlainSerializer, PlainValidator
 from pydantic_core import PydanticCustomError
 
-from reconciler.errors import PointerSyntaxError
+from reconciler.core.errors import PointerSyntaxError
 from reconciler.providers.pointer import MISSING, Pointer
 
 PROBLEM = "provider_file"  # error type: ctx problem (and key, a sub-key of the failing one)

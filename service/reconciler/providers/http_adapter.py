@@ -37,12 +37,12 @@ import httpx
 
 from reconciler.config import Secret
 from reconciler.core.clock import Clock, SystemClock
+from reconciler.core.errors import ConfigError, InvalidRequest, UnsafePathValue
+from reconciler.core.provider_calls import CallResult
 from reconciler.core.rate_limit import is_rate_limited, retry_after_value
 from reconciler.core.strict_json import parse_json
-from reconciler.errors import ConfigError, InvalidRequest, UnsafePathValue
 from reconciler.providers.adapter import (
     PROTOCOL_METHODS,
-    CallResult,
     CreateOutcome,
     LookupOutcome,
     LookupVerdict,

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from reconciler.core.errors import InvalidRequest
 from reconciler.core.strict_json import parse_json
-from reconciler.errors import InvalidRequest
 from reconciler.providers.spec import LineTest
 
 JSONL = "application/jsonl"

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from reconciler.errors import ConfigError
+from reconciler.core.errors import ConfigError
 from reconciler.providers.fields import LINE, SECRET
 from reconciler.providers.spec import INLINE_SOURCE, ProviderSpec, auth_secret, webhook_secrets
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final
 
-from reconciler.errors import PointerSyntaxError
+from reconciler.core.errors import PointerSyntaxError
 
 
 class _Missing(Enum):

@@ -17,7 +17,7 @@ from urllib.parse import unquote
 from jsonschema import exceptions as schema_errors
 from jsonschema import validators
 
-from reconciler.errors import InvalidRequest, PointerSyntaxError
+from reconciler.core.errors import InvalidRequest, PointerSyntaxError
 from reconciler.providers.pointer import MISSING, Pointer
 
 MAX_MESSAGE = 300

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, PlainValidator, model_validator
 
-from reconciler.errors import PointerSyntaxError
+from reconciler.core.errors import PointerSyntaxError
 from reconciler.providers.base import FileTable
 from reconciler.providers.fields import (
     PointerText,

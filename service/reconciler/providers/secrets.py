@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from reconciler.config import Secret
-from reconciler.errors import ConfigError
+from reconciler.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from reconciler.providers.spec import ProviderSpec

@@ -17,6 +17,7 @@ from pydantic import Field, PlainValidator, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
 from reconciler.core.backoff import BackoffPolicy
+from reconciler.core.errors import ConfigError
 from reconciler.core.signatures import WebhookScheme
 from reconciler.core.trust import (
     DEFAULT_DISTRUST_AFTER_MISSES,
@@ -26,7 +27,6 @@ from reconciler.core.trust import (
     TrustMode,
     TrustPolicy,
 )
-from reconciler.errors import ConfigError
 from reconciler.providers import fields as f
 from reconciler.providers.base import FileTable
 from reconciler.providers.fields import problem, template_fields
@@ -317,7 +317,7 @@ class PollingSpec(FileTable):
     max_rate_limited: f.Count = 3
     rate_limit_delay_seconds: f.Seconds = 60.0
     rate_limit_reset: f.HeaderSource | None = None  # lower-case header name (epoch seconds)
-    # Webhook trust (SPEC "Webhook trust: polling as a fallback"); "adaptive" by
+    # Webhook trust (docs/design.md#webhook-trust); "adaptive" by
     # default for a provider with a [webhook] table (ProviderSpec fills it in).
     webhook_trust: Annotated[TrustMode, f.choice(TrustMode, f"expected {_TRUST_MODES}")] = (
         TrustMode.OFF

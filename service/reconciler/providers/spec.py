@@ -8,7 +8,7 @@ the model that holds them. Secrets are never in the file, only the names of the
 environment variables that hold them (``providers.secrets`` reads them). Reading
 files, presets and the message format are ``providers.loader``'s job.
 
-Keys beyond the SPEC example (each has a default or is optional):
+Keys beyond the README's example file (each has a default or is optional):
 
 * top level: ``description``, ``request_schema`` (checked at load, see
   ``providers.request_schema``), ``adapter = "pkg.module:Class"``,
@@ -46,8 +46,8 @@ from typing import Annotated, Any
 
 from pydantic import PlainValidator, ValidationInfo, model_validator
 
+from reconciler.core.errors import ConfigError
 from reconciler.core.trust import TrustMode
-from reconciler.errors import ConfigError
 from reconciler.providers import fields as f
 from reconciler.providers.base import FileTable
 from reconciler.providers.fields import (

@@ -34,8 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from reconciler.core.errors import ConfigError, PointerSyntaxError
 from reconciler.core.vocabulary import RemoteCategory
-from reconciler.errors import ConfigError, PointerSyntaxError
 from reconciler.providers.pointer import MISSING, Pointer
 
 # The categories a provider file may list words under; everything else is unknown.

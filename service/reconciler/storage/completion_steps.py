@@ -16,8 +16,9 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.records import OperationRecord
 from reconciler.storage.fastsql import Sql
-from reconciler.storage.models import CompletionStep, Operation
+from reconciler.storage.models import CompletionStep
 
 STEPS = CompletionStep.__table__  # type: ignore[attr-defined]
 
@@ -41,7 +42,7 @@ class StepRow:
     idempotency_key: str
 
 
-def step_key(op: Operation, step: str) -> str:
+def step_key(op: OperationRecord, step: str) -> str:
     """Stable per operation, round and step: what hooks use for their own side effects."""
     return f"{op.id}:{op.completion_round}:{step}"
 
@@ -110,7 +111,7 @@ def _set_sql(keys: tuple[str, ...], only: bool) -> Sql:
     )
 
 
-def ensure_all(conn: Connection, op: Operation, names: Sequence[str]) -> list[StepRow]:
+def ensure_all(conn: Connection, op: OperationRecord, names: Sequence[str]) -> list[StepRow]:
     """This round's rows of the named steps, in that order; made ``pending`` the first time.
 
     One INSERT for the missing ones (the unique key decides, so concurrent handlers
@@ -138,13 +139,13 @@ def ensure_all(conn: Connection, op: Operation, names: Sequence[str]) -> list[St
     return [found[name] for name in names]
 
 
-def ensure(conn: Connection, op: Operation, step: str) -> StepRow:
+def ensure(conn: Connection, op: OperationRecord, step: str) -> StepRow:
     """The step's row for this round, made ``pending`` the first time it is asked for."""
     return ensure_all(conn, op, [step])[0]
 
 
 def _set(
-    conn: Connection, op: Operation, step: str, values: Mapping[str, Any], only: str = ""
+    conn: Connection, op: OperationRecord, step: str, values: Mapping[str, Any], only: str = ""
 ) -> int:
     """UPDATE one step row of this round (``only``: an extra condition on its status)."""
     keys = tuple(values)
@@ -152,20 +153,20 @@ def _set(
     return int(_set_sql(keys, bool(only)).run(conn, *params, *([only] if only else [])).rowcount)
 
 
-def mark_running(conn: Connection, op: Operation, row: StepRow, now: datetime) -> None:
+def mark_running(conn: Connection, op: OperationRecord, row: StepRow, now: datetime) -> None:
     """Recorded before the step runs: a crash from here on means "may have run"."""
     values = {"status": StepStatus.RUNNING.value, "attempts": row.attempts + 1, "started_at": now}
     _set(conn, op, row.step, values)
 
 
-def mark_done(conn: Connection, op: Operation, step: str, now: datetime) -> None:
+def mark_done(conn: Connection, op: OperationRecord, step: str, now: datetime) -> None:
     values = {"status": StepStatus.DONE.value, "finished_at": now, "last_error": None}
     _set(conn, op, step, values, only=StepStatus.RUNNING.value)
 
 
 def mark_failed(
     conn: Connection,
-    op: Operation,
+    op: OperationRecord,
     step: str,
     error: str,
     *,
@@ -180,7 +181,7 @@ def mark_failed(
     _set(conn, op, step, values)
 
 
-def reopen_given_up(conn: Connection, op: Operation) -> None:
+def reopen_given_up(conn: Connection, op: OperationRecord) -> None:
     """An operator extended delivery: the steps that gave up this round may try again."""
     _REOPEN.run(
         conn,

@@ -34,7 +34,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from reconciler.errors import Conflict, StorageUnavailable
+from reconciler.core.errors import Conflict, StorageUnavailable
 from reconciler.storage.availability import Availability, WriteFailure, classify
 from reconciler.storage.fastsql import run
 from reconciler.storage.writer import Writer

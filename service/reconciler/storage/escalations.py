@@ -6,7 +6,6 @@ module only gathers the facts from the operation and writes.
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -15,12 +14,12 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from reconciler.core import escalation
+from reconciler.core.records import EscalationRecord, OperationRecord, with_changes
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import EscalationReason, HistoryKind, TransportError
-from reconciler.providers.spec import ProviderSpec
 from reconciler.storage.fastsql import Sql
 from reconciler.storage.journal import Entry, Journal, Lease
-from reconciler.storage.models import Escalation, Operation
+from reconciler.storage.models import Escalation
 
 log = logging.getLogger("reconciler.storage.escalations")
 
@@ -58,16 +57,16 @@ _OF_OPERATION = Sql(
 )
 
 
-def escalation_of(row: Sequence[Any]) -> Escalation:
+def escalation_of(row: Sequence[Any]) -> EscalationRecord:
     """An escalation from its decoded row in ``ESCALATION_COLUMNS`` order."""
-    return Escalation(**dict(zip(ESCALATION_COLUMNS, row, strict=True)))
+    return EscalationRecord(**dict(zip(ESCALATION_COLUMNS, row, strict=True)))
 
 
 def escalate(
     conn: Connection,
     journal: Journal,
-    op: Operation,
-    spec: ProviderSpec | None,
+    op: OperationRecord,
+    terms: escalation.ProviderTerms,
     reason: EscalationReason,
     detail: str,
     *,
@@ -77,15 +76,13 @@ def escalate(
     changes: Mapping[str, Any] | None = None,
     before: Sequence[Entry] = (),
     transport_error: TransportError | None = None,
-) -> Operation:
+) -> OperationRecord:
     """Stop automatic work on ``op`` and ask a person, with bounded options."""
-    seen = copy.copy(op)  # the facts include what this very write records
-    for name, value in (changes or {}).items():
-        setattr(seen, name, value)
-    facts = escalation.facts_for(seen, spec, reason, detail, now, transport_error)
+    seen = with_changes(op, changes or {})  # the facts include what this very write records
+    facts = escalation.facts_for(seen, terms.backoff, reason, detail, now, transport_error)
     options = escalation.options_for(
         reason,
-        provider_can_cancel=spec is not None and spec.cancel is not None,
+        provider_can_cancel=terms.can_cancel,
         job_id_known=op.remote_job_id is not None,
     )
     message = escalation.render_message(facts, options)
@@ -145,18 +142,18 @@ def escalate(
     )
 
 
-def open_escalation(conn: Connection, op: Operation) -> Escalation | None:
+def open_escalation(conn: Connection, op: OperationRecord) -> EscalationRecord | None:
     if op.escalation_id is None:
         return None
     found = escalations_for(conn, [op.escalation_id]).get(op.escalation_id)
     return found if found is not None and found.decided_at is None else None
 
 
-def escalations_for(conn: Connection, escalation_ids: Sequence[int]) -> dict[int, Escalation]:
+def escalations_for(conn: Connection, escalation_ids: Sequence[int]) -> dict[int, EscalationRecord]:
     if not escalation_ids:
         return {}
     found = [escalation_of(row) for row in _BY_IDS.rows(conn, list(escalation_ids))]
-    return {e.id: e for e in found if e.id is not None}
+    return {e.id: e for e in found}
 
 
 def mark_decided(
@@ -166,6 +163,6 @@ def mark_decided(
     _DECIDE.run(conn, now, who, decision, escalation_id)
 
 
-def escalations_of(conn: Connection, operation_id: str) -> list[Escalation]:
+def escalations_of(conn: Connection, operation_id: str) -> list[EscalationRecord]:
     """Every escalation of one operation, oldest first (decided ones with their decision)."""
     return [escalation_of(row) for row in _OF_OPERATION.rows(conn, operation_id)]

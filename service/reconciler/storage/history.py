@@ -12,10 +12,10 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.records import HistoryRecord
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.storage.fastsql import AS_IS, Sql
 from reconciler.storage.journal import HISTORY
-from reconciler.storage.models import HistoryEntry
 
 ENTRY_COLUMNS = tuple(c.name for c in HISTORY.c)
 _COLUMN_LIST = ", ".join(ENTRY_COLUMNS)
@@ -65,17 +65,17 @@ _LAST_OF = Sql(
 )
 
 
-def _entry(row: Sequence[Any]) -> HistoryEntry:
-    return HistoryEntry(**dict(zip(ENTRY_COLUMNS, row, strict=True)))
+def _entry(row: Sequence[Any]) -> HistoryRecord:
+    return HistoryRecord(**dict(zip(ENTRY_COLUMNS, row, strict=True)))
 
 
-def history_of(conn: Connection, operation_id: str) -> list[HistoryEntry]:
+def history_of(conn: Connection, operation_id: str) -> list[HistoryRecord]:
     return [_entry(row) for row in _OF_OPERATION.rows(conn, operation_id)]
 
 
 def history_page(
     conn: Connection, operation_id: str, after_seq: int, limit: int
-) -> tuple[list[HistoryEntry], int | None]:
+) -> tuple[list[HistoryRecord], int | None]:
     """Up to ``limit`` entries after ``after_seq``, oldest first, and the seq to go on from."""
     entries = [_entry(row) for row in _PAGE.rows(conn, operation_id, after_seq, limit + 1)]
     more = len(entries) > limit
@@ -104,7 +104,7 @@ def notes_with_cause(conn: Connection, operation_id: str, cause: str) -> list[di
 
 def last_of(
     conn: Connection, operation_id: str, kinds: tuple[HistoryKind, ...], causes: tuple[str, ...]
-) -> HistoryEntry | None:
+) -> HistoryRecord | None:
     """The operation's latest entry of one of ``kinds`` with one of ``causes``."""
     row = _LAST_OF.first(conn, operation_id, [k.value for k in kinds], list(causes))
     return _entry(row) if row is not None else None

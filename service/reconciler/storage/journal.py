@@ -16,24 +16,24 @@ columns: ``changes`` may name them and they are written to their own table
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.engine import Connection
 
 from reconciler.core.chain import HASHED_FIELDS, entry_hash
+from reconciler.core.errors import StaleWrite
+from reconciler.core.records import PAYLOADS, OperationRecord, with_changes
 from reconciler.core.states import END_STATES, State, check_transition
 from reconciler.core.vocabulary import DelaySource, HistoryKind
-from reconciler.errors import StaleWrite
 from reconciler.storage import payloads
 from reconciler.storage.fastsql import Sql
-from reconciler.storage.models import PAYLOADS, HistoryEntry, Operation
+from reconciler.storage.models import HistoryEntry, Operation
 from reconciler.storage.notify import CHANGE_CHANNEL, notify_in_transaction
 
 log = logging.getLogger("reconciler.storage.journal")
@@ -61,6 +61,22 @@ class Entry:
 @dataclass(frozen=True)
 class Lease:
     owner: str
+
+
+class RowHead(Protocol):
+    """What a write needs of the row it changes: which row, the version and state it was
+    read in, and the head of its history chain (the webhook batch reads only these)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def history_head(self) -> str: ...
+    @property
+    def history_seq(self) -> int: ...
 
 
 # A lost race is retried on fresh data this many times before StaleWrite reaches the caller.
@@ -129,7 +145,7 @@ class Journal:
     key: bytes | None = None
     # The lane a completion round starts in (``core.completion_lanes``); None: unset, which
     # the claim takes as the hooks lane.
-    first_lane: Callable[[Operation], str | None] | None = None
+    first_lane: Callable[[OperationRecord], str | None] | None = None
     _columns: frozenset[str] = field(
         default_factory=lambda: frozenset(c.name for c in OPS.c) | frozenset(PAYLOADS)
     )
@@ -137,13 +153,13 @@ class Journal:
     def insert(
         self,
         conn: Connection,
-        op: Operation,
+        op: OperationRecord,
         *,
         actor: str,
         cause: str,
         now: datetime,
         detail: Mapping[str, Any] | None = None,
-    ) -> Operation:
+    ) -> OperationRecord:
         """Store a new operation with its first history entry (``-> create_pending``)."""
         fields = {
             "operation_id": op.id,
@@ -158,8 +174,16 @@ class Journal:
             "detail": dict(detail) if detail is not None else None,
         }
         digest = entry_hash(fields, "", self.key)
-        op.history_seq, op.history_head, op.version = 1, digest, 1
-        op.created_at = op.updated_at = now
+        op = with_changes(
+            op,
+            {
+                "history_seq": 1,
+                "history_head": digest,
+                "version": 1,
+                "created_at": now,
+                "updated_at": now,
+            },
+        )
         _INSERT_OPERATION.run(conn, *[getattr(op, c) for c in OPS_COLUMNS])
         payloads.store(conn, op.id, {name: getattr(op, name) for name in PAYLOADS})
         _APPEND_HISTORY.run(conn, *_history_row({**fields, "prev_hash": "", "hash": digest}))
@@ -174,13 +198,13 @@ class Journal:
     def write(
         self,
         conn: Connection,
-        op: Operation,
+        op: OperationRecord,
         *,
         now: datetime,
         changes: Mapping[str, Any] | None = None,
         entries: Sequence[Entry] = (),
         lease: Lease | None = None,
-    ) -> Operation:
+    ) -> OperationRecord:
         """Apply ``changes`` and append ``entries`` if ``op`` is still current; return it."""
         changes = dict(changes or {})
         unknown = set(changes) - self._columns
@@ -202,10 +226,7 @@ class Journal:
         if parts:
             payloads.store(conn, op.id, parts)
         _APPEND_HISTORY.many(conn, [_history_row(row) for row in rows])
-        updated = copy.copy(op)
-        for name, value in changes.items():
-            setattr(updated, name, value)
-        return updated
+        return with_changes(op, changes)
 
     def _chain(
         self, op_id: str, head: str, seq: int, entries: Sequence[Entry], now: datetime
@@ -234,7 +255,7 @@ class Journal:
     def write_many(
         self,
         conn: Connection,
-        items: Sequence[tuple[Operation, Mapping[str, Any], Sequence[Entry]]],
+        items: Sequence[tuple[RowHead, Mapping[str, Any], Sequence[Entry]]],
         *,
         now: datetime,
     ) -> None:
@@ -274,7 +295,7 @@ class Journal:
     def transition(
         self,
         conn: Connection,
-        op: Operation,
+        op: OperationRecord,
         to: State,
         *,
         actor: str,
@@ -285,7 +306,7 @@ class Journal:
         entries: Sequence[Entry] = (),
         lease: Lease | None = None,
         before: Sequence[Entry] = (),
-    ) -> Operation:
+    ) -> OperationRecord:
         """Move ``op`` to ``to`` with its evidence; raises ``IllegalTransition`` before writing.
 
         ``before`` entries (the observation that caused the move) precede the transition in

@@ -20,15 +20,13 @@ Design notes that the rest of the code relies on:
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
-from pydantic_core import PydanticUndefined
 from sqlmodel import Field, SQLModel
 
+from reconciler.core import records
 from reconciler.storage.types import UTCDateTime
 
 
@@ -60,14 +58,6 @@ class Operation(SQLModel, table=True):
             postgresql_where=sa.text("delay_source = 'webhook_trust'"),
         ),
     )
-
-    if TYPE_CHECKING:
-        # Stored in operation_payloads (see the module docstring), read with the row except
-        # ``request``, which only the create step needs (``payloads.load_request``).
-        request: Any = None
-        meta: Any = None
-        status_body: Any = None  # the status answer that confirmed success, for collection
-        result: Any = None
 
     id: str = Field(primary_key=True, max_length=40)
     provider: str = Field(max_length=100)
@@ -287,42 +277,7 @@ class WebhookVerdict(SQLModel, table=True):
 TABLES = SQLModel.metadata
 
 # Reading rows into SQLModel instances runs SQLAlchemy's attribute instrumentation for
-# every field (about half a millisecond per row); the worker and the webhook path read
-# many rows, so reads produce a plain slotted record with the same attributes instead.
-# The payload names (``operation_payloads.name``), in the record's attribute names.
-PAYLOADS = ("request", "meta", "status_body", "result")
-
-if TYPE_CHECKING:
-    OperationRecord = Operation
-else:
-    OperationRecord = dataclasses.make_dataclass(
-        "OperationRecord",
-        [(column.name, Any) for column in Operation.__table__.c]
-        + [(name, Any, dataclasses.field(default=None)) for name in PAYLOADS],
-        slots=True,
-    )
-
-_DEFAULTS = {
-    name: info.default
-    for name, info in Operation.model_fields.items()
-    if info.default is not PydanticUndefined
-}
-
-
-def operation_record(
-    row: Mapping[Any, Any], payloads: Mapping[str, Any] | None = None
-) -> Operation:
-    """An operation read from the database, as a fast plain record."""
-    return OperationRecord(**row, **(payloads or {}))
-
-
-def record_of_values(values: Sequence[Any]) -> Operation:
-    """An operation from its stored values in column order (payloads left at None)."""
-    make: Any = OperationRecord  # the slotted record: its fields are the columns, in order
-    record: Operation = make(*values)
-    return record
-
-
-def new_record(**values: Any) -> Operation:
-    """A new operation record: the model's defaults, then ``values`` (payloads included)."""
-    return OperationRecord(**{**_DEFAULTS, **values})
+# every field (about half a millisecond per row); reads produce the plain frozen records
+# of ``core.records`` instead, which is what the rest of the service is typed with.
+operation_record = records.operation_of
+record_of_values = records.build_operation

@@ -30,13 +30,14 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core import ids
 from reconciler.core.completion_lanes import CALLBACK_PREFIX
+from reconciler.core.errors import InvalidRequest, NotFound
+from reconciler.core.records import PAYLOADS, OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.strict_json import shown
-from reconciler.errors import InvalidRequest, NotFound
 from reconciler.storage import payloads
 from reconciler.storage.fastsql import AS_IS, Sql
 from reconciler.storage.journal import OPS
-from reconciler.storage.models import Operation, record_of_values
+from reconciler.storage.models import record_of_values
 from reconciler.storage.tokens import Principal
 
 MAX_PAGE = 200
@@ -154,21 +155,23 @@ def _page_sql(operator: bool, state: bool, done: bool | None, provider: bool, af
     )
 
 
-def records_of(conn: Connection, rows: Sequence[Sequence[Any]]) -> list[Operation]:
-    """Plain records from decoded rows in ``OPS_COLUMNS`` order, with their parts."""
+def records_of(conn: Connection, rows: Sequence[Sequence[Any]]) -> list[OperationRecord]:
+    """Records from decoded rows in ``OPS_COLUMNS`` order (``records.COLUMNS``), with their
+    parts after the columns, as the record's fields run."""
     if not rows:
         return []
-    ops = [record_of_values(row) for row in rows]
-    parts = payloads.load(conn, [op.id for op in ops])
-    for op in ops:
-        for name, value in parts.get(op.id, {}).items():
-            setattr(op, name, value)
-    return ops
+    parts = payloads.load(conn, [row[0] for row in rows])  # the id is the first column
+    built = []
+    for row in rows:
+        found = parts.get(row[0])
+        values = (*row, *[found.get(name) for name in PAYLOADS]) if found else row
+        built.append(record_of_values(values))
+    return built
 
 
 def load_records(
     conn: Connection, operation_ids: Sequence[str], *, lock: bool = False
-) -> list[Operation]:
+) -> list[OperationRecord]:
     """The operations with these ids (absent ones left out), in no particular order.
 
     ``lock`` (PostgreSQL): lock the rows for this transaction.
@@ -178,12 +181,12 @@ def load_records(
     return records_of(conn, (_BY_IDS_LOCKED if lock else _BY_IDS).rows(conn, operation_ids))
 
 
-def get_operation(conn: Connection, operation_id: str) -> Operation | None:
+def get_operation(conn: Connection, operation_id: str) -> OperationRecord | None:
     found = load_records(conn, [operation_id])
     return found[0] if found else None
 
 
-def load_operation(conn: Connection, operation_id: str) -> Operation:
+def load_operation(conn: Connection, operation_id: str) -> OperationRecord:
     """The operation, or ``NotFound``."""
     op = get_operation(conn, operation_id)
     if op is None:
@@ -191,7 +194,7 @@ def load_operation(conn: Connection, operation_id: str) -> Operation:
     return op
 
 
-def visible_operation(conn: Connection, operation_id: str, principal: Principal) -> Operation:
+def visible_operation(conn: Connection, operation_id: str, principal: Principal) -> OperationRecord:
     """The operation if this caller may see it; agents see their own only (else 404)."""
     op = get_operation(conn, operation_id)
     if op is None or (not principal.is_operator and op.caller != principal.name):
@@ -199,14 +202,14 @@ def visible_operation(conn: Connection, operation_id: str, principal: Principal)
     return op
 
 
-def find_by_key(conn: Connection, caller: str, key: str) -> Operation | None:
+def find_by_key(conn: Connection, caller: str, key: str) -> OperationRecord | None:
     found = records_of(conn, _BY_KEY.rows(conn, caller, key))
     return found[0] if found else None
 
 
 @dataclass(frozen=True)
 class Page:
-    items: list[Operation]
+    items: list[OperationRecord]
     next_cursor: str | None
 
 
@@ -336,7 +339,7 @@ def claim_records(
     limit: int,
     share: ShareFilter | None = None,
     pick: Pick | None = None,
-) -> list[tuple[Operation, str | None]]:
+) -> list[tuple[OperationRecord, str | None]]:
     """Lease up to ``limit`` due operations to ``owner``, earliest due first.
 
     Returns each claimed operation as stored once the lease is ours, with the previous
@@ -373,7 +376,7 @@ def any_status_read_due_before(
 
 def due_status_reads(
     conn: Connection, now: datetime, skip_source: str, limit: int
-) -> list[Operation]:
+) -> list[OperationRecord]:
     """Unleased operations whose next status read is due, except those ``skip_source`` set.
 
     For the catch-up spread (``engine.catch_up``), which reschedules them in the same

@@ -17,8 +17,9 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.records import PAYLOADS
 from reconciler.storage.fastsql import Sql
-from reconciler.storage.models import PAYLOADS, OperationPayload
+from reconciler.storage.models import OperationPayload
 
 PAYLOAD_TABLE = OperationPayload.__table__  # type: ignore[attr-defined]
 _DELETE = Sql(

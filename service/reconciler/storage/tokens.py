@@ -22,14 +22,14 @@ from datetime import datetime, timedelta
 from sqlalchemy.engine import Connection
 
 from reconciler.core import callback_secrets
-from reconciler.core.vocabulary import Scope
-from reconciler.errors import (
+from reconciler.core.errors import (
     AuthenticationFailed,
     Conflict,
     InvalidRequest,
     NotFound,
     PermissionDenied,
 )
+from reconciler.core.vocabulary import Scope
 from reconciler.storage.fastsql import Sql
 from reconciler.storage.models import ApiToken
 

@@ -21,21 +21,16 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.errors import StaleWrite
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.trust import Change, Health, TrustPolicy, TrustState, TrustView, Verdict
 from reconciler.core.trust import count as count_verdict
 from reconciler.core.trust import view as trust_view_of
 from reconciler.core.vocabulary import DelaySource
-from reconciler.errors import StaleWrite
 from reconciler.storage.fastsql import AS_IS, Sql
 from reconciler.storage.journal import OPS, OPS_COLUMNS
-from reconciler.storage.models import (
-    Operation,
-    ProviderHealth,
-    WebhookEvent,
-    WebhookVerdict,
-    record_of_values,
-)
+from reconciler.storage.models import ProviderHealth, WebhookEvent, WebhookVerdict, record_of_values
 
 HEALTH = ProviderHealth.__table__  # type: ignore[attr-defined]
 VERDICTS = WebhookVerdict.__table__  # type: ignore[attr-defined]
@@ -274,7 +269,7 @@ def count_completions(
 
 def record_verdict(
     conn: Connection,
-    op: Operation,
+    op: OperationRecord,
     verdict: Verdict,
     *,
     asked_at: datetime,
@@ -344,7 +339,7 @@ def judge(
     _JUDGE.run(conn, verdict.value, hinted_at, now, pending.id, Verdict.PENDING.value)
 
 
-def stretched_operations(conn: Connection, provider: str, limit: int) -> list[Operation]:
+def stretched_operations(conn: Connection, provider: str, limit: int) -> list[OperationRecord]:
     """Observing operations of ``provider`` on a stretched schedule, locked (PostgreSQL).
 
     Rows another transaction holds are skipped: the next sweep finds them again.

@@ -13,20 +13,20 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.records import OperationRecord
 from reconciler.core.views import operation_view
 from reconciler.storage.database import Database
 from reconciler.storage.escalations import escalations_for
-from reconciler.storage.models import Operation
 
 
 def operation_views(
-    conn: Connection, ops: Sequence[Operation], now: datetime
+    conn: Connection, ops: Sequence[OperationRecord], now: datetime
 ) -> list[dict[str, Any]]:
     escalations = escalations_for(conn, [op.escalation_id for op in ops if op.escalation_id])
     return [operation_view(op, now, escalations.get(op.escalation_id or -1)) for op in ops]
 
 
-def view_of(conn: Connection, op: Operation, now: datetime) -> dict[str, Any]:
+def view_of(conn: Connection, op: OperationRecord, now: datetime) -> dict[str, Any]:
     return operation_views(conn, [op], now)[0]
 
 
@@ -43,11 +43,11 @@ class ViewBatcher:
 
     def __init__(self, db: Database, now: Callable[[], datetime]) -> None:
         self.db, self.now = db, now
-        self._pending: list[tuple[Operation, asyncio.Future[dict[str, Any]]]] = []
+        self._pending: list[tuple[OperationRecord, asyncio.Future[dict[str, Any]]]] = []
         self._draining = False
         self._drainer: asyncio.Task[None] | None = None
 
-    async def view(self, op: Operation) -> dict[str, Any]:
+    async def view(self, op: OperationRecord) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending.append((op, future))
@@ -56,7 +56,7 @@ class ViewBatcher:
             self._drainer = loop.create_task(self._drain())
         return await future
 
-    def _load(self, ops: list[Operation]) -> list[dict[str, Any]]:
+    def _load(self, ops: list[OperationRecord]) -> list[dict[str, Any]]:
         """One view per distinct (operation, version): many may wait on the same one."""
         distinct = list({(op.id, op.version): op for op in ops}.values())
         with self.db.read() as conn:
@@ -64,7 +64,7 @@ class ViewBatcher:
         by_key = {(op.id, op.version): v for op, v in zip(distinct, views, strict=True)}
         return [by_key[(op.id, op.version)] for op in ops]
 
-    def _plain(self, ops: list[Operation]) -> list[dict[str, Any]]:
+    def _plain(self, ops: list[OperationRecord]) -> list[dict[str, Any]]:
         """Views of operations without an escalation: nothing to read, built here."""
         now = self.now()
         views: dict[tuple[str, int], dict[str, Any]] = {}

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from functools import cache
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy.engine import Connection
 
@@ -32,7 +32,7 @@ from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.storage.fastsql import AS_IS, Sql
 from reconciler.storage.journal import OPS, Entry, Journal
-from reconciler.storage.models import Operation, WebhookEvent
+from reconciler.storage.models import WebhookEvent
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 
 log = logging.getLogger("reconciler.webhooks")
@@ -172,11 +172,11 @@ def lock_jobs(conn: Connection, jobs: Iterable[tuple[str, str]]) -> None:
         _LOCK_JOBS.run(conn, keys)
 
 
-def _operations_for(conn: Connection, provider: str, job_ids: set[str]) -> list[Operation]:
+def _operations_for(conn: Connection, provider: str, job_ids: set[str]) -> list[_Head]:
     if not job_ids:
         return []
     rows = _HEADS.rows(conn, provider, sorted(job_ids))
-    return [cast(Operation, _Head(*row)) for row in rows]
+    return [_Head(*row) for row in rows]
 
 
 @dataclass(slots=True)
@@ -208,7 +208,7 @@ _HEADS = Sql(
 )
 
 
-def _hinted_read(op: Operation, now: datetime) -> tuple[datetime, DelaySource]:
+def _hinted_read(op: _Head, now: datetime) -> tuple[datetime, DelaySource]:
     """Bring the next status read forward to now, but never before the provider's Retry-After."""
     floor = op.retry_not_before
     if floor is None or floor <= now:
@@ -218,7 +218,7 @@ def _hinted_read(op: Operation, now: datetime) -> tuple[datetime, DelaySource]:
 
 
 def _hint(
-    op: Operation, events: list[IncomingEvent], now: datetime
+    op: _Head, events: list[IncomingEvent], now: datetime
 ) -> tuple[Outcome, Mapping[str, Any] | None, list[Entry]]:
     """What a batch of new events means for one operation (values only; no writes)."""
     state = State(op.state)
@@ -260,7 +260,7 @@ def _first_sightings(events: Sequence[IncomingEvent]) -> list[int]:
 
 def _known_operations(
     conn: Connection, events: Sequence[IncomingEvent], indexes: Sequence[int]
-) -> dict[tuple[str, str], Operation]:
+) -> dict[tuple[str, str], _Head]:
     """The operations the events' job ids name, locked for this transaction."""
     by_provider: dict[str, set[str]] = defaultdict(set)
     for i in indexes:
@@ -268,7 +268,7 @@ def _known_operations(
         if job is not None:
             by_provider[events[i].provider].add(job)
     lock_jobs(conn, [(p, j) for p, jobs in by_provider.items() for j in jobs])
-    found: dict[tuple[str, str], Operation] = {}
+    found: dict[tuple[str, str], _Head] = {}
     for provider, jobs in by_provider.items():
         for op in _operations_for(conn, provider, jobs):
             found[(provider, op.remote_job_id or "")] = op
@@ -278,10 +278,10 @@ def _known_operations(
 def _hint_writes(
     events: Sequence[IncomingEvent],
     new: Sequence[int],
-    ops: Mapping[tuple[str, str], Operation],
+    ops: Mapping[tuple[str, str], _Head],
     outcomes: list[Outcome | None],
     now: datetime,
-) -> tuple[list[tuple[Operation, Mapping[str, Any], Sequence[Entry]]], ...]:
+) -> tuple[list[tuple[_Head, Mapping[str, Any], Sequence[Entry]]], ...]:
     """The hint writes for the new events, grouped by operation; sets each new outcome."""
     by_op: dict[str, list[int]] = defaultdict(list)
     for i in new:
@@ -291,8 +291,8 @@ def _hint_writes(
             outcomes[i] = Outcome.ORPHAN
         else:
             by_op[op.id].append(i)
-    polls: list[tuple[Operation, Mapping[str, Any], Sequence[Entry]]] = []
-    notes: list[tuple[Operation, Mapping[str, Any], Sequence[Entry]]] = []
+    polls: list[tuple[_Head, Mapping[str, Any], Sequence[Entry]]] = []
+    notes: list[tuple[_Head, Mapping[str, Any], Sequence[Entry]]] = []
     by_id = {op.id: op for op in ops.values()}
     for op_id, indexes in by_op.items():
         op = by_id[op_id]

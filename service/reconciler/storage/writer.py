@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from reconciler.errors import StorageUnavailable
+from reconciler.core.errors import StorageUnavailable
 
 T = TypeVar("T")
 

@@ -28,19 +28,19 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from fixtures.provider_sim.responses import DroppedResponse
 from standardwebhooks import Webhook
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from reconciler.api.app import create_app
+from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.demo.sim.responses import DroppedResponse
 from reconciler.runtime import Runtime
 from reconciler.storage.operations import load_operation
-from tests.support.hooks import wait_until
 from tests.support.servers import HOST, serve_asgi, unused_port
 from tests.support.stack import make_tokens, quiescent, worker_of
+from tests.support.waiting import wait_until
 
 API_TOKEN = "replay-api-token"
 WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"replay-webhook-secret-0123456789").decode()

@@ -14,34 +14,34 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from reconciler.core.backoff import parse_retry_after
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Prep
 from reconciler.engine.steps.create import call_detail
 from reconciler.storage.journal import Entry
-from reconciler.storage.models import Operation
 
 
 class CancelStep:
     def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
 
-    def _mark_sent(self, conn: Connection, op: Operation, now: datetime) -> Operation:
+    def _mark_sent(self, conn: Connection, op: OperationRecord, now: datetime) -> OperationRecord:
         """The send is recorded before it happens: a crash after it never sends again."""
         return self.ctx.change_in(conn, op, now, cancel_sent_at=now)
 
-    def prepare(self, conn: Connection, op: Operation, now: datetime) -> Prep | None:
+    def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
         if op.cancel_sent_at is not None or op.remote_job_id is None:
             return None
         if self.ctx.spec(op).cancel is None:
             return None
         return Prep(self._mark_sent(conn, op, now))
 
-    async def __call__(self, op: Operation, prep: Prep | None = None) -> None:
+    async def __call__(self, op: OperationRecord, prep: Prep | None = None) -> None:
         ctx = self.ctx
         spec = ctx.spec(op)
-        journal = ctx.runtime.journal
+        journal = ctx.deps.journal
         now = ctx.now()
         first_read = now + timedelta(seconds=spec.polling.base_delay_seconds)
         watch = {"next_poll_at": first_read, "delay_source": DelaySource.LOCAL_BACKOFF.value}
@@ -107,7 +107,7 @@ class CancelStep:
                 retry_not_before=now + wait,
             )
 
-        def record(conn: Connection, fresh: Operation) -> Operation:
+        def record(conn: Connection, fresh: OperationRecord) -> OperationRecord:
             if State(fresh.state) is not State.CANCEL_REQUESTED:
                 return journal.write(conn, fresh, now=now, entries=[entry], lease=ctx.lease)
             return journal.transition(

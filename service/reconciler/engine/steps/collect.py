@@ -16,17 +16,18 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from reconciler.core.collect import Invalid, RetryFetch, Unavailable, Verified, decide_collect
+from reconciler.core.provider_calls import CallResult
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Prep
 from reconciler.engine.steps.create import call_detail
-from reconciler.providers.adapter import CallResult, check_result
+from reconciler.providers.adapter import check_result
 from reconciler.storage.journal import Entry
-from reconciler.storage.models import Operation
 
 
-def _ref(op: Operation, ctx: StepContext) -> str | None:
+def _ref(op: OperationRecord, ctx: StepContext) -> str | None:
     spec = ctx.spec(op)
     pointer = spec.status.result_ref
     if pointer is None or op.status_body is None:
@@ -35,7 +36,7 @@ def _ref(op: Operation, ctx: StepContext) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _errors_ref(op: Operation, ctx: StepContext) -> str | None:
+def _errors_ref(op: OperationRecord, ctx: StepContext) -> str | None:
     """The status body's reference to a JSONL result's errors file (``status.errors_ref``)."""
     spec = ctx.spec(op)
     pointer = spec.status.errors_ref
@@ -51,21 +52,21 @@ class CollectStep:
     def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
 
-    def _charge(self, conn: Connection, op: Operation, now: datetime) -> Operation:
+    def _charge(self, conn: Connection, op: OperationRecord, now: datetime) -> OperationRecord:
         """The fetch is counted before it is sent (its failures are budgeted)."""
         return self.ctx.change_in(conn, op, now, result_attempts=op.result_attempts + 1)
 
-    def prepare(self, conn: Connection, op: Operation, now: datetime) -> Prep | None:
+    def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
         """The count of the fetch, inside the transaction that hands the operation over
         (the confirming status read's, usually)."""
         if self.ctx.spec(op).result is None or op.remote_job_id is None:
             return None
         return Prep(self._charge(conn, op, now))
 
-    async def __call__(self, op: Operation, prep: Prep | None = None) -> None:
+    async def __call__(self, op: OperationRecord, prep: Prep | None = None) -> None:
         ctx = self.ctx
         spec = ctx.spec(op)
-        journal = ctx.runtime.journal
+        journal = ctx.deps.journal
         now = ctx.now()
         ref = _ref(op, ctx)
         if spec.result is None:
@@ -121,7 +122,7 @@ class CollectStep:
             max_failures=charged.max_transport_failures,
             detail=dict(entry.detail or {}),
             backoff=ctx.backoff(spec),
-            rng=ctx.runtime.rng,
+            rng=ctx.deps.rng,
         )
         if isinstance(decision, RetryFetch):
             retry_at = now + timedelta(seconds=decision.delay_seconds)
@@ -156,7 +157,7 @@ class CollectStep:
             final=True,
         )
 
-    async def _errors_file(self, op: Operation, job_id: str) -> CallResult | None:
+    async def _errors_file(self, op: OperationRecord, job_id: str) -> CallResult | None:
         """The JSONL result's errors file, when the status names one; its lines are failed."""
         ctx = self.ctx
         ref = _errors_ref(op, ctx)

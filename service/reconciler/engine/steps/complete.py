@@ -30,6 +30,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.completion_lanes import HOOKS_LANE, callback_lane
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import EscalationReason, HistoryKind
 from reconciler.engine.context import StepContext
@@ -41,7 +42,6 @@ from reconciler.storage import completion_steps as steps
 from reconciler.storage.completion_steps import StepRow, StepStatus
 from reconciler.storage.history import last_hint_at
 from reconciler.storage.journal import Entry
-from reconciler.storage.models import Operation
 from reconciler.storage.tokens import callback_keys
 from reconciler.storage.views import view_of
 
@@ -50,7 +50,7 @@ log = logging.getLogger("reconciler.engine.steps.complete")
 CALLBACK_STEP = "callback"
 
 
-def webhook_id(op: Operation) -> str:
+def webhook_id(op: OperationRecord) -> str:
     """The callback's ``webhook-id``: the same on every attempt for this completion."""
     return op.id if op.completion_round <= 1 else f"{op.id}_r{op.completion_round}"
 
@@ -92,24 +92,24 @@ class CompleteStep:
         # Which completions this process has started, only to observe the lag once.
         self._started: set[tuple[str, int]] = set()
 
-    def lane_of(self, op: Operation, step: str) -> str:
+    def lane_of(self, op: OperationRecord, step: str) -> str:
         """The share a step runs in: hooks together, each callback host on its own."""
         if step != CALLBACK_STEP or op.callback_url is None:
             return HOOKS_LANE
-        return callback_lane(receiver_host(op.callback_url, self.ctx.runtime.allow_hosts))
+        return callback_lane(receiver_host(op.callback_url, self.ctx.deps.allow_hosts))
 
-    def steps_for(self, op: Operation) -> list[str]:
+    def steps_for(self, op: OperationRecord) -> list[str]:
         steps = [f"hook:{name}" for name in self.hooks]
         if op.callback_url:
             steps.append(CALLBACK_STEP)
         return steps
 
-    def prepare(self, conn: Connection, op: Operation, now: datetime) -> Prep:
+    def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep:
         """Begin (or resume) the round: its step rows, and the first unfinished step started."""
         rows = tuple(steps.ensure_all(conn, op, self.steps_for(op)))
         return self._advance(conn, op, rows, 0, now, [], last_hint_at(conn, op.id))
 
-    async def __call__(self, op: Operation, prep: Prep | None = None) -> None:
+    async def __call__(self, op: OperationRecord, prep: Prep | None = None) -> None:
         ctx = self.ctx
         if prep is None:
             now = ctx.now()
@@ -130,12 +130,12 @@ class CompleteStep:
             return None
         return self.hooks[row.step.removeprefix("hook:")]
 
-    async def _in_transaction(self, op: Operation, plan: Plan, hook: Hook) -> Prep:
+    async def _in_transaction(self, op: OperationRecord, plan: Plan, hook: Hook) -> Prep:
         """A transactional hook: called inside the write that records its step, so its
         effects and the step's ``done`` commit together or not at all (exactly once)."""
         now = self.ctx.now()
 
-        def build(conn: Connection, fresh: Operation) -> Prep:
+        def build(conn: Connection, fresh: OperationRecord) -> Prep:
             return self._record(conn, fresh, plan, self._call_in(conn, hook, plan), now)
 
         return await self.ctx.apply_plan(op, build)
@@ -143,7 +143,7 @@ class CompleteStep:
     def _call_in(self, conn: Connection, hook: Hook, plan: Plan) -> Outcome:
         row = plan.current
         assert row is not None and plan.view is not None
-        metrics = self.ctx.runtime.metrics
+        metrics = self.ctx.deps.metrics
         try:
             # A savepoint: a hook that fails leaves nothing of its own behind, and its
             # failure is still recorded in the transaction around it.
@@ -156,25 +156,25 @@ class CompleteStep:
         metrics.hook_runs.labels("ok").inc()
         return Outcome(True, {"transactional": True})
 
-    async def _recorded(self, op: Operation, plan: Plan, outcome: Outcome) -> Prep:
+    async def _recorded(self, op: OperationRecord, plan: Plan, outcome: Outcome) -> Prep:
         now = self.ctx.now()
         return await self.ctx.apply_plan(
             op, lambda conn, fresh: self._record(conn, fresh, plan, outcome, now)
         )
 
-    def _observe_lag(self, op: Operation, plan: Plan) -> None:
+    def _observe_lag(self, op: OperationRecord, plan: Plan) -> None:
         started = (op.id, op.completion_round)
         if started in self._started:
             return
         self._started.add(started)
         if plan.hinted_at is not None:
             lag = max(0.0, (self.ctx.now() - plan.hinted_at).total_seconds())
-            self.ctx.runtime.metrics.lag.observe(lag)
+            self.ctx.deps.metrics.lag.observe(lag)
 
     def _advance(
         self,
         conn: Connection,
-        op: Operation,
+        op: OperationRecord,
         rows: tuple[StepRow, ...],
         start: int,
         now: datetime,
@@ -184,7 +184,7 @@ class CompleteStep:
         """From step ``start`` on: start the first unfinished step, or wait for its retry,
         or record the round finished; ``entries`` (the last step's record) go with it."""
         ctx = self.ctx
-        journal = ctx.runtime.journal
+        journal = ctx.deps.journal
         held = share_of(op)
         for index in range(start, len(rows)):
             row = rows[index]
@@ -250,13 +250,15 @@ class CompleteStep:
         )
         return Prep(closed, Plan(rows, hinted_at=hinted_at), final=True)
 
-    def _agent_keys(self, conn: Connection, op: Operation, now: datetime) -> list[bytes] | None:
+    def _agent_keys(
+        self, conn: Connection, op: OperationRecord, now: datetime
+    ) -> list[bytes] | None:
         """The calling agent's own signing keys: no agent can forge another's callbacks."""
-        service_key = self.ctx.runtime.callback_key
+        service_key = self.ctx.deps.callback_key
         assert service_key is not None  # callbacks exist only with a signing key
         return callback_keys(conn, op.caller, service_key, now)
 
-    async def _run(self, op: Operation, plan: Plan) -> Outcome:
+    async def _run(self, op: OperationRecord, plan: Plan) -> Outcome:
         row = plan.current
         assert row is not None and plan.view is not None
         if row.step == CALLBACK_STEP:
@@ -264,7 +266,7 @@ class CompleteStep:
         return await self._hook(row, plan.view)
 
     async def _hook(self, row: StepRow, outcome: dict[str, Any]) -> Outcome:
-        metrics = self.ctx.runtime.metrics
+        metrics = self.ctx.deps.metrics
         hook = self.hooks[row.step.removeprefix("hook:")]
         try:
             if hook.is_async:
@@ -278,7 +280,7 @@ class CompleteStep:
         metrics.hook_runs.labels("ok").inc()
         return Outcome(True, {})
 
-    async def _callback(self, op: Operation, plan: Plan, outcome: dict[str, Any]) -> Outcome:
+    async def _callback(self, op: OperationRecord, plan: Plan, outcome: dict[str, Any]) -> Outcome:
         assert op.callback_url is not None
         if self.callbacks is None:
             return Outcome(False, {}, "no callback signing secret is configured", permanent=True)
@@ -293,7 +295,7 @@ class CompleteStep:
             if result.delivered
             else ("refused" if result.refused else "permanent" if result.permanent else "retryable")
         )
-        self.ctx.runtime.metrics.callback_attempts.labels(label).inc()
+        self.ctx.deps.metrics.callback_attempts.labels(label).inc()
         if result.delivered:
             return Outcome(True, {"http_status": result.http_status, "webhook_id": webhook_id(op)})
         return Outcome(
@@ -306,7 +308,7 @@ class CompleteStep:
         )
 
     def _record(
-        self, conn: Connection, op: Operation, plan: Plan, outcome: Outcome, now: datetime
+        self, conn: Connection, op: OperationRecord, plan: Plan, outcome: Outcome, now: datetime
     ) -> Prep:
         """The running step's outcome, and in the same transaction what comes after it."""
         row = plan.current
@@ -326,12 +328,12 @@ class CompleteStep:
             )
             rows = self._with(plan, replace(row, status=StepStatus.DONE))
             return self._advance(conn, op, rows, plan.index + 1, now, [entry])
-        settings = self.ctx.runtime.settings.callbacks
+        settings = self.ctx.deps.settings.callbacks
         attempts = row.attempts
         give_up = outcome.permanent or attempts >= settings.max_attempts
         policy = BackoffPolicy(settings.base_delay_seconds, settings.max_delay_seconds, 0.5)
         delay = next_attempt_delay(
-            attempts - 1, outcome.retry_after, now, policy, self.ctx.runtime.rng
+            attempts - 1, outcome.retry_after, now, policy, self.ctx.deps.rng
         )
         retry_at = now + delay
         reason = outcome.reason[:500]
@@ -350,7 +352,7 @@ class CompleteStep:
             },
         )
         if not give_up:
-            waiting = self.ctx.runtime.journal.write(
+            waiting = self.ctx.deps.journal.write(
                 conn,
                 op,
                 now=now,

@@ -31,6 +31,8 @@ from reconciler.core.create import (
     retry_create,
 )
 from reconciler.core.poll import Stop, first_poll
+from reconciler.core.provider_calls import CallResult
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind
 from reconciler.engine.context import STORAGE_OUTAGE, StepContext
@@ -41,12 +43,11 @@ from reconciler.engine.steps.resend import (
     resend_allowed,
     template_values,
 )
-from reconciler.providers.adapter import CallResult, CreateOutcome, LookupOutcome, LookupVerdict
+from reconciler.providers.adapter import CreateOutcome, LookupOutcome, LookupVerdict
 from reconciler.providers.create_set import apply_set
 from reconciler.providers.spec import IdempotencyMode
 from reconciler.storage.history import notes_with_cause
 from reconciler.storage.journal import Entry
-from reconciler.storage.models import Operation
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.payloads import load_request
 from reconciler.storage.trust import is_trusted
@@ -95,7 +96,7 @@ class CreateStep:
     def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
 
-    def prepare(self, conn: Connection, op: Operation, now: datetime) -> Prep | None:
+    def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
         """A first create's count and next try, inside the claim; with it, the request.
 
         Only a create that cannot have reached the provider yet: one that may have (an
@@ -108,7 +109,7 @@ class CreateStep:
         charged = self._reserve_in(conn, op, {"create_attempts": 1}, [], now)
         return Prep(charged, load_request(conn, op.id))
 
-    async def __call__(self, op: Operation, prep: Prep | None = None) -> None:
+    async def __call__(self, op: OperationRecord, prep: Prep | None = None) -> None:
         ctx = self.ctx
         if prep is not None:
             await self._send(op, prepared=prep)
@@ -125,7 +126,7 @@ class CreateStep:
         if maybe_sent and spec.create.idempotency is IdempotencyMode.NONE:
             # No key: a resend may make a second job. Only a create that certainly made
             # none, or a person's decision, allows one; otherwise the lookup, if any, asks.
-            allowed = await ctx.runtime.db.run(resend_allowed, ctx.runtime.db, op, ctx.actor)
+            allowed = await ctx.deps.db.run(resend_allowed, ctx.deps.db, op, ctx.actor)
             if allowed is not None:
                 await self._send(op, [allowed])
                 return
@@ -153,7 +154,7 @@ class CreateStep:
             return
         await self._send(op)
 
-    async def _window_ended(self, op: Operation, stop: Stop) -> None:
+    async def _window_ended(self, op: OperationRecord, stop: Stop) -> None:
         """The create window is over: look before escalating, and never blame the provider
         for time our own database was down.
 
@@ -188,7 +189,7 @@ class CreateStep:
         if outage is not None:
             left = op.create_deadline_at - max(outage.started_at, op.created_at)
             until = min(ctx.now() + left, op.deadline_at)
-            if until > ctx.now() and not await ctx.runtime.db.run(self._extended_before, op.id):
+            if until > ctx.now() and not await ctx.deps.db.run(self._extended_before, op.id):
                 await self._give_back(op, until, notes)
                 return
         if unsettled:
@@ -197,11 +198,11 @@ class CreateStep:
         await self._escalate(op, stop.reason, stop.detail, notes)
 
     def _extended_before(self, op_id: str) -> bool:
-        with self.ctx.runtime.db.read() as conn:
+        with self.ctx.deps.db.read() as conn:
             notes = notes_with_cause(conn, op_id, STORAGE_OUTAGE)
         return any("create_window_until" in n for n in notes)
 
-    async def _give_back(self, op: Operation, until: datetime, notes: list[Entry]) -> None:
+    async def _give_back(self, op: OperationRecord, until: datetime, notes: list[Entry]) -> None:
         ctx = self.ctx
         now = ctx.now()
         first, *rest = notes
@@ -214,7 +215,7 @@ class CreateStep:
         changes = {"create_deadline_at": until, "next_poll_at": now, "delay_source": None}
         await ctx.apply(
             op,
-            lambda conn, fresh: ctx.runtime.journal.write(
+            lambda conn, fresh: ctx.deps.journal.write(
                 conn, fresh, now=now, changes=changes, entries=[given, *rest], lease=ctx.lease
             ),
             final=True,
@@ -223,43 +224,47 @@ class CreateStep:
     def _reserve_in(
         self,
         conn: Connection,
-        op: Operation,
+        op: OperationRecord,
         counts: dict[str, int],
         before: list[Entry],
         now: datetime,
-    ) -> Operation:
+    ) -> OperationRecord:
         """Count the call and schedule the next try one backoff step away, before sending."""
         ctx = self.ctx
         calls = op.create_attempts + op.create_lookups + 1
         retry_at = next_try_at(
-            op.create_deadline_at, calls, now, ctx.runtime.rng, ctx.backoff(ctx.spec(op))
+            op.create_deadline_at, calls, now, ctx.deps.rng, ctx.backoff(ctx.spec(op))
         )
         changes = {
             **counts,
             "next_poll_at": retry_at,
             "delay_source": DelaySource.LOCAL_BACKOFF.value,
         }
-        return ctx.runtime.journal.write(
+        return ctx.deps.journal.write(
             conn, op, now=now, lease=ctx.lease, changes=changes, entries=before
         )
 
     async def _reserve(
-        self, op: Operation, counts: dict[str, int], before: list[Entry] | None = None
-    ) -> Operation:
+        self, op: OperationRecord, counts: dict[str, int], before: list[Entry] | None = None
+    ) -> OperationRecord:
         now = self.ctx.now()
         return await self.ctx.write(
             op, lambda conn: self._reserve_in(conn, op, counts, before or [], now)
         )
 
     async def _send(
-        self, op: Operation, before: list[Entry] | None = None, *, prepared: Prep | None = None
+        self,
+        op: OperationRecord,
+        before: list[Entry] | None = None,
+        *,
+        prepared: Prep | None = None,
     ) -> None:
         ctx = self.ctx
         if prepared is not None:
             charged, request = prepared.op, prepared.data
         else:
             charged = await self._reserve(op, {"create_attempts": op.create_attempts + 1}, before)
-            request = await ctx.runtime.db.run(self._request, op.id)
+            request = await ctx.deps.db.run(self._request, op.id)
         spec = ctx.spec(op)
         body = apply_set(request, spec.create.set, template_values(op, spec))
         outcome = await ctx.call(
@@ -273,7 +278,8 @@ class CreateStep:
         if outcome.job_id:
             if charged.create_attempts > 1 and ctx.spec(op).lookup is not None:
                 # A resend answered: make sure the provider did not start a second job for
-                # the same token (seed 001: an unfamiliar job id is a contract violation).
+                # the same token (an unfamiliar job id is a contract violation:
+                # docs/design.md#duplicate-answers).
                 check = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
                 if (
                     check.verdict is LookupVerdict.FOUND
@@ -286,7 +292,7 @@ class CreateStep:
             return
         await self._ambiguous_or_stop(charged, outcome.call, outcome, "create")
 
-    async def _duplicate(self, op: Operation, outcome: CreateOutcome) -> None:
+    async def _duplicate(self, op: OperationRecord, outcome: CreateOutcome) -> None:
         """The provider says this key already made a job: find it, never resend or fail."""
         ctx = self.ctx
         seen = Entry(
@@ -312,7 +318,9 @@ class CreateStep:
         # The job exists but the lookup does not show it yet (a lagging index): look again.
         await self._retry(op, found.call, entry, "the duplicate's job is not found yet")
 
-    async def _retry(self, op: Operation, call: CallResult, entry: Entry, detail: str) -> None:
+    async def _retry(
+        self, op: OperationRecord, call: CallResult, entry: Entry, detail: str
+    ) -> None:
         ctx = self.ctx
         now = ctx.now()
         decision = retry_create(
@@ -320,7 +328,7 @@ class CreateStep:
             max(op.create_attempts + op.create_lookups, 1),
             detail,
             now,
-            ctx.runtime.rng,
+            ctx.deps.rng,
             ctx.backoff(ctx.spec(op)),
             call.retry_after,
         )
@@ -329,7 +337,7 @@ class CreateStep:
             return
         await self._retry_later(op, decision, entry, call)
 
-    async def _create_unknown(self, op: Operation, detail: str, before: list[Entry]) -> None:
+    async def _create_unknown(self, op: OperationRecord, detail: str, before: list[Entry]) -> None:
         await self._escalate(
             op,
             EscalationReason.CREATE_UNKNOWN,
@@ -340,11 +348,11 @@ class CreateStep:
 
     def _request(self, op_id: str) -> Any:
         """The create body as stored (read only here: it is the operation's largest part)."""
-        with self.ctx.runtime.db.read() as conn:
+        with self.ctx.deps.db.read() as conn:
             return load_request(conn, op_id)
 
     async def _ambiguous_or_stop(
-        self, op: Operation, call: CallResult, outcome: CreateOutcome | None, via: str
+        self, op: OperationRecord, call: CallResult, outcome: CreateOutcome | None, via: str
     ) -> None:
         ctx = self.ctx
         now = ctx.now()
@@ -353,7 +361,7 @@ class CreateStep:
             max(op.create_attempts + op.create_lookups, 1),
             _observation(call, None),
             now,
-            ctx.runtime.rng,
+            ctx.deps.rng,
             ctx.backoff(ctx.spec(op)),
         )
         detail = {
@@ -386,7 +394,7 @@ class CreateStep:
             }
             await ctx.apply(
                 op,
-                lambda conn, fresh: ctx.runtime.journal.transition(
+                lambda conn, fresh: ctx.deps.journal.transition(
                     conn,
                     fresh,
                     State.FAILED,
@@ -408,7 +416,7 @@ class CreateStep:
             raise AssertionError(decision)
 
     async def _retry_later(
-        self, op: Operation, decision: Ambiguous, entry: Entry, call: CallResult
+        self, op: OperationRecord, decision: Ambiguous, entry: Entry, call: CallResult
     ) -> None:
         ctx = self.ctx
         now = ctx.now()
@@ -418,9 +426,9 @@ class CreateStep:
             "last_http_status": call.http_status,
             "last_http_at": call.sent_at,
         }
-        journal = ctx.runtime.journal
+        journal = ctx.deps.journal
 
-        def later(conn: Connection, fresh: Operation) -> Operation:
+        def later(conn: Connection, fresh: OperationRecord) -> OperationRecord:
             if State(fresh.state) is State.CREATE_PENDING and call.maybe_delivered:
                 return journal.transition(
                     conn,
@@ -442,7 +450,7 @@ class CreateStep:
 
     async def _accept(
         self,
-        op: Operation,
+        op: OperationRecord,
         job_id: str,
         outcome: CreateOutcome | None,
         call: CallResult,
@@ -456,8 +464,8 @@ class CreateStep:
         policy = ctx.poll_policy(spec)
         adaptive = ctx.trust_policy(spec).adaptive
 
-        def accept(conn: Connection, fresh: Operation) -> Operation:
-            journal = ctx.runtime.journal
+        def accept(conn: Connection, fresh: OperationRecord) -> OperationRecord:
+            journal = ctx.deps.journal
             evidence = {**call_detail(call), "job_id": job_id, "via": via}
             changes: dict[str, Any] = {
                 "remote_job_id": job_id,
@@ -506,9 +514,7 @@ class CreateStep:
             # The create answer is the first observation: while the provider's webhooks are
             # trusted, even the first fallback read waits the stretched schedule.
             trusted = adaptive and is_trusted(conn, op.provider)
-            first, source = first_poll(
-                now, op.deadline_at, ctx.runtime.rng, policy, trusted=trusted
-            )
+            first, source = first_poll(now, op.deadline_at, ctx.deps.rng, policy, trusted=trusted)
             nxt: dict[str, Any] = {"next_poll_at": first, "delay_source": source.value}
             if orphans:
                 nxt = {
@@ -532,7 +538,9 @@ class CreateStep:
 
         await ctx.apply(op, accept, final=True)
 
-    async def _violation(self, op: Operation, outcome: CreateOutcome, check: LookupOutcome) -> None:
+    async def _violation(
+        self, op: OperationRecord, outcome: CreateOutcome, check: LookupOutcome
+    ) -> None:
         detail = (
             f"the same idempotency token was answered with job {outcome.job_id} by the "
             f"create call and {check.job_id} by the lookup; neither is chosen"
@@ -554,6 +562,6 @@ class CreateStep:
         await self._escalate(op, EscalationReason.CONTRACT_VIOLATION, detail, entries)
 
     async def _escalate(
-        self, op: Operation, reason: EscalationReason, detail: str, before: list[Entry]
+        self, op: OperationRecord, reason: EscalationReason, detail: str, before: list[Entry]
     ) -> None:
         await self.ctx.escalate(op, reason, detail, before=before)

@@ -1,4 +1,4 @@
-"""One status read, in seed 003's order (``observing`` and ``cancelling``).
+"""One status read, in the order of docs/design.md#read-order (``observing``, ``cancelling``).
 
 Deadline and budget are checked before the request; the request is
 charged and persisted before it is sent (a crash in between leaves an
@@ -24,18 +24,18 @@ from sqlalchemy.engine import Connection
 from reconciler.core import poll as decisions
 from reconciler.core.backoff import parse_retry_after
 from reconciler.core.clock import isoformat
+from reconciler.core.errors import StaleWrite
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.trust import Verdict, judge_read, settle_after
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind, RemoteCategory
 from reconciler.engine.context import STORAGE_OUTAGE, StepContext
 from reconciler.engine.flow import Prep
 from reconciler.engine.steps.create import call_detail
-from reconciler.errors import StaleWrite
 from reconciler.providers.adapter import StatusOutcome
 from reconciler.storage import trust as health
 from reconciler.storage.history import notes_with_cause
 from reconciler.storage.journal import Entry
-from reconciler.storage.models import Operation
 
 MAX_KEPT_STATUS_BYTES = 65_536
 # States in which a status answer may still be applied after a concurrent write.
@@ -44,7 +44,7 @@ READ_STATES = frozenset({State.OBSERVING, State.CANCELLING, State.CANCEL_REQUEST
 RECOVERY_LOOK = "recovery_look"
 
 
-def record_of(op: Operation) -> decisions.PollRecord:
+def record_of(op: OperationRecord) -> decisions.PollRecord:
     deadline = op.deadline_at
     if op.state == State.CANCELLING.value and op.cancel_deadline_at is not None:
         # A cancellation is watched until its own window closes, even past the job's
@@ -84,7 +84,7 @@ def observation_of(outcome: StatusOutcome) -> decisions.Observation:
     )
 
 
-def _hinted_since(op: Operation, outcome: StatusOutcome) -> bool:
+def _hinted_since(op: OperationRecord, outcome: StatusOutcome) -> bool:
     """A webhook hint arrived after this status request was sent: our answer may predate it."""
     return op.hinted_at is not None and op.hinted_at > outcome.call.sent_at
 
@@ -114,11 +114,11 @@ class PollStep:
     def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
 
-    def _charge(self, conn: Connection, op: Operation, now: datetime) -> Operation:
+    def _charge(self, conn: Connection, op: OperationRecord, now: datetime) -> OperationRecord:
         """The request is charged and persisted before it is sent."""
         return self.ctx.change_in(conn, op, now, status_requests_used=op.status_requests_used + 1)
 
-    def prepare(self, conn: Connection, op: Operation, now: datetime) -> Prep | None:
+    def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
         """The charge, inside the transaction that hands the operation to this step.
 
         Only the ordinary read: the deadline and budget are checked first, as the step
@@ -133,7 +133,7 @@ class PollStep:
             return None
         return Prep(self._charge(conn, op, now))
 
-    async def __call__(self, op: Operation, prep: Prep | None = None) -> None:
+    async def __call__(self, op: OperationRecord, prep: Prep | None = None) -> None:
         ctx = self.ctx
         if prep is not None:
             await self._read(op, prep.op, last_look=False)
@@ -170,7 +170,9 @@ class PollStep:
         charged = await ctx.write(op, lambda conn: self._charge(conn, op, now))
         await self._read(op, charged, last_look)
 
-    def _lapse(self, op: Operation, stop: decisions.Stop, now: datetime) -> decisions.Lapse | None:
+    def _lapse(
+        self, op: OperationRecord, stop: decisions.Stop, now: datetime
+    ) -> decisions.Lapse | None:
         """Our own outage that covered this deadline, if any (``core.poll.deadline_lapse``)."""
         if stop.reason is not EscalationReason.DEADLINE_EXCEEDED:
             return None
@@ -180,17 +182,19 @@ class PollStep:
         due = op.next_poll_at if op.next_poll_at is not None else deadline
         known = [
             decisions.Lapse(o.started_at, o.ended_at)
-            for o in self.ctx.runtime.db.availability.outages_between(min(due, deadline), now)
+            for o in self.ctx.deps.db.availability.outages_between(min(due, deadline), now)
         ]
         return decisions.deadline_lapse(
             deadline,
             op.next_poll_at,
             now,
             known,
-            slack_seconds=self.ctx.runtime.settings.scheduler.catch_up_after_seconds,
+            slack_seconds=self.ctx.deps.settings.scheduler.catch_up_after_seconds,
         )
 
-    async def _recovery_look(self, op: Operation, lapse: decisions.Lapse, now: datetime) -> None:
+    async def _recovery_look(
+        self, op: OperationRecord, lapse: decisions.Lapse, now: datetime
+    ) -> None:
         """One status read after our own outage covered the deadline, before any decision.
 
         The read is charged with the note that says why, in one transaction: a crash after
@@ -198,15 +202,15 @@ class PollStep:
         """
         ctx = self.ctx
         note = _lapse_note(ctx.actor, op.deadline_at, lapse)
-        looked = await ctx.runtime.db.run(self._looked_before, op.id)
+        looked = await ctx.deps.db.run(self._looked_before, op.id)
         if looked or op.remote_job_id is None:
             stop = decisions.outage_stop(op.deadline_at, lapse, None)
             await self._escalate(op, stop.reason, stop.detail, [note])
             return
         looking = replace(note, detail={**(note.detail or {}), RECOVERY_LOOK: True})
 
-        def charge(conn: Connection) -> Operation:
-            return ctx.runtime.journal.write(
+        def charge(conn: Connection) -> OperationRecord:
+            return ctx.deps.journal.write(
                 conn,
                 op,
                 now=now,
@@ -219,14 +223,14 @@ class PollStep:
         await self._read(op, charged, last_look=True, lapse=lapse)
 
     def _looked_before(self, op_id: str) -> bool:
-        with self.ctx.runtime.db.read() as conn:
+        with self.ctx.deps.db.read() as conn:
             notes = notes_with_cause(conn, op_id, STORAGE_OUTAGE)
         return any(n.get(RECOVERY_LOOK) for n in notes)
 
     async def _read(
         self,
-        op: Operation,
-        charged: Operation,
+        op: OperationRecord,
+        charged: OperationRecord,
         last_look: bool,
         lapse: decisions.Lapse | None = None,
     ) -> None:
@@ -258,7 +262,7 @@ class PollStep:
                 final=True,
             )
 
-    def _outage(self, op: Operation) -> list[Entry]:
+    def _outage(self, op: OperationRecord) -> list[Entry]:
         """Our own database's outage during the cancel window, recorded as ours."""
         if op.cancel_requested_at is None or op.cancel_deadline_at is None:
             return []
@@ -268,11 +272,11 @@ class PollStep:
     def _apply(
         self,
         conn: Connection,
-        op: Operation,
+        op: OperationRecord,
         outcome: StatusOutcome,
         last_look: bool = False,
         lapse: decisions.Lapse | None = None,
-    ) -> Operation:
+    ) -> OperationRecord:
         """Decide what the answer means for the row as it is now, and write it.
 
         ``last_look``: the read made after the cancel window closed, or after our own
@@ -305,7 +309,7 @@ class PollStep:
                 record,
                 obs,
                 now,
-                ctx.runtime.rng,
+                ctx.deps.rng,
                 ctx.poll_policy(spec),
                 # Only a pending answer can wait the stretched schedule: read trust for it.
                 trusted=obs.category is RemoteCategory.PENDING
@@ -335,7 +339,7 @@ class PollStep:
             detail=detail,
             delay_source=delay_source,
         )
-        journal = ctx.runtime.journal
+        journal = ctx.deps.journal
         if isinstance(decision, decisions.Wait):
             return journal.write(
                 conn, op, now=now, changes=changes, entries=[entry], lease=ctx.lease
@@ -381,7 +385,7 @@ class PollStep:
             transport_error=obs.transport_error,
         )
 
-    def _trust_applies(self, op: Operation) -> bool:
+    def _trust_applies(self, op: OperationRecord) -> bool:
         """Trust is about how the provider announces its jobs' ends, so: observing reads only.
 
         A cancellation we asked for is watched on its own schedule and is not evidence.
@@ -391,7 +395,7 @@ class PollStep:
         return self.ctx.trust_policy(self.ctx.spec(op)).adaptive
 
     def _judge(
-        self, conn: Connection, op: Operation, outcome: StatusOutcome, now: datetime
+        self, conn: Connection, op: OperationRecord, outcome: StatusOutcome, now: datetime
     ) -> Verdict | None:
         """Store how this terminal state was first learned of (the evidence of the health)."""
         if not self._trust_applies(op):
@@ -406,7 +410,7 @@ class PollStep:
                 conn, op.provider, op.remote_job_id, since, until=asked
             )
         verdict = judge_read(None, asked, hinted)
-        if verdict is Verdict.PENDING and self.ctx.runtime.db.availability.outages_between(
+        if verdict is Verdict.PENDING and self.ctx.deps.db.availability.outages_between(
             since, asked
         ):
             # The job ended since our last read, while our storage was down at some point:
@@ -425,7 +429,7 @@ class PollStep:
         return verdict
 
     def _count(
-        self, conn: Connection, op: Operation, verdict: Verdict | None, now: datetime
+        self, conn: Connection, op: OperationRecord, verdict: Verdict | None, now: datetime
     ) -> None:
         """A webhook-first completion counts into the health now, the last write before commit.
 
@@ -444,7 +448,7 @@ class PollStep:
 
     def _record(
         self,
-        op: Operation,
+        op: OperationRecord,
         outcome: StatusOutcome,
         decision: decisions.Decision,
         now: datetime,
@@ -500,13 +504,13 @@ class PollStep:
     def _finish(
         self,
         conn: Connection,
-        op: Operation,
+        op: OperationRecord,
         decision: decisions.Finish,
         view: Any,
         changes: dict[str, Any],
         evidence: list[Entry],
         now: datetime,
-    ) -> Operation:
+    ) -> OperationRecord:
         ctx = self.ctx
         provider_error = getattr(view, "error", None)
         if decision.category is RemoteCategory.CANCELLED:
@@ -519,7 +523,7 @@ class PollStep:
                 "remote_state": getattr(view, "remote_state", None),
                 "provider_error": provider_error,
             }
-        return ctx.runtime.journal.transition(
+        return ctx.deps.journal.transition(
             conn,
             op,
             target,
@@ -533,7 +537,7 @@ class PollStep:
         )
 
     async def _escalate(
-        self, op: Operation, reason: EscalationReason, detail: str, before: list[Entry]
+        self, op: OperationRecord, reason: EscalationReason, detail: str, before: list[Entry]
     ) -> None:
         await self.ctx.escalate(op, _stop_reason(op, reason), detail, before=before)
 
@@ -556,7 +560,7 @@ def _lapse_note(actor: str, deadline: datetime, lapse: decisions.Lapse) -> Entry
     )
 
 
-def _stop_reason(op: Operation, reason: EscalationReason) -> EscalationReason:
+def _stop_reason(op: OperationRecord, reason: EscalationReason) -> EscalationReason:
     if reason is EscalationReason.DEADLINE_EXCEEDED and State(op.state) is State.CANCELLING:
         # In a cancellation watch the window that ran out is the cancel window.
         return EscalationReason.CANCELLATION_UNCONFIRMED

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import DecisionAction, HistoryKind
 from reconciler.providers.adapter import LookupOutcome, ProviderAdapter
 from reconciler.providers.http_adapter import HttpAdapter
@@ -21,14 +22,13 @@ from reconciler.providers.spec import ProviderSpec
 from reconciler.storage.database import Database
 from reconciler.storage.history import last_of
 from reconciler.storage.journal import Entry
-from reconciler.storage.models import Operation
 
 RESEND_SAFE = "resend_safe_at_attempt"  # in a create_response: that attempt made no job
 RESEND_DECISION = f"decision:{DecisionAction.RESEND.value}"
 _CAUSES = ("create_response", RESEND_DECISION)
 
 
-def template_values(op: Operation, spec: ProviderSpec) -> dict[str, str | None]:
+def template_values(op: OperationRecord, spec: ProviderSpec) -> dict[str, str | None]:
     """What ``{idempotency_key}`` ``{operation_id}`` ``{trace_id}`` ``{webhook_url}`` stand for."""
     return {
         "idempotency_key": op.idempotency_token,
@@ -38,7 +38,7 @@ def template_values(op: Operation, spec: ProviderSpec) -> dict[str, str | None]:
     }
 
 
-async def lookup_job(adapter: ProviderAdapter, op: Operation) -> LookupOutcome:
+async def lookup_job(adapter: ProviderAdapter, op: OperationRecord) -> LookupOutcome:
     """The idempotency lookup; the declarative adapter also gets the operation id, which a
     ``lookup.match`` template may use (``{operation_id}``, written by ``create.set``)."""
     if isinstance(adapter, HttpAdapter):
@@ -46,7 +46,7 @@ async def lookup_job(adapter: ProviderAdapter, op: Operation) -> LookupOutcome:
     return await adapter.lookup(op.idempotency_token, op.trace_id)
 
 
-def _evidence(conn: Connection, op: Operation, actor: str) -> Entry | None:
+def _evidence(conn: Connection, op: OperationRecord, actor: str) -> Entry | None:
     last = last_of(conn, op.id, (HistoryKind.OBSERVATION, HistoryKind.DECISION), _CAUSES)
     if last is None or not isinstance(last.detail, dict):
         return None
@@ -69,7 +69,7 @@ def _evidence(conn: Connection, op: Operation, actor: str) -> Entry | None:
     )
 
 
-def resend_allowed(db: Database, op: Operation, actor: str) -> Entry | None:
+def resend_allowed(db: Database, op: OperationRecord, actor: str) -> Entry | None:
     """The history entry that allows one more create of ``op``, or None: escalate.
 
     An operator's ``resend`` is recorded with the operator as its actor; the worker's own

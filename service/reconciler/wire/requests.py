@@ -1,0 +1,177 @@
+"""What agents and operators send: the create, cancel and decision bodies, the list filter,
+and the MCP tools' arguments.
+
+Each model is the one description of its shape: the API validates with it, the OpenAPI
+document and the MCP tools' input schemas are generated from it. What depends on the
+running service (its providers, its wait cap, the callback URL's address) is checked
+after validation by the caller, with the service's settings.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from reconciler.core.states import State
+from reconciler.core.vocabulary import DecisionAction
+from reconciler.wire.fields import (
+    CallbackUrl,
+    CancelReason,
+    IdempotencyKey,
+    JsonObject,
+    Metadata,
+    PositiveCount,
+    PositiveSeconds,
+    ProviderName,
+    problem,
+)
+
+MAX_PAGE = 200  # the most operations one page holds (storage clamps to the same)
+DEFAULT_PAGE = 50
+WAIT_CAP = "wait_max_seconds"  # validation context: the service's long-poll cap
+
+STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class _CreateFields(BaseModel):
+    model_config = STRICT
+
+    provider: ProviderName = Field(description="A provider's `name` from GET /v1/providers.")
+    request: JsonObject = Field(
+        description="The job's parameters, matching the provider's `request_schema`; sent to "
+        "the provider as they are."
+    )
+    idempotency_key: IdempotencyKey | None = Field(
+        default=None,
+        description="Names this piece of work; the same key and request always return the "
+        "same job.",
+    )
+    deadline_seconds: PositiveSeconds | None = Field(
+        default=None,
+        description="Stop waiting after this long (at most the provider's `max_deadline_seconds`).",
+    )
+    max_status_requests: PositiveCount | None = Field(
+        default=None,
+        description="The most status requests to spend (at most the provider's "
+        "`max_status_requests`).",
+    )
+    metadata: Metadata | None = Field(
+        default=None,
+        description="Your own notes, kept with the job (for example the task it belongs to).",
+    )
+
+
+class CreateOperation(_CreateFields):
+    """``POST /v1/operations``: start an operation (idempotent with ``idempotency_key``)."""
+
+    callback_url: CallbackUrl | None = Field(
+        default=None,
+        description="Where the signed completion callback is sent (an http(s) URL the "
+        "service's address rules allow).",
+    )
+
+
+class CancelOperation(BaseModel):
+    """``POST /v1/operations/{id}/cancel``: the body is optional."""
+
+    model_config = STRICT
+
+    reason: CancelReason | None = Field(default=None, description="Why; kept in the history.")
+
+
+class OperatorDecision(BaseModel):
+    """``POST /v1/operations/{id}/decisions``: one of the options the escalation offers."""
+
+    model_config = STRICT
+
+    action: Annotated[DecisionAction, Field(strict=False)]
+    extra_seconds: PositiveSeconds | None = None
+    extra_status_requests: PositiveCount | None = None
+
+    @model_validator(mode="after")
+    def _amounts_only_for_extend(self) -> OperatorDecision:
+        if self.action is not DecisionAction.EXTEND and (
+            self.extra_seconds or self.extra_status_requests
+        ):
+            raise problem("'extra_seconds' and 'extra_status_requests' apply only to 'extend'")
+        return self
+
+
+class OperationFilter(BaseModel):
+    """Which of the caller's operations to list, newest first, a page at a time."""
+
+    model_config = STRICT
+
+    state: Annotated[State, Field(strict=False)] | None = None
+    provider: str | None = None
+    done: bool | None = Field(
+        default=None, description="Default false (jobs still running) unless `state` is given."
+    )
+    limit: Annotated[int, Field(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE
+    cursor: str | None = None
+
+
+# --- the MCP tools' arguments ------------------------------------------------------------
+
+
+def _within_cap(value: float | None, info: ValidationInfo) -> float | None:
+    cap = (info.context or {}).get(WAIT_CAP)
+    if value is not None and cap is not None and value > cap:
+        raise problem(f"must be at most {cap:g}")
+    return value
+
+
+def _absent_not_null(schema: dict[str, Any]) -> None:
+    """A tool argument is left out, never sent as null: its schema says only the number."""
+    branch = next(b for b in schema.pop("anyOf") if b.get("type") != "null")
+    schema.pop("default", None)
+    schema.update(branch)
+
+
+WaitSeconds = Annotated[float, Field(ge=0)]
+
+
+class StartJob(_CreateFields):
+    """``start_job``: the create body without ``callback_url`` (a tool call is answered
+    directly), and a wait before the answer."""
+
+    wait_seconds: WaitSeconds | None = Field(
+        default=None,
+        description="Wait this long for the job to finish before answering.",
+        json_schema_extra=_absent_not_null,
+    )
+
+    _cap = field_validator("wait_seconds")(_within_cap)
+
+    def create(self) -> CreateOperation:
+        """The create body this call stands for (its fields are validated already)."""
+        return CreateOperation.model_construct(**self.model_dump(exclude={"wait_seconds"}))
+
+
+class JobId(BaseModel):
+    """``get_job``, ``cancel_job``: one of the caller's jobs."""
+
+    model_config = STRICT
+
+    id: str = Field(
+        min_length=1, description="The job's id (`op_...`), as start_job or list_jobs gave it."
+    )
+
+
+class WaitJob(JobId):
+    """``wait_job``: one job, waited on for up to ``timeout_seconds``."""
+
+    timeout_seconds: WaitSeconds | None = Field(
+        default=None,
+        description="How long to wait at most (seconds).",
+        json_schema_extra=_absent_not_null,
+    )
+
+    _cap = field_validator("timeout_seconds")(_within_cap)
+
+
+class NoArguments(BaseModel):
+    """``list_providers``: nothing to say."""
+
+    model_config = STRICT

@@ -1,0 +1,164 @@
+"""What the service answers: the Operation and its parts, pages, the history, the providers.
+
+The Operation's key set is stated here once: ``core.views`` builds it, the OpenAPI
+document and the MCP tools' output schemas are generated from it, and the client's
+typed ``Operation`` is tested against it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from reconciler.core.signatures import WebhookScheme
+from reconciler.core.states import State
+from reconciler.core.vocabulary import DecisionAction, DelaySource, EscalationReason, HistoryKind
+from reconciler.wire.fields import JsonObject, Timestamp
+
+# Answers are read from JSON, where an enum is its value: not strict about the enum type.
+ANSWER = ConfigDict(strict=True, extra="forbid", frozen=True, use_enum_values=True)
+
+
+def _word(enum: Any) -> Any:
+    return Annotated[enum, Field(strict=False)]
+
+
+class Budget(BaseModel):
+    model_config = ANSWER
+
+    status_requests_used: int
+    max_status_requests: int
+
+
+class EscalationOption(BaseModel):
+    """One decision a person may take; amounts only for ``extend``."""
+
+    model_config = ANSWER
+
+    action: _word(DecisionAction)  # type: ignore[valid-type]
+    description: str
+    extra_seconds: float | None = None
+    extra_status_requests: int | None = None
+
+
+class Escalation(BaseModel):
+    """Why waiting stopped and what a person may decide; ``decided`` once they did."""
+
+    model_config = ANSWER
+
+    reason: _word(EscalationReason)  # type: ignore[valid-type]
+    message: str
+    options: list[EscalationOption]
+    created_at: Timestamp
+    decided: bool
+    decision: JsonObject | None
+
+
+class Operation(BaseModel):
+    """One operation as ``GET /v1/operations/{id}`` shows it."""
+
+    model_config = ANSWER
+
+    id: str = Field(pattern="^op_")
+    provider: str
+    state: _word(State)  # type: ignore[valid-type]
+    done: bool = Field(description="True only in an end state.")
+    remote_job_id: str | None
+    remote_state: str | None
+    message: str = Field(description="What the state means and what to do.")
+    poll_after_seconds: float | None
+    progress: Any
+    deadline_at: Timestamp
+    budget: Budget
+    result: JsonObject | None
+    error: JsonObject | None
+    escalation: Escalation | None
+    idempotency_key: str | None
+    trace_id: str
+    callback_url: str | None
+    metadata: JsonObject | None
+    created_at: Timestamp
+    updated_at: Timestamp
+    done_at: Timestamp | None
+    cancel_requested: bool
+
+
+class OperationPage(BaseModel):
+    model_config = ANSWER
+
+    operations: list[Operation]
+    next_cursor: str | None
+
+
+class HistoryEntry(BaseModel):
+    """One transition or observation, in the order it was recorded."""
+
+    model_config = ANSWER
+
+    seq: int
+    at: Timestamp
+    kind: _word(HistoryKind)  # type: ignore[valid-type]
+    actor: str
+    from_state: str | None = Field(alias="from")
+    to_state: str | None = Field(alias="to")
+    cause: str
+    delay_source: _word(DelaySource) | None  # type: ignore[valid-type]
+    detail: JsonObject | None
+    hash: str
+
+
+class History(BaseModel):
+    model_config = ANSWER
+
+    operation_id: str
+    entries: list[HistoryEntry]
+    next_cursor: str | None
+
+
+class WebhookSettings(BaseModel):
+    """Operators only: how a provider's webhooks are verified (never a secret)."""
+
+    model_config = ANSWER
+
+    scheme: _word(WebhookScheme)  # type: ignore[valid-type]
+    tolerance_seconds: int
+    max_body_bytes: int
+    event_id: str
+    job_id: str
+    secrets_env: str = Field(description="The variable; never its value.")
+    secrets_set: bool
+
+
+class Provider(BaseModel):
+    """What may be started at one provider, and within which limits."""
+
+    model_config = ANSWER
+
+    name: str
+    preset: str | None = Field(
+        description="The shipped preset the provider is configured from (null: none)."
+    )
+    description: str | None
+    request_schema: JsonObject | None = Field(
+        description="A JSON Schema that `request` must match (null: any object)."
+    )
+    set_by_service: list[str] = Field(
+        description="JSON pointers the service writes into every `request`; a `request` that "
+        "already holds one is refused with 400."
+    )
+    can_cancel: bool
+    max_deadline_seconds: float
+    max_status_requests: int
+    webhook: WebhookSettings | None = Field(
+        default=None, description="Operators only: how this provider's webhooks are verified."
+    )
+    webhook_trust: JsonObject | None = Field(
+        default=None, description="Operators only: the provider's webhook trust."
+    )
+
+
+class ProviderList(BaseModel):
+    model_config = ANSWER
+
+    providers: list[Provider]

@@ -1,0 +1,183 @@
+"""The repository explains itself: no text cites a document it does not hold.
+
+Comments and docs point to ``docs/design.md#<anchor>`` or the README. Two rules:
+nothing in the tree cites the outside notes the project began from (the numbered
+source documents, or the product specification by its short name), and every
+``docs/design.md#<anchor>`` reference resolves to a heading of ``docs/design.md``,
+so renaming a heading cannot leave a comment pointing nowhere.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DESIGN = ROOT / "docs" / "design.md"
+SCANNED_DIRS = ("service", "tests", "fixtures", "bench", "deploy", "docs", ".ci")
+SCANNED_FILES = ("README.md", "SECURITY.md", "Makefile", "pyproject.toml")
+# Generated or installed trees: not the project's own text (an egg-info copies an old
+# README, a build tree copies the package).
+SKIPPED_DIRS = frozenset(
+    {"__pycache__", ".venv", ".mypy_cache", ".ruff_cache", ".pytest_cache", "build", "dist"}
+)
+
+# The outside notes by their numbers, and a cited section of the specification, in any
+# case; the specification's short name only as a word of its own in capitals (ProviderSpec,
+# SPEC_KEYS, UNSPECIFIED and a variable called spec are code names, not citations).
+# The character classes keep these patterns from matching their own source text.
+NUMBERED_NOTE = re.compile(r"seed[-_ ]?0{2}\d|spec\s+section", re.IGNORECASE)
+SHORT_NAME = re.compile(r"(?<![A-Za-z0-9_])S[P]EC(?![A-Za-z0-9_])")
+REFERENCE = re.compile(r"docs/design\.md#([A-Za-z0-9_-]+)")
+LOCAL_LINK = re.compile(r"\]\(#([A-Za-z0-9_-]+)\)")
+HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+
+
+def citations(text: str) -> list[str]:
+    """Every citation of an outside document in ``text``, as written."""
+    return [m.group(0) for m in (*NUMBERED_NOTE.finditer(text), *SHORT_NAME.finditer(text))]
+
+
+def slug(heading: str) -> str:
+    """The anchor a Markdown renderer gives a heading (GitHub's rule)."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(markdown: str) -> set[str]:
+    """The anchors of every heading outside code fences; repeats get ``-1``, ``-2``."""
+    seen: dict[str, int] = {}
+    found: set[str] = set()
+    fenced = False
+    for line in markdown.splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+            continue
+        match = None if fenced else HEADING.match(line)
+        if match is None:
+            continue
+        base = slug(match.group(2))
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def project_files() -> Iterator[Path]:
+    for name in SCANNED_FILES:
+        path = ROOT / name
+        if path.is_file():
+            yield path
+    for top in SCANNED_DIRS:
+        for path in sorted((ROOT / top).rglob("*")):
+            parts = path.relative_to(ROOT).parts
+            if any(p in SKIPPED_DIRS or p.endswith(".egg-info") for p in parts):
+                continue
+            if path.is_file():
+                yield path
+
+
+def read_text(path: Path) -> str | None:
+    """The file as text, or None for a binary file (an image, a compiled file)."""
+    data = path.read_bytes()
+    if b"\x00" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+@pytest.fixture(scope="module")
+def texts() -> dict[Path, str]:
+    found = {}
+    for path in project_files():
+        text = read_text(path)
+        if text is not None:
+            found[path.relative_to(ROOT)] = text
+    return found
+
+
+def test_the_scan_covers_the_tree(texts: dict[Path, str]) -> None:
+    # An empty or misrooted scan would pass every check below.
+    assert Path("README.md") in texts and Path("docs/design.md") in texts
+    assert Path("service/reconciler/core/states.py") in texts
+    assert Path("tests/unit/test_docs_stand_alone.py") in texts
+    assert sum(1 for p in texts if p.parts[0] == "service") > 100
+
+
+def test_no_file_cites_a_document_outside_the_repository(texts: dict[Path, str]) -> None:
+    offending = [
+        f"{path}:{number}: {line.strip()}"
+        for path, text in texts.items()
+        for number, line in enumerate(text.splitlines(), start=1)
+        if citations(line)
+    ]
+    assert not offending, (
+        "point to docs/design.md#<anchor> or the README, or give the reason in place:\n"
+        + "\n".join(offending)
+    )
+
+
+def test_every_design_reference_resolves_to_a_heading(texts: dict[Path, str]) -> None:
+    known = anchors(DESIGN.read_text(encoding="utf-8"))
+    references = [
+        (path, anchor) for path, text in texts.items() for anchor in REFERENCE.findall(text)
+    ]
+    references += [(DESIGN.relative_to(ROOT), a) for a in LOCAL_LINK.findall(DESIGN.read_text())]
+    assert len(references) >= 20, "the code points to docs/design.md; the scan found no pointers"
+    dangling = sorted({f"{path}: #{anchor}" for path, anchor in references if anchor not in known})
+    assert not dangling, "no heading in docs/design.md has these anchors:\n" + "\n".join(dangling)
+
+
+# Built from parts, so that this file itself cites nothing.
+NAME, NOTE = "S" + "PEC", "seed " + "00"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"the ordering of {NOTE}3",
+        f"the {NOTE.title().replace(' ', '-')}1 spine",
+        f"({NOTE}2: distinct words)",
+        f'Delay precedence ({NAME} "Poller")',
+        f"the {NAME}'s example budget",
+        f"see {NAME}.md",
+        "as the spec" + " section on trust says",
+    ],
+)
+def test_a_citation_is_found(text: str) -> None:
+    assert citations(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "from reconciler.providers.spec import ProviderSpec, WebhookSpec",
+        "spec = ctx.spec(op)",
+        "SPEC_KEYS = {",
+        "SPECS = st.builds(",
+        "AddressClass.UNSPECIFIED",
+        "random.Random(args.seed)",
+        "seed 7; sqlite; 2 replica(s)",
+        "deploy/k8s: spec:",
+    ],
+)
+def test_a_code_name_is_not_a_citation(text: str) -> None:
+    assert not citations(text)
+
+
+def test_anchors_follow_the_renderer() -> None:
+    lines = ["# Design", "## Read order", "### create_unknown", "```", "# not a heading", "```"]
+    lines += ["## Read order", "## `Operation` view: done?"]
+    markdown = "\n".join(lines)
+    assert anchors(markdown) == {
+        "design",
+        "read-order",
+        "create_unknown",
+        "read-order-1",
+        "operation-view-done",
+    }

@@ -1,0 +1,253 @@
+"""Which package of the service may import which: read from the source, nothing imported.
+
+Layers, lowest first. A module imports its own layer or lower ones, never a higher one:
+
+    =====  ==============================================  ==================================
+    layer  packages (under ``reconciler``)                 what they are
+    =====  ==============================================  ==================================
+    0      core, __init__                                  pure decisions, values, errors
+    1      config, logs, metrics, wire                     settings, logging, counters, shapes
+    2      providers                                       the provider files and adapters
+    3      storage, outbound                               the database; calls to agents
+    4      engine                                          the worker, its steps, the ticker
+    5      runtime                                         what a running service holds
+    6      api, console, agent_tools, commands, client     the doors, and the client library
+    7      app                                             the composition root
+    8      cli, demo, __main__                             the command line
+    =====  ==============================================  ==================================
+
+Besides the layers: ``core`` imports nothing of ours outside ``core``; ``storage`` imports
+no engine, door or root; the engine receives its dependencies (``engine.deps``) and imports
+neither the runtime nor a door; the client library, imported by agents, reaches
+(directly or through what it imports) nothing server-side. Every import counts, also one
+inside a function or under ``TYPE_CHECKING``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "reconciler"
+ROOT = Path(__file__).resolve().parents[2] / "service" / PACKAGE
+
+# The table of the docstring, lowest first.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("core", "__init__"),
+    ("config", "logs", "metrics", "wire"),
+    ("providers",),
+    ("storage", "outbound"),
+    ("engine",),
+    ("runtime",),
+    ("api", "console", "agent_tools", "commands", "client"),
+    ("app",),
+    ("cli", "demo", "__main__"),
+)
+LAYER_OF: dict[str, int] = {part: n for n, parts in enumerate(LAYERS) for part in parts}
+
+DOORS = frozenset({"api", "console", "agent_tools", "commands", "cli", "demo"})
+TOP = frozenset({"runtime", "app", "__main__"})
+# What the client library may reach: what an agent installs it for, and nothing that
+# pulls in the server's stack.
+CLIENT_REACH = frozenset({"client", "core", "wire", "__init__"})
+
+Graph = Mapping[str, frozenset[str]]
+
+
+@dataclass(frozen=True)
+class Violation:
+    importer: str
+    imported: str
+    rule: str
+
+    def __str__(self) -> str:
+        return f"{self.importer} imports {self.imported}: {self.rule}"
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([PACKAGE, *parts])
+
+
+def part_of(module: str) -> str:
+    """The table's name for a module: its first package under ``reconciler``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imported(tree: ast.Module, module: str, is_package: bool, known: frozenset[str]) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                here = module.split(".") if is_package else module.split(".")[:-1]
+                base = ".".join(here[: len(here) - node.level + 1])
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            found.add(target)
+            # ``from reconciler.core import errors`` imports the module ``reconciler.errors``.
+            found.update(f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known)
+    return {name for name in found if name == PACKAGE or name.startswith(PACKAGE + ".")}
+
+
+def import_graph(root: Path = ROOT) -> dict[str, frozenset[str]]:
+    """Every module of ours, with the modules of ours it imports."""
+    paths = sorted(root.rglob("*.py"))
+    known = frozenset(module_name(p, root) for p in paths)
+    graph: dict[str, frozenset[str]] = {}
+    for path in paths:
+        name = module_name(path, root)
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        graph[name] = frozenset(_imported(tree, name, path.name == "__init__.py", known))
+    return graph
+
+
+def reach(graph: Graph, start: Iterable[str]) -> dict[str, str]:
+    """Every module reachable from ``start``, with the module that first imports it."""
+    seen: dict[str, str] = {}
+    todo = list(start)
+    while todo:
+        here = todo.pop()
+        for there in graph.get(here, frozenset()):
+            if there not in seen:
+                seen[there] = here
+                todo.append(there)
+    return seen
+
+
+def unknown_parts(graph: Graph) -> list[str]:
+    return sorted({part_of(m) for m in graph} - LAYER_OF.keys())
+
+
+def layer_violations(graph: Graph) -> list[Violation]:
+    found = []
+    for importer, imported in graph.items():
+        if part_of(importer) == "core":
+            continue  # core's own rule is stricter: nothing of ours outside core
+        low = LAYER_OF.get(part_of(importer))
+        for target in sorted(imported):
+            high = LAYER_OF.get(part_of(target))
+            if low is not None and high is not None and high > low:
+                rule = f"layer {low} ({part_of(importer)}) may not import layer {high}"
+                found.append(Violation(importer, target, rule))
+    return found
+
+
+def core_violations(graph: Graph) -> list[Violation]:
+    return [
+        Violation(importer, target, "core imports only core")
+        for importer, imported in graph.items()
+        if part_of(importer) == "core"
+        for target in sorted(imported)
+        if part_of(target) != "core"
+    ]
+
+
+def storage_violations(graph: Graph) -> list[Violation]:
+    above = DOORS | TOP | {"engine"}
+    return [
+        Violation(importer, target, "storage imports no engine, door or root")
+        for importer, imported in graph.items()
+        if part_of(importer) == "storage"
+        for target in sorted(imported)
+        if part_of(target) in above
+    ]
+
+
+def engine_violations(graph: Graph) -> list[Violation]:
+    above = DOORS | TOP
+    return [
+        Violation(importer, target, "the engine takes engine.deps, not the runtime or a door")
+        for importer, imported in graph.items()
+        if part_of(importer) == "engine"
+        for target in sorted(imported)
+        if part_of(target) in above
+    ]
+
+
+def client_violations(graph: Graph) -> list[Violation]:
+    client = [m for m in graph if part_of(m) == "client"]
+    return [
+        Violation(via, target, "the client library reaches nothing server-side")
+        for target, via in sorted(reach(graph, client).items())
+        if part_of(target) not in CLIENT_REACH
+    ]
+
+
+RULES = {
+    "layers": layer_violations,
+    "core": core_violations,
+    "storage": storage_violations,
+    "engine": engine_violations,
+    "client": client_violations,
+}
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, frozenset[str]]:
+    return import_graph()
+
+
+def test_the_whole_package_is_read(graph: Graph) -> None:
+    # A wrong path would find nothing and every rule would pass.
+    assert len(graph) > 100
+    assert "reconciler.engine.worker" in graph["reconciler.engine.background"]
+    assert unknown_parts(graph) == [], "add the new package to LAYERS (and to the docstring)"
+
+
+def test_the_docstring_states_the_table() -> None:
+    rows = [re.split(r"\s{2,}", line.strip()) for line in (__doc__ or "").splitlines()]
+    table = {
+        int(row[0]): tuple(p.strip(" `") for p in row[1].split(","))
+        for row in rows
+        if len(row) == 3 and row[0].isdigit()
+    }
+    assert table == dict(enumerate(LAYERS))
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_rule_holds(graph: Graph, rule: str) -> None:
+    found = RULES[rule](graph)
+    assert not found, "\n".join(str(v) for v in found)
+
+
+BAD: dict[str, dict[str, frozenset[str]]] = {
+    "layers": {"reconciler.storage.x": frozenset({"reconciler.engine.y"})},
+    "core": {"reconciler.core.x": frozenset({"reconciler.config"})},
+    "storage": {"reconciler.storage.x": frozenset({"reconciler.api.y"})},
+    "engine": {"reconciler.engine.x": frozenset({"reconciler.runtime"})},
+    "client": {
+        "reconciler.client.x": frozenset({"reconciler.core.y"}),
+        "reconciler.core.y": frozenset({"reconciler.storage.z"}),
+    },
+}
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_rule_catches_a_wrong_import(rule: str) -> None:
+    assert RULES[rule](BAD[rule]), f"the {rule} rule let a wrong import through"
+
+
+def test_relative_and_from_package_imports_are_resolved(tmp_path: Path) -> None:
+    pkg = tmp_path / PACKAGE
+    (pkg / "engine").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "runtime.py").write_text("")
+    (pkg / "engine" / "__init__.py").write_text("")
+    (pkg / "engine" / "a.py").write_text(
+        "from .. import runtime\ndef f() -> None:\n    from reconciler.engine import b\n"
+    )
+    (pkg / "engine" / "b.py").write_text("")
+    graph = import_graph(pkg)
+    assert graph["reconciler.engine.a"] >= {"reconciler.runtime", "reconciler.engine.b"}
+    assert engine_violations(graph)
