@@ -1,8 +1,9 @@
-"""The plain driver statements of the hot path, on a real database.
+"""The named statements (``storage.fastsql.Sql``), on a real database.
 
-They bypass SQLAlchemy's statement layer, so two things must still hold: the
-values they store read back exactly as the ORM would have stored them, and a
-driver error reaches ``translate_errors`` as the same error family.
+They bypass SQLAlchemy's statement layer but encode and decode with each column's
+own type, so the values they store read back exactly as the ORM would have stored
+them (and what the ORM stored reads back alike through them), and a driver error
+reaches ``translate_errors`` as the same error family.
 """
 
 from __future__ import annotations
@@ -15,8 +16,28 @@ import sqlalchemy as sa
 
 from reconciler.core.errors import Conflict, StorageUnavailable
 from reconciler.storage.database import Database, translate_errors
-from reconciler.storage.fastsql import insert_many, raw_for, run
+from reconciler.storage.fastsql import AS_IS, Sql, codec_for, run
+from reconciler.storage.journal import OPS, Journal
+from reconciler.storage.models import OperationPayload
 from reconciler.storage.webhook_events import EVENT_COLUMNS, EVENTS
+from tests.support.factories import insert_operation
+
+PAYLOADS = OperationPayload.__table__  # type: ignore[attr-defined]
+_INSERT_EVENT = Sql(
+    "test-event-insert",
+    EVENTS,
+    f"INSERT INTO webhook_events ({', '.join(EVENT_COLUMNS)}) "
+    f"VALUES ({', '.join(['?'] * len(EVENT_COLUMNS))})",
+    params=EVENT_COLUMNS,
+)
+_EVENTS_IN = Sql(
+    "test-events-in",
+    EVENTS,
+    "SELECT event_id, received_at FROM webhook_events WHERE event_id IN (?*) "
+    "AND provider = ? ORDER BY event_id [[FOR UPDATE|]]",
+    params=("event_id", "provider"),
+    returns=("event_id", "received_at"),
+)
 
 pytestmark = pytest.mark.both_backends
 
@@ -28,15 +49,14 @@ INSTANTS = [
 ]
 
 
-def _event_row(db: Database, event_id: str, at: datetime, body: str = "{}") -> tuple[object, ...]:
-    raw = raw_for(db.engine.dialect.name)
-    return ("sim", event_id, raw.time(at), None, None, "0" * 64, body, 0, 0)
+def _event_row(event_id: str, at: datetime, body: str = "{}") -> tuple[object, ...]:
+    return ("sim", event_id, at, None, None, "0" * 64, body, 0, 0)
 
 
 @pytest.mark.parametrize("at", INSTANTS, ids=str)
 def test_encoded_times_match_what_the_orm_stores(db: Database, at: datetime) -> None:
     with db.write() as conn:
-        insert_many(conn, EVENTS, EVENT_COLUMNS, [_event_row(db, "fast", at)])
+        _INSERT_EVENT.run(conn, *_event_row("fast", at))
         conn.execute(
             sa.insert(EVENTS).values(
                 provider="sim",
@@ -52,25 +72,30 @@ def test_encoded_times_match_what_the_orm_stores(db: Database, at: datetime) -> 
             conn.execute(sa.text("SELECT event_id, received_at FROM webhook_events")).all()
         )
         typed = dict(conn.execute(sa.select(EVENTS.c.event_id, EVENTS.c.received_at)).all())
+        ours = dict(_EVENTS_IN.rows(conn, ["fast", "orm"], "sim"))
     assert stored["fast"] == stored["orm"]
     assert typed["fast"] == typed["orm"] == at
+    assert ours["fast"] == ours["orm"] == at
+    assert ours["fast"].tzinfo is UTC
 
 
 def test_the_same_instant_encodes_alike_each_time(db: Database) -> None:
-    raw = raw_for(db.engine.dialect.name)
+    codec = codec_for(db.engine.dialect)
+    column = EVENTS.c.received_at
     first, second = INSTANTS[1], INSTANTS[2]
-    assert raw.time(first) == raw.time(first)
-    assert raw.time(second) != raw.time(first)
-    assert raw.time(first) == raw.time(datetime(2026, 3, 1, 12, 0, 0, 7, tzinfo=UTC))
+    assert codec.encode(column, first) == codec.encode(column, first)
+    assert codec.encode(column, second) != codec.encode(column, first)
+    same = datetime(2026, 3, 1, 12, 0, 0, 7, tzinfo=UTC)
+    assert codec.encode(column, first) == codec.encode(column, same)
 
 
 def test_a_constraint_violation_is_a_conflict_and_keeps_values_out(db: Database) -> None:
     secret_body = '{"token": "do-not-print-me"}'
     with db.write() as conn:
-        insert_many(conn, EVENTS, EVENT_COLUMNS, [_event_row(db, "e1", INSTANTS[0])])
+        _INSERT_EVENT.run(conn, *_event_row("e1", INSTANTS[0]))
     with pytest.raises(Conflict) as caught, db.write() as conn:
-        insert_many(conn, EVENTS, EVENT_COLUMNS, [_event_row(db, "e2", INSTANTS[0])])
-        insert_many(conn, EVENTS, EVENT_COLUMNS, [_event_row(db, "e1", INSTANTS[0], secret_body)])
+        _INSERT_EVENT.run(conn, *_event_row("e2", INSTANTS[0]))
+        _INSERT_EVENT.run(conn, *_event_row("e1", INSTANTS[0], secret_body))
     assert "do-not-print-me" not in str(caught.value)
     assert "do-not-print-me" not in str(caught.value.__cause__)
     # The failed transaction left nothing behind, not even the row before the failure.
@@ -121,11 +146,82 @@ def test_a_lost_postgres_connection_is_storage_unavailable_and_replaced(db: Data
         assert run(conn, "SELECT 1").fetchone()[0] == 1
 
 
-def test_row_encoder_picks_and_encodes_columns_in_order(db: Database) -> None:
-    raw = raw_for(db.engine.dialect.name)
-    at = INSTANTS[1]
-    row = {"event_id": "e", "received_at": at, "provider": "sim", "ignored": 1}
-    both = raw.row_encoder(EVENTS, ("received_at", "event_id"))
-    assert both(row) == (raw.time(at), "e")
-    assert raw.row_encoder(EVENTS, ("event_id",))(row) == ("e",)
-    assert raw.row_encoder(EVENTS, ("received_at",))(row) == (raw.time(at),)
+@pytest.fixture
+def operation_row(db: Database) -> str:
+    """The id of one stored operation (its payload rows need it)."""
+    return insert_operation(db, Journal(), INSTANTS[0]).id
+
+
+_PAYLOAD_INSERT = Sql(
+    "test-payload-insert",
+    PAYLOADS,
+    "INSERT INTO operation_payloads (operation_id, name, value) VALUES (?, ?, ?)",
+    params=("operation_id", "name", "value"),
+)
+_PAYLOAD_VALUES = Sql(
+    "test-payload-values",
+    PAYLOADS,
+    "SELECT name, value FROM operation_payloads WHERE operation_id = ? ORDER BY name",
+    params=("operation_id",),
+    returns=("name", "value"),
+)
+
+
+def test_json_round_trips_alike_through_both_paths(db: Database, operation_row: str) -> None:
+    value = {"nested": [1, 2.5, "x", None, True], "empty": {}}
+    with db.write() as conn:
+        _PAYLOAD_INSERT.run(conn, operation_row, "meta", value)
+        conn.execute(
+            sa.insert(PAYLOADS).values(operation_id=operation_row, name="result", value=value)
+        )
+    with db.read() as conn:
+        ours = dict(_PAYLOAD_VALUES.rows(conn, operation_row))
+        query = sa.select(PAYLOADS.c.name, PAYLOADS.c.value).order_by(PAYLOADS.c.name)
+        typed = {name: value for name, value in conn.execute(query)}
+    assert ours == typed
+    assert ours["meta"] == ours["result"] == value
+
+
+def test_a_boolean_reads_back_as_a_boolean(db: Database, operation_row: str) -> None:
+    flag = Sql(
+        "test-flag",
+        OPS,
+        "SELECT completion_pending FROM operations",
+        returns=("completion_pending",),
+    )
+    with db.read() as conn:
+        assert flag.value(conn) is False
+        assert conn.execute(sa.select(OPS.c.completion_pending)).scalar() is False
+
+
+def test_a_list_mark_takes_any_length_and_postgres_one_text(db: Database) -> None:
+    with db.write() as conn:
+        for n in range(3):
+            _INSERT_EVENT.run(conn, *_event_row(f"e{n}", INSTANTS[n]))
+        assert [r[0] for r in _EVENTS_IN.rows(conn, ["e0"], "sim")] == ["e0"]
+        assert [r[0] for r in _EVENTS_IN.rows(conn, ["e2", "e0", "zz"], "sim")] == ["e0", "e2"]
+        assert _EVENTS_IN.rows(conn, ["e1"], "other") == []
+    prepared = _EVENTS_IN._for(conn)
+    if db.sqlite:
+        assert "FOR UPDATE" not in prepared.text_for((["a", "b"], "sim"))
+        assert prepared.text_for((["a", "b"], "sim")).count("?") == 3
+    else:
+        assert prepared.text_for((["a"], "sim")) == prepared.text_for((["a", "b", "c"], "sim"))
+        assert "event_id = ANY(%s)" in prepared.text and "FOR UPDATE" in prepared.text
+
+
+def test_a_statement_names_a_column_for_each_mark() -> None:
+    with pytest.raises(ValueError, match="2 marks, 1 params"):
+        Sql(
+            "bad",
+            EVENTS,
+            "SELECT 1 FROM webhook_events WHERE provider = ? AND body = ?",
+            ("provider",),
+        )
+    with pytest.raises(KeyError):
+        Sql("unknown", EVENTS, "SELECT ?", ("no_such_column",))._for(_sqlite_conn())
+    assert Sql("as-is", None, "SELECT ?", (AS_IS,)).params == (AS_IS,)
+
+
+def _sqlite_conn() -> sa.Connection:
+    return sa.create_engine("sqlite://").connect()

@@ -11,7 +11,10 @@ import sqlalchemy as sa
 
 from reconciler.core.chain import ChainFault, verify_chain
 from reconciler.storage.database import Database
+from reconciler.storage.fastsql import Sql
 from reconciler.storage.journal import HISTORY, OPS
+
+_HEADS = Sql("chain-heads", OPS, "SELECT id, history_head, history_seq FROM operations")
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,8 @@ def _rows(result: sa.CursorResult[Any]) -> Iterator[Mapping[str, Any]]:
 def verify(db: Database, key: bytes | None) -> AuditReport:
     """Walk all chains; stop at the first bad entry (ordered by operation id, then seq)."""
     with db.read() as conn:
-        heads = {
-            row.id: (row.history_head, row.history_seq)
-            for row in conn.execute(sa.select(OPS.c.id, OPS.c.history_head, OPS.c.history_seq))
-        }
+        heads = {op_id: (head, seq) for op_id, head, seq in _HEADS.rows(conn)}
+        # The one read through SQLAlchemy: a server-side cursor, so the history is streamed.
         result = conn.execution_options(stream_results=True, yield_per=2000).execute(
             sa.select(HISTORY).order_by(HISTORY.c.operation_id, HISTORY.c.seq, HISTORY.c.id)
         )

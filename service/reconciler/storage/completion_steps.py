@@ -11,13 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from functools import cache
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core.records import OperationRecord
-from reconciler.storage.fastsql import Raw, raw_for, run
+from reconciler.storage.fastsql import Sql
 from reconciler.storage.models import CompletionStep
 
 STEPS = CompletionStep.__table__  # type: ignore[attr-defined]
@@ -48,11 +48,67 @@ def step_key(op: OperationRecord, step: str) -> str:
 
 
 _STEP_COLUMNS = ("step", "status", "attempts", "next_attempt_at", "idempotency_key")
+_NEW_COLUMNS = ("operation_id", "round", "step", "status", "idempotency_key", "attempts")
+_RECORD_COLUMNS = (
+    "round",
+    "step",
+    "status",
+    "attempts",
+    "started_at",
+    "finished_at",
+    "next_attempt_at",
+    "last_error",
+)
 
 
-def _step_row(raw: Raw, row: Sequence[Any]) -> StepRow:
-    step, status, attempts, next_attempt_at, key = row
-    return StepRow(step, StepStatus(status), attempts, raw.read_time(next_attempt_at), key)
+@cache
+def _ensure_sql(rows: int) -> Sql:
+    """Insert ``rows`` step rows unless the row of (operation, round, step) exists."""
+    one = f"({', '.join(['?'] * len(_NEW_COLUMNS))})"
+    return Sql(
+        "steps-ensure",
+        STEPS,
+        f"INSERT INTO completion_steps ({', '.join(_NEW_COLUMNS)}) "
+        f"VALUES {', '.join([one] * rows)} ON CONFLICT (operation_id, round, step) DO NOTHING",
+        params=_NEW_COLUMNS * rows,
+    )
+
+
+_OF_ROUND = Sql(
+    "steps-of-round",
+    STEPS,
+    f"SELECT {', '.join(_STEP_COLUMNS)} FROM completion_steps "
+    "WHERE operation_id = ? AND round = ? AND step IN (?*)",
+    params=("operation_id", "round", "step"),
+    returns=_STEP_COLUMNS,
+)
+_REOPEN = Sql(
+    "steps-reopen",
+    STEPS,
+    "UPDATE completion_steps SET status = ?, attempts = 0, next_attempt_at = NULL "
+    "WHERE operation_id = ? AND round = ? AND status = ?",
+    params=("status", "operation_id", "round", "status"),
+)
+_OF_OPERATION = Sql(
+    "steps-of-operation",
+    STEPS,
+    f"SELECT {', '.join(_RECORD_COLUMNS)} FROM completion_steps "
+    "WHERE operation_id = ? ORDER BY round, id",
+    params=("operation_id",),
+    returns=_RECORD_COLUMNS,
+)
+
+
+@cache
+def _set_sql(keys: tuple[str, ...], only: bool) -> Sql:
+    """UPDATE ``keys`` of one step row of a round (``only``: on one status)."""
+    return Sql(
+        "step-set",
+        STEPS,
+        f"UPDATE completion_steps SET {', '.join(f'{k} = ?' for k in keys)} "
+        "WHERE operation_id = ? AND round = ? AND step = ?" + (" AND status = ?" if only else ""),
+        params=(*keys, "operation_id", "round", "step", *(("status",) if only else ())),
+    )
 
 
 def ensure_all(conn: Connection, op: OperationRecord, names: Sequence[str]) -> list[StepRow]:
@@ -63,14 +119,6 @@ def ensure_all(conn: Connection, op: OperationRecord, names: Sequence[str]) -> l
     """
     if not names:
         return []
-    raw = raw_for(conn.dialect.name)
-    one = f"({raw.placeholders(6)})"
-    insert = (
-        "INSERT INTO completion_steps "
-        "(operation_id, round, step, status, idempotency_key, attempts) "
-        f"VALUES {', '.join([one] * len(names))} "
-        "ON CONFLICT (operation_id, round, step) DO NOTHING"
-    )
     params: list[Any] = []
     for name in names:
         params += [
@@ -81,15 +129,12 @@ def ensure_all(conn: Connection, op: OperationRecord, names: Sequence[str]) -> l
             step_key(op, name),
             0,
         ]
-    run(conn, insert, params)
-    where, wanted = raw.in_list("step", names)
-    select = (
-        f"SELECT {', '.join(_STEP_COLUMNS)} FROM completion_steps "
-        f"WHERE operation_id = {raw.mark} AND round = {raw.mark} AND {where}"
-    )
+    _ensure_sql(len(names)).run(conn, *params)
     found = {
-        row[0]: _step_row(raw, row)
-        for row in run(conn, select, [op.id, op.completion_round, *wanted]).fetchall()
+        step: StepRow(step, StepStatus(status), attempts, next_attempt_at, key)
+        for step, status, attempts, next_attempt_at, key in _OF_ROUND.rows(
+            conn, op.id, op.completion_round, list(names)
+        )
     }
     return [found[name] for name in names]
 
@@ -103,19 +148,9 @@ def _set(
     conn: Connection, op: OperationRecord, step: str, values: Mapping[str, Any], only: str = ""
 ) -> int:
     """UPDATE one step row of this round (``only``: an extra condition on its status)."""
-    raw = raw_for(conn.dialect.name)
     keys = tuple(values)
-    sql = raw.statement(
-        ("step-set", keys, bool(only)),
-        lambda r: (
-            f"UPDATE completion_steps SET {', '.join(f'{k} = {r.mark}' for k in keys)} "
-            f"WHERE operation_id = {r.mark} AND round = {r.mark} AND step = {r.mark}"
-            + (f" AND status = {r.mark}" if only else "")
-        ),
-    )
-    encoded = [code(values[k]) for code, k in zip(raw.encoders(STEPS, keys), keys, strict=True)]
-    params = [*encoded, op.id, op.completion_round, step, *([only] if only else [])]
-    return int(run(conn, sql, params).rowcount)
+    params = [*[values[k] for k in keys], op.id, op.completion_round, step]
+    return int(_set_sql(keys, bool(only)).run(conn, *params, *([only] if only else [])).rowcount)
 
 
 def mark_running(conn: Connection, op: OperationRecord, row: StepRow, now: datetime) -> None:
@@ -148,14 +183,12 @@ def mark_failed(
 
 def reopen_given_up(conn: Connection, op: OperationRecord) -> None:
     """An operator extended delivery: the steps that gave up this round may try again."""
-    conn.execute(
-        sa.update(STEPS)
-        .where(
-            STEPS.c.operation_id == op.id,
-            STEPS.c.round == op.completion_round,
-            STEPS.c.status == StepStatus.GAVE_UP.value,
-        )
-        .values(status=StepStatus.PENDING.value, attempts=0, next_attempt_at=None)
+    _REOPEN.run(
+        conn,
+        StepStatus.PENDING.value,
+        op.id,
+        op.completion_round,
+        StepStatus.GAVE_UP.value,
     )
 
 
@@ -175,21 +208,9 @@ class StepRecord:
 
 def steps_of(conn: Connection, operation_id: str) -> list[StepRecord]:
     """Every step row of one operation, by round then step."""
-    rows = conn.execute(
-        sa.select(STEPS)
-        .where(STEPS.c.operation_id == operation_id)
-        .order_by(STEPS.c.round, STEPS.c.id)
-    ).mappings()
     return [
-        StepRecord(
-            r["round"],
-            r["step"],
-            StepStatus(r["status"]),
-            r["attempts"],
-            r["started_at"],
-            r["finished_at"],
-            r["next_attempt_at"],
-            r["last_error"],
+        StepRecord(r, step, StepStatus(status), attempts, started, finished, next_at, error)
+        for r, step, status, attempts, started, finished, next_at, error in _OF_OPERATION.rows(
+            conn, operation_id
         )
-        for r in rows
     ]

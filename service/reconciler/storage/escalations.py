@@ -11,19 +11,55 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core import escalation
 from reconciler.core.records import EscalationRecord, OperationRecord, with_changes
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import EscalationReason, HistoryKind, TransportError
+from reconciler.storage.fastsql import Sql
 from reconciler.storage.journal import Entry, Journal, Lease
 from reconciler.storage.models import Escalation
 
 log = logging.getLogger("reconciler.storage.escalations")
 
 ESCALATIONS = Escalation.__table__  # type: ignore[attr-defined]
+ESCALATION_COLUMNS = tuple(c.name for c in ESCALATIONS.c)
+_COLUMN_LIST = ", ".join(ESCALATION_COLUMNS)
+
+_INSERT = Sql(
+    "escalation-insert",
+    ESCALATIONS,
+    "INSERT INTO escalations (operation_id, reason, message, options, resume_state, created_at) "
+    "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+    params=("operation_id", "reason", "message", "options", "resume_state", "created_at"),
+)
+_BY_IDS = Sql(
+    "escalations-by-id",
+    ESCALATIONS,
+    f"SELECT {_COLUMN_LIST} FROM escalations WHERE id IN (?*)",
+    params=("id",),
+    returns=ESCALATION_COLUMNS,
+)
+_DECIDE = Sql(
+    "escalation-decide",
+    ESCALATIONS,
+    "UPDATE escalations SET decided_at = ?, decided_by = ?, decision = ? "
+    "WHERE id = ? AND decided_at IS NULL",
+    params=("decided_at", "decided_by", "decision", "id"),
+)
+_OF_OPERATION = Sql(
+    "escalations-of-operation",
+    ESCALATIONS,
+    f"SELECT {_COLUMN_LIST} FROM escalations WHERE operation_id = ? ORDER BY id",
+    params=("operation_id",),
+    returns=ESCALATION_COLUMNS,
+)
+
+
+def escalation_of(row: Sequence[Any]) -> EscalationRecord:
+    """An escalation from its decoded row in ``ESCALATION_COLUMNS`` order."""
+    return EscalationRecord(**dict(zip(ESCALATION_COLUMNS, row, strict=True)))
 
 
 def escalate(
@@ -61,18 +97,15 @@ def escalate(
             "options": [o.value for o in options],
         },
     )
-    escalation_id = conn.execute(
-        sa.insert(ESCALATIONS)
-        .values(
-            operation_id=op.id,
-            reason=reason.value,
-            message=message,
-            options=escalation.options_payload(facts, options),
-            resume_state=escalation.resume_state(op, reason).value,
-            created_at=now,
-        )
-        .returning(ESCALATIONS.c.id)
-    ).scalar_one()
+    escalation_id = _INSERT.value(
+        conn,
+        op.id,
+        reason.value,
+        message,
+        escalation.options_payload(facts, options),
+        escalation.resume_state(op, reason).value,
+        now,
+    )
     entry = Entry(
         kind=HistoryKind.ESCALATION,
         actor=actor,
@@ -112,39 +145,24 @@ def escalate(
 def open_escalation(conn: Connection, op: OperationRecord) -> EscalationRecord | None:
     if op.escalation_id is None:
         return None
-    row = (
-        conn.execute(sa.select(ESCALATIONS).where(ESCALATIONS.c.id == op.escalation_id))
-        .mappings()
-        .first()
-    )
-    if row is None or row["decided_at"] is not None:
-        return None
-    return EscalationRecord(**dict(row))
+    found = escalations_for(conn, [op.escalation_id]).get(op.escalation_id)
+    return found if found is not None and found.decided_at is None else None
 
 
 def escalations_for(conn: Connection, escalation_ids: Sequence[int]) -> dict[int, EscalationRecord]:
     if not escalation_ids:
         return {}
-    rows = conn.execute(sa.select(ESCALATIONS).where(ESCALATIONS.c.id.in_(list(escalation_ids))))
-    return {r.id: EscalationRecord(**dict(r._mapping)) for r in rows}
+    found = [escalation_of(row) for row in _BY_IDS.rows(conn, list(escalation_ids))]
+    return {e.id: e for e in found}
 
 
 def mark_decided(
     conn: Connection, escalation_id: int, who: str, decision: dict[str, Any], now: datetime
 ) -> None:
     """Record the decision on its escalation; a decided one is never decided again."""
-    conn.execute(
-        sa.update(ESCALATIONS)
-        .where(ESCALATIONS.c.id == escalation_id, ESCALATIONS.c.decided_at.is_(None))
-        .values(decided_at=now, decided_by=who, decision=decision)
-    )
+    _DECIDE.run(conn, now, who, decision, escalation_id)
 
 
 def escalations_of(conn: Connection, operation_id: str) -> list[EscalationRecord]:
     """Every escalation of one operation, oldest first (decided ones with their decision)."""
-    rows = conn.execute(
-        sa.select(ESCALATIONS)
-        .where(ESCALATIONS.c.operation_id == operation_id)
-        .order_by(ESCALATIONS.c.id)
-    )
-    return [EscalationRecord(**dict(r._mapping)) for r in rows]
+    return [escalation_of(row) for row in _OF_OPERATION.rows(conn, operation_id)]

@@ -1,197 +1,339 @@
-"""Plain DB-API statements for the hot paths, encoded and decoded exactly like SQLAlchemy.
+"""The one way statements reach the database: named SQL text run on the driver's cursor.
 
-SQLAlchemy's per-statement work (building the statement, its cache key, the
-parameter and result processing) costs more than SQLite's own work on a small
-row; on the webhook batch and on every step of an operation's lifecycle that
-dominates. The statements on those paths are therefore written as SQL text
-(built once per shape and kept) and run on the driver's own cursor, and their
-values are encoded exactly as the ORM types would store them (so every other
-reader sees the same rows): timestamps as naive UTC (a text column on SQLite),
-JSON as text on SQLite and as a JSON parameter on PostgreSQL, booleans as the
-driver stores them. Rows read this way are decoded back the same way
-(``Raw.row_decoder``): aware UTC timestamps, parsed JSON, booleans.
+Tables are declared once, as SQLModel models (``storage.models``, which Alembic
+reads). Each repository module names its statements per table at its top
+(``Sql``: the text, the column each parameter belongs to, the columns it returns)
+and runs them here, on the connection's own DB-API cursor inside its transaction
+(psycopg prepares a statement text it has run a few times). SQLAlchemy's
+per-statement work (building the statement, its cache key, an execution context)
+costs more than SQLite's own work on a small row, which is why the statements are
+text and not expressions.
+
+Values are encoded and decoded by each column's own SQLAlchemy type for the
+connection's dialect (``bind_processor``/``result_processor``, see ``Codec``), so
+every reader sees the rows the ORM would have written: timestamps naive UTC (text
+on SQLite) and read back aware UTC, JSON as text on SQLite and as a JSON parameter
+on PostgreSQL, booleans as the driver stores them. A None is SQL NULL, JSON too.
+
+Marks: ``?`` is one value; ``(?*)`` after ``IN`` is a list (SQLite: one mark per
+value; PostgreSQL: ``= ANY`` of one array, so the text, and its prepared plan, does
+not depend on the list's length). ``[[postgres|sqlite]]`` is text that differs
+between the two (a row lock SQLite has no syntax for: ``[[FOR UPDATE|]]``).
+
+Two paths stay with SQLAlchemy: migrations keep Alembic's operations (they change the
+schema, not the rows), and the audit streams the whole history through a server-side
+cursor (``stream_results``), which the driver cursor here does not offer.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
-from functools import lru_cache
-from operator import itemgetter
+import re
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from itertools import repeat
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from reconciler.storage.types import UTCDateTime
+Encode = Callable[[Any], Any]
+RowDecoder = Callable[[Sequence[Any]], Sequence[Any]]
+AS_IS = ""  # a parameter or result that belongs to no column: passed and returned as it is
 
-RowEncoder = Callable[[Mapping[str, Any]], tuple[Any, ...]]
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-def _kind(column: sa.Column[Any]) -> str:
-    if isinstance(column.type, UTCDateTime):
-        return "time"
-    if isinstance(column.type, sa.JSON):
-        return "json"
-    if isinstance(column.type, sa.Boolean):
-        return "bool"
-    return "plain"
+_LIST = "(?*)"
+_PG_LIST = re.compile(r"\b([\w.]+) IN \(\?\*\)")
+_EITHER = re.compile(r"\[\[(.*?)\|(.*?)\]\]")
 
 
-def _read_json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str | bytes) else value
+def _skip_none(code: Encode) -> Encode:
+    def encode(value: Any) -> Any:
+        return None if value is None else code(value)
+
+    return encode
 
 
-class Raw:
-    """Statement text and value encoding for one dialect."""
+def _remember_last(code: Encode) -> Encode:
+    """``code`` that encodes the same object twice in a row once (a batch shares an instant)."""
+    last: list[tuple[Any, Any]] = [(None, None)]
 
-    def __init__(self, dialect: str) -> None:
-        self.sqlite = dialect == "sqlite"
-        self.mark = "?" if self.sqlite else "%s"
-        self._encoders: dict[tuple[str, tuple[str, ...]], tuple[Callable[[Any], Any], ...]] = {}
-        self._rows: dict[tuple[str, tuple[str, ...]], RowEncoder] = {}
-        self._decoders: dict[tuple[str, tuple[str, ...]], Callable[[Sequence[Any]], list[Any]]] = {}
-        # Statement texts by name and shape, built once (see ``statement``).
-        self._statements: dict[Any, str] = {}
-        self._last_time: tuple[datetime | None, Any] = (None, None)
-
-    def time(self, value: datetime | None) -> Any:
+    def encode(value: Any) -> Any:
         if value is None:
             return None
-        # A batch stamps many rows with the same instant: encode it once.
-        last = self._last_time
-        if last[0] is value:
-            return last[1]
-        plain = value
-        if plain.tzinfo is not None:
-            if plain.utcoffset():
-                plain = plain.astimezone(UTC)
-            plain = plain.replace(tzinfo=None)
-        # SQLAlchemy's SQLite DATETIME text: always six fractional digits.
-        out = plain.isoformat(" ", "microseconds") if self.sqlite else plain
-        self._last_time = (value, out)  # one assignment: safe to share between threads
+        seen = last[0]  # one (value, encoded) pair: safe to share between threads
+        if seen[0] is value:
+            return seen[1]
+        out = code(value)
+        last[0] = (value, out)
         return out
 
-    def read_time(self, value: Any) -> datetime | None:
-        """A timestamp as stored (text on SQLite, naive UTC) back to an aware UTC datetime."""
-        if value is None:
-            return None
-        if isinstance(value, str):
-            value = datetime.fromisoformat(value)
-        return value.replace(tzinfo=UTC)  # type: ignore[no-any-return]
+    return encode
 
-    def json(self, value: Any) -> Any:
-        if value is None:
-            return None
-        if self.sqlite:
-            return json.dumps(value)
-        from psycopg.types.json import Json
 
-        return Json(value)
+def _values(row: Sequence[Any]) -> Sequence[Any]:
+    return row
 
-    def decoder(self, column: sa.Column[Any]) -> Callable[[Any], Any] | None:
-        """How a stored value of ``column`` becomes what the ORM would return (None: as it is)."""
-        kind = _kind(column)
-        if kind == "time":
-            return self.read_time
-        if kind == "json" and self.sqlite:
-            # SQLite keeps JSON as text; psycopg returns it parsed already.
-            return _read_json
-        if kind == "bool" and self.sqlite:
-            return bool
-        return None
 
-    def row_decoder(
-        self, table: sa.Table, columns: Sequence[str]
-    ) -> Callable[[Sequence[Any]], list[Any]]:
-        """A function from a stored row (``columns`` order) to its decoded values."""
-        key = (f"decode:{table.name}", tuple(columns))
-        found = self._decoders.get(key)
-        if found is None:
-            special = [
-                (i, code)
-                for i, c in enumerate(columns)
-                if (code := self.decoder(table.c[c])) is not None
-            ]
+def _is_time(column: sa.Column[Any]) -> bool:
+    kind = column.type
+    if isinstance(kind, sa.TypeDecorator):
+        kind = kind.impl_instance
+    try:
+        return kind.python_type is datetime
+    except NotImplementedError:
+        return False
 
-            def decode(row: Sequence[Any]) -> list[Any]:
-                values = list(row)
-                for i, code in special:
-                    value = values[i]
-                    if value is not None:
-                        values[i] = code(value)
-                return values
 
-            found = self._decoders[key] = decode
-        return found
+class Codec:
+    """Each column's encoding (Python value to driver value) and decoding, for one dialect.
 
-    def in_list(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
-        """``column IN (...)`` and its parameters (PostgreSQL: one array, one statement text)."""
-        if self.sqlite:
-            return f"{column} IN ({self.placeholders(len(values))})", list(values)
-        return f"{column} = ANY({self.mark})", [list(values)]
+    Both come from the column's SQLAlchemy type: ``type.dialect_impl(dialect)``'s
+    ``bind_processor`` and ``result_processor`` (given the driver's type code of the
+    result column, as SQLAlchemy gives it), exactly what a Core statement applies.
+    """
+
+    def __init__(self, dialect: sa.Dialect) -> None:
+        self.dialect = dialect
+        self.sqlite = dialect.name == "sqlite"
+        self._encoders: dict[sa.Column[Any], Encode | None] = {}
+        self._decoders: dict[tuple[sa.Column[Any], Any], Encode | None] = {}
+
+    def encoder(self, column: sa.Column[Any]) -> Encode | None:
+        """How a value of ``column`` is handed to the driver (None: as it is)."""
+        try:
+            return self._encoders[column]
+        except KeyError:
+            pass
+        bind = column.type.dialect_impl(self.dialect).bind_processor(self.dialect)
+        code: Encode | None = None
+        if bind is not None:
+            # A batch stamps many rows with one instant (an immutable value): encode it once.
+            code = _remember_last(bind) if _is_time(column) else _skip_none(bind)
+        self._encoders[column] = code
+        return code
+
+    def decoder(self, column: sa.Column[Any], type_code: Any = None) -> Encode | None:
+        """How a stored value of ``column`` becomes what the ORM returns (None: as it is).
+
+        ``type_code``: the driver's code for the result column's type (``cursor.description``).
+        """
+        key = (column, type_code)
+        try:
+            return self._decoders[key]
+        except KeyError:
+            pass
+        impl = column.type.dialect_impl(self.dialect)
+        code = self._decoders[key] = impl.result_processor(self.dialect, type_code)
+        return code
 
     def encode(self, column: sa.Column[Any], value: Any) -> Any:
-        return self.encoder(column)(value)
+        code = self.encoder(column)
+        return value if code is None or value is None else code(value)
 
-    def encoder(self, column: sa.Column[Any]) -> Callable[[Any], Any]:
-        """The function that encodes values of ``column`` (look it up once, use it often)."""
-        kind = _kind(column)
-        if kind == "time":
-            return self.time
-        if kind == "json":
-            return self.json
-        return _same
+    def row_decoder(
+        self, columns: Sequence[sa.Column[Any] | None], description: Sequence[Any] | None
+    ) -> RowDecoder:
+        """A function from a result row to its decoded values (``columns``: what each is)."""
+        codes = [d[1] for d in description] if description else [None] * len(columns)
+        special = [
+            (i, code)
+            for i, (c, type_code) in enumerate(zip(columns, codes, strict=False))
+            if c is not None and (code := self.decoder(c, type_code)) is not None
+        ]
+        if not special:
+            return _values
 
-    def encoders(self, table: sa.Table, columns: Sequence[str]) -> tuple[Callable[[Any], Any], ...]:
-        key = (table.name, tuple(columns))
-        found = self._encoders.get(key)
-        if found is None:
-            found = self._encoders[key] = tuple(self.encoder(table.c[c]) for c in columns)
-        return found
+        def decode(row: Sequence[Any]) -> list[Any]:
+            values = list(row)
+            for i, code in special:
+                value = values[i]
+                if value is not None:
+                    values[i] = code(value)
+            return values
 
-    def row_encoder(self, table: sa.Table, columns: Sequence[str]) -> RowEncoder:
-        """A function from a row mapping to its encoded values in ``columns`` order."""
-        key = (table.name, tuple(columns))
-        found = self._rows.get(key)
-        if found is None:
-            getter = itemgetter(*columns)
-            # itemgetter of one key returns the value itself, not a 1-tuple.
-            pick = getter if len(columns) > 1 else lambda row: (getter(row),)
-            special = [
-                (i, code)
-                for i, code in enumerate(self.encoders(table, columns))
-                if code is not _same
+        return decode
+
+
+def column_of(table: sa.Table | None, name: str) -> sa.Column[Any] | None:
+    """``name`` of ``table``, or ``other_table.name``; None for ``AS_IS``."""
+    if name == AS_IS:
+        return None
+    if table is None:
+        raise ValueError(f"{name!r} names a column, but the statement has no table")
+    if "." in name:
+        other, _, column = name.partition(".")
+        return table.metadata.tables[other].c[column]
+    return table.c[name]
+
+
+_codecs: dict[type[sa.Dialect], Codec] = {}
+
+
+def codec_for(dialect: sa.Dialect) -> Codec:
+    """The codec of this kind of dialect (the processors depend on the driver only)."""
+    found = _codecs.get(type(dialect))
+    if found is None:
+        found = _codecs[type(dialect)] = Codec(dialect)
+    return found
+
+
+class _Prepared:
+    """A statement's text and codes for one dialect."""
+
+    __slots__ = (
+        "codec",
+        "decode",
+        "encoders",
+        "lists",
+        "order",
+        "parts",
+        "results",
+        "spread",
+        "text",
+        "texts",
+    )
+
+    def __init__(self, sql: Sql, codec: Codec) -> None:
+        self.codec = codec
+        columns = [column_of(sql.table, p) for p in sql.params]
+        self.encoders = tuple(codec.encoder(c) if c is not None else None for c in columns)
+        self.results = [column_of(sql.table, r) for r in sql.returns]
+        # Built at the first result, from the driver's types of its columns.
+        self.decode: RowDecoder | None = None
+        text = _EITHER.sub(r"\2" if codec.sqlite else r"\1", sql.text)
+        self.lists = frozenset(i for i, is_list in enumerate(_marks(text)) if is_list)
+        self.order = sorted(self.lists)
+        self.texts: dict[tuple[int, ...], str] = {}  # SQLite: by the lists' lengths
+        # SQLite: one mark per value, so the text depends on the lists' lengths.
+        self.spread = codec.sqlite and bool(self.lists)
+        self.parts = text.split(_LIST)
+        if not codec.sqlite:
+            text = _PG_LIST.sub(r"\1 = ANY(?)", text)
+            if _LIST in text:
+                raise ValueError(f"{sql.name}: a list mark must follow 'column IN'")
+        self.text = _dialect_text(text, codec)
+
+    def params(self, values: Sequence[Any]) -> list[Any]:
+        if not self.lists:
+            return [
+                value if code is None or value is None else code(value)
+                for code, value in zip(self.encoders, values, strict=True)
             ]
+        out: list[Any] = []
+        for i, (code, value) in enumerate(zip(self.encoders, values, strict=True)):
+            if i in self.lists:
+                items = list(value) if code is None else [code(v) for v in value]
+                if self.spread:
+                    out += items
+                else:
+                    out.append(items)
+            else:
+                out.append(value if code is None or value is None else code(value))
+        return out
 
-            def encode(row: Mapping[str, Any]) -> tuple[Any, ...]:
-                values = list(pick(row))
-                for i, code in special:
-                    values[i] = code(values[i])
-                return tuple(values)
-
-            found = self._rows[key] = encode
-        return found
-
-    def placeholders(self, count: int) -> str:
-        return ", ".join([self.mark] * count)
-
-    def statement(self, key: Any, build: Callable[[Raw], str]) -> str:
-        """The SQL text for ``key``, built by ``build`` the first time only."""
-        found = self._statements.get(key)
+    def decoder(self, cursor: Any) -> RowDecoder:
+        found = self.decode
         if found is None:
-            found = self._statements[key] = build(self)
+            found = self.decode = self.codec.row_decoder(self.results, cursor.description)
+        return found
+
+    def text_for(self, values: Sequence[Any]) -> str:
+        if not self.spread:
+            return self.text
+        lengths = tuple(len(values[i]) for i in self.order)
+        found = self.texts.get(lengths)
+        if found is None:
+            parts = iter(self.parts)
+            found = next(parts)
+            for length in lengths:
+                found += "(" + ", ".join(repeat("?", length)) + ")" + next(parts)
+            if len(self.texts) < 64:  # the common lengths; others are built each time
+                self.texts[lengths] = found
         return found
 
 
-@lru_cache(maxsize=4)
-def raw_for(dialect: str) -> Raw:
-    return Raw(dialect)
+def _marks(text: str) -> list[bool]:
+    """For each mark in order: whether it is a list mark."""
+    return [m == _LIST for m in re.findall(r"\(\?\*\)|\?", text)]
+
+
+def _dialect_text(text: str, codec: Codec) -> str:
+    if codec.sqlite:
+        return text
+    return text.replace("%", "%%").replace("?", "%s")
+
+
+class Sql:
+    """One named statement on one table: the text and what its values and results are.
+
+    ``table`` None: a statement on no table (a lock, a notification), its values as they are.
+    ``params``: the column each mark's value belongs to, in order (its type encodes the
+    value; ``AS_IS`` for none, e.g. a LIMIT); ``table.column`` names another table's.
+    ``returns``: the same for the columns the statement returns, which decode them.
+    """
+
+    __slots__ = ("_prepared", "name", "params", "returns", "table", "text")
+
+    def __init__(
+        self,
+        name: str,
+        table: sa.Table | None,
+        text: str,
+        params: Sequence[str] = (),
+        returns: Sequence[str] = (),
+    ) -> None:
+        self.name, self.table, self.text = name, table, " ".join(text.split())
+        self.params, self.returns = tuple(params), tuple(returns)
+        for text in (_EITHER.sub(r"\1", self.text), _EITHER.sub(r"\2", self.text)):
+            if len(_marks(text)) != len(self.params):
+                raise ValueError(f"{name}: {len(_marks(text))} marks, {len(self.params)} params")
+        self._prepared: dict[Codec, _Prepared] = {}
+
+    def __repr__(self) -> str:
+        return f"Sql({self.name!r})"
+
+    def _for(self, conn: Connection) -> _Prepared:
+        codec = codec_for(conn.dialect)
+        found = self._prepared.get(codec)
+        if found is None:
+            found = self._prepared[codec] = _Prepared(self, codec)
+        return found
+
+    def run(self, conn: Connection, *values: Any) -> Any:
+        """Execute with ``values`` (one per mark); returns the driver's cursor."""
+        prepared = self._for(conn)
+        return run(conn, prepared.text_for(values), prepared.params(values))
+
+    def many(self, conn: Connection, rows: Sequence[Sequence[Any]]) -> int | None:
+        """Execute once per row of values (``executemany``); the rows changed, if known."""
+        if not rows:
+            return 0
+        prepared = self._for(conn)
+        if prepared.lists:
+            raise ValueError(f"{self.name}: a list mark cannot run for many rows")
+        params = [prepared.params(row) for row in rows]
+        if len(params) == 1:
+            return int(run(conn, prepared.text, params[0]).rowcount)
+        cursor = run(conn, prepared.text, params, many=True)
+        return cursor.rowcount if conn.dialect.supports_sane_multi_rowcount else None
+
+    def rows(self, conn: Connection, *values: Any) -> list[Sequence[Any]]:
+        """Every row the statement returns, decoded."""
+        prepared = self._for(conn)
+        cursor = run(conn, prepared.text_for(values), prepared.params(values))
+        decode = prepared.decoder(cursor)
+        return [decode(row) for row in cursor.fetchall()]
+
+    def first(self, conn: Connection, *values: Any) -> Sequence[Any] | None:
+        """The first row returned, decoded (None: none)."""
+        prepared = self._for(conn)
+        cursor = run(conn, prepared.text_for(values), prepared.params(values))
+        row = cursor.fetchone()
+        return None if row is None else prepared.decoder(cursor)(row)
+
+    def value(self, conn: Connection, *values: Any) -> Any:
+        """The first column of the first row (None: no row)."""
+        row = self.first(conn, *values)
+        return None if row is None else row[0]
 
 
 def run(conn: Connection, sql: str, params: Any = (), *, many: bool = False) -> Any:
@@ -223,98 +365,3 @@ def run(conn: Connection, sql: str, params: Any = (), *, many: bool = False) -> 
             dialect=conn.dialect,
         ) from exc
     return cursor
-
-
-def insert_many(
-    conn: Connection, table: sa.Table, columns: Sequence[str], rows: Sequence[Sequence[Any]]
-) -> None:
-    """``INSERT`` rows of already encoded values with one ``executemany``."""
-    if not rows:
-        return
-    raw = raw_for(conn.dialect.name)
-    sql = raw.statement(
-        ("insert", table.name, tuple(columns)),
-        lambda r: (
-            f"INSERT INTO {table.name} ({', '.join(columns)}) "
-            f"VALUES ({r.placeholders(len(columns))})"
-        ),
-    )
-    if len(rows) == 1:
-        run(conn, sql, rows[0])
-    else:
-        run(conn, sql, list(rows), many=True)
-
-
-def insert_new(
-    conn: Connection,
-    table: sa.Table,
-    columns: Sequence[str],
-    rows: Sequence[Sequence[Any]],
-    unique: Sequence[str],
-    returning: Sequence[str],
-) -> list[tuple[Any, ...]]:
-    """Insert rows that do not collide on ``unique``; returns the inserted rows' ``returning``.
-
-    One multi-row statement (so it can return rows on both backends); the unique
-    constraint, not a prior read, decides what is new, so concurrent writers cannot
-    both believe they inserted the same row.
-    """
-    if not rows:
-        return []
-    raw = raw_for(conn.dialect.name)
-    one = f"({raw.placeholders(len(columns))})"
-    sql = (
-        f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES "
-        f"{', '.join([one] * len(rows))} "
-        f"ON CONFLICT ({', '.join(unique)}) DO NOTHING RETURNING {', '.join(returning)}"
-    )
-    params = [value for row in rows for value in row]
-    return [tuple(r) for r in run(conn, sql, tuple(params)).fetchall()]
-
-
-def update_many(
-    conn: Connection,
-    table: sa.Table,
-    set_columns: Sequence[str],
-    where_columns: Sequence[str],
-    rows: Sequence[Sequence[Any]],
-) -> int | None:
-    """``UPDATE ... SET a = ?, ... WHERE k = ? AND ...`` for each row (set values first).
-
-    Returns the number of rows changed, or None when the driver cannot tell for a batch.
-    """
-    if not rows:
-        return 0
-    raw = raw_for(conn.dialect.name)
-    sets = ", ".join(f"{c} = {raw.mark}" for c in set_columns)
-    where = " AND ".join(f"{c} = {raw.mark}" for c in where_columns)
-    cursor = run(conn, f"UPDATE {table.name} SET {sets} WHERE {where}", list(rows), many=True)
-    return cursor.rowcount if conn.dialect.supports_sane_multi_rowcount else None
-
-
-def select_where_in(
-    conn: Connection,
-    table: sa.Table,
-    columns: Sequence[str],
-    equals: tuple[str, Any],
-    column: str,
-    values: Sequence[Any],
-    *,
-    lock: bool = False,
-) -> list[tuple[Any, ...]]:
-    """``SELECT columns WHERE equals AND column IN values`` with timestamps decoded."""
-    if not values:
-        return []
-    raw = raw_for(conn.dialect.name)
-    sql = (
-        f"SELECT {', '.join(columns)} FROM {table.name} WHERE {equals[0]} = {raw.mark} "
-        f"AND {column} IN ({raw.placeholders(len(values))})" + (" FOR UPDATE" if lock else "")
-    )
-    times = [i for i, c in enumerate(columns) if _kind(table.c[c]) == "time"]
-    out = []
-    for row in run(conn, sql, (equals[1], *values)).fetchall():
-        values_out = list(row)
-        for i in times:
-            values_out[i] = raw.read_time(values_out[i])
-        out.append(tuple(values_out))
-    return out

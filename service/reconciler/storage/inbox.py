@@ -6,23 +6,50 @@ every operation listed here gets at least one label from ``core.risk.risks``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core import risk
-from reconciler.core.records import EscalationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import EscalationReason
-from reconciler.storage.escalations import ESCALATIONS
-from reconciler.storage.journal import OPS
-from reconciler.storage.models import operation_record
+from reconciler.storage.escalations import ESCALATION_COLUMNS, ESCALATIONS, escalation_of
+from reconciler.storage.fastsql import AS_IS, Sql
+from reconciler.storage.journal import OPS, OPS_COLUMNS
+from reconciler.storage.models import record_of_values
 
-# The Unix epoch as a Julian day number: SQLite's julianday() counts from elsewhere.
-_UNIX_EPOCH_JULIAN = 2440587.5
+_OPS_LIST = ", ".join(f"operations.{c}" for c in OPS_COLUMNS)
+_ESC_LIST = ", ".join(f"escalations.{c}" for c in ESCALATION_COLUMNS)
+_ESC_RETURNS = tuple(f"escalations.{c}" for c in ESCALATION_COLUMNS)
+
+
+def _epoch(column: str) -> str:
+    """Seconds since the Unix epoch of a timestamp column (SQLite's julianday() counts
+    from 4714 BC, whose Julian day the Unix epoch is 2440587.5)."""
+    return f"[[extract(epoch from {column})|(julianday({column}) - 2440587.5) * 86400.0]]"
+
+
+def _at_risk_sql() -> str:
+    """The thresholds of ``core.risk`` as one condition; its one mark is now (epoch seconds)."""
+    deadline, created = _epoch("operations.deadline_at"), _epoch("operations.created_at")
+    left, share, failures = risk.DEADLINE_LEFT, risk.BUDGET_USED, risk.TRANSPORT_USED
+    return (
+        f"(({deadline} > {created} AND ({deadline} - ?) * {left.denominator} "
+        f"<= ({deadline} - {created}) * {left.numerator}) "
+        "OR (max_status_requests > 0 AND status_requests_used * "
+        f"{share.denominator} >= max_status_requests * {share.numerator}) "
+        "OR (transport_failures_used > 0 AND transport_failures_used * "
+        f"{failures.denominator} >= max_transport_failures * {failures.numerator}))"
+    )
+
+
+_WATCHED = tuple(sorted(s.value for s in risk.WATCHED))
+_PROVIDERS = Sql("providers-seen", OPS, "SELECT DISTINCT provider FROM operations")
+_STAMP = Sql("inbox-stamp", ESCALATIONS, "SELECT max(id), count(decided_at) FROM escalations")
 
 
 @dataclass(frozen=True)
@@ -46,105 +73,128 @@ class Slice:
     total: int
 
 
-def _common(query: sa.Select[Any], f: InboxFilter) -> sa.Select[Any]:
-    if f.state is not None:
-        query = query.where(OPS.c.state == f.state.value)
-    if f.provider is not None:
-        query = query.where(OPS.c.provider == f.provider)
-    if f.query is not None:
-        query = query.where(
-            sa.or_(OPS.c.id == f.query, OPS.c.remote_job_id == f.query, OPS.c.trace_id == f.query)
+_SHAPES: dict[str, str] = {
+    # (the rows, their count, their order) for each list; {where} is the filter's.
+    "escalated": (
+        "FROM operations JOIN escalations ON escalations.id = operations.escalation_id "
+        "WHERE escalations.decided_at IS NULL{where}"
+    ),
+    "at_risk": f"FROM operations WHERE operations.state IN (?*) AND {_at_risk_sql()}{{where}}",
+    "matching": "FROM operations WHERE 1 = 1{where}",
+    "matching_reason": (
+        "FROM operations WHERE EXISTS (SELECT 1 FROM escalations "
+        "WHERE escalations.operation_id = operations.id AND escalations.reason = ?){where}"
+    ),
+}
+_ORDER = {
+    "escalated": "escalations.created_at, escalations.id",
+    "at_risk": "operations.deadline_at, operations.id",
+    "matching": "operations.id DESC",
+    "matching_reason": "operations.id DESC",
+}
+_LEAD: dict[str, tuple[str, ...]] = {
+    "escalated": (),
+    "at_risk": ("state", AS_IS),
+    "matching": (),
+    "matching_reason": ("escalations.reason",),
+}
+
+
+@cache
+def _list_sql(
+    shape: str, state: bool, provider: bool, query: bool, reason: bool
+) -> tuple[Sql, Sql]:
+    """One inbox list for one shape of filter: its page and its count."""
+    where, params = "", list(_LEAD[shape])
+    if state:
+        where += " AND operations.state = ?"
+        params.append("state")
+    if provider:
+        where += " AND operations.provider = ?"
+        params.append("provider")
+    if query:
+        where += (
+            " AND (operations.id = ? OR operations.remote_job_id = ? OR operations.trace_id = ?)"
         )
-    return query
+        params += ["id", "remote_job_id", "trace_id"]
+    if reason:
+        where += " AND escalations.reason = ?"
+        params.append("escalations.reason")
+    source = _SHAPES[shape].format(where=where)
+    columns = f"{_OPS_LIST}, {_ESC_LIST}" if shape == "escalated" else _OPS_LIST
+    returns = (*OPS_COLUMNS, *_ESC_RETURNS) if shape == "escalated" else OPS_COLUMNS
+    page = Sql(
+        f"inbox-{shape}",
+        OPS,
+        f"SELECT {columns} {source} ORDER BY {_ORDER[shape]} LIMIT ? OFFSET ?",
+        params=(*params, AS_IS, AS_IS),
+        returns=returns,
+    )
+    count = Sql(f"inbox-{shape}-count", OPS, f"SELECT count(*) {source}", params=params)
+    return page, count
 
 
-def _count(conn: Connection, query: sa.Select[Any]) -> int:
-    counted = sa.select(sa.func.count()).select_from(query.order_by(None).subquery())
-    return int(conn.execute(counted).scalar_one())
+def _values(f: InboxFilter) -> list[Any]:
+    values: list[Any] = []
+    if f.state is not None:
+        values.append(f.state.value)
+    if f.provider is not None:
+        values.append(f.provider)
+    if f.query is not None:
+        values += [f.query, f.query, f.query]
+    return values
+
+
+def _slice(
+    conn: Connection,
+    shape: str,
+    f: InboxFilter,
+    lead: Sequence[Any],
+    limit: int,
+    offset: int,
+    *,
+    reason: bool = False,
+) -> tuple[list[Sequence[Any]], int]:
+    page, count = _list_sql(
+        shape, f.state is not None, f.provider is not None, f.query is not None, reason
+    )
+    values = [*lead, *_values(f)]
+    if reason and f.reason is not None:
+        values.append(f.reason.value)
+    total = int(count.value(conn, *values))
+    return page.rows(conn, *values, limit, offset), total
 
 
 def escalated(conn: Connection, f: InboxFilter, limit: int, offset: int) -> Slice:
     """Operations waiting for a decision, oldest escalation first: ``(Operation, Escalation)``."""
-    query = sa.select(OPS, *[c.label(f"esc_{c.name}") for c in ESCALATIONS.c]).join(
-        ESCALATIONS, ESCALATIONS.c.id == OPS.c.escalation_id
-    )
-    query = _common(query.where(ESCALATIONS.c.decided_at.is_(None)), f)
-    if f.reason is not None:
-        query = query.where(ESCALATIONS.c.reason == f.reason.value)
-    total = _count(conn, query)
-    rows = conn.execute(
-        query.order_by(ESCALATIONS.c.created_at, ESCALATIONS.c.id).limit(limit).offset(offset)
-    ).mappings()
-    items = []
-    for row in rows:
-        op = operation_record({c.name: row[c.name] for c in OPS.c})
-        esc = EscalationRecord(**{c.name: row[f"esc_{c.name}"] for c in ESCALATIONS.c})
-        items.append((op, esc))
+    rows, total = _slice(conn, "escalated", f, (), limit, offset, reason=f.reason is not None)
+    width = len(OPS_COLUMNS)
+    items = [(record_of_values(row[:width]), escalation_of(row[width:])) for row in rows]
     return Slice(items, total)
-
-
-def _epoch(conn: Connection, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
-    if conn.dialect.name == "postgresql":
-        return sa.extract("epoch", column)
-    return (sa.func.julianday(column) - _UNIX_EPOCH_JULIAN) * 86400.0
-
-
-def _at_risk_clause(conn: Connection, now: datetime) -> sa.ColumnElement[bool]:
-    deadline, created = _epoch(conn, OPS.c.deadline_at), _epoch(conn, OPS.c.created_at)
-    left, share = risk.DEADLINE_LEFT, risk.BUDGET_USED
-    failures = risk.TRANSPORT_USED
-    return sa.or_(
-        sa.and_(
-            deadline > created,
-            (deadline - now.timestamp()) * left.denominator
-            <= (deadline - created) * left.numerator,
-        ),
-        sa.and_(
-            OPS.c.max_status_requests > 0,
-            OPS.c.status_requests_used * share.denominator
-            >= OPS.c.max_status_requests * share.numerator,
-        ),
-        sa.and_(
-            OPS.c.transport_failures_used > 0,
-            OPS.c.transport_failures_used * failures.denominator
-            >= OPS.c.max_transport_failures * failures.numerator,
-        ),
-    )
 
 
 def at_risk(conn: Connection, f: InboxFilter, now: datetime, limit: int, offset: int) -> Slice:
     """Running operations whose deadline, budget or failure allowance is nearly spent."""
-    watched = [s.value for s in risk.WATCHED]
-    query = sa.select(OPS).where(OPS.c.state.in_(watched), _at_risk_clause(conn, now))
-    query = _common(query, f)
-    total = _count(conn, query)
-    rows = conn.execute(
-        query.order_by(OPS.c.deadline_at, OPS.c.id).limit(limit).offset(offset)
-    ).mappings()
-    return Slice([operation_record(r) for r in rows], total)
+    rows, total = _slice(conn, "at_risk", f, (_WATCHED, now.timestamp()), limit, offset)
+    return Slice([record_of_values(row) for row in rows], total)
 
 
 def matching(conn: Connection, f: InboxFilter, limit: int, offset: int) -> Slice:
     """Every operation the filter matches, newest first."""
-    query = _common(sa.select(OPS), f)
-    if f.reason is not None:
-        query = query.join(ESCALATIONS, ESCALATIONS.c.operation_id == OPS.c.id).where(
-            ESCALATIONS.c.reason == f.reason.value
-        )
-        query = query.distinct()
-    total = _count(conn, query)
-    rows = conn.execute(query.order_by(OPS.c.id.desc()).limit(limit).offset(offset)).mappings()
-    return Slice([operation_record(r) for r in rows], total)
+    if f.reason is None:
+        rows, total = _slice(conn, "matching", f, (), limit, offset)
+    else:
+        rows, total = _slice(conn, "matching_reason", f, (f.reason.value,), limit, offset)
+    return Slice([record_of_values(row) for row in rows], total)
 
 
 def providers_seen(conn: Connection) -> list[str]:
     """Every provider name that has operations (a provider file may since have gone)."""
-    return sorted(str(p) for p in conn.execute(sa.select(OPS.c.provider).distinct()).scalars())
+    return sorted(str(row[0]) for row in _PROVIDERS.rows(conn))
 
 
 def stamp(conn: Connection) -> str:
     """Changes whenever an operation escalates or an escalation is decided (any replica)."""
-    newest, decided = conn.execute(
-        sa.select(sa.func.max(ESCALATIONS.c.id), sa.func.count(ESCALATIONS.c.decided_at))
-    ).one()
+    row = _STAMP.first(conn)
+    newest, decided = row if row is not None else (0, 0)
     return f"{newest or 0}.{decided or 0}"

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cache
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.engine import Connection
@@ -31,7 +32,7 @@ from reconciler.core.records import PAYLOADS, OperationRecord, with_changes
 from reconciler.core.states import END_STATES, State, check_transition
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.storage import payloads
-from reconciler.storage.fastsql import Raw, insert_many, raw_for, run, update_many
+from reconciler.storage.fastsql import Sql
 from reconciler.storage.models import HistoryEntry, Operation
 from reconciler.storage.notify import CHANGE_CHANNEL, notify_in_transaction
 
@@ -99,16 +100,44 @@ def retry_stale(fn: Callable[[], T], attempts: int = STALE_ATTEMPTS) -> T:
 
 
 OPS_COLUMNS = tuple(c.name for c in OPS.c)
+_INSERT_OPERATION = Sql(
+    "operation-insert",
+    OPS,
+    f"INSERT INTO operations ({', '.join(OPS_COLUMNS)}) "
+    f"VALUES ({', '.join(['?'] * len(OPS_COLUMNS))})",
+    params=OPS_COLUMNS,
+)
+_APPEND_HISTORY = Sql(
+    "history-append",
+    HISTORY,
+    f"INSERT INTO history ({', '.join(HISTORY_COLUMNS)}) "
+    f"VALUES ({', '.join(['?'] * len(HISTORY_COLUMNS))})",
+    params=HISTORY_COLUMNS,
+)
+_BATCH_CONTROL = ("version", "history_head", "history_seq", "updated_at")
 
 
-def _update_sql(raw: Raw, keys: Sequence[str], guarded: bool) -> str:
+@cache
+def _update(keys: tuple[str, ...], guarded: bool) -> Sql:
     """The journal's conditional UPDATE of ``keys``: version and state (and lease) guarded."""
-    m = raw.mark
-    sets = ", ".join(f"{k} = {m}" for k in keys)
-    where = f"id = {m} AND version = {m} AND state = {m}"
-    if guarded:
-        where += f" AND lease_owner = {m} AND lease_expires_at > {m}"
-    return f"UPDATE operations SET {sets} WHERE {where}"
+    lease = " AND lease_owner = ? AND lease_expires_at > ?" if guarded else ""
+    return Sql(
+        "operation-write",
+        OPS,
+        f"UPDATE operations SET {', '.join(f'{k} = ?' for k in keys)} "
+        f"WHERE id = ? AND version = ? AND state = ?{lease}",
+        params=(
+            *keys,
+            "id",
+            "version",
+            "state",
+            *(("lease_owner", "lease_expires_at") if guarded else ()),
+        ),
+    )
+
+
+def _history_row(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(row[c] for c in HISTORY_COLUMNS)
 
 
 @dataclass
@@ -155,17 +184,9 @@ class Journal:
                 "updated_at": now,
             },
         )
-        raw = raw_for(conn.dialect.name)
-        encode = raw.row_encoder(OPS, OPS_COLUMNS)
-        insert_many(conn, OPS, OPS_COLUMNS, [encode({c: getattr(op, c) for c in OPS_COLUMNS})])
+        _INSERT_OPERATION.run(conn, *[getattr(op, c) for c in OPS_COLUMNS])
         payloads.store(conn, op.id, {name: getattr(op, name) for name in PAYLOADS})
-        encode_history = raw.row_encoder(HISTORY, HISTORY_COLUMNS)
-        insert_many(
-            conn,
-            HISTORY,
-            HISTORY_COLUMNS,
-            [encode_history({**fields, "prev_hash": "", "hash": digest})],
-        )
+        _APPEND_HISTORY.run(conn, *_history_row({**fields, "prev_hash": "", "hash": digest}))
         log.info(
             "operation %s created for provider %s",
             op.id,
@@ -192,26 +213,19 @@ class Journal:
         rows, head, seq = self._chain(op.id, op.history_head, op.history_seq, entries, now)
         changes.update(version=op.version + 1, history_head=head, history_seq=seq, updated_at=now)
         columns, parts = payloads.split(changes)
-        raw = raw_for(conn.dialect.name)
         keys = tuple(sorted(columns))
-        guarded = lease is not None
-        sql = raw.statement(
-            ("journal-write", keys, guarded), lambda r: _update_sql(r, keys, guarded)
-        )
-        params = [code(columns[k]) for code, k in zip(raw.encoders(OPS, keys), keys, strict=True)]
+        params = [columns[k] for k in keys]
         params += [op.id, op.version, op.state]
         if lease is not None:
-            params += [lease.owner, raw.time(now)]
-        if run(conn, sql, params).rowcount != 1:
+            params += [lease.owner, now]
+        if _update(keys, lease is not None).run(conn, *params).rowcount != 1:
             raise StaleWrite(
                 f"operation {op.id} changed since version {op.version} was read"
                 + (" or the lease was lost" if lease is not None else "")
             )
         if parts:
             payloads.store(conn, op.id, parts)
-        if rows:
-            encode_history = raw.row_encoder(HISTORY, HISTORY_COLUMNS)
-            insert_many(conn, HISTORY, HISTORY_COLUMNS, [encode_history(row) for row in rows])
+        _APPEND_HISTORY.many(conn, [_history_row(row) for row in rows])
         return with_changes(op, changes)
 
     def _chain(
@@ -253,35 +267,30 @@ class Journal:
         """
         if not items:
             return
-        raw = raw_for(conn.dialect.name)
         keys = tuple(sorted(items[0][1]))
-        set_columns = (*keys, "version", "history_head", "history_seq", "updated_at")
-        key_codes = raw.encoders(OPS, keys)
-        encode_history = raw.row_encoder(HISTORY, HISTORY_COLUMNS)
-        stamp = raw.time(now)
         updates: list[tuple[Any, ...]] = []
         history: list[tuple[Any, ...]] = []
         for op, changes, entries in items:
             if tuple(sorted(changes)) != keys or set(keys) & set(PAYLOADS):
                 raise ValueError("write_many needs the same row columns changed for every row")
             rows, head, seq = self._chain(op.id, op.history_head, op.history_seq, entries, now)
-            history.extend([encode_history(row) for row in rows])
+            history.extend([_history_row(row) for row in rows])
             updates.append(
                 (
-                    *[code(changes[k]) for code, k in zip(key_codes, keys, strict=True)],
+                    *[changes[k] for k in keys],
                     op.version + 1,
                     head,
                     seq,
-                    stamp,
+                    now,
                     op.id,
                     op.version,
                     op.state,
                 )
             )
-        changed = update_many(conn, OPS, set_columns, ("id", "version", "state"), updates)
+        changed = _update((*keys, *_BATCH_CONTROL), False).many(conn, updates)
         if changed is not None and changed != len(items):
             raise StaleWrite("an operation changed while its webhook batch was written")
-        insert_many(conn, HISTORY, HISTORY_COLUMNS, history)
+        _APPEND_HISTORY.many(conn, history)
 
     def transition(
         self,

@@ -11,16 +11,17 @@ from collections.abc import AsyncIterator, Callable
 
 from sqlalchemy.engine import Connection
 
-from reconciler.storage.fastsql import run
+from reconciler.storage.fastsql import AS_IS, Sql
 
 WAKE_CHANNEL = "reconciler_wake"
 CHANGE_CHANNEL = "reconciler_change"
+_NOTIFY = Sql("notify", None, "SELECT pg_notify(?, ?)", params=(AS_IS, AS_IS))
 
 
 def notify_in_transaction(conn: Connection, channel: str, payload: str = "") -> None:
     """Queue a cross-replica notification that fires only if this transaction commits."""
     if conn.dialect.name == "postgresql":
-        run(conn, "SELECT pg_notify(%s, %s)", (channel, payload))
+        _NOTIFY.run(conn, channel, payload)
 
 
 async def notifications(

@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from functools import cache
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core import ids
@@ -35,36 +35,138 @@ from reconciler.core.records import PAYLOADS, OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.strict_json import shown
 from reconciler.storage import payloads
-from reconciler.storage.fastsql import Raw, raw_for, run
+from reconciler.storage.fastsql import AS_IS, Sql
 from reconciler.storage.journal import OPS
-from reconciler.storage.models import operation_record, record_of_values
+from reconciler.storage.models import record_of_values
 from reconciler.storage.tokens import Principal
 
 MAX_PAGE = 200
 BAD_CURSOR = "cursor is not valid; pass the next_cursor of a previous page"
 OPS_COLUMNS = tuple(c.name for c in OPS.c)
 _COLUMN_LIST = ", ".join(OPS_COLUMNS)
+# Free to claim: never leased, or the lease ran out.
+_FREE = "(lease_expires_at IS NULL OR lease_expires_at <= ?)"
+STATUS_READ_STATES = (State.OBSERVING, State.CANCELLING)
+IN_FLIGHT = tuple(s.value for s in State if s not in END_STATES)
+
+_BY_IDS = Sql(
+    "operations-by-id",
+    OPS,
+    f"SELECT {_COLUMN_LIST} FROM operations WHERE id IN (?*)",
+    params=("id",),
+    returns=OPS_COLUMNS,
+)
+_BY_IDS_LOCKED = Sql(
+    "operations-by-id-locked",
+    OPS,
+    f"SELECT {_COLUMN_LIST} FROM operations WHERE id IN (?*) [[FOR UPDATE|]]",
+    params=("id",),
+    returns=OPS_COLUMNS,
+)
+_BY_KEY = Sql(
+    "operation-by-key",
+    OPS,
+    f"SELECT {_COLUMN_LIST} FROM operations WHERE caller = ? AND idempotency_key = ?",
+    params=("caller", "idempotency_key"),
+    returns=OPS_COLUMNS,
+)
+_CLAIM = Sql(
+    "operations-claim",
+    OPS,
+    f"UPDATE operations SET lease_owner = ?, lease_expires_at = ? "
+    f"WHERE id IN (?*) AND {_FREE} RETURNING {_COLUMN_LIST}",
+    params=("lease_owner", "lease_expires_at", "id", "lease_expires_at"),
+    returns=OPS_COLUMNS,
+)
+_STATUS_READ_OVERDUE = Sql(
+    "status-read-overdue",
+    OPS,
+    f"SELECT id FROM operations WHERE next_poll_at < ? AND state IN (?*) AND {_FREE} "
+    "AND (delay_source IS NULL OR delay_source != ?) LIMIT 1",
+    params=("next_poll_at", "state", "lease_expires_at", "delay_source"),
+)
+_STATUS_READS_DUE = Sql(
+    "status-reads-due",
+    OPS,
+    f"SELECT {_COLUMN_LIST} FROM operations WHERE next_poll_at <= ? AND state IN (?*) "
+    f"AND {_FREE} AND (delay_source IS NULL OR delay_source != ?) "
+    "ORDER BY next_poll_at LIMIT ? [[FOR UPDATE SKIP LOCKED|]]",
+    params=("next_poll_at", "state", "lease_expires_at", "delay_source", AS_IS),
+    returns=OPS_COLUMNS,
+)
+_RELEASE = Sql(
+    "operations-release",
+    OPS,
+    "UPDATE operations SET lease_owner = NULL, lease_expires_at = NULL "
+    "WHERE id IN (?*) AND lease_owner = ? RETURNING id, next_poll_at",
+    params=("id", "lease_owner"),
+    returns=("id", "next_poll_at"),
+)
+_EXTEND_LEASE = Sql(
+    "lease-extend",
+    OPS,
+    "UPDATE operations SET lease_expires_at = ? "
+    "WHERE id = ? AND lease_owner = ? AND lease_expires_at > ?",
+    params=("lease_expires_at", "id", "lease_owner", "lease_expires_at"),
+)
+_COUNT_BY_STATE = Sql(
+    "operations-per-state", OPS, "SELECT state, count(*) FROM operations GROUP BY state"
+)
+_LOCK_CALLER = Sql(
+    "caller-lock", OPS, "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", params=(AS_IS,)
+)
+_COUNT_IN_FLIGHT = Sql(
+    "in-flight-count",
+    OPS,
+    "SELECT count(*) FROM operations WHERE caller = ? AND state IN (?*)",
+    params=("caller", "state"),
+)
+_CREATED_SINCE = Sql(
+    "created-since",
+    OPS,
+    "SELECT created_at FROM operations WHERE caller = ? AND id >= ? ORDER BY id DESC LIMIT ?",
+    params=("caller", "id", AS_IS),
+    returns=("created_at",),
+)
 
 
-def _with_parts(conn: Connection, rows: Sequence[Any]) -> list[OperationRecord]:
-    """Records from rows, with the parts read beside the row (all but the request)."""
-    parts = payloads.load(conn, [r["id"] for r in rows])
-    return [operation_record(r, parts.get(r["id"])) for r in rows]
+@cache
+def _page_sql(operator: bool, state: bool, done: bool | None, provider: bool, after: bool) -> Sql:
+    """A page of the operations list, for one shape of filter (newest first)."""
+    where, params = ["1 = 1"], list[str]()
+    for on, condition, column in (
+        (not operator, "caller = ?", "caller"),
+        (state, "state = ?", "state"),
+        (done is True, "state IN (?*)", "state"),
+        (done is False, "NOT state IN (?*)", "state"),
+        (provider, "provider = ?", "provider"),
+        (after, "id < ?", "id"),
+    ):
+        if on:
+            where.append(condition)
+            params.append(column)
+    return Sql(
+        "operations-page",
+        OPS,
+        f"SELECT {_COLUMN_LIST} FROM operations WHERE {' AND '.join(where)} "
+        "ORDER BY id DESC LIMIT ?",
+        params=(*params, AS_IS),
+        returns=OPS_COLUMNS,
+    )
 
 
 def records_of(conn: Connection, rows: Sequence[Sequence[Any]]) -> list[OperationRecord]:
-    """Plain records from stored rows in ``OPS_COLUMNS`` order, with their parts."""
+    """Records from decoded rows in ``OPS_COLUMNS`` order (``records.COLUMNS``), with their
+    parts after the columns, as the record's fields run."""
     if not rows:
         return []
-    raw = raw_for(conn.dialect.name)
-    decode = raw.row_decoder(OPS, OPS_COLUMNS)
-    decoded = [decode(row) for row in rows]
-    parts = payloads.load(conn, [values[0] for values in decoded])  # the id is the first column
-    for values in decoded:
-        found = parts.get(values[0])
-        if found:
-            values.extend([found.get(name) for name in PAYLOADS])
-    return [record_of_values(values) for values in decoded]
+    parts = payloads.load(conn, [row[0] for row in rows])  # the id is the first column
+    built = []
+    for row in rows:
+        found = parts.get(row[0])
+        values = (*row, *[found.get(name) for name in PAYLOADS]) if found else row
+        built.append(record_of_values(values))
+    return built
 
 
 def load_records(
@@ -76,12 +178,7 @@ def load_records(
     """
     if not operation_ids:
         return []
-    raw = raw_for(conn.dialect.name)
-    where, params = raw.in_list("id", operation_ids)
-    sql = f"SELECT {_COLUMN_LIST} FROM operations WHERE {where}"
-    if lock and not raw.sqlite:
-        sql += " FOR UPDATE"
-    return records_of(conn, run(conn, sql, params).fetchall())
+    return records_of(conn, (_BY_IDS_LOCKED if lock else _BY_IDS).rows(conn, operation_ids))
 
 
 def get_operation(conn: Connection, operation_id: str) -> OperationRecord | None:
@@ -106,15 +203,7 @@ def visible_operation(conn: Connection, operation_id: str, principal: Principal)
 
 
 def find_by_key(conn: Connection, caller: str, key: str) -> OperationRecord | None:
-    raw = raw_for(conn.dialect.name)
-    sql = raw.statement(
-        "find-by-key",
-        lambda r: (
-            f"SELECT {_COLUMN_LIST} FROM operations "
-            f"WHERE caller = {r.mark} AND idempotency_key = {r.mark}"
-        ),
-    )
-    found = records_of(conn, run(conn, sql, [caller, key]).fetchall())
+    found = records_of(conn, _BY_KEY.rows(conn, caller, key))
     return found[0] if found else None
 
 
@@ -150,20 +239,20 @@ def list_operations(
     done: bool | None = None,
 ) -> Page:
     """Newest first; the cursor is the last id of the previous page."""
-    query = sa.select(OPS)
-    if not principal.is_operator:
-        query = query.where(OPS.c.caller == principal.name)
+    sql = _page_sql(
+        principal.is_operator, state is not None, done, provider is not None, cursor is not None
+    )
+    values: list[Any] = [] if principal.is_operator else [principal.name]
     if state is not None:
-        query = query.where(OPS.c.state == state.value)
+        values.append(state.value)
     if done is not None:
-        ends = [s.value for s in END_STATES]
-        query = query.where(OPS.c.state.in_(ends) if done else OPS.c.state.not_in(ends))
+        values.append(_END_VALUES)
     if provider is not None:
-        query = query.where(OPS.c.provider == provider)
+        values.append(provider)
     if cursor is not None:
-        query = query.where(OPS.c.id < decode_cursor(cursor))
-    rows = conn.execute(query.order_by(OPS.c.id.desc()).limit(limit + 1)).mappings().all()
-    items = _with_parts(conn, rows[:limit])
+        values.append(decode_cursor(cursor))
+    rows = sql.rows(conn, *values, limit + 1)
+    items = records_of(conn, rows[:limit])
     more = len(rows) > limit
     return Page(items, encode_cursor(items[-1].id) if more and items else None)
 
@@ -192,43 +281,50 @@ class ShareFilter:
 
 
 _END_VALUES = tuple(s.value for s in END_STATES)
-_FREE = "(lease_expires_at IS NULL OR lease_expires_at <= {m})"
 
 
-def _share_sql(raw: Raw, share: ShareFilter | None) -> tuple[str, list[Any]]:
-    """The share's condition as SQL text and its parameters."""
-    if share is None:
-        return "", []
-    sql, params = "", list[Any]()
-    if share.provider is not None:
-        sql += f" AND provider = {raw.mark}"
-        params.append(share.provider)
-    if share.completion is not None:
-        ends, values = raw.in_list("state", _END_VALUES)
-        completing = f"(completion_pending = {raw.mark} AND {ends})"
-        sql += f" AND {completing}" if share.completion else f" AND NOT {completing}"
-        params += [True, *values]
-    if share.lanes is Lanes.HOOKS:
-        sql += f" AND (completion_lane IS NULL OR completion_lane NOT LIKE {raw.mark})"
-        params.append(f"{CALLBACK_PREFIX}%")
-    elif share.lanes is Lanes.CALLBACKS:
-        sql += f" AND completion_lane LIKE {raw.mark}"
-        params.append(f"{CALLBACK_PREFIX}%")
-        if share.exclude:
-            where, lanes = raw.in_list("completion_lane", list(share.exclude))
-            sql += f" AND NOT {where}"
-            params += lanes
-    return sql, params
-
-
-def _due_sql(raw: Raw, share_sql: str) -> str:
-    free = _FREE.format(m=raw.mark)
-    lock = "" if raw.sqlite else " FOR UPDATE SKIP LOCKED"
-    return (
-        f"SELECT id, lease_owner, completion_lane FROM operations "
-        f"WHERE next_poll_at <= {raw.mark} AND {free}"
-        f"{share_sql} ORDER BY next_poll_at LIMIT {raw.mark}{lock}"
+@cache
+def _due_sql(provider: bool, completion: bool | None, lanes: Lanes | None, exclude: bool) -> Sql:
+    """The due candidates one shape of share may claim, earliest first, locked as read."""
+    where, params = [f"next_poll_at <= ? AND {_FREE}"], ["next_poll_at", "lease_expires_at"]
+    if provider:
+        where.append("provider = ?")
+        params.append("provider")
+    if completion is not None:
+        completing = "(completion_pending = ? AND state IN (?*))"
+        where.append(completing if completion else f"NOT {completing}")
+        params += ["completion_pending", "state"]
+    if lanes is Lanes.HOOKS:
+        where.append("(completion_lane IS NULL OR completion_lane NOT LIKE ?)")
+        params.append(AS_IS)
+    elif lanes is Lanes.CALLBACKS:
+        where.append("completion_lane LIKE ?")
+        params.append(AS_IS)
+        if exclude:
+            where.append("NOT completion_lane IN (?*)")
+            params.append("completion_lane")
+    return Sql(
+        "claim-due",
+        OPS,
+        f"SELECT id, lease_owner, completion_lane FROM operations WHERE {' AND '.join(where)} "
+        "ORDER BY next_poll_at LIMIT ? [[FOR UPDATE SKIP LOCKED|]]",
+        params=(*params, AS_IS),
     )
+
+
+def _due(conn: Connection, now: datetime, limit: int, share: ShareFilter | None) -> list[Any]:
+    share = share or ShareFilter()
+    sql = _due_sql(share.provider is not None, share.completion, share.lanes, bool(share.exclude))
+    values: list[Any] = [now, now]
+    if share.provider is not None:
+        values.append(share.provider)
+    if share.completion is not None:
+        values += [True, _END_VALUES]
+    if share.lanes is not None:
+        values.append(f"{CALLBACK_PREFIX}%")
+    if share.lanes is Lanes.CALLBACKS and share.exclude:
+        values.append(share.exclude)
+    return sql.rows(conn, *values, limit)
 
 
 # Given the due candidates (id, lane), earliest first: the ids to claim.
@@ -253,30 +349,17 @@ def claim_records(
     claimers can never both win a row. ``share`` limits the claim to what one share of
     the worker can start now; ``pick`` chooses among the candidates (per-host caps).
     """
-    raw = raw_for(conn.dialect.name)
-    share_sql, share_params = _share_sql(raw, share)
-    stamp = raw.time(now)
-    due = raw.statement(("claim-due", share_sql), lambda r: _due_sql(r, share_sql))
-    rows = run(conn, due, [stamp, stamp, *share_params, limit]).fetchall()
+    rows = _due(conn, now, limit, share)
     candidates = {row[0]: row[1] for row in rows}
     if pick is not None:
         chosen = set(pick([(row[0], row[2] or "") for row in rows]))
         candidates = {k: v for k, v in candidates.items() if k in chosen}
     if not candidates:
         return []
-    where, ids = raw.in_list("id", list(candidates))
-    free = _FREE.format(m=raw.mark)
-    sql = (
-        f"UPDATE operations SET lease_owner = {raw.mark}, lease_expires_at = {raw.mark} "
-        f"WHERE {where} AND {free} RETURNING {_COLUMN_LIST}"
-    )
-    until = raw.time(now + timedelta(seconds=lease_seconds))
-    ops = records_of(conn, run(conn, sql, [owner, until, *ids, stamp]).fetchall())
+    until = now + timedelta(seconds=lease_seconds)
+    ops = records_of(conn, _CLAIM.rows(conn, owner, until, list(candidates), now))
     ops.sort(key=lambda op: op.next_poll_at or now)
     return [(op, candidates[op.id]) for op in ops]
-
-
-STATUS_READ_STATES = (State.OBSERVING, State.CANCELLING)
 
 
 def any_status_read_due_before(
@@ -287,18 +370,8 @@ def any_status_read_due_before(
     The same rows as ``due_status_reads`` but only asks for the most overdue one: the
     catch-up looks at them all only when there is one long overdue.
     """
-    raw = raw_for(conn.dialect.name)
-    states, params = raw.in_list("state", [s.value for s in STATUS_READ_STATES])
-    sql = raw.statement(
-        ("status-read-overdue", states),
-        lambda r: (
-            f"SELECT id FROM operations WHERE next_poll_at < {r.mark} AND {states} "
-            f"AND {_FREE.format(m=r.mark)} "
-            f"AND (delay_source IS NULL OR delay_source != {r.mark}) LIMIT 1"
-        ),
-    )
-    params = [raw.time(before), *params, raw.time(now), skip_source]
-    return run(conn, sql, params).fetchone() is not None
+    states = [s.value for s in STATUS_READ_STATES]
+    return _STATUS_READ_OVERDUE.first(conn, before, states, now, skip_source) is not None
 
 
 def due_status_reads(
@@ -309,59 +382,28 @@ def due_status_reads(
     For the catch-up spread (``engine.catch_up``), which reschedules them in the same
     transaction; on PostgreSQL rows another replica holds locked are skipped.
     """
-    free = sa.or_(OPS.c.lease_expires_at.is_(None), OPS.c.lease_expires_at <= now)
-    query = (
-        sa.select(OPS)
-        .where(
-            OPS.c.next_poll_at <= now,
-            OPS.c.state.in_([s.value for s in STATUS_READ_STATES]),
-            free,
-            sa.or_(OPS.c.delay_source.is_(None), OPS.c.delay_source != skip_source),
-        )
-        .order_by(OPS.c.next_poll_at)
-        .limit(limit)
-    )
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update(skip_locked=True)
-    return [operation_record(r) for r in conn.execute(query).mappings()]
+    states = [s.value for s in STATUS_READ_STATES]
+    rows = _STATUS_READS_DUE.rows(conn, now, states, now, skip_source, limit)
+    return [record_of_values(row) for row in rows]
 
 
 def release(conn: Connection, operation_ids: Sequence[str], owner: str) -> dict[str, Any]:
     """Give leases back (only those still ours); returns the released ones' next due times."""
     if not operation_ids:
         return {}
-    raw = raw_for(conn.dialect.name)
-    where, ids = raw.in_list("id", operation_ids)
-    sql = (
-        "UPDATE operations SET lease_owner = NULL, lease_expires_at = NULL "
-        f"WHERE {where} AND lease_owner = {raw.mark} RETURNING id, next_poll_at"
-    )
-    rows = run(conn, sql, [*ids, owner]).fetchall()
-    return {op_id: raw.read_time(at) for op_id, at in rows}
+    return {op_id: at for op_id, at in _RELEASE.rows(conn, operation_ids, owner)}
 
 
 def extend_lease(
     conn: Connection, operation_id: str, owner: str, now: datetime, lease_seconds: float
 ) -> bool:
     """Push a held, unexpired lease forward; False if it is no longer ours."""
-    raw = raw_for(conn.dialect.name)
-    m = raw.mark
-    sql = (
-        f"UPDATE operations SET lease_expires_at = {m} "
-        f"WHERE id = {m} AND lease_owner = {m} AND lease_expires_at > {m}"
-    )
-    until = raw.time(now + timedelta(seconds=lease_seconds))
-    cursor = run(conn, sql, [until, operation_id, owner, raw.time(now)])
-    return bool(cursor.rowcount == 1)
+    until = now + timedelta(seconds=lease_seconds)
+    return bool(_EXTEND_LEASE.run(conn, until, operation_id, owner, now).rowcount == 1)
 
 
 def count_by_state(conn: Connection) -> dict[str, int]:
-    rows = conn.execute(sa.select(OPS.c.state, sa.func.count()).group_by(OPS.c.state))
-    return {str(state): int(count) for state, count in rows}
-
-
-_LOCK_CALLER = sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
-IN_FLIGHT = tuple(s.value for s in State if s not in END_STATES)
+    return {str(state): int(count) for state, count in _COUNT_BY_STATE.rows(conn)}
 
 
 def lock_caller(conn: Connection, caller: str) -> None:
@@ -371,26 +413,16 @@ def lock_caller(conn: Connection, caller: str) -> None:
     write transaction already.
     """
     if conn.dialect.name == "postgresql":
-        conn.execute(_LOCK_CALLER, {"key": f"quota\x1f{caller}"})
+        _LOCK_CALLER.run(conn, f"quota\x1f{caller}")
 
 
 def count_in_flight(conn: Connection, caller: str) -> int:
     """The caller's operations not yet in an end state (an index range per state)."""
-    query = (
-        sa.select(sa.func.count())
-        .select_from(OPS)
-        .where(OPS.c.caller == caller, OPS.c.state.in_(IN_FLIGHT))
-    )
-    return int(conn.execute(query).scalar_one())
+    return int(_COUNT_IN_FLIGHT.value(conn, caller, IN_FLIGHT))
 
 
 def created_since(conn: Connection, caller: str, since: datetime, limit: int) -> list[datetime]:
     """Creation times of the caller's operations from ``since`` on, oldest first (at most
     ``limit``). Operation ids sort by creation time, so this is a range of the caller index."""
-    query = (
-        sa.select(OPS.c.created_at)
-        .where(OPS.c.caller == caller, OPS.c.id >= ids.operation_id_floor(since))
-        .order_by(OPS.c.id.desc())
-        .limit(limit)
-    )
-    return sorted(conn.execute(query).scalars())
+    rows = _CREATED_SINCE.rows(conn, caller, ids.operation_id_floor(since), limit)
+    return sorted(row[0] for row in rows)

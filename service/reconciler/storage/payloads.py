@@ -18,10 +18,31 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from reconciler.core.records import PAYLOADS
-from reconciler.storage.fastsql import raw_for, run
+from reconciler.storage.fastsql import Sql
 from reconciler.storage.models import OperationPayload
 
 PAYLOAD_TABLE = OperationPayload.__table__  # type: ignore[attr-defined]
+_DELETE = Sql(
+    "payload-delete",
+    PAYLOAD_TABLE,
+    "DELETE FROM operation_payloads WHERE operation_id = ? AND name IN (?*)",
+    params=("operation_id", "name"),
+)
+_UPSERT = Sql(
+    "payload-upsert",
+    PAYLOAD_TABLE,
+    "INSERT INTO operation_payloads (operation_id, name, value) VALUES (?, ?, ?) "
+    "ON CONFLICT (operation_id, name) DO UPDATE SET value = excluded.value",
+    params=("operation_id", "name", "value"),
+)
+_LOAD = Sql(
+    "payload-load",
+    PAYLOAD_TABLE,
+    "SELECT operation_id, name, value FROM operation_payloads "
+    "WHERE operation_id IN (?*) AND name IN (?*)",
+    params=("operation_id", "name"),
+    returns=("operation_id", "name", "value"),
+)
 # Read with every operation: the view shows metadata and result, collection needs the status.
 # The request is read only by the create step, which sends it.
 WITH_ROW = ("meta", "status_body", "result")
@@ -39,29 +60,12 @@ def split(changes: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def store(conn: Connection, operation_id: str, parts: Mapping[str, Any]) -> None:
     """Write the given parts (insert, or replace that part only); None removes a part."""
-    raw = raw_for(conn.dialect.name)
     gone = [name for name, value in parts.items() if value is None]
     if gone:
-        where, names = raw.in_list("name", gone)
-        run(
-            conn,
-            f"DELETE FROM operation_payloads WHERE operation_id = {raw.mark} AND {where}",
-            [operation_id, *names],
-        )
-    rows = [
-        (operation_id, name, raw.json(value)) for name, value in parts.items() if value is not None
-    ]
-    if not rows:
-        return
-    sql = raw.statement(
-        "payload-upsert",
-        lambda r: (
-            "INSERT INTO operation_payloads (operation_id, name, value) "
-            f"VALUES ({r.placeholders(3)}) "
-            "ON CONFLICT (operation_id, name) DO UPDATE SET value = excluded.value"
-        ),
+        _DELETE.run(conn, operation_id, gone)
+    _UPSERT.many(
+        conn, [(operation_id, name, value) for name, value in parts.items() if value is not None]
     )
-    run(conn, sql, rows, many=True)
 
 
 def load(
@@ -70,16 +74,8 @@ def load(
     """The named parts of each operation, by operation id (absent parts are left out)."""
     if not operation_ids:
         return {}
-    raw = raw_for(conn.dialect.name)
-    ids_sql, ids = raw.in_list("operation_id", operation_ids)
-    names_sql, wanted = raw.in_list("name", names)
-    sql = (
-        f"SELECT operation_id, name, value FROM operation_payloads WHERE {ids_sql} AND {names_sql}"
-    )
-    decode = raw.row_decoder(PAYLOAD_TABLE, ("operation_id", "name", "value"))
     out: dict[str, dict[str, Any]] = defaultdict(dict)
-    for row in run(conn, sql, [*ids, *wanted]).fetchall():
-        op_id, name, value = decode(row)
+    for op_id, name, value in _LOAD.rows(conn, operation_ids, names):
         out[op_id][name] = value
     return out
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core.states import END_STATES
+from reconciler.storage.fastsql import Sql
 from reconciler.storage.journal import OPS
 from reconciler.storage.webhook_events import EVENTS
 
@@ -25,6 +25,24 @@ READ_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
     ("3-5", 3, 5),
     ("6-10", 6, 10),
     ("11+", 11, None),
+)
+
+
+# An event stored without a job id (a type [webhook] types does not list) is for no job,
+# so it is not an orphan waiting for one.
+_WEBHOOK_COUNTS = Sql(
+    "webhook-counts",
+    EVENTS,
+    "SELECT provider, count(*), coalesce(sum(duplicates), 0), coalesce(sum(conflicts), 0), "
+    "count(CASE WHEN operation_id IS NULL AND remote_job_id IS NOT NULL THEN 1 END) "
+    "FROM webhook_events GROUP BY provider",
+)
+_STATUS_READS = Sql(
+    "status-reads-per-operation",
+    OPS,
+    "SELECT provider, status_requests_used, count(*) FROM operations WHERE state IN (?*) "
+    "GROUP BY provider, status_requests_used",
+    params=("state",),
 )
 
 
@@ -49,29 +67,9 @@ class ReadCounts:
 
 
 def webhook_counts(conn: Connection) -> dict[str, WebhookCounts]:
-    rows = conn.execute(
-        sa.select(
-            EVENTS.c.provider,
-            sa.func.count(),
-            sa.func.coalesce(sa.func.sum(EVENTS.c.duplicates), 0),
-            sa.func.coalesce(sa.func.sum(EVENTS.c.conflicts), 0),
-            # An event stored without a job id (a type [webhook] types does not list) is
-            # for no job, so it is not an orphan waiting for one.
-            sa.func.count(
-                sa.case(
-                    (
-                        sa.and_(
-                            EVENTS.c.operation_id.is_(None), EVENTS.c.remote_job_id.is_not(None)
-                        ),
-                        1,
-                    )
-                )
-            ),
-        ).group_by(EVENTS.c.provider)
-    )
     return {
         str(p): WebhookCounts(int(n), int(dup), int(conf), int(orph))
-        for p, n, dup, conf, orph in rows
+        for p, n, dup, conf, orph in _WEBHOOK_COUNTS.rows(conn)
     }
 
 
@@ -84,11 +82,7 @@ def _bucket(reads: int) -> str:
 
 def status_reads(conn: Connection) -> dict[str, ReadCounts]:
     """Status requests used by each operation in an end state, per provider."""
-    rows = conn.execute(
-        sa.select(OPS.c.provider, OPS.c.status_requests_used, sa.func.count())
-        .where(OPS.c.state.in_([s.value for s in END_STATES]))
-        .group_by(OPS.c.provider, OPS.c.status_requests_used)
-    )
+    rows = _STATUS_READS.rows(conn, [s.value for s in END_STATES])
     found: dict[str, ReadCounts] = defaultdict(ReadCounts)
     for provider, used, count in rows:
         counts = found[str(provider)]

@@ -19,7 +19,6 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core import callback_secrets
@@ -31,12 +30,64 @@ from reconciler.core.errors import (
     PermissionDenied,
 )
 from reconciler.core.vocabulary import Scope
-from reconciler.storage.fastsql import raw_for, run
+from reconciler.storage.fastsql import Sql
 from reconciler.storage.models import ApiToken
 
 TOKENS = ApiToken.__table__  # type: ignore[attr-defined]
 PREFIX = "rk_"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}$")
+
+_ID_BY_NAME = Sql("token-id", TOKENS, "SELECT id FROM api_tokens WHERE name = ?", params=("name",))
+_INSERT = Sql(
+    "token-insert",
+    TOKENS,
+    "INSERT INTO api_tokens (name, scope, token_hash, created_at, expires_at, callback_salt) "
+    "VALUES (?, ?, ?, ?, ?, ?)",
+    params=("name", "scope", "token_hash", "created_at", "expires_at", "callback_salt"),
+)
+_LIST = Sql(
+    "tokens-list",
+    TOKENS,
+    "SELECT name, scope, created_at, revoked_at, expires_at, callback_salt "
+    "FROM api_tokens ORDER BY name",
+    returns=("name", "scope", "created_at", "revoked_at", "expires_at", "callback_salt"),
+)
+_REVOKE = Sql(
+    "token-revoke",
+    TOKENS,
+    "UPDATE api_tokens SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL",
+    params=("revoked_at", "name"),
+)
+_SALTS = Sql(
+    "token-salts",
+    TOKENS,
+    "SELECT scope, callback_salt, previous_callback_salt, previous_callback_until "
+    "FROM api_tokens WHERE name = ?",
+    params=("name",),
+    returns=("scope", "callback_salt", "previous_callback_salt", "previous_callback_until"),
+)
+_ROTATE = Sql(
+    "token-rotate",
+    TOKENS,
+    "UPDATE api_tokens SET callback_salt = ?, previous_callback_salt = ?, "
+    "previous_callback_until = ? WHERE name = ?",
+    params=("callback_salt", "previous_callback_salt", "previous_callback_until", "name"),
+)
+_BY_HASH = Sql(
+    "token-by-hash",
+    TOKENS,
+    "SELECT id, name, scope, token_hash, revoked_at, expires_at FROM api_tokens "
+    "WHERE token_hash = ?",
+    params=("token_hash",),
+    returns=("id", "name", "scope", "token_hash", "revoked_at", "expires_at"),
+)
+_VALID_BY_ID = Sql(
+    "token-valid-by-id",
+    TOKENS,
+    "SELECT name, scope, expires_at FROM api_tokens WHERE id = ? AND revoked_at IS NULL",
+    params=("id",),
+    returns=("name", "scope", "expires_at"),
+)
 
 
 @dataclass(frozen=True)
@@ -68,23 +119,13 @@ def create_token(
         parsed = Scope(scope)
     except ValueError:
         raise InvalidRequest("scope must be 'agent' or 'operator'") from None
-    exists = conn.execute(sa.select(TOKENS.c.id).where(TOKENS.c.name == name)).first()
-    if exists is not None:
+    if _ID_BY_NAME.first(conn, name) is not None:
         raise Conflict(f"a token named {name!r} already exists; choose another name")
     if expires_at is not None and expires_at <= now:
         raise InvalidRequest("the expiry must be in the future")
     token = PREFIX + secrets.token_urlsafe(32)
     salt = callback_secrets.new_salt() if parsed is Scope.AGENT else None
-    conn.execute(
-        sa.insert(TOKENS).values(
-            name=name,
-            scope=parsed.value,
-            token_hash=digest(token),
-            created_at=now,
-            expires_at=expires_at,
-            callback_salt=salt,
-        )
-    )
+    _INSERT.run(conn, name, parsed.value, digest(token), now, expires_at, salt)
     return token
 
 
@@ -101,36 +142,15 @@ class TokenInfo:
 
 
 def list_tokens(conn: Connection) -> list[TokenInfo]:
-    rows = conn.execute(
-        sa.select(
-            TOKENS.c.name,
-            TOKENS.c.scope,
-            TOKENS.c.created_at,
-            TOKENS.c.revoked_at,
-            TOKENS.c.expires_at,
-            TOKENS.c.callback_salt,
-        ).order_by(TOKENS.c.name)
-    ).all()
     return [
-        TokenInfo(
-            r.name,
-            Scope(r.scope),
-            r.created_at,
-            r.revoked_at,
-            r.expires_at,
-            r.callback_salt is not None,
-        )
-        for r in rows
+        TokenInfo(name, Scope(scope), created_at, revoked_at, expires_at, salt is not None)
+        for name, scope, created_at, revoked_at, expires_at, salt in _LIST.rows(conn)
     ]
 
 
 def revoke_token(conn: Connection, name: str, now: datetime) -> TokenInfo:
     """Revoke by name; revoking a revoked token changes nothing (its first time stays)."""
-    conn.execute(
-        sa.update(TOKENS)
-        .where(TOKENS.c.name == name, TOKENS.c.revoked_at.is_(None))
-        .values(revoked_at=now)
-    )
+    _REVOKE.run(conn, now, name)
     for info in list_tokens(conn):
         if info.name == name:
             return info
@@ -139,32 +159,23 @@ def revoke_token(conn: Connection, name: str, now: datetime) -> TokenInfo:
 
 def callback_salt(conn: Connection, name: str) -> str | None:
     """The salt of the agent's current callback secret (None: it signs with the shared one)."""
-    row = conn.execute(sa.select(TOKENS.c.callback_salt).where(TOKENS.c.name == name)).first()
+    row = _SALTS.first(conn, name)
     if row is None:
         raise NotFound(f"no token named {name!r}; 'reconciler tokens list' shows the names")
-    return row.callback_salt  # type: ignore[no-any-return]
+    return row[1]  # type: ignore[no-any-return]
 
 
 def rotate_callback_salt(conn: Connection, name: str, now: datetime, window: timedelta) -> str:
     """A new callback salt for agent ``name``; the previous one verifies until ``window`` ends."""
-    row = conn.execute(
-        sa.select(TOKENS.c.scope, TOKENS.c.callback_salt).where(TOKENS.c.name == name)
-    ).first()
+    row = _SALTS.first(conn, name)
     if row is None:
         raise NotFound(f"no token named {name!r}; 'reconciler tokens list' shows the names")
-    if Scope(row.scope) is not Scope.AGENT:
+    scope, current = row[0], row[1]
+    if Scope(scope) is not Scope.AGENT:
         raise InvalidRequest(f"token {name!r} is an operator token; only agents get callbacks")
     salt = callback_secrets.new_salt()
-    previous = row.callback_salt if row.callback_salt is not None else callback_secrets.SHARED
-    conn.execute(
-        sa.update(TOKENS)
-        .where(TOKENS.c.name == name)
-        .values(
-            callback_salt=salt,
-            previous_callback_salt=previous,
-            previous_callback_until=now + window,
-        )
-    )
+    previous = current if current is not None else callback_secrets.SHARED
+    _ROTATE.run(conn, salt, previous, now + window, name)
     return salt
 
 
@@ -173,21 +184,12 @@ def callback_keys(
 ) -> list[bytes] | None:
     """The keys that sign a callback to ``caller``: its own, and in a rotation window the
     previous one too. None when the caller has no token (nothing may sign for it)."""
-    raw = raw_for(conn.dialect.name)
-    sql = raw.statement(
-        "callback-salts",
-        lambda r: (
-            "SELECT callback_salt, previous_callback_salt, previous_callback_until "
-            f"FROM api_tokens WHERE name = {r.mark}"
-        ),
-    )
-    row = run(conn, sql, [caller]).fetchone()
+    row = _SALTS.first(conn, caller)
     if row is None:
         return None
-    current, previous, raw_until = row
+    _, current, previous, until = row
     salt = current if current is not None else callback_secrets.SHARED
     keys = [callback_secrets.agent_key(service_key, salt)]
-    until = raw.read_time(raw_until)
     if previous is not None and until is not None and until > now:
         keys.append(callback_secrets.agent_key(service_key, previous))
     return keys
@@ -204,20 +206,15 @@ def authenticate(
     if scheme.lower() != "bearer" or not token.strip():
         raise AuthenticationFailed("Authorization must be 'Bearer <token>'")
     wanted = digest(token.strip())
-    row = conn.execute(
-        sa.select(
-            TOKENS.c.name,
-            TOKENS.c.scope,
-            TOKENS.c.token_hash,
-            TOKENS.c.revoked_at,
-            TOKENS.c.expires_at,
-        ).where(TOKENS.c.token_hash == wanted)
-    ).first()
-    if row is None or row.revoked_at is not None or not hmac.compare_digest(row.token_hash, wanted):
+    row = _BY_HASH.first(conn, wanted)
+    if row is None:
         raise AuthenticationFailed("the bearer token is not valid")
-    if row.expires_at is not None and now is not None and row.expires_at <= now:
+    _, name, scope, token_hash, revoked_at, expires_at = row
+    if revoked_at is not None or not hmac.compare_digest(token_hash, wanted):
+        raise AuthenticationFailed("the bearer token is not valid")
+    if expires_at is not None and now is not None and expires_at <= now:
         raise AuthenticationFailed("the bearer token has expired; ask an operator for a new one")
-    return Principal(name=row.name, scope=Scope(row.scope), expires_at=row.expires_at)
+    return Principal(name=name, scope=Scope(scope), expires_at=expires_at)
 
 
 def require_operator(principal: Principal) -> None:
@@ -240,32 +237,24 @@ def standing_of(conn: Connection, token: str, now: datetime | None = None) -> St
     An expired token stands as revoked: it may not sign in.
     """
     wanted = digest(token.strip())
-    row = conn.execute(
-        sa.select(
-            TOKENS.c.id,
-            TOKENS.c.name,
-            TOKENS.c.scope,
-            TOKENS.c.token_hash,
-            TOKENS.c.revoked_at,
-            TOKENS.c.expires_at,
-        ).where(TOKENS.c.token_hash == wanted)
-    ).first()
-    if row is None or not hmac.compare_digest(row.token_hash, wanted):
+    row = _BY_HASH.first(conn, wanted)
+    if row is None:
         return None
-    expired = row.expires_at is not None and now is not None and row.expires_at <= now
-    principal = Principal(row.name, Scope(row.scope), row.expires_at)
-    return Standing(row.id, principal, row.revoked_at is not None or expired)
+    token_id, name, scope, token_hash, revoked_at, expires_at = row
+    if not hmac.compare_digest(token_hash, wanted):
+        return None
+    expired = expires_at is not None and now is not None and expires_at <= now
+    return Standing(
+        token_id, Principal(name, Scope(scope), expires_at), revoked_at is not None or expired
+    )
 
 
 def principal_by_id(conn: Connection, token_id: int, now: datetime | None = None) -> Principal:
     """The principal of a token that is still valid, by row id (a console session's anchor)."""
-    row = conn.execute(
-        sa.select(TOKENS.c.name, TOKENS.c.scope, TOKENS.c.expires_at).where(
-            TOKENS.c.id == token_id, TOKENS.c.revoked_at.is_(None)
-        )
-    ).first()
+    row = _VALID_BY_ID.first(conn, token_id)
     if row is None:
         raise AuthenticationFailed("the token behind this session was revoked; sign in again")
-    if row.expires_at is not None and now is not None and row.expires_at <= now:
+    name, scope, expires_at = row
+    if expires_at is not None and now is not None and expires_at <= now:
         raise AuthenticationFailed("the token behind this session has expired; sign in again")
-    return Principal(name=row.name, scope=Scope(row.scope), expires_at=row.expires_at)
+    return Principal(name=name, scope=Scope(scope), expires_at=expires_at)

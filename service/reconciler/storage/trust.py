@@ -16,11 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from reconciler.core.errors import StaleWrite
@@ -30,9 +28,9 @@ from reconciler.core.trust import Change, Health, TrustPolicy, TrustState, Trust
 from reconciler.core.trust import count as count_verdict
 from reconciler.core.trust import view as trust_view_of
 from reconciler.core.vocabulary import DelaySource
-from reconciler.storage.fastsql import insert_many, raw_for, run
-from reconciler.storage.journal import OPS
-from reconciler.storage.models import ProviderHealth, WebhookEvent, WebhookVerdict, operation_record
+from reconciler.storage.fastsql import AS_IS, Sql
+from reconciler.storage.journal import OPS, OPS_COLUMNS
+from reconciler.storage.models import ProviderHealth, WebhookEvent, WebhookVerdict, record_of_values
 
 HEALTH = ProviderHealth.__table__  # type: ignore[attr-defined]
 VERDICTS = WebhookVerdict.__table__  # type: ignore[attr-defined]
@@ -48,87 +46,185 @@ VERDICT_COLUMNS = (
     "settle_after",
     "judged_at",
 )
-# Written as literal SQL so that SQLite's planner can match the partial index's predicate.
-STRETCHED = sa.text(f"operations.delay_source = '{DelaySource.WEBHOOK_TRUST.value}'")
+# Written as a literal so that SQLite's planner can match the partial index's predicate.
+STRETCHED = f"delay_source = '{DelaySource.WEBHOOK_TRUST.value}'"
+HEALTH_COLUMNS = (
+    "state",
+    "streak",
+    "misses",
+    "webhook_first",
+    "late",
+    "missed",
+    "changed_at",
+    "last_miss_operation",
+)
+_HEALTH_LIST = ", ".join(HEALTH_COLUMNS)
+
+_HEALTH_OF = Sql(
+    "health-of",
+    HEALTH,
+    f"SELECT {_HEALTH_LIST} FROM provider_health WHERE provider = ?",
+    params=("provider",),
+    returns=HEALTH_COLUMNS,
+)
+_HEALTH_LOCKED = Sql(
+    "health-locked",
+    HEALTH,
+    f"SELECT {_HEALTH_LIST}, version FROM provider_health WHERE provider = ? [[FOR UPDATE|]]",
+    params=("provider",),
+    returns=(*HEALTH_COLUMNS, "version"),
+)
+_ALL_HEALTH = Sql(
+    "health-all",
+    HEALTH,
+    f"SELECT {_HEALTH_LIST}, provider FROM provider_health",
+    returns=(*HEALTH_COLUMNS, "provider"),
+)
+_TRUST_STATE = Sql(
+    "trust-state",
+    HEALTH,
+    "SELECT state FROM provider_health WHERE provider = ?",
+    params=("provider",),
+)
+_ENSURE = Sql(
+    "health-ensure",
+    HEALTH,
+    "INSERT INTO provider_health (provider, state, streak, misses, webhook_first, late, "
+    "missed, updated_at, version) VALUES (?, ?, 0, 0, 0, 0, 0, ?, 1) ON CONFLICT DO NOTHING",
+    params=("provider", "state", "updated_at"),
+)
+_STORE = Sql(
+    "health-store",
+    HEALTH,
+    f"UPDATE provider_health SET {', '.join(f'{c} = ?' for c in HEALTH_COLUMNS)}, "
+    "updated_at = ?, version = ? WHERE provider = ? AND version = ?",
+    params=(*HEALTH_COLUMNS, "updated_at", "version", "provider", "version"),
+)
+_INCREMENT = Sql(
+    "trust-increment",
+    HEALTH,
+    "UPDATE provider_health SET streak = streak + ?, webhook_first = webhook_first + ?, "
+    "updated_at = ?, version = version + 1 WHERE provider = ? AND state = ?",
+    params=("streak", "webhook_first", "updated_at", "provider", "state"),
+)
+_INSERT_VERDICT = Sql(
+    "verdict-insert",
+    VERDICTS,
+    f"INSERT INTO webhook_verdicts ({', '.join(VERDICT_COLUMNS)}) "
+    f"VALUES ({', '.join(['?'] * len(VERDICT_COLUMNS))})",
+    params=VERDICT_COLUMNS,
+)
+_PENDING_COLUMNS = ("id", "operation_id", "provider", "remote_job_id", "asked_at", "settle_after")
+_ANY_DUE_PENDING = Sql(
+    "pending-any-due",
+    VERDICTS,
+    "SELECT id FROM webhook_verdicts WHERE verdict = ? AND settle_after <= ? LIMIT 1",
+    params=("verdict", "settle_after"),
+)
+_DUE_PENDING = Sql(
+    "pending-due",
+    VERDICTS,
+    f"SELECT {', '.join(_PENDING_COLUMNS)} FROM webhook_verdicts "
+    "WHERE verdict = ? AND settle_after <= ? ORDER BY settle_after, id LIMIT ? "
+    "[[FOR UPDATE SKIP LOCKED|]]",
+    params=("verdict", "settle_after", AS_IS),
+    returns=_PENDING_COLUMNS,
+)
+_JUDGE = Sql(
+    "verdict-judge",
+    VERDICTS,
+    "UPDATE webhook_verdicts SET verdict = ?, hinted_at = ?, judged_at = ? "
+    "WHERE id = ? AND verdict = ?",
+    params=("verdict", "hinted_at", "judged_at", "id", "verdict"),
+)
+_STRETCHED = Sql(
+    "stretched-operations",
+    OPS,
+    f"SELECT {', '.join(OPS_COLUMNS)} FROM operations "
+    f"WHERE provider = ? AND {STRETCHED} AND state = ? ORDER BY next_poll_at LIMIT ? "
+    "[[FOR UPDATE SKIP LOCKED|]]",
+    params=("provider", "state", AS_IS),
+    returns=OPS_COLUMNS,
+)
+_ANY_STRETCHED = Sql(
+    "stretched-any",
+    OPS,
+    f"SELECT id FROM operations WHERE provider = ? AND {STRETCHED} AND state = ? LIMIT 1",
+    params=("provider", "state"),
+)
+_LAST_WEBHOOK = Sql(
+    "webhook-last",
+    EVENTS,
+    "SELECT max(received_at) FROM webhook_events WHERE provider = ?",
+    params=("provider",),
+    returns=("received_at",),
+)
 
 
-def _health(row: Any) -> Health:
+@cache
+def _first_webhook_sql(after: bool, until: bool) -> Sql:
+    """The first webhook stored for a job, for one shape of window."""
+    window = (" AND received_at > ?" if after else "") + (" AND received_at <= ?" if until else "")
+    return Sql(
+        "webhook-first-after",
+        EVENTS,
+        "SELECT min(received_at) FROM webhook_events WHERE provider = ? AND remote_job_id = ?"
+        + window,
+        params=("provider", "remote_job_id", *(["received_at"] * (after + until))),
+        returns=("received_at",),
+    )
+
+
+def _health(row: Sequence[Any]) -> Health:
+    state, streak, misses, webhook_first, late, missed, changed_at, last_miss = row[:8]
     return Health(
-        state=TrustState(row.state),
-        streak=row.streak,
-        misses=row.misses,
-        webhook_first=row.webhook_first,
-        late=row.late,
-        missed=row.missed,
-        changed_at=row.changed_at,
-        last_miss_operation=row.last_miss_operation,
+        state=TrustState(state),
+        streak=streak,
+        misses=misses,
+        webhook_first=webhook_first,
+        late=late,
+        missed=missed,
+        changed_at=changed_at,
+        last_miss_operation=last_miss,
     )
 
 
 def load_health(conn: Connection, provider: str) -> Health:
     """The provider's health as stored; a provider never judged yet is learning."""
-    row = conn.execute(sa.select(HEALTH).where(HEALTH.c.provider == provider)).first()
+    row = _HEALTH_OF.first(conn, provider)
     return _health(row) if row is not None else Health()
 
 
 def load_all(conn: Connection) -> dict[str, Health]:
-    return {row.provider: _health(row) for row in conn.execute(sa.select(HEALTH))}
+    return {row[8]: _health(row) for row in _ALL_HEALTH.rows(conn)}
 
 
 def is_trusted(conn: Connection, provider: str) -> bool:
-    raw = raw_for(conn.dialect.name)
-    sql = raw.statement(
-        "trust-state", lambda r: f"SELECT state FROM provider_health WHERE provider = {r.mark}"
-    )
-    row = run(conn, sql, [provider]).fetchone()
-    return row is not None and row[0] == TrustState.TRUSTED.value
-
-
-def _ensure_row(conn: Connection, provider: str, now: datetime) -> None:
-    values = {
-        "provider": provider,
-        "state": TrustState.LEARNING.value,
-        "streak": 0,
-        "misses": 0,
-        "webhook_first": 0,
-        "late": 0,
-        "missed": 0,
-        "updated_at": now,
-        "version": 1,
-    }
-    insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-    conn.execute(insert(HEALTH).values(**values).on_conflict_do_nothing())
+    state = _TRUST_STATE.value(conn, provider)
+    return state is not None and state == TrustState.TRUSTED.value
 
 
 def _locked(conn: Connection, provider: str, now: datetime) -> tuple[Health, int]:
-    query = sa.select(HEALTH).where(HEALTH.c.provider == provider)
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update()
-    row = conn.execute(query).first()
+    row = _HEALTH_LOCKED.first(conn, provider)
     if row is None:  # the provider's first judged completion: make its row (once, any replica)
-        _ensure_row(conn, provider, now)
-        row = conn.execute(query).one()
-    return _health(row), int(row.version)
+        _ENSURE.run(conn, provider, TrustState.LEARNING.value, now)
+        row = _HEALTH_LOCKED.first(conn, provider)
+        assert row is not None
+    return _health(row), int(row[8])
 
 
 def _store(conn: Connection, provider: str, health: Health, version: int, now: datetime) -> None:
-    result = conn.execute(
-        sa.update(HEALTH)
-        .where(HEALTH.c.provider == provider, HEALTH.c.version == version)
-        .values(
-            state=health.state.value,
-            streak=health.streak,
-            misses=health.misses,
-            webhook_first=health.webhook_first,
-            late=health.late,
-            missed=health.missed,
-            changed_at=health.changed_at,
-            last_miss_operation=health.last_miss_operation,
-            updated_at=now,
-            version=version + 1,
-        )
+    values = (
+        health.state.value,
+        health.streak,
+        health.misses,
+        health.webhook_first,
+        health.late,
+        health.missed,
+        health.changed_at,
+        health.last_miss_operation,
     )
-    if result.rowcount != 1:
+    if _STORE.run(conn, *values, now, version + 1, provider, version).rowcount != 1:
         raise StaleWrite(f"provider {provider}: webhook health changed since version {version}")
 
 
@@ -139,18 +235,8 @@ def _trusted_increment(conn: Connection, provider: str, count: int, now: datetim
     add up; the state is untouched (``core.trust.count`` never moves a trusted provider on
     a webhook-first completion). False when the provider is not trusted: count normally.
     """
-    raw = raw_for(conn.dialect.name)
-    sql = raw.statement(
-        "trust-increment",
-        lambda r: (
-            f"UPDATE provider_health SET streak = streak + {r.mark}, "
-            f"webhook_first = webhook_first + {r.mark}, updated_at = {r.mark}, "
-            "version = version + 1 "
-            f"WHERE provider = {r.mark} AND state = {r.mark}"
-        ),
-    )
-    params = [count, count, raw.time(now), provider, TrustState.TRUSTED.value]
-    return bool(run(conn, sql, params).rowcount == 1)
+    cursor = _INCREMENT.run(conn, count, count, now, provider, TrustState.TRUSTED.value)
+    return bool(cursor.rowcount == 1)
 
 
 def count_completions(
@@ -191,19 +277,18 @@ def record_verdict(
     hinted_at: datetime | None,
     settle_after: datetime | None,
 ) -> None:
-    raw = raw_for(conn.dialect.name)
-    row = {
-        "operation_id": op.id,
-        "provider": op.provider,
-        "remote_job_id": op.remote_job_id,
-        "verdict": verdict.value,
-        "asked_at": asked_at,
-        "seen_at": seen_at,
-        "hinted_at": hinted_at,
-        "settle_after": settle_after,
-        "judged_at": None if verdict is Verdict.PENDING else seen_at,
-    }
-    insert_many(conn, VERDICTS, VERDICT_COLUMNS, [raw.row_encoder(VERDICTS, VERDICT_COLUMNS)(row)])
+    _INSERT_VERDICT.run(
+        conn,
+        op.id,
+        op.provider,
+        op.remote_job_id,
+        verdict.value,
+        asked_at,
+        seen_at,
+        hinted_at,
+        settle_after,
+        None if verdict is Verdict.PENDING else seen_at,
+    )
 
 
 @dataclass(frozen=True)
@@ -218,32 +303,13 @@ class PendingVerdict:
 
 def any_due_pending(conn: Connection, now: datetime) -> bool:
     """Whether any pending completion's grace is over (a probe of the index, no lock)."""
-    row = conn.execute(
-        sa.select(VERDICTS.c.id)
-        .where(VERDICTS.c.verdict == Verdict.PENDING.value, VERDICTS.c.settle_after <= now)
-        .limit(1)
-    ).first()
-    return row is not None
+    return _ANY_DUE_PENDING.first(conn, Verdict.PENDING.value, now) is not None
 
 
 def due_pending(conn: Connection, now: datetime, limit: int) -> list[PendingVerdict]:
     """Pending completions whose grace is over, oldest first, locked for this transaction."""
-    query = (
-        sa.select(
-            VERDICTS.c.id,
-            VERDICTS.c.operation_id,
-            VERDICTS.c.provider,
-            VERDICTS.c.remote_job_id,
-            VERDICTS.c.asked_at,
-            VERDICTS.c.settle_after,
-        )
-        .where(VERDICTS.c.verdict == Verdict.PENDING.value, VERDICTS.c.settle_after <= now)
-        .order_by(VERDICTS.c.settle_after, VERDICTS.c.id)
-        .limit(limit)
-    )
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update(skip_locked=True)
-    return [PendingVerdict(*row) for row in conn.execute(query)]
+    rows = _DUE_PENDING.rows(conn, Verdict.PENDING.value, now, limit)
+    return [PendingVerdict(*row) for row in rows]
 
 
 def first_webhook_after(
@@ -257,14 +323,9 @@ def first_webhook_after(
     and at or before ``until`` when given; ``after`` None: since the job began."""
     if job_id is None:
         return None
-    query = sa.select(sa.func.min(EVENTS.c.received_at)).where(
-        EVENTS.c.provider == provider, EVENTS.c.remote_job_id == job_id
-    )
-    if after is not None:
-        query = query.where(EVENTS.c.received_at > after)
-    if until is not None:
-        query = query.where(EVENTS.c.received_at <= until)
-    value = conn.execute(query).scalar()
+    window = [at for at in (after, until) if at is not None]
+    sql = _first_webhook_sql(after is not None, until is not None)
+    value = sql.value(conn, provider, job_id, *window)
     return value if isinstance(value, datetime) else None
 
 
@@ -275,11 +336,7 @@ def judge(
     hinted_at: datetime | None,
     now: datetime,
 ) -> None:
-    conn.execute(
-        sa.update(VERDICTS)
-        .where(VERDICTS.c.id == pending.id, VERDICTS.c.verdict == Verdict.PENDING.value)
-        .values(verdict=verdict.value, hinted_at=hinted_at, judged_at=now)
-    )
+    _JUDGE.run(conn, verdict.value, hinted_at, now, pending.id, Verdict.PENDING.value)
 
 
 def stretched_operations(conn: Connection, provider: str, limit: int) -> list[OperationRecord]:
@@ -287,31 +344,17 @@ def stretched_operations(conn: Connection, provider: str, limit: int) -> list[Op
 
     Rows another transaction holds are skipped: the next sweep finds them again.
     """
-    query = (
-        sa.select(OPS)
-        .where(OPS.c.provider == provider, STRETCHED, OPS.c.state == State.OBSERVING.value)
-        .order_by(OPS.c.next_poll_at)
-        .limit(limit)
-    )
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update(skip_locked=True)
-    return [operation_record(row) for row in conn.execute(query).mappings()]
+    rows = _STRETCHED.rows(conn, provider, State.OBSERVING.value, limit)
+    return [record_of_values(row) for row in rows]
 
 
 def has_stretched(conn: Connection, provider: str) -> bool:
     """Whether any operation of ``provider`` waits on a stretched schedule (an index probe)."""
-    row = conn.execute(
-        sa.select(OPS.c.id)
-        .where(OPS.c.provider == provider, STRETCHED, OPS.c.state == State.OBSERVING.value)
-        .limit(1)
-    ).first()
-    return row is not None
+    return _ANY_STRETCHED.first(conn, provider, State.OBSERVING.value) is not None
 
 
 def last_webhook_at(conn: Connection, provider: str) -> datetime | None:
-    value = conn.execute(
-        sa.select(sa.func.max(EVENTS.c.received_at)).where(EVENTS.c.provider == provider)
-    ).scalar()
+    value = _LAST_WEBHOOK.value(conn, provider)
     return value if isinstance(value, datetime) else None
 
 

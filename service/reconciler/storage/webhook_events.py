@@ -23,14 +23,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from functools import cache
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, HistoryKind
-from reconciler.storage.fastsql import insert_new, raw_for, run, select_where_in
+from reconciler.storage.fastsql import AS_IS, Sql
 from reconciler.storage.journal import OPS, Entry, Journal
 from reconciler.storage.models import WebhookEvent
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
@@ -79,18 +79,67 @@ EVENT_COLUMNS = (
 )
 
 
+_ONE_ROW = f"({', '.join(['?'] * len(EVENT_COLUMNS))})"
+
+
+@cache
+def _insert_sql(rows: int) -> Sql:
+    """Insert ``rows`` events unless their (provider, event id) is stored; returns the new."""
+    return Sql(
+        "events-insert-new",
+        EVENTS,
+        f"INSERT INTO webhook_events ({', '.join(EVENT_COLUMNS)}) "
+        f"VALUES {', '.join([_ONE_ROW] * rows)} "
+        "ON CONFLICT (provider, event_id) DO NOTHING RETURNING provider, event_id",
+        params=EVENT_COLUMNS * rows,
+    )
+
+
+_STORED_BODY = Sql(
+    "event-body",
+    EVENTS,
+    "SELECT body_sha256 FROM webhook_events WHERE provider = ? AND event_id = ?",
+    params=("provider", "event_id"),
+)
+_COUNT_DUPLICATE = Sql(
+    "event-duplicate",
+    EVENTS,
+    "UPDATE webhook_events SET duplicates = duplicates + 1 WHERE provider = ? AND event_id = ?",
+    params=("provider", "event_id"),
+)
+_COUNT_CONFLICT = Sql(
+    "event-conflict",
+    EVENTS,
+    "UPDATE webhook_events SET conflicts = conflicts + 1 WHERE provider = ? AND event_id = ?",
+    params=("provider", "event_id"),
+)
+_LOCK_JOB = Sql(
+    "job-lock", EVENTS, "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", params=(AS_IS,)
+)
+# One statement for the whole batch; the sorted subquery fixes the order the locks are taken in.
+_LOCK_JOBS = Sql(
+    "jobs-lock",
+    EVENTS,
+    "SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))) "
+    "FROM (SELECT unnest(CAST(? AS text[])) AS k ORDER BY 1) AS jobs",
+    params=(AS_IS,),
+)
+_ATTACH_ORPHANS = Sql(
+    "orphans-attach",
+    EVENTS,
+    "UPDATE webhook_events SET operation_id = ? "
+    "WHERE provider = ? AND remote_job_id = ? AND operation_id IS NULL RETURNING event_id",
+    params=("operation_id", "provider", "remote_job_id"),
+)
+
+
 def _insert(conn: Connection, rows: list[tuple[Any, ...]]) -> set[tuple[str, str]]:
     """Insert what is new; the unique key decides, and only inserted rows come back."""
     inserted: set[tuple[str, str]] = set()
     for start in range(0, len(rows), INSERT_CHUNK):
-        found = insert_new(
-            conn,
-            EVENTS,
-            EVENT_COLUMNS,
-            rows[start : start + INSERT_CHUNK],
-            unique=("provider", "event_id"),
-            returning=("provider", "event_id"),
-        )
+        chunk = rows[start : start + INSERT_CHUNK]
+        values = [value for row in chunk for value in row]
+        found = _insert_sql(len(chunk)).rows(conn, *values)
         inserted.update((str(p), str(e)) for p, e in found)
     return inserted
 
@@ -98,27 +147,13 @@ def _insert(conn: Connection, rows: list[tuple[Any, ...]]) -> set[tuple[str, str
 def _record_repeats(conn: Connection, repeats: list[IncomingEvent]) -> dict[int, Outcome]:
     out: dict[int, Outcome] = {}
     for index, event in enumerate(repeats):
-        stored = conn.execute(
-            sa.select(EVENTS.c.body_sha256).where(
-                EVENTS.c.provider == event.provider, EVENTS.c.event_id == event.event_id
-            )
-        ).scalar()
+        stored = _STORED_BODY.value(conn, event.provider, event.event_id)
         conflict = stored is not None and stored != event.body_sha256
-        column = EVENTS.c.conflicts if conflict else EVENTS.c.duplicates
-        conn.execute(
-            sa.update(EVENTS)
-            .where(EVENTS.c.provider == event.provider, EVENTS.c.event_id == event.event_id)
-            .values({column.name: column + 1})
+        (_COUNT_CONFLICT if conflict else _COUNT_DUPLICATE).run(
+            conn, event.provider, event.event_id
         )
         out[index] = Outcome.CONFLICT if conflict else Outcome.DUPLICATE
     return out
-
-
-# One statement for the whole batch; the sorted subquery fixes the order the locks are taken in.
-_LOCK_JOBS = sa.text(
-    "SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))) "
-    "FROM (SELECT unnest(CAST(:keys AS text[])) AS k ORDER BY 1) AS jobs"
-)
 
 
 def lock_jobs(conn: Connection, jobs: Iterable[tuple[str, str]]) -> None:
@@ -132,17 +167,15 @@ def lock_jobs(conn: Connection, jobs: Iterable[tuple[str, str]]) -> None:
     if not keys or conn.dialect.name != "postgresql":
         return
     if len(keys) == 1:
-        run(conn, "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", keys)
+        _LOCK_JOB.run(conn, keys[0])
     else:
-        conn.execute(_LOCK_JOBS, {"keys": keys})
+        _LOCK_JOBS.run(conn, keys)
 
 
 def _operations_for(conn: Connection, provider: str, job_ids: set[str]) -> list[_Head]:
-    # PostgreSQL: lock the rows so the version we read is the one we update.
-    lock = conn.dialect.name == "postgresql"
-    rows = select_where_in(
-        conn, OPS, HEAD_NAMES, ("provider", provider), "remote_job_id", sorted(job_ids), lock=lock
-    )
+    if not job_ids:
+        return []
+    rows = _HEADS.rows(conn, provider, sorted(job_ids))
     return [_Head(*row) for row in rows]
 
 
@@ -164,6 +197,15 @@ class _Head:
 
 
 HEAD_NAMES = tuple(f.name for f in dataclasses.fields(_Head))
+# PostgreSQL: the rows are locked, so the version read is the one updated.
+_HEADS = Sql(
+    "operation-heads-by-job",
+    OPS,
+    f"SELECT {', '.join(HEAD_NAMES)} FROM operations "
+    "WHERE provider = ? AND remote_job_id IN (?*) [[FOR UPDATE|]]",
+    params=("provider", "remote_job_id"),
+    returns=HEAD_NAMES,
+)
 
 
 def _hinted_read(op: _Head, now: datetime) -> tuple[datetime, DelaySource]:
@@ -271,7 +313,6 @@ def write_batch(
     outcomes: list[Outcome | None] = [None] * len(events)
     firsts = _first_sightings(events)
     ops = _known_operations(conn, events, firsts)
-    raw = raw_for(conn.dialect.name)
     rows = []
     for i in firsts:
         e = events[i]
@@ -280,7 +321,7 @@ def write_batch(
             (
                 e.provider,
                 e.event_id,
-                raw.time(e.received_at),
+                e.received_at,
                 e.remote_job_id,
                 op.id if op is not None else None,
                 e.body_sha256,
@@ -305,13 +346,5 @@ def write_batch(
 def attach_orphans(conn: Connection, provider: str, job_id: str, operation_id: str) -> list[str]:
     """Events that arrived before the job id was known become this operation's hint."""
     lock_jobs(conn, [(provider, job_id)])  # an event committing meanwhile is seen here
-    raw = raw_for(conn.dialect.name)
-    sql = raw.statement(
-        "attach-orphans",
-        lambda r: (
-            f"UPDATE webhook_events SET operation_id = {r.mark} "
-            f"WHERE provider = {r.mark} AND remote_job_id = {r.mark} AND operation_id IS NULL "
-            "RETURNING event_id"
-        ),
-    )
-    return [str(row[0]) for row in run(conn, sql, [operation_id, provider, job_id]).fetchall()]
+    rows = _ATTACH_ORPHANS.rows(conn, operation_id, provider, job_id)
+    return [str(row[0]) for row in rows]
