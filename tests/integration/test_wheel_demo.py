@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.imports import modules_after
 from tests.support.wheelhouse import wheelhouse
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,15 +54,8 @@ def _run(args: list[str | Path], cwd: Path, timeout: float, env: dict[str, str])
     return done.stdout
 
 
-def _modules_after(statement: str, cwd: Path) -> set[str]:
-    """The modules a fresh interpreter holds after ``statement`` (the sources on its path)."""
-    code = f"{statement}\nimport sys\nprint('\\n'.join(sys.modules))"
-    env = _clean_env(PYTHONPATH=str(SERVICE))
-    return set(_run([sys.executable, "-c", code], cwd, 60, env).split())
-
-
 def test_the_sim_imports_nothing_of_the_service_nor_of_the_tests(tmp_path: Path) -> None:
-    modules = _modules_after("import reconciler.demo.sim.__main__", tmp_path)
+    modules = modules_after("import reconciler.demo.sim.__main__", tmp_path)
     ours = {m for m in modules if m.split(".")[0] in {"reconciler", "tests", "fixtures"}}
     stray = {m for m in ours if not m.startswith("reconciler.demo.sim")}
     # Its parent packages are imported with it; they hold a docstring and a version.
