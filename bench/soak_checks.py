@@ -89,6 +89,9 @@ class DbSnapshot:
     # Operations given their one status read after an outage of ours (or a restart) covered
     # the deadline: that read may come after the deadline and past the budget, by one.
     recovery_looks: frozenset[str] = frozenset()
+    # When the service sent each status read whose answer it recorded (its own clock, from
+    # the history): a read that reached the provider late is judged by when it was sent.
+    status_sent: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 def _ts(value: datetime | None) -> float | None:
@@ -156,9 +159,31 @@ def read_db(url: str) -> DbSnapshot:
                 for r in notes
                 if isinstance(r.detail, dict) and r.detail.get("recovery_look")
             )
+            reads = conn.execute(
+                sa.select(HISTORY.c.operation_id, HISTORY.c.detail).where(
+                    HISTORY.c.kind == "observation", HISTORY.c.cause == "status_read"
+                )
+            )
+            sent: dict[str, list[float]] = {}
+            for r in reads:
+                at = r.detail.get("sent_at") if isinstance(r.detail, dict) else None
+                if at is not None:
+                    sent.setdefault(r.operation_id, []).append(
+                        datetime.fromisoformat(at).timestamp()
+                    )
     finally:
         db.dispose()
-    return DbSnapshot(ops, escalations, steps, step_done, events, verdicts, int(withdrawn), looks)
+    return DbSnapshot(
+        ops,
+        escalations,
+        steps,
+        step_done,
+        events,
+        verdicts,
+        int(withdrawn),
+        looks,
+        {op_id: tuple(sorted(times)) for op_id, times in sent.items()},
+    )
 
 
 @dataclass(frozen=True)
@@ -414,6 +439,12 @@ def _job_of(db: DbSnapshot, sim: SimSnapshot) -> Iterable[tuple[OpRow, JobView]]
             yield op, sim.jobs[job_id]
 
 
+# A status read arrives within its timeout of being sent (5 s in the soak's provider file,
+# doubled for slack); the service and the simulator read the same machine's clock.
+STATUS_TRANSIT = 10.0
+CLOCK_SLACK = 0.05
+
+
 def past_deadline(db: DbSnapshot, sim: SimSnapshot, tol: Tolerances) -> tuple[Invariant, float]:
     inv = Invariant(
         "status requests past the operation's deadline",
@@ -426,14 +457,32 @@ def past_deadline(db: DbSnapshot, sim: SimSnapshot, tol: Tolerances) -> tuple[In
         until = op.deadline_at
         if op.cancel_deadline_at is not None:
             until = max(until, op.cancel_deadline_at)
-        late = [req for req in job.status if req.at > until + tol.deadline]
+        sends = list(db.status_sent.get(op.id, ()))
+        late = []
         for req in job.status:
             worst = max(worst, req.at - until)
+            sent = _sent_for(sends, req.at)
+            # Judged by when the service sent it where its answer was recorded: the time
+            # between our check and the provider's arrival is the machine's, not a decision.
+            if (sent if sent is not None else req.at) > until + tol.deadline:
+                late.append((req, sent))
         if op.id in db.recovery_looks:
             late = late[1:]
-        for req in late:
-            inv.breaches.append(f"{op.id}: status request {req.at - until:.2f} s late")
+        for req, sent in late:
+            when = f", sent {sent - until:.2f} s after" if sent is not None else ""
+            inv.breaches.append(f"{op.id}: status request {req.at - until:.2f} s late{when}")
     return inv, worst
+
+
+def _sent_for(sends: list[float], arrived: float) -> float | None:
+    """The recorded send this arrival belongs to (the latest one before it, each used once);
+    ``None`` when the answer went unrecorded (the service was killed while it asked)."""
+    earlier = [s for s in sends if arrived - STATUS_TRANSIT <= s <= arrived + CLOCK_SLACK]
+    if not earlier:
+        return None
+    sent = max(earlier)
+    sends.remove(sent)
+    return sent
 
 
 def over_budget(db: DbSnapshot, sim: SimSnapshot) -> Invariant:

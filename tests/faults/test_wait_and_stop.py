@@ -1,8 +1,9 @@
 """Hundreds of /wait long-polls answer at their timeout; SIGTERM stops without a traceback.
 
 The strict figure (within 1 s of the timeout under 2,000 waits) is printed by
-bench/faults.py. Here 500 waits and a margin: the test's own client shares the
-machine (and, under pytest-xdist, the cores) with the service and other tests.
+bench/faults.py. Here 500 waits, none answered before its timeout and every one within
+twice it: the test's own client shares the machine (and, under pytest-xdist, the cores)
+with the service and other tests, so lateness is a figure for the bench, not a verdict.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from tests.support.waiting import wait_until
 
 WAITS = 500
 TIMEOUT = 5.0
-MARGIN = 3.0  # before the fix, 2,000 waits answered up to 9 s late
+MARGIN = TIMEOUT  # before the fix, 2,000 waits answered up to 9 s late
 
 
 @contextmanager
@@ -93,6 +94,8 @@ def test_hundreds_of_waits_answer_at_their_timeout(tmp_path: Path) -> None:
 
         answers = asyncio.run(crowd())
     assert all(head.startswith(b"HTTP/1.1 200") for _, head in answers)
+    early = min(took for took, _ in answers)
+    assert early >= TIMEOUT - 0.05, f"a /wait answered {TIMEOUT - early:.2f} s before its timeout"
     late = max(took for took, _ in answers) - TIMEOUT
     assert late < MARGIN, f"the latest /wait answered {late:.1f} s after its timeout"
 

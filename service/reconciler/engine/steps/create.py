@@ -67,6 +67,9 @@ def call_detail(call: CallResult) -> dict[str, Any]:
         detail["provider_request_id"] = call.provider_request_id
     if call.retry_after:
         detail["retry_after"] = call.retry_after
+    # When we sent it, apart from when the answer was written: what the deadline and the
+    # budget are judged against, however long the provider or the network took.
+    detail["sent_at"] = isoformat(call.sent_at)
     detail["elapsed_ms"] = round(call.elapsed_ms, 1)
     return detail
 
