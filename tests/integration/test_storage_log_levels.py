@@ -26,6 +26,7 @@ from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.webhook_events import IncomingEvent
 from tests.support.databases import sqlite_url
+from tests.support.waiting import wait_until_async
 
 
 def _unavailable(orig: Exception) -> StorageUnavailable:
@@ -90,12 +91,21 @@ async def test_a_webhook_batch_refused_by_a_busy_database_is_a_warning(
         try:
             with pytest.raises(StorageUnavailable):
                 await committer.submit(event)
+            # The sender's bound and the writer's are the same 0.3 s and the sender's starts
+            # first: hold the writer until the batch itself has been refused.
+            await wait_until_async(
+                lambda: _from_group_commit(caplog), 10, "the refused batch's log line"
+            )
         finally:
             gate.set()
             await holding
             db.dispose()
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, [r.getMessage() for r in errors]
-    refused = [r for r in caplog.records if r.name == "reconciler.engine.group_commit"]
+    refused = _from_group_commit(caplog)
     assert refused and all(r.levelno == logging.WARNING for r in refused)
     assert "locked or busy" in refused[0].getMessage()
+
+
+def _from_group_commit(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "reconciler.engine.group_commit"]

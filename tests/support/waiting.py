@@ -8,6 +8,7 @@ holds, and only a broken one reaches it).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,3 +28,17 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(poll)
+
+
+async def wait_until_async(
+    predicate: Callable[[], Any], timeout: float, what: str, *, poll: float = POLL_SECONDS
+) -> Any:
+    """``wait_until`` inside an event loop: the loop keeps running what is awaited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(poll)
