@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
@@ -19,6 +17,7 @@ from reconciler.engine import wakeups
 from reconciler.engine.wakeups import Notifier
 from tests.support.databases import PostgresFactory
 from tests.support.faults import TcpProxy
+from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.postgres, pytest.mark.anyio]
 
@@ -26,13 +25,6 @@ pytestmark = [pytest.mark.postgres, pytest.mark.anyio]
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-async def _until(predicate: Callable[[], bool], what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 def _lines(caplog: pytest.LogCaptureFixture, level: int, text: str) -> int:
@@ -62,12 +54,18 @@ async def test_one_warning_per_outage_and_a_line_when_back(
     task = asyncio.get_running_loop().create_task(notifier.listen(dsn))
     try:
         proxy.stop()
-        await _until(lambda: _lines(caplog, logging.DEBUG, "still down") >= 20, "20 retries")
+        await wait_until_async(
+            lambda: _lines(caplog, logging.DEBUG, "still down") >= 20, 20, "20 retries"
+        )
         assert _lines(caplog, logging.WARNING, "lost its connection") == 1
         proxy.start()
-        await _until(lambda: _lines(caplog, logging.INFO, "reconnected after") == 1, "recovery")
+        await wait_until_async(
+            lambda: _lines(caplog, logging.INFO, "reconnected after") == 1, 20, "recovery"
+        )
         proxy.stop()  # a second outage gets its own warning
-        await _until(lambda: _lines(caplog, logging.WARNING, "lost its connection") == 2, "2nd")
+        await wait_until_async(
+            lambda: _lines(caplog, logging.WARNING, "lost its connection") == 2, 20, "the 2nd"
+        )
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -27,7 +27,7 @@ from reconciler.runtime import Runtime
 from reconciler.storage.operations import load_operation
 from tests.support.servers import serve_asgi
 from tests.support.stack import Stack, running_stack
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_until, wait_until_async
 
 # The target is 100 ms from the end-state write to the waiter's answer; the assertion is
 # looser because other suites share this machine's two cores.
@@ -220,11 +220,12 @@ def test_two_hundred_waiters_share_one_wakeup(tmp_path: Path, db_url: str):
                     return response
 
                 tasks = [asyncio.create_task(wait_one()) for _ in range(waiters)]
-                deadline = time.monotonic() + 20
-                while not parked(stack.runtime, op["id"], waiters):
-                    assert time.monotonic() < deadline, "the waiters did not all park"
+
+                def all_parked() -> bool:
                     assert not any(t.done() for t in tasks), "a waiter returned early"
-                    await asyncio.sleep(0.05)
+                    return parked(stack.runtime, op["id"], waiters)
+
+                await wait_until_async(all_parked, 20, "the waiters to park")
                 threads_parked = threading.active_count()
                 done = await client.post(
                     f"{stack.sim_url}/_sim/jobs/{op['remote_job_id']}/complete",

@@ -14,9 +14,7 @@ two until the operation reaches a state the test names.
 
 from __future__ import annotations
 
-import asyncio
 import random
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -52,6 +50,7 @@ from reconciler.storage.views import view_of
 from reconciler.wire import parse_decision
 from tests.support.provider_mock import BASE_URL, FakeProvider
 from tests.support.stack import CALLBACK_SECRET, SIM_TOKEN, WEBHOOK_SECRET, sim_provider_table
+from tests.support.waiting import wait_until_async
 
 AGENT = Principal("agent-1", Scope.AGENT)
 OPERATOR = Principal("ops-1", Scope.OPERATOR)
@@ -190,10 +189,9 @@ class StepRig:
     async def tick(self) -> int:
         """One worker tick, waited for until every task it started has finished."""
         claimed = await self.worker.tick()
-        deadline = time.monotonic() + TICK_TIMEOUT
-        while self.worker.in_flight:
-            assert time.monotonic() < deadline, "a worker task did not finish"
-            await asyncio.sleep(0.001)
+        await wait_until_async(
+            lambda: not self.worker.in_flight, TICK_TIMEOUT, "the tick's tasks", poll=0.001
+        )
         return claimed
 
     async def run(
