@@ -3,6 +3,7 @@
 The provider records when a read arrived; on a loaded machine that can be seconds after the
 service checked its deadline and sent it. Where the service recorded the answer, its own
 send time decides; a read it never recorded (killed while asking) is judged by arrival.
+One read after a closed cancellation window is the designed last look.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from bench.soak_checks import (
 DEADLINE = 1_000.0
 
 
-def _op(op_id: str = "op_1") -> OpRow:
+def _op(op_id: str = "op_1", cancel_deadline: float | None = None) -> OpRow:
     return OpRow(
         id=op_id,
         state="escalated",
@@ -30,7 +31,7 @@ def _op(op_id: str = "op_1") -> OpRow:
         created_at=DEADLINE - 60,
         done_at=None,
         deadline_at=DEADLINE,
-        cancel_deadline_at=None,
+        cancel_deadline_at=cancel_deadline,
         max_status_requests=10,
         status_requests_used=2,
         escalation_id=1,
@@ -40,9 +41,11 @@ def _op(op_id: str = "op_1") -> OpRow:
     )
 
 
-def _check(arrivals: list[float], sends: list[float]) -> list[str]:
+def _check(
+    arrivals: list[float], sends: list[float], cancel_deadline: float | None = None
+) -> list[str]:
     db = DbSnapshot(
-        ops={"op_1": _op()},
+        ops={"op_1": _op(cancel_deadline=cancel_deadline)},
         escalations={},
         steps=[],
         step_done=[],
@@ -83,3 +86,13 @@ def test_one_recorded_send_excuses_one_arrival_only() -> None:
 def test_a_send_long_before_the_arrival_is_not_its_send() -> None:
     # Further apart than a status read's timeout: the send belongs to another read.
     assert _check([DEADLINE + 12.0], [DEADLINE - 0.1]) == ["op_1: status request 12.00 s late"]
+
+
+def test_the_last_look_after_a_cancellation_window_is_allowed_once() -> None:
+    # The window closed while the service was down; it looks once when it is back.
+    window = DEADLINE - 30
+    assert _check([window - 10, DEADLINE + 33], [window - 10.01, DEADLINE + 32.9], window) == []
+    breaches = _check(
+        [DEADLINE + 33, DEADLINE + 35], [DEADLINE + 32.9, DEADLINE + 34.9], cancel_deadline=window
+    )
+    assert breaches == ["op_1: status request 35.00 s late, sent 34.90 s after"]
