@@ -1,5 +1,12 @@
 """Prometheus metrics, one registry per runtime (so several runtimes can share a process).
 
+Names follow Prometheus conventions: a counter ends in ``_total``, a value with a unit
+ends in its base unit (``_seconds``), a share in ``_ratio``, and a gauge that counts
+things is named for what it holds so that it does not read as a counter;
+``tests/integration/test_metric_names.py`` parses ``/metrics`` and holds every family
+to these rules. Families read from the database at scrape time (operations by state,
+webhook trust) give the same value on every replica: aggregate them with ``max``.
+
 Labels carry only bounded, non-secret values: provider names, HTTP status
 codes, enum values. Never a token, URL, body or job id.
 """
@@ -28,7 +35,9 @@ class _StateCounts(Collector):
 
     def collect(self) -> Iterable[Metric]:
         family = GaugeMetricFamily(
-            "reconciler_operations", "Operations by local state.", labels=["state"]
+            "reconciler_stored_operations",
+            "Operations stored in the database, by local state (ended ones included).",
+            labels=["state"],
         )
         try:
             counts = self._counts()
@@ -67,11 +76,12 @@ class _TrustGauges(Collector):
             labels=["provider", "state"],
         )
         share = GaugeMetricFamily(
-            "reconciler_webhook_first_share",
-            "Share of judged completions a verified webhook announced before a read.",
+            "reconciler_webhook_first_ratio",
+            "Ratio (0 to 1) of judged completions a verified webhook announced before a read.",
             labels=["provider"],
         )
-        misses = GaugeMetricFamily(
+        # The stored count only grows, so it is a counter, though every replica reports it.
+        misses = CounterMetricFamily(
             "reconciler_webhook_misses",
             "Completions a scheduled read found with no webhook within the grace.",
             labels=["provider"],
@@ -128,7 +138,7 @@ class Metrics:
         )
         self.lag = Histogram(
             "reconciler_hint_to_completion_seconds",
-            "From a webhook hint's arrival to the completion handler's start.",
+            "From a webhook hint's arrival to the completion handler's start, in seconds.",
             buckets=LAG_BUCKETS,
             registry=r,
         )

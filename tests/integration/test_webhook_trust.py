@@ -63,8 +63,8 @@ def test_trust_is_earned_then_a_job_costs_one_read(tmp_path: Path, db_url: str) 
             metrics = (await rig.client.get("/metrics")).text
             assert 'reconciler_webhook_trust_state{provider="sim",state="trusted"} 1.0' in metrics
             assert 'reconciler_webhook_trust_state{provider="sim",state="learning"} 0.0' in metrics
-            assert 'reconciler_webhook_first_share{provider="sim"} 1.0' in metrics
-            assert 'reconciler_webhook_misses{provider="sim"} 0.0' in metrics
+            assert 'reconciler_webhook_first_ratio{provider="sim"} 1.0' in metrics
+            assert 'reconciler_webhook_misses_total{provider="sim"} 0.0' in metrics
             assert 'reconciler_status_reads_per_operation_count{provider="sim"} 4.0' in metrics
             assert 'reconciler_status_reads_per_operation_bucket{le="1.0",provider="sim"} 1.0' in (
                 metrics

@@ -159,7 +159,7 @@ def test_metrics_can_require_a_bearer_token(tmp_path: Path, db_url: str) -> None
         assert httpx.get(f"{url}/metrics", headers=wrong).status_code == 401
         right = {"Authorization": "Bearer metrics-secret"}
         response = httpx.get(f"{url}/metrics", headers=right)
-        assert response.status_code == 200 and b"reconciler_operations" in response.content
+        assert response.status_code == 200 and b"reconciler_stored_operations" in response.content
         assert "metrics-secret" not in response.text
 
 

@@ -16,7 +16,7 @@ protocol alone). This subclass adds, per ``[server]``:
 * ``body_timeout_seconds``: from the end of the headers to the end of the
   body; the connection is closed (the app sees a disconnect).
 
-Every refusal is counted in ``reconciler_front_door_refusals{reason}``.
+Every refusal is counted in ``reconciler_front_door_refusals_total{reason}``.
 """
 
 from __future__ import annotations
