@@ -1,44 +1,69 @@
 """Operations per second through one service process, against a bare client's ceiling.
 
     python bench/throughput.py [--operations 1000] [--concurrency 64] [--duration 0.2]
-        [--rounds 1] [--postgres] [--baseline TREE] [--py-spy DIR] [--keep]
+        [--rounds 1] [--postgres] [--baseline TREE] [--ceiling-clients N]
+        [--provider-server protocol|starlette] [--receiver-server protocol|starlette]
+        [--py-spy DIR] [--keep]
     python bench/throughput.py frames FILE [--top 25]
 
 Per round and backend (SQLite WAL file; PostgreSQL with ``--postgres``: a throw-away
 database on ``$RECONCILER_TEST_POSTGRES_URL``, else a throw-away cluster as
-``bench/soak_infra.py`` starts one), each run on a fresh database and a fresh simulated
-provider (``python -m reconciler.demo.sim``, its own process):
+``bench/soak_infra.py`` starts one), each run on a fresh database, a fresh provider and a
+fresh receiver. The provider is the bench's own (``bench/fast_provider.py``, its own
+process): the simulated provider's wire (``reconciler/demo/sim/sim.toml`` is the file the
+service gets) without its chaos, answering in a fraction of a millisecond, with one
+signed ``job.succeeded`` webhook per job. The receiver (``bench/throughput_parts.py
+receiver``, its own process) verifies every callback's signature with the agent's own
+secret. Both run on ``bench/fast_http.py`` and come from this checkout whatever tree is
+measured, so that only the service differs between an A and a B.
 
 * **ours**: one service process (``reconciler serve``, through
   ``bench/throughput_parts.py serve``) with one no-op completion hook. An agent submits
   ``--operations`` jobs (``POST /v1/operations``, at most ``--concurrency`` at a time),
   each succeeding ``--duration`` s after it is created, with one signed ``job.succeeded``
-  webhook and a ``callback_url`` at the receiver (``bench/throughput_parts.py receiver``,
-  its own process, which verifies every signature with the agent's own callback secret).
-  The first fallback read is 15-30 s away, so the webhook drives each completion.
-* **bare**: a plain client makes the same provider and receiver calls per operation
-  (create, one status read, the result, one signed callback POST), ``--concurrency``
-  operations at a time, against a fresh simulated provider and the same receiver.
+  webhook and a ``callback_url`` at the receiver. The first fallback read is 15-30 s
+  away, so the webhook drives each completion.
+* **bare**: a plain client in this process makes the same provider and receiver calls
+  per operation (create, one status read, the result, one signed callback POST),
+  ``--concurrency`` operations at a time, with the service's client library and
+  connection limits: httpx, the provider file's ``[http]`` pool (``max_connections``,
+  ``max_keepalive_connections``, ``keepalive_expiry_seconds``) and the callback client's
+  transport (no retries, a fresh connection per delivery). Its calls wait for a pool
+  slot in a semaphore rather than in httpcore's own queue, whose every hand-over scans
+  every queued request.
+* **provider ceiling** and **receiver ceiling**: the bare client alone against a fresh
+  provider (create, status and result per operation: ops/s) or a fresh receiver (one
+  signed callback per operation: callbacks/s), as ``--ceiling-clients`` processes at
+  once (default: one per CPU) of ``--operations`` each, so that one client's own CPU is
+  less of the ceiling. **The run fails** (exit 1, a ``CEILING TOO LOW`` line with the
+  figures) when either ceiling is under 5x the rate of the fastest service of its round:
+  there that peer, not the service, may be what the service's figure shows. The bare
+  clients' own CPU per operation is printed too; where it is many times the peer's, the
+  clients, not the peer, set the ceiling, and the peer's own CPU per operation says how
+  far above it the peer would go.
 
 Measured from the first submission until every callback arrived at the receiver (its
-clock: the time the last distinct one came in). Printed per run: completed operations
-per second and the ratio ours / bare (the bare run of the same round), the service's
-CPU per operation (``/proc/<pid>/stat``, from the first submission until every
-operation's completion is recorded), write transactions per operation
-(``reconciler_write_transactions_total`` on ``/metrics``) and status reads per operation
-(``reconciler_status_requests_total``), with the machine's load average. The bare run
-prints its own CPU per operation (it runs in this process): what the same four outbound
-calls cost in this HTTP stack with nothing else, a floor under the service's figure
-(which adds the two inbound requests, the database and the completion bookkeeping).
+clock: the time the last distinct one came in; a provider ceiling ends with its clients'
+last answer). Printed per run: completed operations per second and the ratio ours / bare
+(the bare run of the same round), the service's CPU per operation (``/proc/<pid>/stat``,
+from the first submission until every operation's completion is recorded), the
+provider's and the receiver's CPU per operation in the same window, write transactions
+per operation (``reconciler_write_transactions_total`` on ``/metrics``) and status reads
+per operation (``reconciler_status_requests_total``), with the machine's load average.
+The bare run prints its own CPU per operation: what the same four outbound calls cost in
+this HTTP stack with nothing else, a floor under the service's figure (which adds the two
+inbound requests, the database and the completion bookkeeping).
 
 ``--tree TREE`` measures another checkout (with its own ``.venv``) instead of this one;
 ``--baseline TREE``: another checkout (e.g. a worktree at the commit before a change)
-run as a third run in every round, the order rotating between
-rounds, so that the load of a shared machine falls on both alike. ``--py-spy DIR``
-samples each service run with py-spy (``pip install py-spy``) into raw collapsed stacks;
-``frames FILE`` prints the top frames of one (self and inclusive share of samples).
-Targets (SQLite, one process): ours / bare >= 0.5, <= 6 ms of service CPU and
-<= 8 write transactions per operation; PostgreSQL: ours / bare >= 0.35.
+run as a further run in every round, the order rotating between rounds, so that the load
+of a shared machine falls on both alike. ``--provider-server starlette`` and
+``--receiver-server starlette`` put the same peers on Starlette and uvicorn (httptools,
+uvloop) instead, to compare. ``--py-spy DIR`` samples each service run with py-spy
+(``pip install py-spy``) into raw collapsed stacks; ``frames FILE`` prints the top frames
+of one (self and inclusive share of samples). Targets (one process): ours / bare >= 0.5
+on SQLite and >= 0.35 on PostgreSQL, <= 8 ms of service CPU and <= 6 write transactions
+per operation.
 """
 
 from __future__ import annotations
@@ -322,7 +347,9 @@ def await_callbacks(url: str, count: int, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     stats = receiver_stats(url)
     while stats["distinct"] < count and time.monotonic() < deadline:
-        time.sleep(0.05)
+        # The receiver's clock times the last arrival; polling more often would only
+        # spend the receiver's CPU, which the run reports.
+        time.sleep(0.2)
         stats = receiver_stats(url)
     return stats
 
@@ -730,7 +757,11 @@ def describe(run: Run, bare: Run | None) -> str:
     parts = [f"{label:<16} {run.backend:<10} {run.rate:7.1f} {unit}{ratio}"]
     if run.cpu_ms is not None:
         parts.append(f"CPU {run.cpu_ms:5.2f} ms/op")
-    if run.peers_ms is not None:
+    if run.label in (PROVIDER, RECEIVER) and run.peers_ms is not None:
+        own = run.peers_ms[0 if run.label == PROVIDER else 1]
+        # What the peer alone would serve on one core, were its clients free.
+        parts.append(f"({run.label} {own:4.2f} ms/op: {1000 / own:6.0f}/s a core)")
+    elif run.peers_ms is not None:
         parts.append(f"(provider {run.peers_ms[0]:4.2f}, receiver {run.peers_ms[1]:4.2f})")
     if run.writes is not None:
         parts.append(f"writes {run.writes:5.2f}/op")
