@@ -44,6 +44,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import httptools
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 for _path in (str(ROOT / "service"), str(ROOT)):
@@ -57,6 +59,7 @@ from reconciler.demo.sim.timeutil import rfc3339  # noqa: E402
 
 RETRY_DELAYS = (0.5, 1.0)  # the sim's: three attempts, 0.5 s doubling
 WEBHOOK_CONNECTIONS = 32
+WEBHOOK_TIMEOUT = 5.0  # the sim's
 
 
 def _json(doc: Any, status: int = 200, headers: list[tuple[str, str]] | None = None) -> Answer:
@@ -240,9 +243,10 @@ class Provider:
                 "webhook-signature": sign(self.secret, event_id, timestamp, body),
             }
             try:
-                status = await self.poster.post(target, headers, body)
-            except (OSError, ConnectionError):
-                status = 0
+                async with asyncio.timeout(WEBHOOK_TIMEOUT):
+                    status = await self.poster.post(target, headers, body)
+            except (OSError, EOFError, TimeoutError, httptools.HttpParserError):
+                status = 0  # as the sim does, an attempt that got no answer is tried again
             if 200 <= status < 300:
                 self.sent += 1
                 return

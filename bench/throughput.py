@@ -33,9 +33,10 @@ measured, so that only the service differs between an A and a B.
   every queued request.
 * **provider ceiling** and **receiver ceiling**: the bare client alone against a fresh
   provider (create, status and result per operation: ops/s) or a fresh receiver (one
-  signed callback per operation: callbacks/s), as ``--ceiling-clients`` processes at
-  once (default: one per CPU) of ``--operations`` each, so that one client's own CPU is
-  less of the ceiling. **The run fails** (exit 1, a ``CEILING TOO LOW`` line with the
+  signed callback per operation: callbacks/s), in a process of its own, or as
+  ``--ceiling-clients`` processes at once of ``--operations`` each (on a machine with
+  cores to spare, so that one client's own CPU is less of the ceiling; on two cores a
+  second one only takes the peer's). **The run fails** (exit 1, a ``CEILING TOO LOW`` line with the
   figures) when either ceiling is under 5x the rate of the fastest service of its round:
   there that peer, not the service, may be what the service's figure shows. The bare
   clients' own CPU per operation is printed too; where it is many times the peer's, the
@@ -83,7 +84,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -551,7 +552,7 @@ async def bare_client(
     args: argparse.Namespace,
     limits: httpx.Limits,
     first: int = 0,
-    start_at: float | None = None,
+    when_ready: Callable[[], Awaitable[None]] | None = None,
 ) -> Timed:
     """The same calls per operation as the service makes, without the service: create, one
     status read and the result at the provider, one signed callback POST to the receiver."""
@@ -632,8 +633,8 @@ async def bare_client(
                 if peers.receiver is None or await callback(index, job_id, state, summary):
                     done += 1
 
-        if start_at is not None:  # several clients at once start together
-            await asyncio.sleep(max(0.0, start_at - time.time()))
+        if when_ready is not None:  # several clients at once start together
+            await when_ready()
         started, cpu0 = time.time(), time.process_time()
         await asyncio.gather(*(one(first + i) for i in range(args.operations)))
         cpu, ended = time.process_time() - cpu0, time.time()
@@ -644,7 +645,7 @@ def run_bare(backend: str, args: argparse.Namespace, work: Path, kind: str = BAR
     """The bare client against a fresh provider and receiver (``BARE``), or against one of
     them alone: that one's ceiling (``PROVIDER``: create, status and result per operation;
     ``RECEIVER``: one signed callback per operation), driven by ``--ceiling-clients``
-    bare clients at once so that one client's own CPU is not the ceiling."""
+    bare clients at once."""
     secret = callback_secret()
     with contextlib.ExitStack() as stack:
         provider_url = rcv = None
@@ -689,31 +690,45 @@ def run_bare(backend: str, args: argparse.Namespace, work: Path, kind: str = BAR
 
 def clients(peers: Peers, args: argparse.Namespace, limits: httpx.Limits, work: Path) -> Timed:
     """``--ceiling-clients`` bare clients, each its own process with ``--operations``
-    operations, started together: their operations, first start, last end and CPU."""
-    start_at = time.time() + 3.0  # past every client's imports
+    operations, started together once each is ready (its imports done, its clients made):
+    their operations, first start, last end and CPU."""
     procs = []
-    for number in range(args.ceiling_clients):
-        cmd = [sys.executable, "bench/throughput.py", "client", "--start-at", str(start_at)]
-        cmd += ["--first", str(number * args.operations), "--operations", str(args.operations)]
-        cmd += ["--concurrency", str(args.concurrency)]
-        cmd += [
-            "--limits",
-            json.dumps(
-                [limits.max_connections, limits.max_keepalive_connections, limits.keepalive_expiry]
-            ),
-        ]
-        if peers.provider:
-            cmd += ["--provider", peers.provider]
-        if peers.receiver:
-            cmd += ["--receiver", peers.receiver]
-        log = (work / f"client-{number}.log").open("wb")
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log))
-    answers = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"a bare client failed (see {work}/client-*.log)")
-        answers.append(Timed(**json.loads(out)))
+    with contextlib.ExitStack() as stack:
+        for number in range(args.ceiling_clients):
+            cmd = [
+                sys.executable,
+                "bench/throughput.py",
+                "client",
+                "--first",
+                str(number * args.operations),
+            ]
+            cmd += ["--operations", str(args.operations), "--concurrency", str(args.concurrency)]
+            pool = [limits.max_connections, limits.max_keepalive_connections]
+            cmd += ["--limits", json.dumps([*pool, limits.keepalive_expiry])]
+            if peers.provider:
+                cmd += ["--provider", peers.provider]
+            if peers.receiver:
+                cmd += ["--receiver", peers.receiver]
+            log = stack.enter_context((work / f"client-{number}.log").open("wb"))
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
+            )
+            stack.callback(stop, proc)  # by its PID, should another client fail
+            procs.append(proc)
+        for proc in procs:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != b"ready":
+                raise RuntimeError(f"a bare client did not start (see {work}/client-*.log)")
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(b"go\n")
+            proc.stdin.flush()
+        answers = []
+        for proc in procs:
+            out, _ = proc.communicate(timeout=600)
+            if proc.returncode != 0:
+                raise RuntimeError(f"a bare client failed (see {work}/client-*.log)")
+            answers.append(Timed(**json.loads(out)))
     return Timed(
         sum(t.done for t in answers),
         min(t.started for t in answers),
@@ -730,7 +745,6 @@ def client_main(argv: list[str]) -> int:
     parser.add_argument("--operations", type=int, required=True)
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--first", type=int, default=0)
-    parser.add_argument("--start-at", type=float, default=None)
     parser.add_argument("--limits", required=True, help="[max, keepalive, expiry]")
     args = parser.parse_args(argv)
     most, keep, expiry = json.loads(args.limits)
@@ -738,9 +752,12 @@ def client_main(argv: list[str]) -> int:
         max_connections=most, max_keepalive_connections=keep, keepalive_expiry=expiry
     )
     peers = Peers(args.provider, args.receiver)
-    timed = asyncio.run(
-        bare_client(peers, callback_secret(), args, limits, args.first, args.start_at)
-    )
+
+    async def ready() -> None:
+        print("ready", flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+
+    timed = asyncio.run(bare_client(peers, callback_secret(), args, limits, args.first, ready))
     print(json.dumps(dataclasses.asdict(timed)))
     return 0
 
@@ -873,8 +890,8 @@ def main() -> int:
     parser.add_argument(
         "--ceiling-clients",
         type=int,
-        default=os.cpu_count() or 2,
-        help="bare clients at once in a ceiling run",
+        default=1,
+        help="bare client processes at once in a ceiling run (for machines with cores to spare)",
     )
     parser.add_argument("--provider-server", choices=("protocol", "starlette"), default="protocol")
     parser.add_argument("--receiver-server", choices=("protocol", "starlette"), default="protocol")
