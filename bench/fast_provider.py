@@ -163,14 +163,17 @@ class Provider:
                 message = "Idempotency-Key was already used with a different request body"
                 return _error(409, "idempotency_key_reused", message)
             return self.accepted(job)
-        duration = float(body.get("duration", 1.0))
+        try:
+            duration, total = float(body.get("duration", 1.0)), int(body.get("total", 100))
+        except (TypeError, ValueError):
+            return _error(422, "invalid_scenario", "duration and total must be numbers")
         job = Job(
             f"job_{uuid.uuid4().hex[:16]}",
             key,
             fingerprint,
             time.time(),
             time.monotonic() + duration,
-            int(body.get("total", 100)),
+            total,
         )
         self.jobs[job.job_id] = job
         self.keys[key] = job.job_id

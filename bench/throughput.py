@@ -832,7 +832,7 @@ def short_ceilings(
             if ceiling is not None and ceiling.rate < HEADROOM * fastest.rate:
                 lines.append(
                     f"round {number + 1} {backend}: the {kind} ceiling {ceiling.rate:.1f}/s is "
-                    f"under {HEADROOM} x {fastest.label}'s {fastest.rate:.1f} ops/s "
+                    f"under {HEADROOM} x {fastest.rate:.1f} ops/s, the rate of {fastest.label} "
                     f"(= {HEADROOM * fastest.rate:.1f}/s)"
                 )
     return lines
