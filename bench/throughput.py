@@ -1,44 +1,70 @@
 """Operations per second through one service process, against a bare client's ceiling.
 
     python bench/throughput.py [--operations 1000] [--concurrency 64] [--duration 0.2]
-        [--rounds 1] [--postgres] [--baseline TREE] [--py-spy DIR] [--keep]
+        [--rounds 1] [--postgres] [--baseline TREE] [--ceiling-clients N]
+        [--provider-server protocol|starlette] [--receiver-server protocol|starlette]
+        [--py-spy DIR] [--keep]
     python bench/throughput.py frames FILE [--top 25]
 
 Per round and backend (SQLite WAL file; PostgreSQL with ``--postgres``: a throw-away
 database on ``$RECONCILER_TEST_POSTGRES_URL``, else a throw-away cluster as
-``bench/soak_infra.py`` starts one), each run on a fresh database and a fresh simulated
-provider (``python -m reconciler.demo.sim``, its own process):
+``bench/soak_infra.py`` starts one), each run on a fresh database, a fresh provider and a
+fresh receiver. The provider is the bench's own (``bench/fast_provider.py``, its own
+process): the simulated provider's wire (``reconciler/demo/sim/sim.toml`` is the file the
+service gets) without its chaos, answering in a fraction of a millisecond, with one
+signed ``job.succeeded`` webhook per job. The receiver (``bench/throughput_parts.py
+receiver``, its own process) verifies every callback's signature with the agent's own
+secret. Both run on ``bench/fast_http.py`` and come from this checkout whatever tree is
+measured, so that only the service differs between an A and a B.
 
 * **ours**: one service process (``reconciler serve``, through
   ``bench/throughput_parts.py serve``) with one no-op completion hook. An agent submits
   ``--operations`` jobs (``POST /v1/operations``, at most ``--concurrency`` at a time),
   each succeeding ``--duration`` s after it is created, with one signed ``job.succeeded``
-  webhook and a ``callback_url`` at the receiver (``bench/throughput_parts.py receiver``,
-  its own process, which verifies every signature with the agent's own callback secret).
-  The first fallback read is 15-30 s away, so the webhook drives each completion.
-* **bare**: a plain client makes the same provider and receiver calls per operation
-  (create, one status read, the result, one signed callback POST), ``--concurrency``
-  operations at a time, against a fresh simulated provider and the same receiver.
+  webhook and a ``callback_url`` at the receiver. The first fallback read is 15-30 s
+  away, so the webhook drives each completion.
+* **bare**: a plain client in this process makes the same provider and receiver calls
+  per operation (create, one status read, the result, one signed callback POST),
+  ``--concurrency`` operations at a time, with the service's client library and
+  connection limits: httpx, the provider file's ``[http]`` pool (``max_connections``,
+  ``max_keepalive_connections``, ``keepalive_expiry_seconds``) and the callback client's
+  transport (no retries, a fresh connection per delivery). Its calls wait for a pool
+  slot in a semaphore rather than in httpcore's own queue, whose every hand-over scans
+  every queued request.
+* **provider ceiling** and **receiver ceiling**: the bare client alone against a fresh
+  provider (create, status and result per operation: ops/s) or a fresh receiver (one
+  signed callback per operation: callbacks/s), in a process of its own, or as
+  ``--ceiling-clients`` processes at once of ``--operations`` each (on a machine with
+  cores to spare, so that one client's own CPU is less of the ceiling; on two cores a
+  second one only takes the peer's). **The run fails** (exit 1, a ``CEILING TOO LOW`` line with the
+  figures) when either ceiling is under 5x the rate of the fastest service of its round:
+  there that peer, not the service, may be what the service's figure shows. The bare
+  clients' own CPU per operation is printed too; where it is many times the peer's, the
+  clients, not the peer, set the ceiling, and the peer's own CPU per operation says how
+  far above it the peer would go.
 
 Measured from the first submission until every callback arrived at the receiver (its
-clock: the time the last distinct one came in). Printed per run: completed operations
-per second and the ratio ours / bare (the bare run of the same round), the service's
-CPU per operation (``/proc/<pid>/stat``, from the first submission until every
-operation's completion is recorded), write transactions per operation
-(``reconciler_write_transactions_total`` on ``/metrics``) and status reads per operation
-(``reconciler_status_requests_total``), with the machine's load average. The bare run
-prints its own CPU per operation (it runs in this process): what the same four outbound
-calls cost in this HTTP stack with nothing else, a floor under the service's figure
-(which adds the two inbound requests, the database and the completion bookkeeping).
+clock: the time the last distinct one came in; a provider ceiling ends with its clients'
+last answer). Printed per run: completed operations per second and the ratio ours / bare
+(the bare run of the same round), the service's CPU per operation (``/proc/<pid>/stat``,
+from the first submission until every operation's completion is recorded), the
+provider's and the receiver's CPU per operation in the same window, write transactions
+per operation (``reconciler_write_transactions_total`` on ``/metrics``) and status reads
+per operation (``reconciler_status_requests_total``), with the machine's load average.
+The bare run prints its own CPU per operation: what the same four outbound calls cost in
+this HTTP stack with nothing else, a floor under the service's figure (which adds the two
+inbound requests, the database and the completion bookkeeping).
 
 ``--tree TREE`` measures another checkout (with its own ``.venv``) instead of this one;
 ``--baseline TREE``: another checkout (e.g. a worktree at the commit before a change)
-run as a third run in every round, the order rotating between
-rounds, so that the load of a shared machine falls on both alike. ``--py-spy DIR``
-samples each service run with py-spy (``pip install py-spy``) into raw collapsed stacks;
-``frames FILE`` prints the top frames of one (self and inclusive share of samples).
-Targets (SQLite, one process): ours / bare >= 0.5, <= 6 ms of service CPU and
-<= 8 write transactions per operation; PostgreSQL: ours / bare >= 0.35.
+run as a further run in every round, the order rotating between rounds, so that the load
+of a shared machine falls on both alike. ``--provider-server starlette`` and
+``--receiver-server starlette`` put the same peers on Starlette and uvicorn (httptools,
+uvloop) instead, to compare. ``--py-spy DIR`` samples each service run with py-spy
+(``pip install py-spy``) into raw collapsed stacks; ``frames FILE`` prints the top frames
+of one (self and inclusive share of samples). Targets (one process): ours / bare >= 0.5
+on SQLite and >= 0.35 on PostgreSQL, <= 8 ms of service CPU and <= 6 write transactions
+per operation.
 """
 
 from __future__ import annotations
@@ -46,6 +72,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import json
 import os
 import re
 import shutil
@@ -56,7 +84,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +115,9 @@ POLLING = {
     "max_status_requests": 60,
 }
 SECRET_LINE = re.compile(r"callback secret for .*: (whsec_\S+)")
+# The bare client's runs: against both peers, and against each alone (its ceiling).
+BARE, PROVIDER, RECEIVER = "bare", "provider", "receiver"
+HEADROOM = 5  # each peer's ceiling must be this many times the service's rate
 
 
 @dataclass(frozen=True)
@@ -112,6 +143,7 @@ class Run:
     writes: float | None = None  # write transactions per operation
     reads: float | None = None  # status reads per operation
     failed: int = 0
+    peers_ms: tuple[float, float] | None = None  # the provider's and the receiver's CPU per op
 
     @property
     def rate(self) -> float:
@@ -144,29 +176,29 @@ def callback_secret() -> str:
     return CALLBACK_SECRET
 
 
-def start_sim(work: Path, service_port: int | None) -> tuple[Any, str]:
+def start_provider(work: Path, service_port: int | None, server: str) -> tuple[Any, str]:
+    """The bench's provider (``bench/fast_provider.py``), its own process, from this tree."""
     port = free_port()
-    args = ["-m", "reconciler.demo.sim", "--port", str(port), "--token", SIM_TOKEN]
-    args += ["--webhook-secret", webhook_secret()]
+    args = ["bench/fast_provider.py", "--port", str(port), "--token", SIM_TOKEN]
+    args += ["--webhook-secret", webhook_secret(), "--server", server]
     if service_port is not None:
         args += ["--webhook-url", f"http://127.0.0.1:{service_port}/webhooks/sim"]
-    sim = spawn(args, work / "sim.log")
+    provider = spawn(args, work / "provider.log")
     url = f"http://127.0.0.1:{port}"
-    wait_ready(f"{url}/_sim/stats", timeout=60)
-    return sim, url
+    wait_ready(f"{url}/_fast/stats", timeout=60)
+    return provider, url
 
 
 @contextmanager
-def receiver(work: Path, secret: str) -> Iterator[str]:
+def receiver(work: Path, secret: str, server: str) -> Iterator[tuple[str, int]]:
+    """The callback receiver, its own process: its URL and PID."""
     port = free_port()
-    proc = spawn(
-        ["bench/throughput_parts.py", "receiver", "--port", str(port), "--secret", secret],
-        work / "receiver.log",
-    )
+    args = ["bench/throughput_parts.py", "receiver", "--port", str(port), "--secret", secret]
+    proc = spawn([*args, "--server", server], work / "receiver.log")
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(f"{url}/stats", timeout=60)
-        yield url
+        yield url, proc.pid
     finally:
         stop(proc)
 
@@ -316,7 +348,9 @@ def await_callbacks(url: str, count: int, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     stats = receiver_stats(url)
     while stats["distinct"] < count and time.monotonic() < deadline:
-        time.sleep(0.05)
+        # The receiver's clock times the last arrival; polling more often would only
+        # spend the receiver's CPU, which the run reports.
+        time.sleep(0.2)
         stats = receiver_stats(url)
     return stats
 
@@ -397,11 +431,11 @@ def run_ours(
 ) -> Run:
     with dbs.fresh(backend, work) as db_url:
         port = free_port()
-        sim, sim_url = start_sim(work, port)
+        provider, provider_url = start_provider(work, port, args.provider_server)
         try:
-            config = write_config(work, db_url, sim_url, port)
+            config = write_config(work, db_url, provider_url, port)
             token, secret = prepare(tree, config)
-            with receiver(work, secret) as rcv:
+            with receiver(work, secret, args.receiver_server) as (rcv, rcv_pid):
                 cmd = ["bench/throughput_parts.py", "serve", "--root", str(tree.root)]
                 cmd += ["--config", str(config)]
                 service = spawn(cmd, work / "service.log", service_env(), tree.python)
@@ -410,7 +444,8 @@ def run_ours(
                     wait_ready(f"{url}/readyz", timeout=120)
                     writes0, reads0 = scrape(url)
                     with sampled(service.pid, spy):
-                        cpu0 = cpu_seconds(service.pid)
+                        pids = (service.pid, provider.pid, rcv_pid)
+                        cpu0 = [cpu_seconds(pid) for pid in pids]
                         started = time.time()
                         answers = asyncio.run(submit(url, token, args, f"{rcv}/cb"))
                         created = sum(n for code, n in answers.items() if 200 <= code < 300)
@@ -421,12 +456,12 @@ def run_ours(
                         deadline = time.monotonic() + 60
                         while finished(db_url) < created and time.monotonic() < deadline:
                             time.sleep(0.05)
-                        cpu = cpu_seconds(service.pid) - cpu0
+                        cpu = [cpu_seconds(pid) - c for pid, c in zip(pids, cpu0, strict=True)]
                     writes1, reads1 = scrape(url)
                 finally:
                     stop(service)
         finally:
-            stop(sim)
+            stop(provider)
     if stats["rejected"]:
         print(f"    the receiver refused {stats['rejected']} deliveries of {tree.label}")
     arrived = int(stats["distinct"])
@@ -437,115 +472,314 @@ def run_ours(
         backend,
         arrived,
         last - started,
-        cpu_ms=cpu * 1000 / n,
+        cpu_ms=cpu[0] * 1000 / n,
         writes=(writes1 - writes0) / n,
         reads=(reads1 - reads0) / n,
         failed=args.operations - arrived,
+        peers_ms=(cpu[1] * 1000 / n, cpu[2] * 1000 / n),
     )
 
 
-async def bare_client(sim_url: str, rcv: str, secret: str, args: argparse.Namespace) -> int:
-    """The same calls per operation as the service makes, without the service."""
-    import json
+@dataclass(frozen=True)
+class Peers:
+    """Where the bare client's calls go: None leaves that half of each operation out."""
 
+    provider: str | None
+    receiver: str | None
+
+
+def provider_limits(work: Path, provider_url: str) -> httpx.Limits:
+    """The service's pool to the provider: the ``[http]`` table of the file it is given."""
+    from tests.support.process import provider_file
+
+    from reconciler.providers.loader import load_providers
+
+    providers = work / "bare-providers"
+    provider_file(providers, provider_url, **POLLING)
+    spec = load_providers(providers, {}, {}, check_secrets=False)["sim"]
+    return httpx.Limits(
+        max_connections=spec.http.max_connections,
+        max_keepalive_connections=spec.http.max_keepalive_connections,
+        keepalive_expiry=spec.http.keepalive_expiry_seconds,
+    )
+
+
+def callback_transport() -> httpx.AsyncHTTPTransport:
+    """The service's callback transport (``reconciler/outbound/callbacks.py``): no retries,
+    and a fresh connection per delivery (no kept-alive ones)."""
+    return httpx.AsyncHTTPTransport(
+        trust_env=False, retries=0, limits=httpx.Limits(max_keepalive_connections=0)
+    )
+
+
+async def _request(
+    client: httpx.AsyncClient,
+    gate: asyncio.Semaphore | None,
+    method: str,
+    url: str,
+    **kw: Any,
+) -> httpx.Response:
+    # A loaded machine drops a kept-alive connection now and then: every call here is
+    # safe to repeat (the create carries its idempotency key).
+    for attempt in range(5):
+        try:
+            if gate is None:
+                return await client.request(method, url, **kw)
+            # Calls wait here rather than in httpcore's queue, whose every hand-over scans
+            # every queued request against every connection.
+            async with gate:
+                return await client.request(method, url, **kw)
+        except httpx.TransportError:
+            if attempt == 4:
+                raise
+            await asyncio.sleep(0.05)
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class Timed:
+    """What the bare client did: operations done, from when, and its own CPU seconds."""
+
+    done: int
+    started: float
+    ended: float
+    cpu: float
+
+
+async def bare_client(
+    peers: Peers,
+    secret: str,
+    args: argparse.Namespace,
+    limits: httpx.Limits,
+    first: int = 0,
+    when_ready: Callable[[], Awaitable[None]] | None = None,
+) -> Timed:
+    """The same calls per operation as the service makes, without the service: create, one
+    status read and the result at the provider, one signed callback POST to the receiver."""
     from reconciler.core.signatures import decode_whsec, sign_standard_webhook
 
     key = decode_whsec(secret)
-    headers = {"Authorization": f"Bearer {SIM_TOKEN}"}
-    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=None)
+    headers = {"Authorization": f"Bearer {SIM_TOKEN}", "Accept": "application/json"}
     gate = asyncio.Semaphore(args.concurrency)
+    pool_gate = asyncio.Semaphore(limits.max_connections or args.concurrency)
     done = 0
+    # Both clients are made before the clock starts, as the service makes its own at startup.
     async with (
-        httpx.AsyncClient(base_url=sim_url, timeout=60, limits=limits, headers=headers) as sim,
-        httpx.AsyncClient(timeout=60, limits=limits) as out,
+        httpx.AsyncClient(
+            base_url=peers.provider or "http://127.0.0.1",
+            timeout=60,
+            limits=limits,
+            headers=headers,
+            trust_env=False,
+            follow_redirects=False,
+        ) as sim,
+        httpx.AsyncClient(
+            transport=callback_transport(), timeout=10, trust_env=False, follow_redirects=False
+        ) as out,
     ):
 
         async def call(client: httpx.AsyncClient, method: str, url: str, **kw: Any) -> Any:
-            # A loaded machine drops a kept-alive connection now and then: every call here
-            # is safe to repeat (the create carries its idempotency key).
-            for attempt in range(5):
-                try:
-                    return await client.request(method, url, **kw)
-                except httpx.TransportError:
-                    if attempt == 4:
-                        raise
-                    await asyncio.sleep(0.05)
-            raise AssertionError("unreachable")
+            return await _request(client, pool_gate if client is sim else None, method, url, **kw)
+
+        async def at_provider(index: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
+            request = {"scenario": "success", "duration": 0, "webhooks": "never", "n": index}
+            created = await call(
+                sim, "POST", "/v1/jobs", json=request, headers={"Idempotency-Key": f"b{index}"}
+            )
+            job_id = created.json()["job_id"]
+            status = (await call(sim, "GET", f"/v1/jobs/{job_id}")).json()
+            result = (await call(sim, "GET", status["result"]["url"])).json()
+            return job_id, status, result
+
+        async def callback(index: int, job_id: str, state: str, summary: Any) -> bool:
+            assert peers.receiver is not None
+            op_id = f"op_bare_{index}"
+            event = {
+                "type": "operation.completed",
+                "operation": {
+                    "id": op_id,
+                    "provider": "sim",
+                    "state": "succeeded",
+                    "done": True,
+                    "remote_job_id": job_id,
+                    "remote_state": state,
+                    "message": "The job SUCCEEDED and its result was verified.",
+                    "result": {"summary": summary},
+                    "budget": {"status_requests_used": 1, "max_status_requests": 60},
+                    "error": None,
+                    "escalation": None,
+                },
+            }
+            body = json.dumps(event).encode()
+            signed = sign_standard_webhook(key, op_id, int(time.time()), body)
+            answer = await call(
+                out,
+                "POST",
+                f"{peers.receiver}/cb",
+                content=body,
+                headers={**signed, "content-type": "application/json"},
+            )
+            return bool(answer.status_code == 204)
 
         async def one(index: int) -> None:
             nonlocal done
-            request = {"scenario": "success", "duration": 0, "webhooks": "never", "n": index}
             async with gate:
-                created = await call(
-                    sim, "POST", "/v1/jobs", json=request, headers={"Idempotency-Key": f"b{index}"}
-                )
-                job_id = created.json()["job_id"]
-                status = (await call(sim, "GET", f"/v1/jobs/{job_id}")).json()
-                result = (await call(sim, "GET", f"/v1/jobs/{job_id}/result")).json()
-                op_id = f"op_bare_{index}"
-                event = {
-                    "type": "operation.completed",
-                    "operation": {
-                        "id": op_id,
-                        "provider": "sim",
-                        "state": "succeeded",
-                        "done": True,
-                        "remote_job_id": job_id,
-                        "remote_state": status.get("state"),
-                        "message": "The job SUCCEEDED and its result was verified.",
-                        "result": {"summary": result.get("summary")},
-                        "budget": {"status_requests_used": 1, "max_status_requests": 60},
-                        "error": None,
-                        "escalation": None,
-                    },
-                }
-                body = json.dumps(event).encode()
-                signed = sign_standard_webhook(key, op_id, int(time.time()), body)
-                answer = await call(
-                    out,
-                    "POST",
-                    f"{rcv}/cb",
-                    content=body,
-                    headers={**signed, "content-type": "application/json"},
-                )
-                if answer.status_code == 204:
+                job_id, state, summary = f"job_bare_{index}", "succeeded", None
+                if peers.provider is not None:
+                    job_id, status, result = await at_provider(index)
+                    state, summary = status.get("state"), result.get("summary")
+                    if state != "succeeded" or summary is None:
+                        return
+                if peers.receiver is None or await callback(index, job_id, state, summary):
                     done += 1
 
-        await asyncio.gather(*(one(i) for i in range(args.operations)))
-    return done
+        if when_ready is not None:  # several clients at once start together
+            await when_ready()
+        started, cpu0 = time.time(), time.process_time()
+        await asyncio.gather(*(one(first + i) for i in range(args.operations)))
+        cpu, ended = time.process_time() - cpu0, time.time()
+    return Timed(done, started, ended, cpu)
 
 
-def run_bare(backend: str, args: argparse.Namespace, work: Path) -> Run:
-    sim, sim_url = start_sim(work, None)
+def run_bare(backend: str, args: argparse.Namespace, work: Path, kind: str = BARE) -> Run:
+    """The bare client against a fresh provider and receiver (``BARE``), or against one of
+    them alone: that one's ceiling (``PROVIDER``: create, status and result per operation;
+    ``RECEIVER``: one signed callback per operation), driven by ``--ceiling-clients``
+    bare clients at once."""
     secret = callback_secret()
-    try:
-        with receiver(work, secret) as rcv:
-            started = time.time()
-            # The bare client runs in this process: its CPU is this process's, and it shows
-            # what the same outbound calls cost in this HTTP stack with nothing else.
-            cpu0 = time.process_time()
-            done = asyncio.run(bare_client(sim_url, rcv, secret, args))
-            cpu = time.process_time() - cpu0
+    with contextlib.ExitStack() as stack:
+        provider_url = rcv = None
+        pids = []
+        if kind in (BARE, PROVIDER):
+            provider, provider_url = start_provider(work, None, args.provider_server)
+            stack.callback(stop, provider)
+            pids.append(provider.pid)
+        if kind in (BARE, RECEIVER):
+            rcv, rcv_pid = stack.enter_context(receiver(work, secret, args.receiver_server))
+            pids.append(rcv_pid)
+        limits = provider_limits(work, provider_url or "http://127.0.0.1:9")
+        peers = Peers(provider_url, rcv)
+        peer0 = [cpu_seconds(pid) for pid in pids]
+        if kind == BARE:
+            # The bare client runs in this process: its CPU is this process's, and it
+            # shows what the same outbound calls cost in this HTTP stack with nothing else.
+            timed = asyncio.run(bare_client(peers, secret, args, limits))
+        else:
+            timed = clients(peers, args, limits, work)
+        done, ended = timed.done, timed.ended
+        if rcv is not None:
             stats = await_callbacks(rcv, done, timeout=60)
-    finally:
-        stop(sim)
-    last = stats["last_at"] or time.time()
-    if stats["rejected"]:
-        raise RuntimeError(f"the receiver refused {stats['rejected']} bare callbacks")
-    arrived = int(stats["distinct"])
-    return Run("bare", backend, arrived, last - started, cpu_ms=cpu * 1000 / max(1, arrived))
+            if stats["rejected"]:
+                raise RuntimeError(f"the receiver refused {stats['rejected']} bare callbacks")
+            done, ended = int(stats["distinct"]), stats["last_at"] or ended
+        n = max(1, done)
+        used = [(cpu_seconds(pid) - c) * 1000 / n for pid, c in zip(pids, peer0, strict=True)]
+    return Run(
+        kind,
+        backend,
+        done,
+        ended - timed.started,
+        cpu_ms=timed.cpu * 1000 / n,
+        failed=args.operations * (1 if kind == BARE else args.ceiling_clients) - done,
+        peers_ms=(
+            used[0] if provider_url else float("nan"),
+            used[-1] if rcv else float("nan"),
+        ),
+    )
+
+
+def clients(peers: Peers, args: argparse.Namespace, limits: httpx.Limits, work: Path) -> Timed:
+    """``--ceiling-clients`` bare clients, each its own process with ``--operations``
+    operations, started together once each is ready (its imports done, its clients made):
+    their operations, first start, last end and CPU."""
+    procs = []
+    with contextlib.ExitStack() as stack:
+        for number in range(args.ceiling_clients):
+            cmd = [
+                sys.executable,
+                "bench/throughput.py",
+                "client",
+                "--first",
+                str(number * args.operations),
+            ]
+            cmd += ["--operations", str(args.operations), "--concurrency", str(args.concurrency)]
+            pool = [limits.max_connections, limits.max_keepalive_connections]
+            cmd += ["--limits", json.dumps([*pool, limits.keepalive_expiry])]
+            if peers.provider:
+                cmd += ["--provider", peers.provider]
+            if peers.receiver:
+                cmd += ["--receiver", peers.receiver]
+            log = stack.enter_context((work / f"client-{number}.log").open("wb"))
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
+            )
+            stack.callback(stop, proc)  # by its PID, should another client fail
+            procs.append(proc)
+        for proc in procs:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != b"ready":
+                raise RuntimeError(f"a bare client did not start (see {work}/client-*.log)")
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(b"go\n")
+            proc.stdin.flush()
+        answers = []
+        for proc in procs:
+            out, _ = proc.communicate(timeout=600)
+            if proc.returncode != 0:
+                raise RuntimeError(f"a bare client failed (see {work}/client-*.log)")
+            answers.append(Timed(**json.loads(out)))
+    return Timed(
+        sum(t.done for t in answers),
+        min(t.started for t in answers),
+        max(t.ended for t in answers),
+        sum(t.cpu for t in answers),
+    )
+
+
+def client_main(argv: list[str]) -> int:
+    """One bare client of a ceiling run: prints its ``Timed`` as JSON."""
+    parser = argparse.ArgumentParser(prog="throughput.py client")
+    parser.add_argument("--provider", default=None)
+    parser.add_argument("--receiver", default=None)
+    parser.add_argument("--operations", type=int, required=True)
+    parser.add_argument("--concurrency", type=int, required=True)
+    parser.add_argument("--first", type=int, default=0)
+    parser.add_argument("--limits", required=True, help="[max, keepalive, expiry]")
+    args = parser.parse_args(argv)
+    most, keep, expiry = json.loads(args.limits)
+    limits = httpx.Limits(
+        max_connections=most, max_keepalive_connections=keep, keepalive_expiry=expiry
+    )
+    peers = Peers(args.provider, args.receiver)
+
+    async def ready() -> None:
+        print("ready", flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+
+    timed = asyncio.run(bare_client(peers, callback_secret(), args, limits, args.first, ready))
+    print(json.dumps(dataclasses.asdict(timed)))
+    return 0
 
 
 # --- report ------------------------------------------------------------------------------
 
 
 def describe(run: Run, bare: Run | None) -> str:
-    ratio = (
-        f"  ours/bare {run.rate / bare.rate:5.2f}" if bare is not None and run is not bare else ""
-    )
-    parts = [f"{run.label:<10} {run.backend:<10} {run.rate:7.1f} ops/s{ratio}"]
+    ratio = ""
+    if bare is not None and run.label not in (BARE, PROVIDER, RECEIVER):
+        ratio = f"  ours/bare {run.rate / bare.rate:5.2f}"
+    unit = "callbacks/s" if run.label == RECEIVER else "ops/s"
+    label = f"{run.label} ceiling" if run.label in (PROVIDER, RECEIVER) else run.label
+    parts = [f"{label:<16} {run.backend:<10} {run.rate:7.1f} {unit}{ratio}"]
     if run.cpu_ms is not None:
-        parts.append(f"CPU {run.cpu_ms:5.1f} ms/op")
+        parts.append(f"CPU {run.cpu_ms:5.2f} ms/op")
+    if run.label in (PROVIDER, RECEIVER) and run.peers_ms is not None:
+        own = run.peers_ms[0 if run.label == PROVIDER else 1]
+        # What the peer alone would serve on one core, were its clients free.
+        parts.append(f"({run.label} {own:4.2f} ms/op: {1000 / own:6.0f}/s a core)")
+    elif run.peers_ms is not None:
+        parts.append(f"(provider {run.peers_ms[0]:4.2f}, receiver {run.peers_ms[1]:4.2f})")
     if run.writes is not None:
         parts.append(f"writes {run.writes:5.2f}/op")
     if run.reads is not None:
@@ -556,29 +790,52 @@ def describe(run: Run, bare: Run | None) -> str:
     return "  ".join(parts)
 
 
-def summary(runs: list[Run], bares: dict[tuple[str, int], Run]) -> None:
+def _median(values: list[float | None]) -> float:
+    found = [v for v in values if v is not None]
+    return statistics.median(found) if found else float("nan")
+
+
+def summary(runs: list[Run], bares: dict[tuple[str, int, str], Run]) -> None:
     print("medians over rounds:")
-    keys = sorted({(r.label, r.backend) for r in runs if r.label != "bare"})
+    keys = sorted({(r.label, r.backend) for r in runs})
     for label, backend in keys:
         mine = [r for r in runs if (r.label, r.backend) == (label, backend)]
         ratios = [
-            r.rate / bares[(backend, i)].rate
+            r.rate / bares[(backend, i, BARE)].rate
             for i, r in enumerate(mine)
-            if (backend, i) in bares and bares[(backend, i)].rate > 0
+            if (backend, i, BARE) in bares and bares[(backend, i, BARE)].rate > 0
         ]
-        bare = [b.rate for (be, _), b in bares.items() if be == backend]
 
-        def med(values: list[float | None]) -> float:
-            found = [v for v in values if v is not None]
-            return statistics.median(found) if found else float("nan")
+        def rates(kind: str, be: str = backend) -> float:
+            return _median([b.rate for (b_be, _, k), b in bares.items() if (b_be, k) == (be, kind)])
 
         print(
-            f"  {label:<10} {backend:<10} {med([r.rate for r in mine]):7.1f} ops/s "
-            f"(bare {med(list(bare)):6.1f})  ours/bare {med(list(ratios)):5.2f}  "
-            f"CPU {med([r.cpu_ms for r in mine]):5.1f} ms/op  "
-            f"writes {med([r.writes for r in mine]):5.2f}/op  "
-            f"status reads {med([r.reads for r in mine]):4.2f}/op"
+            f"  {label:<10} {backend:<10} {_median([r.rate for r in mine]):7.1f} ops/s "
+            f"(bare {rates(BARE):6.1f}; ceilings: provider {rates(PROVIDER):6.1f} ops/s, "
+            f"receiver {rates(RECEIVER):6.1f} callbacks/s)  ours/bare {_median(list(ratios)):5.2f}"
+            f"  CPU {_median([r.cpu_ms for r in mine]):5.1f} ms/op  "
+            f"writes {_median([r.writes for r in mine]):5.2f}/op  "
+            f"status reads {_median([r.reads for r in mine]):4.2f}/op"
         )
+
+
+def short_ceilings(
+    runs: dict[tuple[str, int], list[Run]], bares: dict[tuple[str, int, str], Run]
+) -> list[str]:
+    """A line for each peer whose ceiling, in a round, was under ``HEADROOM`` times the
+    fastest service of that round: there the peer, not the service, may set the rate."""
+    lines = []
+    for (backend, number), services in sorted(runs.items()):
+        fastest = max(services, key=lambda r: r.rate)
+        for kind in (PROVIDER, RECEIVER):
+            ceiling = bares.get((backend, number, kind))
+            if ceiling is not None and ceiling.rate < HEADROOM * fastest.rate:
+                lines.append(
+                    f"round {number + 1} {backend}: the {kind} ceiling {ceiling.rate:.1f}/s is "
+                    f"under {HEADROOM} x {fastest.rate:.1f} ops/s, the rate of {fastest.label} "
+                    f"(= {HEADROOM * fastest.rate:.1f}/s)"
+                )
+    return lines
 
 
 def frames(path: Path, top: int) -> None:
@@ -608,6 +865,8 @@ def frames(path: Path, top: int) -> None:
 
 
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "client":
+        return client_main(sys.argv[2:])
     if len(sys.argv) > 1 and sys.argv[1] == "frames":
         parser = argparse.ArgumentParser(prog="throughput.py frames")
         parser.add_argument("file", type=Path)
@@ -628,6 +887,14 @@ def main() -> int:
     parser.add_argument("--no-bare", action="store_true")
     parser.add_argument("--py-spy", type=Path, default=None, help="sample the service into DIR")
     parser.add_argument("--keep", action="store_true", help="keep each run's files")
+    parser.add_argument(
+        "--ceiling-clients",
+        type=int,
+        default=1,
+        help="bare client processes at once in a ceiling run (for machines with cores to spare)",
+    )
+    parser.add_argument("--provider-server", choices=("protocol", "starlette"), default="protocol")
+    parser.add_argument("--receiver-server", choices=("protocol", "starlette"), default="protocol")
     args = parser.parse_args()
     trees = [Tree(args.label, args.tree.resolve())]
     if args.baseline is not None:
@@ -641,34 +908,41 @@ def main() -> int:
         f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
     )
     runs: list[Run] = []
-    bares: dict[tuple[str, int], Run] = {}
+    bares: dict[tuple[str, int, str], Run] = {}  # (backend, round, kind)
+    services: dict[tuple[str, int], list[Run]] = {}
     with Databases(args.postgres) as dbs:
         for number in range(args.rounds):
             for backend in backends:
-                order: list[Tree | None] = [*trees] + ([] if args.no_bare else [None])
+                order: list[Tree | str] = [*trees] + ([] if args.no_bare else [BARE])
+                order += [PROVIDER, RECEIVER]
                 shift = number % len(order)
                 order = order[shift:] + order[:shift]
-                for tree in order:
+                for item in order:
                     work = Path(tempfile.mkdtemp(prefix="bench-throughput-"))
                     try:
-                        if tree is None:
-                            run = run_bare(backend, args, work)
-                            bares[(backend, number)] = run
+                        if isinstance(item, str):
+                            run = run_bare(backend, args, work, item)
+                            bares[(backend, number, item)] = run
                         else:
                             spy = None
                             if args.py_spy is not None:
-                                spy = args.py_spy / f"{tree.label}-{backend}-{number + 1}.txt"
-                            run = run_ours(tree, backend, args, dbs, work, spy)
+                                spy = args.py_spy / f"{item.label}-{backend}-{number + 1}.txt"
+                            run = run_ours(item, backend, args, dbs, work, spy)
                             runs.append(run)
+                            services.setdefault((backend, number), []).append(run)
                     finally:
                         if args.keep:
                             print(f"    kept {work}")
                         else:
                             with contextlib.suppress(OSError):
                                 shutil.rmtree(work)
-                    print(f"  round {number + 1}  {describe(run, bares.get((backend, number)))}")
+                    bare = bares.get((backend, number, BARE))
+                    print(f"  round {number + 1}  {describe(run, bare)}")
     summary(runs, bares)
-    return 0
+    short = short_ceilings(services, bares)
+    for line in short:
+        print(f"CEILING TOO LOW: {line}")
+    return 1 if short else 0
 
 
 if __name__ == "__main__":

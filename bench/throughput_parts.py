@@ -20,9 +20,11 @@ reports on ``GET /stats`` how many distinct operations arrived and when the last
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -134,45 +136,68 @@ class Arrivals:
             self.first_at = self.last_at = None
 
 
-def receiver(port: int, secret: str) -> int:
+def receiver(port: int, secret: str, server: str) -> int:
     sys.path.insert(0, str(HERE / "service"))
-    import uvicorn
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response
-    from starlette.routing import Route
+    sys.path.insert(0, str(HERE))
+    from bench.fast_http import Answer, Request, run, start_server
 
     from reconciler.client import verify_callback
     from reconciler.core.errors import ReconcilerError
 
     arrivals = Arrivals()
 
-    async def callback(request: Request) -> Response:
-        body = await request.body()
-        try:
-            event = verify_callback(body, request.headers, secret)
-        except ReconcilerError:
-            with arrivals.lock:
-                arrivals.rejected += 1
-            return Response(status_code=401)
-        arrivals.add(event.webhook_id)
-        return Response(status_code=204)
+    def handle(request: Request) -> Answer:
+        if request.method == "POST" and request.path == "/cb":
+            try:
+                event = verify_callback(request.body, request.headers, secret)
+            except ReconcilerError:
+                with arrivals.lock:
+                    arrivals.rejected += 1
+                return Answer(401)
+            arrivals.add(event.webhook_id)
+            return Answer(204)
+        if request.method == "GET" and request.path == "/stats":
+            return Answer(200, json.dumps(arrivals.stats()).encode())
+        if request.method == "POST" and request.path == "/reset":
+            arrivals.reset()
+            return Answer(204)
+        return Answer(404)
 
-    async def stats(request: Request) -> Response:
-        return JSONResponse(arrivals.stats())
+    if server == "starlette":
+        return _receiver_on_starlette(port, handle)
 
-    async def reset(request: Request) -> Response:
-        arrivals.reset()
-        return Response(status_code=204)
+    async def main() -> None:
+        async with await start_server(handle, "127.0.0.1", port) as listening:
+            await listening.serve_forever()
 
-    app = Starlette(
-        routes=[
-            Route("/cb", callback, methods=["POST"]),
-            Route("/stats", stats, methods=["GET"]),
-            Route("/reset", reset, methods=["POST"]),
-        ]
+    run(main)
+    return 0
+
+
+def _receiver_on_starlette(port: int, handle: Callable[[Any], Any]) -> int:
+    """The same handler as one Starlette route on uvicorn (httptools, uvloop), to compare."""
+    import uvicorn
+    from bench.fast_http import Request as Plain
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def endpoint(request: Request) -> Response:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        answer = handle(Plain(request.method, request.url.path, headers, await request.body()))
+        return Response(answer.body, status_code=answer.status, media_type=answer.content_type)
+
+    app = Starlette(routes=[Route("/{rest:path}", endpoint, methods=["GET", "POST"])])
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        http="httptools",
+        loop="uvloop",
+        log_level="warning",
+        access_log=False,
     )
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
     return 0
 
 
@@ -186,10 +211,11 @@ def main() -> int:
     rcv = sub.add_parser("receiver")
     rcv.add_argument("--port", type=int, required=True)
     rcv.add_argument("--secret", required=True)
+    rcv.add_argument("--server", choices=("protocol", "starlette"), default="protocol")
     args = parser.parse_args()
     if args.command == "serve":
         return serve(args.root, args.config, args.profile)
-    return receiver(args.port, args.secret)
+    return receiver(args.port, args.secret, args.server)
 
 
 if __name__ == "__main__":
