@@ -304,7 +304,13 @@ class Worker:
             log.error("worker task failed", exc_info=task.exception())
 
     def _give(self, share: str) -> None:
-        if self.shares.give(share) or len(self._tasks) >= self.max_in_flight - 1:
+        was_full = self.shares.give(share)
+        if self._claiming:
+            # The claim in flight counted the free slots before this one was given back:
+            # claim again after it, or due work waits for the next tick (a burst of
+            # callbacks to one host would go out a host's share a second).
+            self._again = True
+        elif was_full or len(self._tasks) >= self.max_in_flight - 1:
             # The share (or the worker) was full: there may be due work we could not claim.
             self.deps.notifier.wake()
 
