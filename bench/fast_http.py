@@ -150,6 +150,10 @@ class _Reply:
     def __init__(self) -> None:
         self.done = False
         self.close = False
+        self.body = bytearray()
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if name.lower() == b"connection" and value.lower() == b"close":
@@ -167,7 +171,7 @@ class _Line:
 
 
 class Poster:
-    """POSTs to one origin over kept-alive connections, at most ``connections`` at once."""
+    """Requests to one origin over kept-alive connections, at most ``connections`` at once."""
 
     def __init__(self, host: str, port: int, connections: int, keepalive: float = 4.0) -> None:
         self.host, self.port = host, port
@@ -176,7 +180,14 @@ class Poster:
         self.idle: list[_Line] = []
 
     async def post(self, target: str, headers: dict[str, str], body: bytes) -> int:
-        lines = [f"POST {target} HTTP/1.1", f"host: {self.host}:{self.port}"]
+        status, _ = await self.request("POST", target, headers, body)
+        return status
+
+    async def request(
+        self, method: str, target: str, headers: dict[str, str], body: bytes = b""
+    ) -> tuple[int, bytes]:
+        """One request; its status and body."""
+        lines = [f"{method} {target} HTTP/1.1", f"host: {self.host}:{self.port}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
         lines.append(f"content-length: {len(body)}")
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
@@ -184,7 +195,7 @@ class Poster:
             for attempt in range(3):
                 line = await self._line()
                 try:
-                    status, keep = await self._exchange(line, request)
+                    status, keep, answer = await self._exchange(line, request)
                 except (OSError, asyncio.IncompleteReadError, httptools.HttpParserError):
                     line.writer.close()
                     if attempt < 2:
@@ -195,7 +206,7 @@ class Poster:
                     self.idle.append(line)
                 else:
                     line.writer.close()
-                return status
+                return status, answer
         raise ConnectionError(f"no answer from {self.host}:{self.port}")
 
     async def _line(self) -> _Line:
@@ -208,7 +219,7 @@ class Poster:
         reader, writer = await asyncio.open_connection(self.host, self.port)
         return _Line(reader, writer, now)
 
-    async def _exchange(self, line: _Line, request: bytes) -> tuple[int, bool]:
+    async def _exchange(self, line: _Line, request: bytes) -> tuple[int, bool, bytes]:
         line.writer.write(request)
         reply = _Reply()
         parser = httptools.HttpResponseParser(reply)
@@ -217,7 +228,8 @@ class Poster:
             if not data:
                 raise asyncio.IncompleteReadError(b"", None)
             parser.feed_data(data)
-        return parser.get_status_code(), parser.should_keep_alive() and not reply.close
+        keep = parser.should_keep_alive() and not reply.close
+        return parser.get_status_code(), keep, bytes(reply.body)
 
     def close(self) -> None:
         for line in self.idle:
