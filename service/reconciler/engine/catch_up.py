@@ -5,6 +5,12 @@ by more than ``scheduler.catch_up_after_seconds`` (the service was stopped or
 paused, or its database was down), all its due reads are spread out
 (``core.catch_up``) instead of being claimed at once, each with a history
 note; a read spread once is not spread again.
+
+A read a webhook brought forward is neither spread nor a reason to spread: it is due
+because the provider just spoke, not because a schedule was missed, and a burst of
+completions the service is still working through (its provider share full, the reads
+queued a few seconds) would otherwise wait out their whole polling cadence (two
+minutes) behind the webhook that announced them.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from reconciler.storage.journal import Entry
 
 # At most this many due reads are looked at per claim (the rest wait for the next tick).
 SCAN_LIMIT = 2000
+# Reads spread once already, and reads a webhook hint brought forward (see above).
+NOT_SPREAD = (DelaySource.CATCH_UP.value, DelaySource.WEBHOOK_HINT.value)
 
 
 def _overdue(op: OperationRecord, default_interval: float) -> Overdue:
@@ -43,11 +51,10 @@ def _overdue(op: OperationRecord, default_interval: float) -> Overdue:
 def spread_overdue(conn: Connection, rt: EngineDeps, now: datetime, actor: str) -> int:
     """Spread the due reads of every provider that has one long overdue; returns how many."""
     late_by = timedelta(seconds=rt.settings.scheduler.catch_up_after_seconds)
-    skip = DelaySource.CATCH_UP.value
-    if not store.any_status_read_due_before(conn, now, now - late_by, skip):
+    if not store.any_status_read_due_before(conn, now, now - late_by, NOT_SPREAD):
         return 0  # nothing long overdue (the usual case): no reason to look at every due read
     by_provider: dict[str, list[OperationRecord]] = defaultdict(list)
-    for op in store.due_status_reads(conn, now, DelaySource.CATCH_UP.value, SCAN_LIMIT):
+    for op in store.due_status_reads(conn, now, NOT_SPREAD, SCAN_LIMIT):
         by_provider[op.provider].append(op)
     moved = 0
     for provider, ops in by_provider.items():

@@ -82,14 +82,14 @@ _STATUS_READ_OVERDUE = Sql(
     "status-read-overdue",
     OPS,
     f"SELECT id FROM operations WHERE next_poll_at < ? AND state IN (?*) AND {_FREE} "
-    "AND (delay_source IS NULL OR delay_source != ?) LIMIT 1",
+    "AND (delay_source IS NULL OR NOT (delay_source IN (?*))) LIMIT 1",
     params=("next_poll_at", "state", "lease_expires_at", "delay_source"),
 )
 _STATUS_READS_DUE = Sql(
     "status-reads-due",
     OPS,
     f"SELECT {_COLUMN_LIST} FROM operations WHERE next_poll_at <= ? AND state IN (?*) "
-    f"AND {_FREE} AND (delay_source IS NULL OR delay_source != ?) "
+    f"AND {_FREE} AND (delay_source IS NULL OR NOT (delay_source IN (?*))) "
     "ORDER BY next_poll_at LIMIT ? [[FOR UPDATE SKIP LOCKED|]]",
     params=("next_poll_at", "state", "lease_expires_at", "delay_source", AS_IS),
     returns=OPS_COLUMNS,
@@ -363,7 +363,7 @@ def claim_records(
 
 
 def any_status_read_due_before(
-    conn: Connection, now: datetime, before: datetime, skip_source: str
+    conn: Connection, now: datetime, before: datetime, skip_sources: Sequence[str]
 ) -> bool:
     """Whether any status read unleased at ``now`` was due before ``before`` (one probe).
 
@@ -371,19 +371,20 @@ def any_status_read_due_before(
     catch-up looks at them all only when there is one long overdue.
     """
     states = [s.value for s in STATUS_READ_STATES]
-    return _STATUS_READ_OVERDUE.first(conn, before, states, now, skip_source) is not None
+    skip = list(skip_sources)
+    return _STATUS_READ_OVERDUE.first(conn, before, states, now, skip) is not None
 
 
 def due_status_reads(
-    conn: Connection, now: datetime, skip_source: str, limit: int
+    conn: Connection, now: datetime, skip_sources: Sequence[str], limit: int
 ) -> list[OperationRecord]:
-    """Unleased operations whose next status read is due, except those ``skip_source`` set.
+    """Unleased operations whose next status read is due, except those ``skip_sources`` set.
 
     For the catch-up spread (``engine.catch_up``), which reschedules them in the same
     transaction; on PostgreSQL rows another replica holds locked are skipped.
     """
     states = [s.value for s in STATUS_READ_STATES]
-    rows = _STATUS_READS_DUE.rows(conn, now, states, now, skip_source, limit)
+    rows = _STATUS_READS_DUE.rows(conn, now, states, now, list(skip_sources), limit)
     return [record_of_values(row) for row in rows]
 
 
