@@ -144,6 +144,37 @@ def run(main: Callable[[], object]) -> None:
         uvloop.run(main())  # type: ignore[arg-type]
 
 
+def run_on_starlette(handler: Handler, port: int) -> None:
+    """The same handler as one Starlette route on uvicorn (httptools, uvloop), to compare."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request as StarletteRequest
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def endpoint(request: StarletteRequest) -> Response:
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        answer = handler(Request(request.method, target, headers, await request.body()))
+        return Response(
+            answer.body,
+            status_code=answer.status,
+            media_type=answer.content_type,
+            headers=dict(answer.headers),
+        )
+
+    app = Starlette(routes=[Route("/{rest:path}", endpoint, methods=["GET", "POST"])])
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        http="httptools",
+        loop="uvloop",
+        log_level="warning",
+        access_log=False,
+    )
+
+
 class _Reply:
     """httptools callbacks for one response: its status and whether the peer keeps the line."""
 

@@ -52,7 +52,14 @@ for _path in (str(ROOT / "service"), str(ROOT)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from bench.fast_http import Answer, Poster, Request, run, start_server  # noqa: E402
+from bench.fast_http import (  # noqa: E402
+    Answer,
+    Poster,
+    Request,
+    run,
+    run_on_starlette,
+    start_server,
+)
 
 from reconciler.demo.sim.signing import sign  # noqa: E402
 from reconciler.demo.sim.timeutil import rfc3339  # noqa: E402
@@ -269,36 +276,6 @@ async def serve_protocol(provider: Provider, port: int) -> None:
         await server.serve_forever()
 
 
-def serve_starlette(provider: Provider, port: int) -> None:
-    import uvicorn
-    from starlette.applications import Starlette
-    from starlette.requests import Request as StarletteRequest
-    from starlette.responses import Response
-    from starlette.routing import Route
-
-    async def endpoint(request: StarletteRequest) -> Response:
-        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        answer = provider(Request(request.method, target, headers, await request.body()))
-        return Response(
-            answer.body,
-            status_code=answer.status,
-            media_type=answer.content_type,
-            headers=dict(answer.headers),
-        )
-
-    app = Starlette(routes=[Route("/{rest:path}", endpoint, methods=["GET", "POST"])])
-    uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=port,
-        http="httptools",
-        loop="uvloop",
-        log_level="warning",
-        access_log=False,
-    )
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
@@ -309,7 +286,7 @@ def main() -> int:
     args = parser.parse_args()
     provider = Provider(args.token, args.webhook_url, args.webhook_secret)
     if args.server == "starlette":
-        serve_starlette(provider, args.port)
+        run_on_starlette(provider, args.port)
     else:
         run(lambda: serve_protocol(provider, args.port))
     return 0

@@ -24,7 +24,6 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +138,7 @@ class Arrivals:
 def receiver(port: int, secret: str, server: str) -> int:
     sys.path.insert(0, str(HERE / "service"))
     sys.path.insert(0, str(HERE))
-    from bench.fast_http import Answer, Request, run, start_server
+    from bench.fast_http import Answer, Request, run, run_on_starlette, start_server
 
     from reconciler.client import verify_callback
     from reconciler.core.errors import ReconcilerError
@@ -164,40 +163,14 @@ def receiver(port: int, secret: str, server: str) -> int:
         return Answer(404)
 
     if server == "starlette":
-        return _receiver_on_starlette(port, handle)
+        run_on_starlette(handle, port)
+        return 0
 
     async def main() -> None:
         async with await start_server(handle, "127.0.0.1", port) as listening:
             await listening.serve_forever()
 
     run(main)
-    return 0
-
-
-def _receiver_on_starlette(port: int, handle: Callable[[Any], Any]) -> int:
-    """The same handler as one Starlette route on uvicorn (httptools, uvloop), to compare."""
-    import uvicorn
-    from bench.fast_http import Request as Plain
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import Response
-    from starlette.routing import Route
-
-    async def endpoint(request: Request) -> Response:
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        answer = handle(Plain(request.method, request.url.path, headers, await request.body()))
-        return Response(answer.body, status_code=answer.status, media_type=answer.content_type)
-
-    app = Starlette(routes=[Route("/{rest:path}", endpoint, methods=["GET", "POST"])])
-    uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=port,
-        http="httptools",
-        loop="uvloop",
-        log_level="warning",
-        access_log=False,
-    )
     return 0
 
 

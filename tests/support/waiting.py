@@ -21,13 +21,9 @@ def wait_until(
 ) -> Any:
     """Poll ``predicate`` until it returns something truthy (bounded); return it."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    while (value := _look(predicate, deadline, timeout, what)) is None:
         time.sleep(poll)
+    return value
 
 
 async def wait_until_async(
@@ -35,10 +31,16 @@ async def wait_until_async(
 ) -> Any:
     """``wait_until`` inside an event loop: the loop keeps running what is awaited."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    while (value := _look(predicate, deadline, timeout, what)) is None:
         await asyncio.sleep(poll)
+    return value
+
+
+def _look(predicate: Callable[[], Any], deadline: float, timeout: float, what: str) -> Any:
+    """The predicate's value when truthy; ``None`` to look again; past the deadline, fail."""
+    value = predicate()
+    if value:
+        return value
+    if time.monotonic() > deadline:
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return None
