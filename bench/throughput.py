@@ -549,6 +549,11 @@ class Timed:
     cpu: float
 
 
+def bare_job(index: int) -> dict[str, Any]:
+    """The job a bare client asks the provider for: done at once, no webhook."""
+    return {"scenario": "success", "duration": 0, "webhooks": "never", "n": index}
+
+
 async def bare_client(
     peers: Peers,
     secret: str,
@@ -585,7 +590,7 @@ async def bare_client(
             return await _request(client, pool_gate if client is sim else None, method, url, **kw)
 
         async def at_provider(index: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
-            request = {"scenario": "success", "duration": 0, "webhooks": "never", "n": index}
+            request = bare_job(index)
             created = await call(
                 sim, "POST", "/v1/jobs", json=request, headers={"Idempotency-Key": f"b{index}"}
             )
@@ -714,7 +719,7 @@ async def raw_provider_client(
 
     async def one(index: int) -> None:
         nonlocal done
-        body = json.dumps({"scenario": "success", "duration": 0, "webhooks": "never", "n": index})
+        body = json.dumps(bare_job(index))
         async with gate:
             key = {**posting, "idempotency-key": f"c{index}"}
             status, created = await caller.request("POST", "/v1/jobs", key, body.encode())

@@ -371,8 +371,7 @@ def any_status_read_due_before(
     catch-up looks at them all only when there is one long overdue.
     """
     states = [s.value for s in STATUS_READ_STATES]
-    skip = list(skip_sources)
-    return _STATUS_READ_OVERDUE.first(conn, before, states, now, skip) is not None
+    return _STATUS_READ_OVERDUE.first(conn, before, states, now, list(skip_sources)) is not None
 
 
 def due_status_reads(
