@@ -4,6 +4,11 @@ The service runs as ``python -m reconciler serve`` in a subprocess (killed by it
 the simulated provider runs on uvicorn in the test process, so the test can read what
 it received. After the restart on the same database the operation must complete with
 exactly one job at the provider for its idempotency token.
+
+SQLite only: the create intent is recorded before the call on both databases alike (the
+engine's order); PostgreSQL's commits and leases under SIGKILL are proven by the lease
+takeover (test_poller_crash.py), the transactional hooks (test_hook_once.py) and the
+soak's kills.
 """
 
 from __future__ import annotations
@@ -27,8 +32,6 @@ from tests.support.process import ServiceProcess, cli, service_config, service_p
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
 from tests.support.waiting import wait_until
-
-pytestmark = pytest.mark.both_backends
 
 LEASE_SECONDS = 2.0
 READY_SECONDS = 90.0
