@@ -24,6 +24,7 @@ from reconciler.api.auth import CACHE_SECONDS
 from reconciler.console.session import SESSION_COOKIE
 from reconciler.core.errors import RejectReason
 from reconciler.core.states import State
+from reconciler.core.trust import Verdict
 from reconciler.storage.journal import HISTORY
 from reconciler.storage.tokens import create_token, revoke_token
 from tests.support.chart_data import VERDICTS, completed_hours, long_story
@@ -489,7 +490,9 @@ def test_providers_page_charts_each_providers_last_hours(stack: Stack, ops: http
     page = html_page(ops.get("/console/providers"), 200)
     svg = svg_in(page, f'id="provider-{provider}"')
     assert 'role="img"' in svg and "<title" in svg and "<desc" in svg
-    assert svg.count('<rect class="bar"') == len(made.reads) + len(VERDICTS)
+    assert svg.count('<rect class="bar') == len(made.reads) + len(VERDICTS)
+    zero = [v for v in VERDICTS.values() if v is not Verdict.WEBHOOK_FIRST]
+    assert svg.count('<rect class="bar zero"') == len(zero)  # 0 % drawn, not left out
     assert f"{len(made.reads)} hour(s) with data" in svg
     assert 'class="marker' not in svg  # no longer configured: its trust keys are unknown
     section = page.split(f'id="provider-{provider}"', 1)[1].split("</section>")[0]

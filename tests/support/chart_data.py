@@ -4,7 +4,8 @@ Written through the service's own storage functions (``Journal``,
 ``storage.trust.record_verdict`` and ``count_completions``), so the health row
 and its transitions are what the service would have stored. Every moment is
 at least two clock hours before ``now``: a test that reads the page a little
-later, in the next hour, still finds every mark inside the window.
+later, in the next hour, still finds every mark inside the window; the story's
+operation ended before the window, so it adds no bar to its provider's chart.
 """
 
 from __future__ import annotations
@@ -84,11 +85,8 @@ def completed_hours(
                 hinted_at=judged_at - timedelta(seconds=2) if verdict is Verdict.LATE else None,
                 settle_after=None,
             )
-            if verdict is not Verdict.LATE:
-                changes = trust.count_completions(
-                    conn, provider, [(verdict, op.id)], judged_at, policy
-                )
-                transitions += [(judged_at, c.after.value) for c in changes]
+            changes = trust.count_completions(conn, provider, [(verdict, op.id)], judged_at, policy)
+            transitions += [(judged_at, c.after.value) for c in changes]
     return ProviderHistory(window, reads, transitions)
 
 
@@ -101,10 +99,8 @@ class Story:
 
 def long_story(db: Database, journal: Journal, now: datetime) -> Story:
     """An operation that was created, polled, hinted, escalated, decided, collected, called back."""
-    start = now - timedelta(hours=2, minutes=10)
-    op = insert_operation(
-        db, journal, start, state=State.SUCCEEDED.value, remote_job_id="job_story"
-    )
+    start = now - timedelta(hours=30)  # before the providers page's window: no bar of its own
+    op = insert_operation(db, journal, start, remote_job_id="job_story")
 
     def at(seconds: float) -> datetime:
         return start + timedelta(seconds=seconds)
@@ -172,6 +168,12 @@ def long_story(db: Database, journal: Journal, now: datetime) -> Story:
         step(61, "step_done:callback", attempt=2, http_status=204),
     ]
     with db.write() as conn:
-        journal.write(conn, op, now=at(61), changes={"done_at": at(54.1)}, entries=entries)
+        journal.write(
+            conn,
+            op,
+            now=at(61),
+            changes={"state": State.SUCCEEDED.value, "done_at": at(54.1)},
+            entries=entries,
+        )
     lanes = {"requests": 7, "webhooks": 1, "state": 7, "decisions": 2, "callbacks": 2}
     return Story(op.id, len(entries) + 1, lanes)

@@ -167,6 +167,7 @@ TOP = 40
 LEFT = 44
 RIGHT = 24
 AXIS = 22
+STUB = 2.0
 
 
 def bar_panels(
@@ -238,10 +239,12 @@ def _panel(panel: Panel, x: Scale, top: float, empty: str) -> str:
         out.append(_text((LEFT + BAR_WIDTH - RIGHT) / 2, top + PANEL_HEIGHT / 2, empty, "empty"))
     for bar in panel.bars:
         x0, x1 = x(bar.start.timestamp()), x(bar.end.timestamp())
-        y0 = y(bar.value)
+        # Any bar is at least a stub: a share of 0 % is a figure, not a missing hour.
+        y0 = min(y(bar.value), bottom - STUB)
         width = max(1.0, x1 - x0 - 2)
+        cls = "bar zero" if bar.value <= 0 else "bar"
         out.append(
-            f'<rect class="bar" x="{_num(x0 + 1)}" y="{_num(y0)}" width="{_num(width)}" '
+            f'<rect class="{cls}" x="{_num(x0 + 1)}" y="{_num(y0)}" width="{_num(width)}" '
             f'height="{_num(max(0.0, bottom - y0))}"><title>'
             f"{bar.start:%H:%M}-{bar.end:%H:%M} UTC: {_esc(panel.shown(bar.value))} "
             f"({_esc(bar.note)})</title></rect>"
