@@ -497,7 +497,9 @@ def test_providers_page_charts_each_providers_last_hours(stack: Stack, ops: http
     assert 'class="marker' not in svg  # no longer configured: its trust keys are unknown
     section = page.split(f'id="provider-{provider}"', 1)[1].split("</section>")[0]
     assert "Figures as a table" in section
-    assert "100%" in section and "0%" in section  # webhook-first share per hour
+    # One judged completion per hour: its share is all or nothing.
+    assert section.count(" UTC: 100% (1 judged completion)") == len(VERDICTS) - len(zero)
+    assert section.count(" UTC: 0% (1 judged completion)") == len(zero)
     # The configured provider has its chart too, with data or saying it has none.
     sim = svg_in(page, 'id="provider-sim"')
     assert "hour(s) with data" in sim or "no data yet" in sim
