@@ -4,9 +4,11 @@ One browser per module and one service per backend. An operator signs in,
 sees an escalation arrive in the inbox without reloading, opens it, decides
 ``extend`` through the button and its confirmation, and watches the operation
 resume and finish; an agent token is refused; a POST without the CSRF token
-changes nothing; provider text with HTML in it renders as text. Screenshots
-of the inbox and of an operation page are saved in the test's directory (and
-in ``$RECONCILER_SCREENSHOTS`` when set, which is how ``docs/`` gets them).
+changes nothing; provider text with HTML in it renders as text; the charts
+(a provider's last hours, an operation's story) render with their marks under
+the console's CSP. Screenshots of the inbox, of an operation page and of the
+charts are saved in the test's directory (and in ``$RECONCILER_SCREENSHOTS``
+when set, which is how ``docs/`` gets them).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import httpx
 import pytest
 
 from reconciler.core.states import State
+from tests.support.chart_data import TRANSITIONS, VERDICTS, completed_hours, long_story
 from tests.support.factories import insert_operation
 from tests.support.stack import QUICK_POLLING, Stack, running_stack
 
@@ -91,9 +94,13 @@ def escalated(stack: Stack, request: dict[str, Any], **fields: Any) -> dict[str,
     return op
 
 
-def shoot(page: Any, tmp_path: Path, name: str) -> None:
+def shoot(page: Any, tmp_path: Path, name: str, part: Any = None) -> None:
+    """The whole page, or only ``part`` (a locator), as a PNG."""
     path = tmp_path / name
-    page.screenshot(path=str(path), full_page=True)
+    if part is None:
+        page.screenshot(path=str(path), full_page=True)
+    else:
+        part.screenshot(path=str(path), animations="disabled")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     extra = os.environ.get("RECONCILER_SCREENSHOTS")
     if extra:
@@ -210,3 +217,63 @@ def test_provider_text_with_html_is_shown_as_text(page: Any, stack: Stack) -> No
     playwright.expect(error).to_contain_text(HTML_ERROR)
     assert error.locator("img, b").count() == 0
     assert dialogs == []
+
+
+def boxes(locator: Any) -> list[dict[str, float]]:
+    """Each element's rendered box (what was drawn, not what the markup says)."""
+    found: list[dict[str, float]] = locator.evaluate_all(
+        "els => els.map(e => { const r = e.getBoundingClientRect();"
+        " return {x: r.x, y: r.y, width: r.width, height: r.height}; })"
+    )
+    return found
+
+
+def inside(box: dict[str, float], outer: dict[str, float]) -> bool:
+    return (
+        outer["x"] - 1 <= box["x"] <= box["x"] + box["width"] <= outer["x"] + outer["width"] + 1
+        and outer["y"] - 1
+        <= box["y"]
+        <= box["y"] + box["height"]
+        <= outer["y"] + outer["height"] + 1
+    )
+
+
+def test_the_charts_render_with_their_marks(page: Any, tmp_path: Path, db_url: str) -> None:
+    # A service of its own: the provider's trust history here is this test's alone.
+    polling = {**QUICK_POLLING, "trust_after": 3, "distrust_after_misses": 1}
+    with running_stack(tmp_path, db_url, provider={"polling": polling}) as stack:
+        rt = stack.runtime
+        made = completed_hours(rt.db, rt.journal, "sim", rt.clock.now())
+        story = long_story(rt.db, rt.journal, rt.clock.now())
+        blocked: list[str] = []
+        page.on("console", lambda m: blocked.append(m.text) if "Content Security" in m.text else 0)
+        sign_in(page, stack, stack.operator_token)
+        playwright.expect(page.locator("h1")).to_have_text("Inbox")
+
+        page.goto(f"{stack.url}/console/providers")
+        chart = page.locator("#provider-sim svg.chart")
+        playwright.expect(chart).to_be_visible()
+        frame = chart.bounding_box()
+        assert frame is not None and frame["width"] > 300 and frame["height"] > 100
+        bars = chart.locator("rect.bar")
+        assert bars.count() == len(made.reads) + len(VERDICTS)
+        drawn = boxes(bars)
+        assert all(inside(b, frame) for b in drawn)
+        assert all(b["height"] > 0 and b["width"] > 0 for b in drawn)  # 0 % is drawn too
+        markers = chart.locator("g.marker")
+        assert markers.count() == len(TRANSITIONS)
+        assert markers.locator("text").all_text_contents() == [s for _, s in TRANSITIONS]
+        shoot(page, tmp_path, "console-providers.png", page.locator("#provider-sim"))
+
+        page.goto(f"{stack.url}/console/operations/{story.op_id}")
+        lanes = page.locator("#timeline svg.chart")
+        playwright.expect(lanes).to_be_visible()
+        frame = lanes.bounding_box()
+        assert frame is not None and frame["width"] > 300 and frame["height"] > 100
+        marks = lanes.locator("circle.mark")
+        assert marks.count() == story.entries
+        assert all(inside(b, frame) and b["width"] > 0 for b in boxes(marks))
+        for lane, count in story.lanes.items():
+            assert lanes.locator(f"circle.lane-{lane}").count() == count
+        shoot(page, tmp_path, "console-operation-timeline.png", page.locator("#timeline"))
+        assert blocked == []

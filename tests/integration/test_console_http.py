@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import re
+import secrets
 from collections.abc import Iterator
 from contextlib import closing
 from datetime import timedelta
@@ -23,8 +24,10 @@ from reconciler.api.auth import CACHE_SECONDS
 from reconciler.console.session import SESSION_COOKIE
 from reconciler.core.errors import RejectReason
 from reconciler.core.states import State
+from reconciler.core.trust import Verdict
 from reconciler.storage.journal import HISTORY
 from reconciler.storage.tokens import create_token, revoke_token
+from tests.support.chart_data import VERDICTS, completed_hours, long_story
 from tests.support.console import csrf_of, operator_client, sign_in
 from tests.support.factories import insert_operation
 from tests.support.stack import (
@@ -471,6 +474,48 @@ def test_providers_page_counts_webhooks_from_the_database_and_rejections(
     assert "Status reads per completed operation" in section
     trust = section.split("Webhook trust")[1].split("</dl>")[0]
     assert "<b>learning</b>" in trust and "Webhook-first share" in trust
+
+
+def svg_in(page: str, after: str) -> str:
+    """The first chart's SVG after ``after`` in the page."""
+    rest = page.split(after, 1)[1]
+    return rest[rest.index("<svg") : rest.index("</svg>")]
+
+
+def test_providers_page_charts_each_providers_last_hours(stack: Stack, ops: httpx.Client) -> None:
+    # A provider of its own: the page lists every provider the database names.
+    provider = f"charted-{secrets.token_hex(4)}"
+    rt = stack.runtime
+    made = completed_hours(rt.db, rt.journal, provider, rt.clock.now())
+    page = html_page(ops.get("/console/providers"), 200)
+    svg = svg_in(page, f'id="provider-{provider}"')
+    assert 'role="img"' in svg and "<title" in svg and "<desc" in svg
+    assert svg.count('<rect class="bar') == len(made.reads) + len(VERDICTS)
+    zero = [v for v in VERDICTS.values() if v is not Verdict.WEBHOOK_FIRST]
+    assert svg.count('<rect class="bar zero"') == len(zero)  # 0 % drawn, not left out
+    assert f"{len(made.reads)} hour(s) with data" in svg
+    assert 'class="marker' not in svg  # no longer configured: its trust keys are unknown
+    section = page.split(f'id="provider-{provider}"', 1)[1].split("</section>")[0]
+    assert "Figures as a table" in section
+    # One judged completion per hour: its share is all or nothing.
+    assert section.count(" UTC: 100% (1 judged completion)") == len(VERDICTS) - len(zero)
+    assert section.count(" UTC: 0% (1 judged completion)") == len(zero)
+    # The configured provider has its chart too, with data or saying it has none.
+    sim = svg_in(page, 'id="provider-sim"')
+    assert "hour(s) with data" in sim or "no data yet" in sim
+
+
+def test_operation_page_draws_the_story_on_one_time_axis(stack: Stack, ops: httpx.Client) -> None:
+    story = long_story(stack.runtime.db, stack.runtime.journal, stack.runtime.clock.now())
+    page = html_page(ops.get(f"/console/operations/{story.op_id}"), 200)
+    svg = svg_in(page, 'id="timeline"')
+    assert svg.count("<circle") == story.entries
+    for lane, count in story.lanes.items():
+        assert svg.count(f"lane-{lane}") == count, lane
+    assert svg.count('class="mark bad') == 2  # the 503 and the failed callback
+    assert f"{story.entries} events from" in svg
+    # The story table stays the text of the same events.
+    assert page.split('id="timeline"')[1].count('<tr class="kind-') == story.entries
 
 
 def test_audit_page_names_the_first_bad_entry(stack: Stack, ops: httpx.Client) -> None:

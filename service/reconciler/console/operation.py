@@ -80,13 +80,15 @@ def _load(rt: Runtime, op_id: str) -> dict[str, Any]:
         entries = history_of(conn, op_id)
         steps = steps_of(conn, op_id)
         view = view_of(conn, op, now)
+    story_rows = timeline.rows(entries)
     return {
         "op": op,
         "view": view,
         "done": State(op.state) in END_STATES,
         "open": _open(op, escalations),
         "escalations": escalations,
-        "timeline": timeline.rows(entries),
+        "timeline": story_rows,
+        "story_chart": timeline.chart(op.id, story_rows),
         "deliveries": timeline.deliveries(steps, entries),
         "callback_url": without_query(op.callback_url),
         "result": _result(op.result),

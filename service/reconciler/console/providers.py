@@ -4,7 +4,8 @@ Which figure comes from where (the page says it too): webhook events,
 duplicates, conflicts and orphans, and status reads per completed operation are
 read from the database (every replica's work); rejected webhook deliveries
 (nothing is stored for them) and calls by HTTP status are this process's
-metrics since it started.
+metrics since it started. Each provider's chart of the last hours is drawn from
+the database too (``console.provider_charts``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import Response
 
+from reconciler.console import provider_charts
 from reconciler.console.web import operator, page, render, runtime_of
+from reconciler.core.trust import TrustPolicy
 from reconciler.metrics import totals
 from reconciler.runtime import Runtime
 from reconciler.storage import provider_stats
@@ -50,6 +54,7 @@ class ProviderFigures:
     rejected: dict[str, int] = field(default_factory=dict)  # this process
     statuses: dict[str, int] = field(default_factory=dict)  # status reads by HTTP status
     calls: dict[str, dict[str, int]] = field(default_factory=dict)  # other calls, by status
+    chart: Markup = field(default_factory=Markup)  # the last hours, by hour (database)
 
     @property
     def status_total(self) -> int:
@@ -58,6 +63,11 @@ class ProviderFigures:
     def share(self, count: int) -> str:
         total = self.status_total
         return f"{100 * count / total:.1f}%" if total else "—"
+
+
+def _policy(runtime: Runtime, provider: str) -> TrustPolicy | None:
+    spec = runtime.providers.get(provider)
+    return spec.polling.trust() if spec is not None else None
 
 
 def _process_figures(rt: Runtime) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -79,15 +89,25 @@ async def providers_page(request: Request) -> Response:
     who = await operator(request)
     rt = runtime_of(request)
 
-    def load() -> tuple[Any, Any, list[str]]:
+    window = provider_charts.Window.ending_at(rt.clock.now())
+
+    def load() -> tuple[Any, Any, list[str], dict[str, Any], dict[str, Any]]:
         with rt.db.read() as conn:
+            webhooks = provider_stats.webhook_counts(conn)
+            seen = providers_seen(conn)
+            markers = {
+                name: provider_charts.markers_of(conn, name, _policy(rt, name), window.starts[0])
+                for name in set(rt.providers) | set(seen) | set(webhooks)
+            }
             return (
-                provider_stats.webhook_counts(conn),
+                webhooks,
                 provider_stats.status_reads(conn),
-                providers_seen(conn),
+                seen,
+                provider_stats.hourly(conn, window.starts, window.end),
+                markers,
             )
 
-    webhooks, reads, seen = await rt.db.run(load)
+    webhooks, reads, seen, hours, markers = await rt.db.run(load)
     rejected, statuses, calls = _process_figures(rt)
     names = sorted(set(rt.providers) | set(seen) | set(webhooks))
     figures = [
@@ -100,8 +120,15 @@ async def providers_page(request: Request) -> Response:
             rejected=rejected.get(name, {}),
             statuses=dict(sorted(statuses.get(name, {}).items())),
             calls={k: dict(sorted(v.items())) for k, v in sorted(calls.get(name, {}).items())},
+            chart=provider_charts.chart(
+                f"provider-chart-{index}",
+                name,
+                window,
+                hours.get(name) or provider_charts.empty_hours(window),
+                markers.get(name, []),
+            ),
         )
-        for name in names
+        for index, name in enumerate(names)
     ]
     unknown = rejected.get("unknown", {})
     return render(

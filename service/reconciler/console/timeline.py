@@ -1,9 +1,10 @@
-"""An operation's story as timeline rows, and its callback deliveries with every attempt.
+"""An operation's story as timeline rows and as marks on lanes, and its callback deliveries.
 
 Pure: history entries (``storage.history``) and step rows
 (``storage.completion_steps``) in, rows out. The words are the story's
 (``core.story``); the columns are what an operator scans for: when, the HTTP
 result, the remote state, the next poll and why, who acted and on what cause.
+The same rows drawn on one time axis (``marks``): one lane per kind of event.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
+from markupsafe import Markup
+
+from reconciler.console import charts
 from reconciler.core import story
 from reconciler.core.records import HistoryRecord
 from reconciler.core.vocabulary import HistoryKind
@@ -77,6 +82,48 @@ def row_of(entry: HistoryRecord) -> Row:
 
 def rows(entries: Iterable[HistoryRecord]) -> list[Row]:
     return [row_of(e) for e in entries]
+
+
+class Lane(StrEnum):
+    REQUESTS = "requests"  # calls to the provider: create, lookups, status reads, result
+    WEBHOOKS = "webhooks"
+    STATE = "state"  # transitions and notes
+    DECISIONS = "decisions"  # escalations and the decisions on them
+    CALLBACKS = "callbacks"  # completion steps: hooks and the agent's callback
+
+
+LANE_OF: dict[str, Lane] = {
+    HistoryKind.OBSERVATION: Lane.REQUESTS,
+    HistoryKind.HINT: Lane.WEBHOOKS,
+    HistoryKind.TRANSITION: Lane.STATE,
+    HistoryKind.NOTE: Lane.STATE,
+    HistoryKind.ESCALATION: Lane.DECISIONS,
+    HistoryKind.DECISION: Lane.DECISIONS,
+    HistoryKind.STEP: Lane.CALLBACKS,
+}
+
+
+def _bad(row: Row) -> bool:
+    """An error answer or a failed attempt: drawn apart from the rest."""
+    if row.cause.startswith("step_failed"):
+        return True
+    return bool(row.http) and not row.http.startswith("HTTP 2")
+
+
+def marks(story_rows: Iterable[Row]) -> list[charts.Mark]:
+    return [
+        charts.Mark(r.at, LANE_OF.get(r.kind, Lane.STATE).value, r.text, _bad(r))
+        for r in story_rows
+    ]
+
+
+def chart(op_id: str, story_rows: Sequence[Row]) -> Markup:
+    return charts.lanes(
+        "story-chart",
+        f"{op_id}: the story on one time axis",
+        [lane.value for lane in Lane],
+        marks(story_rows),
+    )
 
 
 @dataclass(frozen=True)
