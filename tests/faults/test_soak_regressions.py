@@ -28,7 +28,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import sqlalchemy as sa
 
@@ -44,6 +43,7 @@ from tests.support import hooks
 from tests.support.factories import insert_operation
 from tests.support.stack import Stack, running_stack
 from tests.support.waiting import wait_until
+from tests.support.world import SyncWorld, sync_world
 
 SKEW = 0.05
 NOW = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)
@@ -51,6 +51,15 @@ NOW = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)
 
 def epoch(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
+
+
+@contextmanager
+def world_with(tmp_path: Path, db_url: str, polling: dict[str, Any]) -> Iterator[SyncWorld]:
+    """The in-process world (one manual clock for the service and the sim): for the
+    Retry-After cases, whose verdict is a comparison of moments."""
+    polling = {"deadline_seconds": 60, "max_status_requests": 20, **polling}
+    with sync_world(tmp_path, db_url, polling=polling) as world:
+        yield world
 
 
 @contextmanager
@@ -62,20 +71,22 @@ def stack_with(
         yield stack
 
 
-def status_reads(stack: Stack, job_id: str) -> list[dict[str, Any]]:
-    reads: list[dict[str, Any]] = stack.sim_job(job_id)["requests"]["status"]
+def status_reads(scene: Stack | SyncWorld, job_id: str) -> list[dict[str, Any]]:
+    reads: list[dict[str, Any]] = scene.sim_job(job_id)["requests"]["status"]
     return sorted(reads, key=lambda r: r["at"])
 
 
-def first_429(stack: Stack, op_id: str) -> tuple[str, dict[str, Any]]:
-    """Wait until the operation's first status read has been answered 429; return it."""
+def first_429(world: SyncWorld, op_id: str) -> tuple[str, dict[str, Any]]:
+    """Run until the operation's first status read has been answered 429; return it."""
 
     def seen() -> tuple[str, dict[str, Any]] | None:
-        job_id = stack.get(op_id, operator=True)["remote_job_id"]
-        reads = status_reads(stack, job_id) if job_id else []
+        job_id = world.row(op_id)["remote_job_id"]
+        reads = status_reads(world, job_id) if job_id else []
         return (job_id, reads[0]) if reads and reads[0]["status"] == 429 else None
 
-    found: tuple[str, dict[str, Any]] = wait_until(seen, 20, "a status read answered 429")
+    world.run_until(seen)
+    found = seen()
+    assert found is not None
     return found
 
 
@@ -96,20 +107,20 @@ def test_a_webhook_inside_a_retry_after_window_brings_the_read_to_its_end_not_be
         "status_fault_count": 1,
         "retry_after": 2,
     }
-    with stack_with(tmp_path, db_url, polling) as stack:
-        op_id = stack.create(request).json()["id"]
-        job_id, limited = first_429(stack, op_id)
+    with world_with(tmp_path, db_url, polling) as world:
+        op_id = world.create(request).json()["id"]
+        job_id, limited = first_429(world, op_id)
         assert limited["retry_after"] == "2"
         allowed_at = limited["answered_at"] + 2
         # The provider finishes now: its webhook arrives inside the Retry-After window.
-        httpx.post(
-            f"{stack.sim_url}/_sim/jobs/{job_id}/complete", json={"state": "succeeded"}
+        world.sim_client.post(
+            f"/_sim/jobs/{job_id}/complete", json={"state": "succeeded"}
         ).raise_for_status()
-        op = stack.wait(op_id, timeout=20)
+        op = world.wait(op_id)
         assert op["state"] == "succeeded", op
-        hints = [e for e in stack.history(op_id) if e["kind"] == "hint"]
+        hints = [e for e in world.history(op_id) if e["kind"] == "hint"]
         assert hints and epoch(hints[0]["at"]) < allowed_at, "the hint came inside the window"
-        following = status_reads(stack, job_id)[1]
+        following = status_reads(world, job_id)[1]
         assert following["at"] >= allowed_at - SKEW, (limited, following)
         # ... and the hint still counted: the read did not wait for the 6 s backoff.
         assert following["at"] < limited["at"] + 5.5, (limited, following)
@@ -128,22 +139,20 @@ def test_a_cancel_inside_a_retry_after_window_reads_the_status_after_it(
         "webhooks": "never",
         "status_fault": 429,
         "status_fault_count": 1,
-        # Wider than the slowest cancel seen on a loaded two-core machine (7 s after the
-        # agent's request, at a load of 10): the cancel must go out inside it.
         "retry_after": RETRY_AFTER_WINDOW,
         "cancel_delay": 0.3,
     }
-    with stack_with(tmp_path, db_url, polling) as stack:
-        op_id = stack.create(request).json()["id"]
-        job_id, limited = first_429(stack, op_id)
+    with world_with(tmp_path, db_url, polling) as world:
+        op_id = world.create(request).json()["id"]
+        job_id, limited = first_429(world, op_id)
         allowed_at = limited["answered_at"] + RETRY_AFTER_WINDOW
-        cancel = stack.client.post(f"/v1/operations/{op_id}/cancel", headers=stack.headers())
+        cancel = world.client.post(f"/v1/operations/{op_id}/cancel", headers=world.headers())
         assert cancel.status_code == 202, cancel.text
-        op = stack.wait(op_id, timeout=RETRY_AFTER_WINDOW + 30)
+        op = world.wait(op_id)
         assert op["state"] == "cancelled", op
-        cancels = stack.sim_job(job_id)["requests"]["cancel"]
+        cancels = world.sim_job(job_id)["requests"]["cancel"]
         assert cancels and cancels[0]["at"] < allowed_at, "the cancel went out inside the window"
-        following = status_reads(stack, job_id)[1]
+        following = status_reads(world, job_id)[1]
         assert following["at"] >= allowed_at - SKEW, (limited, following)
 
 
