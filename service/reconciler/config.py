@@ -133,6 +133,8 @@ class TelemetrySettings:
     # to its /v1/traces). Empty: the standard OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing.
     otlp_endpoint: str = ""
     service_name: str = "reconciler"
+    # Finished spans are sent in batches this often (and the rest when the service stops).
+    export_interval_seconds: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -341,6 +343,7 @@ def _positive(settings: Settings) -> None:
         ("callbacks.per_host_concurrency", settings.callbacks.per_host_concurrency),
         ("callbacks.hook_concurrency", settings.callbacks.hook_concurrency),
         ("scheduler.catch_up_after_seconds", settings.scheduler.catch_up_after_seconds),
+        ("telemetry.export_interval_seconds", settings.telemetry.export_interval_seconds),
     ]
     for key, value in checks:
         if value <= 0:

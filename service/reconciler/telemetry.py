@@ -74,6 +74,11 @@ def build(settings: Settings, environ: Mapping[str, str]) -> Telemetry:
     provider = TracerProvider(
         resource=Resource.create({"service.name": settings.telemetry.service_name})
     )
-    # The batch processor's schedule and queue follow the standard OTEL_BSP_* variables.
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    # The queue's bounds follow the standard OTEL_BSP_* variables; a full queue drops
+    # spans rather than slow the service down.
+    interval = settings.telemetry.export_interval_seconds * 1000.0
+    processor = BatchSpanProcessor(
+        OTLPSpanExporter(endpoint=endpoint), schedule_delay_millis=interval
+    )
+    provider.add_span_processor(processor)
     return Telemetry(Tracing(provider.get_tracer("reconciler")), provider)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -179,6 +180,11 @@ class Tracing:
                 span.set_status(Status(StatusCode.ERROR))
                 raise
 
+    def detach(self) -> None:
+        """Start this task's spans afresh: a worker task started while a request's span was
+        current (a wake-up from a webhook) must not hang its steps under that request."""
+        context_api.attach(Context())
+
     def note(self, **attrs: Any) -> None:
         """Attributes on the current span (what a step decided, once it knows)."""
         span = trace.get_current_span()
@@ -234,6 +240,9 @@ class NoTracing(Tracing):
 
     def call(self, name: SpanName, **attrs: Any) -> AbstractContextManager[Any]:
         return _NULL
+
+    def detach(self) -> None:
+        return None
 
     def note(self, **attrs: Any) -> None:
         return None

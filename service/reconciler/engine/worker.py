@@ -336,6 +336,7 @@ class Worker:
         self, op_id: str, share: str, op: OperationRecord | None = None, prep: Prep | None = None
     ) -> None:
         operation_id_var.set(op_id)
+        self.deps.tracing.detach()
         task = _Task(self, share)
         flow_var.set(task.flow)
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(op_id))
