@@ -67,57 +67,54 @@ def test_one_operation_reaches_a_collector_as_one_trace(
     tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(hooks.LOG_ENV, str(tmp_path / "hooks.log"))
+    # The stack stops first (the exits run in reverse): its last spans go out at shutdown
+    # while the receiver still listens.
     with (
         serve_otlp() as (collector, otlp_url),
         serve_receiver() as (receiver, cb_url),
-    ):
-        with running_stack(
+        running_stack(
             tmp_path,
             db_url,
             callbacks=CALLBACKS,
             hooks=(hooks.RECORD_ASYNC,),
             telemetry={"otlp_endpoint": otlp_url, "export_interval_seconds": 0.05},
-        ) as stack:
-            body = {
-                "provider": "sim",
-                "request": {"scenario": "success", "duration": 600, "note": BODY_MARKER},
-                "callback_url": f"{cb_url}/cb/ok",
-            }
-            headers = {**stack.headers(), "traceparent": f"00-{AGENT_TRACE}-{AGENT_SPAN}-01"}
-            response = stack.client.post("/v1/operations", json=body, headers=headers)
-            assert response.status_code == 202, response.text
-            op_id = response.json()["id"]
-            assert response.json()["trace_id"] == f"tr_{AGENT_TRACE}"
-            job_id = wait_until(
-                lambda: stack.get(op_id)["remote_job_id"], 30, "the provider's job id"
-            )
-            wait_until(lambda: of(collector, SpanName.STATUS_READ), 30, "a status read's span")
-            forced = httpx.post(
-                f"{stack.sim_url}/_sim/jobs/{job_id}/complete",
-                json={"state": "succeeded"},
-                timeout=10,
-            )
-            forced.raise_for_status()
-            (delivery,) = wait_until(lambda: receiver.deliveries("ok"), 30, "the callback")
-            wait_until(lambda: of(collector, SpanName.CALLBACK), 30, "the callback's span")
-            wait_until(
-                lambda: hooks.completion_finished(stack.runtime.db, op_id), 30, "the completion"
-            )
-            result = stack.get(op_id)["result"]
-            secrets = {
-                SIM_TOKEN,
-                WEBHOOK_SECRET,
-                CALLBACK_SECRET,
-                stack.agent_token,
-                stack.operator_token,
-                stack.callback_secret(),
-                idempotency_token(stack, op_id),
-                BODY_MARKER,
-                json.dumps(result),
-                *[v for v in result.values() if isinstance(v, str) and len(v) > 8],
-            }
-            sent = [r.traceparent for r in stack.sim.requests]
-        # The stack has stopped: whatever was still queued was sent on shutdown.
+        ) as stack,
+    ):
+        body = {
+            "provider": "sim",
+            "request": {"scenario": "success", "duration": 600, "note": BODY_MARKER},
+            "callback_url": f"{cb_url}/cb/ok",
+        }
+        headers = {**stack.headers(), "traceparent": f"00-{AGENT_TRACE}-{AGENT_SPAN}-01"}
+        response = stack.client.post("/v1/operations", json=body, headers=headers)
+        assert response.status_code == 202, response.text
+        op_id = response.json()["id"]
+        assert response.json()["trace_id"] == f"tr_{AGENT_TRACE}"
+        job_id = wait_until(lambda: stack.get(op_id)["remote_job_id"], 30, "the provider's job id")
+        wait_until(lambda: of(collector, SpanName.STATUS_READ), 30, "a status read's span")
+        forced = httpx.post(
+            f"{stack.sim_url}/_sim/jobs/{job_id}/complete",
+            json={"state": "succeeded"},
+            timeout=10,
+        )
+        forced.raise_for_status()
+        (delivery,) = wait_until(lambda: receiver.deliveries("ok"), 30, "the callback")
+        wait_until(lambda: of(collector, SpanName.CALLBACK), 30, "the callback's span")
+        wait_until(lambda: hooks.completion_finished(stack.runtime.db, op_id), 30, "the completion")
+        result = stack.get(op_id)["result"]
+        secrets = {
+            SIM_TOKEN,
+            WEBHOOK_SECRET,
+            CALLBACK_SECRET,
+            stack.agent_token,
+            stack.operator_token,
+            stack.callback_secret(),
+            idempotency_token(stack, op_id),
+            BODY_MARKER,
+            json.dumps(result),
+            *[v for v in result.values() if isinstance(v, str) and len(v) > 8],
+        }
+        sent = [r.traceparent for r in stack.sim.requests]
 
     spans = [s for s in collector.spans() if s.trace_id == AGENT_TRACE]
     assert {s.service for s in spans} == {"reconciler"}
