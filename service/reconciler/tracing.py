@@ -162,6 +162,11 @@ class Tracing:
         parent = trace.set_span_in_context(trace.NonRecordingSpan(stored), Context())
         return self._span(name, context=parent, links=links, attributes=attributes)
 
+    def mark(self, op: OperationRecord, name: SpanName, **attrs: Any) -> None:
+        """A moment in ``op``'s trace (an escalation raised, a decision made): an instant span."""
+        with self.about(op, name, **attrs):
+            pass
+
     def call(self, name: SpanName, **attrs: Any) -> AbstractContextManager[Any]:
         """A client span under the current one, for a request this service sends."""
         return self._span(name, kind=SpanKind.CLIENT, attributes=_clean(attrs))
@@ -237,6 +242,9 @@ class NoTracing(Tracing):
         self, op: OperationRecord, name: SpanName, **attrs: Any
     ) -> AbstractContextManager[Any]:
         return _NULL
+
+    def mark(self, op: OperationRecord, name: SpanName, **attrs: Any) -> None:
+        return None
 
     def call(self, name: SpanName, **attrs: Any) -> AbstractContextManager[Any]:
         return _NULL

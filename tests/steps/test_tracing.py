@@ -178,3 +178,32 @@ async def test_with_telemetry_off_nothing_is_sent(tmp_path: Path, db_url: str) -
         assert op["trace_id"].startswith("tr_") and AGENT_TRACE not in op["trace_id"]
         assert w.sim.requests and not any(r.traceparent for r in w.sim.requests)
         assert w.row(op["id"])["traceparent"] is None
+
+
+async def test_an_escalation_and_the_operators_decision_join_the_trace(
+    tmp_path: Path, db_url: str, exporter: InMemorySpanExporter
+) -> None:
+    async with world(tmp_path, db_url, telemetry=telemetry_to(exporter)) as w:
+        body = {"provider": "sim", "request": {"scenario": "unknown_state", "duration": 5}}
+        headers = {**w.headers(), "traceparent": AGENT_PARENT}
+        op_id = (await w.client.post("/v1/operations", json=body, headers=headers)).json()["id"]
+        await w.run_until(w.in_state(op_id, "escalated"))
+        decided = await w.client.post(
+            f"/v1/operations/{op_id}/decisions",
+            json={"action": "abandon"},
+            headers=w.headers(operator=True),
+        )
+        assert decided.status_code == 200, decided.text
+        spans = in_trace(exporter, AGENT_TRACE)
+        (request,) = named(spans, SpanName.AGENT_CREATE)
+        (escalation,) = named(spans, SpanName.ESCALATION)
+        assert escalation.attributes is not None
+        assert escalation.attributes[Attr.REASON.value] == "unknown_state"
+        (read,) = [
+            r for r in named(spans, SpanName.STATUS_READ) if span_hex(r) == parent_hex(escalation)
+        ]
+        assert read.attributes is not None and read.attributes[Attr.DECISION.value] == "stop"
+        (decision,) = named(spans, SpanName.DECISION)
+        assert parent_hex(decision) == span_hex(request)
+        assert decision.attributes is not None
+        assert decision.attributes[Attr.DECISION.value] == "abandon"

@@ -97,8 +97,7 @@ async def decide(request: Request) -> Response:
     op = await rt.db.run_write(
         commands_decide, rt.db, rt.journal, rt.providers, op_id, who, decision, rt.clock.now()
     )
-    with rt.tracing.about(op, SpanName.DECISION, decision=decision.action, state=op.state):
-        pass  # the decision is made: its span marks the moment in the operation's trace
+    rt.tracing.mark(op, SpanName.DECISION, decision=decision.action, state=op.state)
     rt.notifier.changed(op.id)
     rt.notifier.wake()
     return JSONResponse(await actions.render(rt, op))

@@ -243,8 +243,7 @@ class StepContext:
         if after.escalation_id != op.escalation_id and after.escalation_id is not None:
             reason = await rt.db.run(self._reason, after)
             rt.metrics.escalations.labels(reason).inc()
-            with rt.tracing.about(after, SpanName.ESCALATION, reason=reason, state=after.state):
-                pass
+            rt.tracing.mark(after, SpanName.ESCALATION, reason=reason, state=after.state)
 
     def outage_note(self, start: datetime, end: datetime, **detail: Any) -> OutageNote | None:
         """Record, as ours, any outage of our database that overlapped ``[start, end]``.
