@@ -3,7 +3,7 @@
     python bench/throughput.py [--operations 1000] [--concurrency 64] [--duration 0.2]
         [--rounds 1] [--postgres] [--baseline TREE] [--ceiling-clients N]
         [--provider-server protocol|starlette] [--receiver-server protocol|starlette]
-        [--py-spy DIR] [--keep]
+        [--py-spy DIR] [--keep] [--traced]
     python bench/throughput.py frames FILE [--top 25]
 
 Per round and backend (SQLite WAL file; PostgreSQL with ``--postgres``: a throw-away
@@ -57,6 +57,10 @@ per operation (``reconciler_status_requests_total``), with the machine's load av
 The bare run prints its own CPU per operation: what the same four outbound calls cost in
 this HTTP stack with nothing else, a floor under the service's figure (which adds the two
 inbound requests, the database and the completion bookkeeping).
+
+``--traced`` adds a run of the measured checkout with tracing on (OpenTelemetry over
+OTLP/HTTP to a sink of its own process, ``bench/throughput_parts.py otlp``), in every
+round beside the others, and prints the spans it received per operation.
 
 ``--tree TREE`` measures another checkout (with its own ``.venv``) instead of this one;
 ``--baseline TREE``: another checkout (e.g. a worktree at the commit before a change)
@@ -129,6 +133,7 @@ class Tree:
 
     label: str
     root: Path
+    traced: bool = False  # telemetry on: spans exported over OTLP/HTTP to a local sink
 
     @property
     def python(self) -> str:
@@ -206,8 +211,27 @@ def receiver(work: Path, secret: str, server: str) -> Iterator[tuple[str, int]]:
         stop(proc)
 
 
-def service_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RECONCILER_")}
+@contextlib.contextmanager
+def otlp_sink(work: Path) -> Iterator[str]:
+    """The traced run's OTLP/HTTP receiver, its own process: its base URL."""
+    port = free_port()
+    proc = spawn(["bench/throughput_parts.py", "otlp", "--port", str(port)], work / "otlp.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(f"{url}/stats", timeout=60)
+        yield url
+    finally:
+        stop(proc)
+
+
+def service_env(otlp: str | None = None) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("RECONCILER_") and not k.startswith("OTEL_")
+    }
+    if otlp is not None:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp
     env.update(
         SIM_TOKEN=SIM_TOKEN,
         SIM_WEBHOOK_SECRETS=webhook_secret(),
@@ -438,10 +462,14 @@ def run_ours(
         try:
             config = write_config(work, db_url, provider_url, port)
             token, secret = prepare(tree, config)
-            with receiver(work, secret, args.receiver_server) as (rcv, rcv_pid):
+            with (
+                receiver(work, secret, args.receiver_server) as (rcv, rcv_pid),
+                otlp_sink(work) if tree.traced else contextlib.nullcontext("") as otlp,
+            ):
                 cmd = ["bench/throughput_parts.py", "serve", "--root", str(tree.root)]
                 cmd += ["--config", str(config)]
-                service = spawn(cmd, work / "service.log", service_env(), tree.python)
+                env = service_env(otlp or None)
+                service = spawn(cmd, work / "service.log", env, tree.python)
                 url = f"http://127.0.0.1:{port}"
                 try:
                     wait_ready(f"{url}/readyz", timeout=120)
@@ -463,6 +491,10 @@ def run_ours(
                     writes1, reads1 = scrape(url)
                 finally:
                     stop(service)
+                if otlp:
+                    # Read after the service stopped: the spans still queued went at shutdown.
+                    spans = httpx.get(f"{otlp}/stats", timeout=30).json()["spans"]
+                    print(f"    {tree.label}: {spans} spans exported, {spans / created:.1f}/op")
         finally:
             stop(provider)
     if stats["rejected"]:
@@ -915,6 +947,16 @@ def frames(path: Path, top: int) -> None:
         print(f"    {n * 100 / total:5.1f}%  {name}")
 
 
+def trees_of(args: argparse.Namespace) -> list[Tree]:
+    """The checkouts measured, in the order of a round's first rotation."""
+    trees = [Tree(args.label, args.tree.resolve())]
+    if args.baseline is not None:
+        trees.append(Tree("baseline", args.baseline.resolve()))
+    if args.traced:
+        trees.append(Tree("traced", args.tree.resolve(), traced=True))
+    return trees
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "client":
         return client_main(sys.argv[2:])
@@ -935,6 +977,9 @@ def main() -> int:
     parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout to measure")
     parser.add_argument("--baseline", type=Path, default=None, help="a checkout to compare")
     parser.add_argument("--label", default="ours")
+    parser.add_argument(
+        "--traced", action="store_true", help="also run this checkout with tracing on"
+    )
     parser.add_argument("--no-bare", action="store_true")
     parser.add_argument("--py-spy", type=Path, default=None, help="sample the service into DIR")
     parser.add_argument("--keep", action="store_true", help="keep each run's files")
@@ -953,9 +998,7 @@ def main() -> int:
     parser.add_argument("--provider-server", choices=("protocol", "starlette"), default="protocol")
     parser.add_argument("--receiver-server", choices=("protocol", "starlette"), default="protocol")
     args = parser.parse_args()
-    trees = [Tree(args.label, args.tree.resolve())]
-    if args.baseline is not None:
-        trees.append(Tree("baseline", args.baseline.resolve()))
+    trees = trees_of(args)
     backends = (["sqlite"] if args.sqlite else []) + (["postgresql"] if args.postgres else [])
     if args.py_spy is not None:
         args.py_spy.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
     python bench/throughput_parts.py serve --root TREE --config PATH [--profile FILE]
     python bench/throughput_parts.py receiver --port N --secret whsec_...
+    python bench/throughput_parts.py otlp --port N
 
 ``serve`` runs the service of the checkout ``TREE`` (its ``service/`` first on the path,
 so a second checkout at another commit can be measured against this one in the same
@@ -13,6 +14,9 @@ around ``Database.write``, one increment per transaction) as
 ``receiver`` is the agent's callback receiver: it verifies every delivery with the
 agent's own callback secret (``reconciler.client.verify_callback``), answers 204, and
 reports on ``GET /stats`` how many distinct operations arrived and when the last did.
+
+``otlp`` is an OTLP/HTTP trace receiver for a traced run: it decodes every export
+(``opentelemetry-proto``), counts the spans and reports them on ``GET /stats``.
 
 ``completion_hook`` is the one (empty) completion hook of the happy path.
 """
@@ -174,6 +178,38 @@ def receiver(port: int, secret: str, server: str) -> int:
     return 0
 
 
+def otlp(port: int) -> int:
+    sys.path.insert(0, str(HERE))
+    from bench.fast_http import Answer, Request, run, start_server
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+        ExportTraceServiceResponse,
+    )
+
+    counted = {"spans": 0, "exports": 0}
+    done = ExportTraceServiceResponse().SerializeToString()
+
+    def handle(request: Request) -> Answer:
+        if request.method == "POST" and request.path == "/v1/traces":
+            message = ExportTraceServiceRequest()
+            message.ParseFromString(request.body)
+            counted["exports"] += 1
+            counted["spans"] += sum(
+                len(scope.spans) for rs in message.resource_spans for scope in rs.scope_spans
+            )
+            return Answer(200, done, "application/x-protobuf")
+        if request.method == "GET" and request.path == "/stats":
+            return Answer(200, json.dumps(counted).encode())
+        return Answer(404)
+
+    async def main() -> None:
+        async with await start_server(handle, "127.0.0.1", port) as listening:
+            await listening.serve_forever()
+
+    run(main)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -185,9 +221,13 @@ def main() -> int:
     rcv.add_argument("--port", type=int, required=True)
     rcv.add_argument("--secret", required=True)
     rcv.add_argument("--server", choices=("protocol", "starlette"), default="protocol")
+    sink = sub.add_parser("otlp")
+    sink.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
     if args.command == "serve":
         return serve(args.root, args.config, args.profile)
+    if args.command == "otlp":
+        return otlp(args.port)
     return receiver(args.port, args.secret, args.server)
 
 

@@ -128,6 +128,16 @@ class ConsoleSettings:
 
 
 @dataclass(frozen=True)
+class TelemetrySettings:
+    # Where OpenTelemetry traces go over OTLP/HTTP ("http://collector:4318"; spans are sent
+    # to its /v1/traces). Empty: the standard OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing.
+    otlp_endpoint: str = ""
+    service_name: str = "reconciler"
+    # Finished spans are sent in batches this often (and the rest when the service stops).
+    export_interval_seconds: float = 5.0
+
+
+@dataclass(frozen=True)
 class HookSpec:
     """One configured hook: ``"pkg.mod:fn"``, or ``{ target = "pkg.mod:fn", transactional =
     true }`` for a hook that writes its effects in the transaction recording its step."""
@@ -187,6 +197,7 @@ class Settings:
     callbacks: CallbackSettings = field(default_factory=CallbackSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
     console: ConsoleSettings = field(default_factory=ConsoleSettings)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     # Inline [providers.NAME] tables, validated by reconciler.providers.loader.
     providers: Mapping[str, Any] = field(default_factory=dict)
     # Where the settings came from, for messages and for relative paths.
@@ -232,6 +243,7 @@ _SECTIONS = {
     "callbacks": CallbackSettings,
     "limits": LimitSettings,
     "console": ConsoleSettings,
+    "telemetry": TelemetrySettings,
 }
 _TOP_LEVEL = {"database_url", "providers_dir", "hooks", "log_level"}
 
@@ -331,6 +343,7 @@ def _positive(settings: Settings) -> None:
         ("callbacks.per_host_concurrency", settings.callbacks.per_host_concurrency),
         ("callbacks.hook_concurrency", settings.callbacks.hook_concurrency),
         ("scheduler.catch_up_after_seconds", settings.scheduler.catch_up_after_seconds),
+        ("telemetry.export_interval_seconds", settings.telemetry.export_interval_seconds),
     ]
     for key, value in checks:
         if value <= 0:
@@ -354,10 +367,23 @@ def _positive(settings: Settings) -> None:
             f"{settings.source}: server.public_url: must be an http:// or https:// URL, "
             f"got {settings.server.public_url!r}"
         )
+    _check_endpoint(settings)
     if not settings.database_url.startswith(("sqlite", "postgresql")):
         raise ConfigError(
             f"{settings.source}: database_url: must start with sqlite:// or postgresql+psycopg://"
         )
+
+
+def _check_endpoint(settings: Settings) -> None:
+    endpoint = settings.telemetry.otlp_endpoint
+    parts = urlsplit(endpoint)
+    if endpoint and not (parts.scheme in ("http", "https") and parts.netloc):
+        raise ConfigError(
+            f"{settings.source}: telemetry.otlp_endpoint: must be an http:// or https:// URL "
+            f"of an OTLP/HTTP receiver (like http://collector:4318), got {endpoint!r}"
+        )
+    if not settings.telemetry.service_name.strip():
+        raise ConfigError(f"{settings.source}: telemetry.service_name: must not be empty")
 
 
 def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:

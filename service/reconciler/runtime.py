@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio.to_thread
+
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Secret, Settings
 from reconciler.core.clock import Clock, SystemClock
 from reconciler.core.completion_lanes import first_lane
@@ -40,6 +42,9 @@ from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.tokens import Principal
 from reconciler.storage.views import ViewBatcher
+from reconciler.telemetry import OFF, Telemetry
+from reconciler.telemetry import build as build_telemetry
+from reconciler.tracing import Tracing
 
 
 @dataclass
@@ -65,6 +70,12 @@ class Runtime:
     token_cache: dict[str, tuple[Principal, float]] = field(default_factory=dict)
     # The bearer token /metrics asks for ([server] metrics_token_env); None: /metrics is open.
     metrics_token: Secret | None = None
+    # Traces (``[telemetry]``): chosen once here; off, every span call is a no-op.
+    telemetry: Telemetry = field(default_factory=lambda: OFF)
+
+    @property
+    def tracing(self) -> Tracing:
+        return self.telemetry.tracing
 
     def __post_init__(self) -> None:
         self.webhooks = GroupCommitter(
@@ -99,6 +110,7 @@ class Runtime:
         rng: random.Random | None = None,
         environ: Mapping[str, str] | None = None,
         transport: Any = None,
+        telemetry: Telemetry | None = None,
     ) -> Runtime:
         env = dict(os.environ if environ is None else environ)
         key = settings.audit_key(env)
@@ -135,6 +147,7 @@ class Runtime:
             allow_hosts=allow,
             transport=transport,
             metrics_token=settings.metrics_token(env),
+            telemetry=telemetry if telemetry is not None else build_telemetry(settings, env),
         )
         for name, spec in providers.items():
             if spec.webhook is not None:
@@ -155,7 +168,11 @@ class Runtime:
             # The runtime's clock stamps every call: a call's sent_at is compared with times
             # the service wrote (acceptance, a webhook's arrival), so both need one clock.
             adapter = build_adapter(
-                self.providers[provider], self.environ, self.transport, clock=self.clock
+                self.providers[provider],
+                self.environ,
+                self.transport,
+                clock=self.clock,
+                tracing=self.tracing,
             )
             self.adapters[provider] = adapter
         return adapter
@@ -187,6 +204,8 @@ class Runtime:
         self.adapters.clear()
         self.webhooks.close()
         self.db.dispose()
+        # The last spans (the shutdown's own among them) are sent before the process ends.
+        await anyio.to_thread.run_sync(self.telemetry.shutdown)
 
 
 def _callback_key(settings: Settings, environ: Mapping[str, str]) -> bytes | None:

@@ -21,7 +21,13 @@ import httpx
 from starlette.applications import Starlette
 
 from reconciler.app import create_app
-from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.config import (
+    CallbackSettings,
+    SchedulerSettings,
+    ServerSettings,
+    Settings,
+    TelemetrySettings,
+)
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.demo.sim import SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
@@ -205,8 +211,10 @@ def running_stack(
     server: dict[str, Any] | None = None,
     scheduler: dict[str, Any] | None = None,
     table: Callable[[str], dict[str, Any]] | None = None,
+    telemetry: dict[str, Any] | None = None,
 ) -> Iterator[Stack]:
-    """The service on uvicorn with the sim; ``table(sim_url)`` replaces the provider table."""
+    """The service on uvicorn with the sim; ``table(sim_url)`` replaces the provider table;
+    ``telemetry``: the ``[telemetry]`` section (an OTLP endpoint turns tracing on)."""
     with ExitStack() as stack:
         sim = SimState(
             SimConfig(token=SIM_TOKEN, webhook_secret=WEBHOOK_SECRET, **(sim_config or {}))
@@ -228,6 +236,7 @@ def running_stack(
                 **{"tick_seconds": tick_seconds, "lease_seconds": 10.0, **(scheduler or {})}
             ),
             callbacks=CallbackSettings(**{"allow_hosts": ("127.0.0.1",), **(callbacks or {})}),
+            telemetry=TelemetrySettings(**(telemetry or {})),
         )
         environ = {
             "SIM_TOKEN": SIM_TOKEN,

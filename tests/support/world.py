@@ -30,7 +30,7 @@ import httpx
 import sqlalchemy as sa
 
 from reconciler.app import create_app
-from reconciler.config import SchedulerSettings, ServerSettings, Settings
+from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.core.clock import ManualClock
 from reconciler.core.story import tell
 from reconciler.core.trust import TrustView
@@ -42,6 +42,7 @@ from reconciler.runtime import Runtime
 from reconciler.storage.history import history_of
 from reconciler.storage.journal import HISTORY, OPS
 from reconciler.storage.trust import VERDICTS, trust_view
+from reconciler.telemetry import Telemetry
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET, make_tokens, sim_provider_table
 
 START = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)
@@ -275,12 +276,18 @@ async def open_world(
     tokens: tuple[str, str] | None = None,
     request_defaults: dict[str, Any] | None = None,
     hold_delays: bool = False,
+    telemetry: Telemetry | None = None,
+    hooks: tuple[str, ...] = (),
+    callbacks: CallbackSettings | None = None,
+    environ: dict[str, str] | None = None,
 ) -> World:
     """The service on ``db_url`` and the sim, both on ``clock`` (shared with a second world).
 
     ``polling`` updates the sim table's polling section, ``provider`` its other sections
     (as ``sim_provider_table`` takes them); ``sim_config`` goes to the sim's ``SimConfig``.
     With ``hold_delays`` every delayed sim answer waits at ``World.gate`` until opened.
+    ``telemetry``: the tracing the service uses (a test's in-memory exporter); ``hooks``,
+    ``callbacks`` and ``environ`` (added to the sim's) as the settings take them.
     """
     gate = Gate()
     clock = clock or ManualClock(START)
@@ -297,6 +304,8 @@ async def open_world(
         scheduler=SchedulerSettings(
             tick_seconds=1.0, lease_seconds=30.0, provider_concurrency=provider_concurrency
         ),
+        hooks=hooks,
+        callbacks=callbacks or CallbackSettings(),
     )
     own_sim = sim is None
     if sim is None:
@@ -316,8 +325,9 @@ async def open_world(
         settings,
         clock=clock,
         rng=random.Random(seed),
-        environ=ENVIRON,
+        environ={**ENVIRON, **(environ or {})},
         transport=httpx.ASGITransport(sim_app),
+        telemetry=telemetry,
     )
     app = create_app(runtime, background=False)
     background: Background = app.state.background

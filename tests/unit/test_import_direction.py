@@ -2,19 +2,19 @@
 
 Layers, lowest first. A module imports its own layer or lower ones, never a higher one:
 
-    =====  ==============================================  ==================================
-    layer  packages (under ``reconciler``)                 what they are
-    =====  ==============================================  ==================================
-    0      core, __init__                                  pure decisions, values, errors
-    1      config, logs, metrics, wire                     settings, logging, counters, shapes
-    2      providers                                       the provider files and adapters
-    3      storage, outbound                               the database; calls to agents
-    4      engine                                          the worker, its steps, the ticker
-    5      runtime                                         what a running service holds
-    6      api, console, agent_tools, commands, client     the doors, and the client library
-    7      app                                             the composition root
-    8      cli, demo, __main__                             the command line
-    =====  ==============================================  ==================================
+    =====  ===============================================  =======================================
+    layer  packages (under ``reconciler``)                  what they are
+    =====  ===============================================  =======================================
+    0      core, __init__                                   pure decisions, values, errors
+    1      config, logs, metrics, wire, tracing, telemetry  settings, logs, counters, shapes, spans
+    2      providers                                        the provider files and adapters
+    3      storage, outbound                                the database; calls to agents
+    4      engine                                           the worker, its steps, the ticker
+    5      runtime                                          what a running service holds
+    6      api, console, agent_tools, commands, client      the doors, and the client library
+    7      app                                              the composition root
+    8      cli, demo, __main__                              the command line
+    =====  ===============================================  =======================================
 
 Besides the layers: ``core`` imports nothing of ours outside ``core``; ``storage`` imports
 no engine, door or root; the engine receives its dependencies (``engine.deps``) and imports
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2] / "service" / PACKAGE
 # The table of the docstring, lowest first.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("core", "__init__"),
-    ("config", "logs", "metrics", "wire"),
+    ("config", "logs", "metrics", "wire", "tracing", "telemetry"),
     ("providers",),
     ("storage", "outbound"),
     ("engine",),

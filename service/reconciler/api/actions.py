@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from reconciler.api.validation import (
@@ -35,6 +35,7 @@ from reconciler.storage import operations as store
 from reconciler.storage.history import history_page
 from reconciler.storage.tokens import Principal
 from reconciler.storage.views import operation_views
+from reconciler.tracing import SpanName, operation_context
 from reconciler.wire import CreateOperation, OperationFilter
 
 Settled = Callable[[OperationRecord], bool]
@@ -117,25 +118,49 @@ async def wait_until(
             op = None
 
 
-async def start(rt: Runtime, who: Principal, body: Any) -> tuple[OperationRecord, bool]:
+async def start(
+    rt: Runtime, who: Principal, body: Any, headers: Mapping[str, str] | None = None
+) -> tuple[OperationRecord, bool]:
     """Store the operation (idempotent on its key); ``(operation, created)``.
 
     The provider's ``request_schema`` and ``create.set`` are applied here, before anything
-    is stored.
+    is stored. ``headers``: the request's, whose ``traceparent`` the operation's trace
+    continues.
     """
-    return await start_validated(rt, who, parse_create(body, rt.providers, rt.check_callback_url))
+    with rt.tracing.request(SpanName.AGENT_CREATE, headers or {}):
+        req = parse_create(body, rt.providers, rt.check_callback_url)
+        return await start_validated(rt, who, req)
 
 
 async def start_validated(
     rt: Runtime, who: Principal, req: CreateOperation
 ) -> tuple[OperationRecord, bool]:
     """``start`` for a body already validated as a ``CreateOperation`` (an MCP call)."""
+    if rt.tracing.enabled and rt.tracing.current() is None:
+        with rt.tracing.request(SpanName.AGENT_CREATE, {}):
+            return await _start(rt, who, req)
+    return await _start(rt, who, req)
+
+
+async def _start(rt: Runtime, who: Principal, req: CreateOperation) -> tuple[OperationRecord, bool]:
     admit_create(req, rt.providers, rt.check_callback_url)
     check_provider_request(req, rt.providers[req.provider])
     limits = rt.limits_for(req.provider)
+    tracing = rt.tracing
     op, created = await rt.db.run_write(
-        creating.create_operation, rt.db, rt.journal, who, req, limits, rt.clock.now()
+        creating.create_operation,
+        rt.db,
+        rt.journal,
+        who,
+        req,
+        limits,
+        rt.clock.now(),
+        tracing.current(),
     )
+    if tracing.enabled:
+        tracing.note(operation=op.id, provider=op.provider, created=created)
+        if not created:
+            tracing.link(operation_context(op))  # an idempotent retry: the operation's trace
     if created:
         rt.notifier.wake()
         # A short, bounded wait so the answer usually carries the job id already; it

@@ -16,6 +16,7 @@ from reconciler.commands.decide import decide as commands_decide
 from reconciler.core.errors import InvalidRequest
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import require_operator
+from reconciler.tracing import SpanName
 from reconciler.wire import parse_decision
 
 
@@ -28,7 +29,7 @@ async def create(request: Request) -> Response:
     rt = _rt(request)
     who = await authenticate(request)
     body = await read_json(request, rt.settings.server.max_body_bytes)
-    op, created = await actions.start(rt, who, body)
+    op, created = await actions.start(rt, who, body, request.headers)
     return JSONResponse(await actions.render(rt, op), status_code=202 if created else 200)
 
 
@@ -96,6 +97,7 @@ async def decide(request: Request) -> Response:
     op = await rt.db.run_write(
         commands_decide, rt.db, rt.journal, rt.providers, op_id, who, decision, rt.clock.now()
     )
+    rt.tracing.mark(op, SpanName.DECISION, decision=decision.action, state=op.state)
     rt.notifier.changed(op.id)
     rt.notifier.wake()
     return JSONResponse(await actions.render(rt, op))

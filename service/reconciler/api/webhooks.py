@@ -39,7 +39,9 @@ from reconciler.core.strict_json import is_text, parse_json
 from reconciler.providers.pointer import MISSING
 from reconciler.providers.spec import WebhookSpec
 from reconciler.runtime import Runtime
+from reconciler.storage import operations as store
 from reconciler.storage.webhook_events import IncomingEvent, Outcome
+from reconciler.tracing import SpanName, stored_context
 
 log = logging.getLogger("reconciler.webhooks")
 
@@ -67,6 +69,13 @@ async def receive(request: Request) -> Response:
     if intake is None:
         runtime.metrics.webhook("unknown", "unknown_provider")
         raise NotFound(f"no webhook endpoint for provider '{name}'")
+    with runtime.tracing.request(SpanName.WEBHOOK, request.headers, provider=name):
+        return await _receive(runtime, request, name, intake)
+
+
+async def _receive(
+    runtime: Runtime, request: Request, name: str, intake: tuple[WebhookSpec, Verifier]
+) -> Response:
     count = runtime.metrics.webhook
     try:
         outcome, event_id = await _store(runtime, request, name, *intake)
@@ -129,7 +138,28 @@ async def _store(
     outcome = await runtime.webhooks.submit(event)
     if not hint and outcome not in (Outcome.DUPLICATE, Outcome.CONFLICT):
         outcome = Outcome.IGNORED
+    if runtime.tracing.enabled:
+        await _traced(runtime, name, job_id, outcome, event_id)
     return outcome, event_id
+
+
+async def _traced(
+    runtime: Runtime, provider: str, job_id: str | None, outcome: Outcome, event_id: str
+) -> None:
+    """The verified event's span: its outcome, and a link to its operation's trace."""
+    tracing = runtime.tracing
+    tracing.note(outcome=outcome, webhook_event=event_id)
+    if job_id is None or outcome in (Outcome.ORPHAN, Outcome.IGNORED):
+        return
+
+    def find() -> tuple[str, str, str | None] | None:
+        with runtime.db.read() as conn:
+            return store.trace_of_job(conn, provider, job_id)
+
+    found = await runtime.db.run(find)
+    if found is not None:
+        tracing.note(operation=found[0])
+        tracing.link(stored_context(*found))
 
 
 def is_hint(spec: WebhookSpec, headers: Mapping[str, str], payload: object) -> bool:

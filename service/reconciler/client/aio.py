@@ -13,6 +13,7 @@ import httpx
 from reconciler.client import calls
 from reconciler.client.model import HistoryEntry, Operation, Page, Provider, RunResult
 from reconciler.client.sync import check_max_wait, new_key, settled_for_run, unreachable
+from reconciler.client.tracecontext import trace_headers
 from reconciler.core.errors import InvalidRequest, ServiceError
 
 T = TypeVar("T")
@@ -69,6 +70,7 @@ class AsyncClient:
                     params=call.params,
                     json=call.body if call.has_body else None,
                     timeout=call.timeout if call.timeout is not None else self._timeout,
+                    headers=trace_headers(),
                 )
             except httpx.UnsupportedProtocol as exc:
                 raise InvalidRequest(f"base_url {self.base_url!r} is not http(s)") from exc

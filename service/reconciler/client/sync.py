@@ -12,6 +12,7 @@ import httpx
 
 from reconciler.client import calls
 from reconciler.client.model import HistoryEntry, Operation, Page, Provider, RunResult
+from reconciler.client.tracecontext import trace_headers
 from reconciler.core.errors import InvalidRequest, ServiceError
 
 T = TypeVar("T")
@@ -93,6 +94,7 @@ class Client:
                     params=call.params,
                     json=call.body if call.has_body else None,
                     timeout=call.timeout if call.timeout is not None else self._timeout,
+                    headers=trace_headers(),
                 )
             except httpx.UnsupportedProtocol as exc:
                 raise InvalidRequest(f"base_url {self.base_url!r} is not http(s)") from exc

@@ -28,6 +28,7 @@ from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tokens import Principal
+from reconciler.tracing import StoredTrace
 from reconciler.wire import CreateOperation
 
 
@@ -108,11 +109,13 @@ def create_operation(
     req: CreateOperation,
     limits: ProviderLimits,
     now: datetime,
+    trace: StoredTrace | None = None,
 ) -> tuple[OperationRecord, bool]:
     """Store the operation durably (``create_pending``) before any provider call.
 
     Returns the operation and whether it is new. The same key with the same request and
-    terms returns the stored operation; with anything else it is a conflict.
+    terms returns the stored operation; with anything else it is a conflict. ``trace``:
+    the agent's request's span, whose trace the operation's story joins (tracing on).
     """
     deadline, budget = _within(limits, req)
     fingerprint = request_fingerprint(req.provider, req.request)
@@ -130,7 +133,8 @@ def create_operation(
         request_fingerprint=fingerprint,
         idempotency_key=key,
         idempotency_token=ids.idempotency_token(),
-        trace_id=ids.trace_id(),
+        trace_id=trace.trace_id if trace is not None else ids.trace_id(),
+        traceparent=trace.traceparent if trace is not None else None,
         callback_url=req.callback_url,
         meta=req.metadata,
         requested_deadline_seconds=deadline,

@@ -32,7 +32,8 @@ def idempotency_token() -> str:
 
 
 def trace_id() -> str:
-    return "tr_" + secrets.token_hex(12)
+    """``tr_`` and a W3C trace id's 32 hex digits: the id tracing uses for the operation."""
+    return "tr_" + secrets.token_hex(16)
 
 
 def worker_id(host: str, pid: int) -> str:

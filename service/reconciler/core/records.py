@@ -85,6 +85,7 @@ class OperationRecord:
     version: int
     history_seq: int
     history_head: str
+    traceparent: str | None
     request: Any = None
     meta: Any = None
     status_body: Any = None  # the status answer that confirmed success, for collection
@@ -170,6 +171,7 @@ DEFAULTS: Mapping[str, Any] = {
     "version": 1,
     "history_seq": 0,
     "history_head": "",
+    "traceparent": None,
 }
 
 _Builder: Any = dataclasses.make_dataclass(

@@ -35,6 +35,7 @@ class Background:
                 clock=deps.clock,
                 timeout_seconds=settings.callbacks.timeout_seconds,
                 max_response_bytes=settings.callbacks.max_response_bytes,
+                tracing=deps.tracing,
             )
             if deps.callback_key is not None
             else None

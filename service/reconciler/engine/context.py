@@ -36,6 +36,7 @@ from reconciler.providers.spec import ProviderSpec
 from reconciler.storage import operations as store
 from reconciler.storage.escalations import escalate, open_escalation
 from reconciler.storage.journal import Entry, Lease, retry_stale
+from reconciler.tracing import SpanName
 
 T = TypeVar("T")
 # The final look before a deadline (webhook trust) comes this long before it: at least a
@@ -240,7 +241,9 @@ class StepContext:
                     after.status_requests_used
                 )
         if after.escalation_id != op.escalation_id and after.escalation_id is not None:
-            rt.metrics.escalations.labels(await rt.db.run(self._reason, after)).inc()
+            reason = await rt.db.run(self._reason, after)
+            rt.metrics.escalations.labels(reason).inc()
+            rt.tracing.mark(after, SpanName.ESCALATION, reason=reason, state=after.state)
 
     def outage_note(self, start: datetime, end: datetime, **detail: Any) -> OutageNote | None:
         """Record, as ours, any outage of our database that overlapped ``[start, end]``.

@@ -20,6 +20,7 @@ from reconciler.providers.adapter import ProviderAdapter
 from reconciler.providers.spec import ProviderSpec
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
+from reconciler.tracing import Tracing
 
 
 class EngineSettings(Protocol):
@@ -78,6 +79,11 @@ class EngineDeps(Protocol):
     @property
     def allow_hosts(self) -> AllowList:
         """The callback hosts allowed past the SSRF guard."""
+        ...
+
+    @property
+    def tracing(self) -> Tracing:
+        """The spans of each operation's story (a no-op when telemetry is off)."""
         ...
 
     def adapter(self, provider: str) -> ProviderAdapter:

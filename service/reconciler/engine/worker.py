@@ -38,6 +38,7 @@ from reconciler.engine.shares import CALLBACKS, HOOKS, Shares, share_of
 from reconciler.logs import operation_id_var, trace_id_var
 from reconciler.storage import operations as store
 from reconciler.storage.availability import explain
+from reconciler.tracing import SpanName
 
 log = logging.getLogger("reconciler.engine.worker")
 
@@ -46,6 +47,15 @@ log = logging.getLogger("reconciler.engine.worker")
 # second argument.
 Step = Callable[..., Awaitable[None]]
 STATUS_READ_STATES = frozenset({State.OBSERVING, State.CANCELLING})
+# What a step's span is called, by the state it runs in (a completion is ``COMPLETION``).
+SPAN_OF_STATE: dict[State, SpanName] = {
+    State.CREATE_PENDING: SpanName.CREATE,
+    State.CREATE_UNKNOWN: SpanName.CREATE,
+    State.OBSERVING: SpanName.STATUS_READ,
+    State.CANCELLING: SpanName.STATUS_READ,
+    State.CANCEL_REQUESTED: SpanName.CANCEL,
+    State.RESULT_COLLECTING: SpanName.COLLECT,
+}
 
 
 class Steps(NamedTuple):
@@ -326,6 +336,7 @@ class Worker:
         self, op_id: str, share: str, op: OperationRecord | None = None, prep: Prep | None = None
     ) -> None:
         operation_id_var.set(op_id)
+        self.deps.tracing.detach()
         task = _Task(self, share)
         flow_var.set(task.flow)
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(op_id))
@@ -499,8 +510,12 @@ class _Task:
             self.steps_left -= 1
             self._reserve_completion(op)
             self.flow.begin_step()
+            name = SPAN_OF_STATE.get(State(op.state), SpanName.COMPLETION)
+            if step is worker.completion:
+                name = SpanName.COMPLETION
             try:
-                await (step(op, prep) if prep is not None else step(op))
+                with rt.tracing.about(op, name, state=op.state, delay_source=op.delay_source):
+                    await (step(op, prep) if prep is not None else step(op))
             except StaleWrite:
                 # Someone else wrote first (an agent's cancel, a webhook hint, an operator):
                 # reload and look again rather than act on an old picture.

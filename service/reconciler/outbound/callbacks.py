@@ -43,6 +43,7 @@ from reconciler.core.signatures import sign_standard_webhook
 from reconciler.core.vocabulary import RETRYABLE_4XX, TransportError
 from reconciler.outbound import ssrf
 from reconciler.providers.transport import classify_transport_error
+from reconciler.tracing import NO_TRACING, Tracing
 
 EVENT_OPERATION_COMPLETED = "operation.completed"
 USER_AGENT = "reconciler-callbacks/1"
@@ -189,6 +190,7 @@ class CallbackClient:
         resolver: ssrf.Resolver = ssrf.system_resolver,
         transport: httpx.AsyncBaseTransport | None = None,
         verify: ssl.SSLContext | bool = True,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         if timeout_seconds <= 0 or max_response_bytes < 0:
             raise InvalidRequest("timeout_seconds must be > 0 and max_response_bytes >= 0")
@@ -198,6 +200,7 @@ class CallbackClient:
         self._timeout = timeout_seconds
         self._max_bytes = max_response_bytes
         self._resolver = resolver
+        self._tracing = tracing
         if transport is None:
             transport = httpx.AsyncHTTPTransport(
                 verify=verify,
@@ -276,6 +279,8 @@ class CallbackClient:
             "User-Agent": USER_AGENT,
             **sign_standard_webhook(keys[0], webhook_id, timestamp, body, *keys[1:]),
         }
+        # The agent's receiver continues the operation's trace from the delivery's span.
+        self._tracing.inject(headers)
         extensions: dict[str, Any] = {}
         if checked.scheme == "https" and checked.address is None:
             extensions["sni_hostname"] = checked.host.rstrip(".")

@@ -67,6 +67,7 @@ from reconciler.providers.spec import (
     template_fields,
 )
 from reconciler.providers.transport import classify_transport_error
+from reconciler.tracing import NO_TRACING, SpanName, Tracing
 
 USER_AGENT = "reconciler/0.1"
 MAX_REDIRECTS = 5
@@ -179,9 +180,11 @@ class HttpAdapter:
         transport: httpx.AsyncBaseTransport | None = None,
         *,
         clock: Clock | None = None,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         self._spec = spec
         self._clock = clock or SystemClock()
+        self._tracing = tracing
         secret = auth_secret(spec, os.environ if environ is None else environ)
         self._credential: tuple[str, Secret] | None = None
         if secret is not None and spec.auth.type is AuthType.BEARER:
@@ -253,9 +256,33 @@ class HttpAdapter:
         content: bytes | None = None,
     ) -> CallResult:
         target = self._target(url)
+        with self._tracing.call(SpanName.PROVIDER_CALL, method=method, path=_path_of(target)):
+            result = await self._send(
+                method, url, target, trace_id, timeout, limit, json_expected, extra, content
+            )
+            if result.http_status is not None:
+                self._tracing.note(http_status=result.http_status)
+            elif result.transport_error is not None:
+                self._tracing.failed(result.transport_error.value)
+            return result
+
+    async def _send(
+        self,
+        method: str,
+        url: httpx.URL,
+        target: str,
+        trace_id: str,
+        timeout: float,
+        limit: int,
+        json_expected: bool,
+        extra: Mapping[str, str] | None,
+        content: bytes | None,
+    ) -> CallResult:
         headers = self._headers(trace_id, url, "application/json" if json_expected else "*/*")
         for name, value in (extra or {}).items():
             headers[name] = value
+        # W3C trace context beside the provider's own trace header: the client span's.
+        self._tracing.inject(headers)
         sent_at, start = self._clock.now(), self._clock.monotonic()
         try:
             async with asyncio.timeout(timeout):
@@ -527,18 +554,24 @@ class HttpAdapter:
         return self._refused(method, self._target(url), f"more than {MAX_REDIRECTS} redirects")
 
 
+def _path_of(target: str) -> str:
+    """A call's target for a span: never its query (a signature, a token may ride there)."""
+    return target.split("?", 1)[0]
+
+
 def build_adapter(
     spec: ProviderSpec,
     environ: Mapping[str, str] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
     *,
     clock: Clock | None = None,
+    tracing: Tracing = NO_TRACING,
 ) -> ProviderAdapter:
     """The provider's adapter: ``HttpAdapter``, or ``adapter = "pkg.module:Class"`` built as
     ``Class(spec, environ)``. An import or protocol problem is a ``ConfigError``."""
     env = os.environ if environ is None else environ
     if spec.adapter is None:
-        return HttpAdapter(spec, env, transport, clock=clock)
+        return HttpAdapter(spec, env, transport, clock=clock, tracing=tracing)
     cls = _import_class(spec)
     try:
         adapter = cls(spec, env)

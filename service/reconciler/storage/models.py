@@ -128,6 +128,9 @@ class Operation(SQLModel, table=True):
     version: int = 1
     history_seq: int = 0
     history_head: str = Field(default="", max_length=128)
+    # The W3C trace context of the agent's request that made the operation: every span about
+    # it, on any replica and after any restart, joins that trace (``reconciler.tracing``).
+    traceparent: str | None = Field(default=None, max_length=64)
 
 
 class HistoryEntry(SQLModel, table=True):

@@ -181,6 +181,23 @@ def load_records(
     return records_of(conn, (_BY_IDS_LOCKED if lock else _BY_IDS).rows(conn, operation_ids))
 
 
+_TRACE_OF_JOB = Sql(
+    "operation-trace-by-job",
+    OPS,
+    "SELECT id, trace_id, traceparent FROM operations WHERE provider = ? AND remote_job_id = ?",
+    params=("provider", "remote_job_id"),
+    returns=("id", "trace_id", "traceparent"),
+)
+
+
+def trace_of_job(
+    conn: Connection, provider: str, job_id: str
+) -> tuple[str, str, str | None] | None:
+    """The id, ``trace_id`` and ``traceparent`` of the operation a provider's job id names."""
+    row = _TRACE_OF_JOB.first(conn, provider, job_id)
+    return (row[0], row[1], row[2]) if row is not None else None
+
+
 def get_operation(conn: Connection, operation_id: str) -> OperationRecord | None:
     found = load_records(conn, [operation_id])
     return found[0] if found else None

@@ -44,6 +44,7 @@ from reconciler.storage.history import last_hint_at
 from reconciler.storage.journal import Entry
 from reconciler.storage.tokens import callback_keys
 from reconciler.storage.views import view_of
+from reconciler.tracing import SpanName, Tracing
 
 log = logging.getLogger("reconciler.engine.steps.complete")
 
@@ -82,6 +83,13 @@ class Outcome:
     http_status: int | None = None
 
 
+def _note(tracing: Tracing, outcome: Outcome) -> None:
+    status = outcome.http_status or outcome.detail.get("http_status")
+    tracing.note(outcome="done" if outcome.done else "failed", http_status=status)
+    if not outcome.done:
+        tracing.failed("permanent" if outcome.permanent else "retryable")
+
+
 class CompleteStep:
     def __init__(
         self, ctx: StepContext, hooks: tuple[Hook, ...], callbacks: CallbackClient | None
@@ -116,13 +124,19 @@ class CompleteStep:
             prep = await ctx.apply_plan(op, lambda conn, fresh: self.prepare(conn, fresh, now))
         plan: Plan = prep.data
         self._observe_lag(prep.op, plan)
+        tracing = ctx.deps.tracing
         while plan.current is not None:
-            hook = self._hook_of(plan.current)
-            if hook is not None and hook.transactional:
-                prep = await self._in_transaction(prep.op, plan, hook)
-            else:
-                outcome = await self._run(prep.op, plan)
-                prep = await self._recorded(prep.op, plan, outcome)
+            row = plan.current
+            hook = self._hook_of(row)
+            name = SpanName.CALLBACK if row.step == CALLBACK_STEP else SpanName.HOOK
+            with tracing.about(prep.op, name, step=row.step, attempt=row.attempts):
+                if hook is not None and hook.transactional:
+                    prep = await self._in_transaction(prep.op, plan, hook)
+                else:
+                    outcome = await self._run(prep.op, plan)
+                    if tracing.enabled:
+                        _note(tracing, outcome)
+                    prep = await self._recorded(prep.op, plan, outcome)
             plan = prep.data
 
     def _hook_of(self, row: StepRow) -> Hook | None:

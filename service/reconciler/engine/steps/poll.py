@@ -254,13 +254,17 @@ class PollStep:
             return
         # A hint, a cancel or a decision may be written while we ask: the answer is still a
         # fact, so it is decided and applied on the fresh record rather than lost.
+        tracing = ctx.deps.tracing
+        seen: dict[str, Any] | None = {} if tracing.enabled else None
         with contextlib.suppress(StaleWrite):
             # Lost every race, or the lease: the next claim reads afresh and decides again.
             await ctx.apply(
                 charged,
-                lambda conn, fresh: self._apply(conn, fresh, outcome, last_look, lapse),
+                lambda conn, fresh: self._apply(conn, fresh, outcome, last_look, lapse, seen),
                 final=True,
             )
+        if seen:
+            tracing.note(**seen)
 
     def _outage(self, op: OperationRecord) -> list[Entry]:
         """Our own database's outage during the cancel window, recorded as ours."""
@@ -276,8 +280,10 @@ class PollStep:
         outcome: StatusOutcome,
         last_look: bool = False,
         lapse: decisions.Lapse | None = None,
+        seen: dict[str, Any] | None = None,
     ) -> OperationRecord:
-        """Decide what the answer means for the row as it is now, and write it.
+        """Decide what the answer means for the row as it is now, and write it (``seen``, when
+        given, is told the decision and the next wait's source: the status read's span).
 
         ``last_look``: the read made after the cancel window closed, or after our own
         outage covered the deadline (``lapse``); an end state it shows is recorded,
@@ -331,6 +337,8 @@ class PollStep:
                     decision.counters,
                 )
         changes, detail, delay_source = self._record(op, outcome, decision, now)
+        if seen is not None:
+            seen.update(decision=type(decision).__name__.lower(), next_delay_source=delay_source)
         lead = self._outage(op) if last_look and lapse is None else []
         entry = Entry(
             kind=HistoryKind.OBSERVATION,
