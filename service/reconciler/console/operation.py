@@ -39,6 +39,7 @@ from reconciler.storage.completion_steps import steps_of
 from reconciler.storage.escalations import escalations_of
 from reconciler.storage.history import history_of
 from reconciler.storage.views import view_of
+from reconciler.tracing import SpanName
 from reconciler.wire import parse_decision
 
 MAX_ID = 40
@@ -199,6 +200,7 @@ async def decide(request: Request) -> Response:
         decision,
         rt.clock.now(),
     )
+    rt.tracing.mark(op, SpanName.DECISION, decision=decision.action, state=op.state)
     rt.notifier.changed(op.id)
     rt.notifier.wake()
     target = f"{PREFIX}/operations/{op.id}?decided={decision.action.value}#timeline"
