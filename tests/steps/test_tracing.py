@@ -17,8 +17,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from reconciler.agent_tools.backends import LocalBackend
+from reconciler.api.auth import principal_for
 from reconciler.telemetry import Telemetry
 from reconciler.tracing import Attr, SpanName, Tracing
+from reconciler.wire import CreateOperation
 from tests.support import hooks
 from tests.support.world import open_world, world
 
@@ -207,3 +210,21 @@ async def test_an_escalation_and_the_operators_decision_join_the_trace(
         assert parent_hex(decision) == span_hex(request)
         assert decision.attributes is not None
         assert decision.attributes[Attr.DECISION.value] == "abandon"
+
+
+async def test_an_mcp_start_continues_the_agents_trace(
+    tmp_path: Path, db_url: str, exporter: InMemorySpanExporter
+) -> None:
+    # The MCP door builds its backend with the HTTP request's headers (agent_tools/http.py).
+    async with world(tmp_path, db_url, telemetry=telemetry_to(exporter)) as w:
+        who = await principal_for(w.runtime, f"Bearer {w.agent_token}")
+        backend = LocalBackend(w.runtime, who, {"traceparent": AGENT_PARENT})
+        view = await backend.start(CreateOperation(provider="sim", request=JOB))
+        assert view["trace_id"] == f"tr_{AGENT_TRACE}"
+        (request,) = named(in_trace(exporter, AGENT_TRACE), SpanName.AGENT_CREATE)
+        assert parent_hex(request) == AGENT_SPAN
+        # Without one, a call starts a trace of its own, as over stdio.
+        alone = await LocalBackend(w.runtime, who).start(
+            CreateOperation(provider="sim", request=JOB)
+        )
+        assert alone["trace_id"].startswith("tr_") and alone["trace_id"] != view["trace_id"]

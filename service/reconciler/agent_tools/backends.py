@@ -10,6 +10,7 @@ through ``reconciler.client`` with the token it was started with.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from reconciler.api import actions
@@ -36,11 +37,13 @@ class Backend(Protocol):
 
 
 class LocalBackend:
-    def __init__(self, runtime: Runtime, who: Principal) -> None:
-        self.rt, self.who = runtime, who
+    def __init__(
+        self, runtime: Runtime, who: Principal, headers: Mapping[str, str] | None = None
+    ) -> None:
+        self.rt, self.who, self.headers = runtime, who, headers
 
     async def start(self, body: CreateOperation) -> View:
-        op, _ = await actions.start_validated(self.rt, self.who, body)
+        op, _ = await actions.start_validated(self.rt, self.who, body, self.headers)
         return await actions.render(self.rt, op)
 
     async def get(self, op_id: str) -> View:

@@ -133,11 +133,12 @@ async def start(
 
 
 async def start_validated(
-    rt: Runtime, who: Principal, req: CreateOperation
+    rt: Runtime, who: Principal, req: CreateOperation, headers: Mapping[str, str] | None = None
 ) -> tuple[OperationRecord, bool]:
-    """``start`` for a body already validated as a ``CreateOperation`` (an MCP call)."""
+    """``start`` for a body already validated as a ``CreateOperation`` (an MCP call, whose
+    HTTP request's ``headers`` may carry the agent's ``traceparent``)."""
     if rt.tracing.enabled and rt.tracing.current() is None:
-        with rt.tracing.request(SpanName.AGENT_CREATE, {}):
+        with rt.tracing.request(SpanName.AGENT_CREATE, headers or {}):
             return await _start(rt, who, req)
     return await _start(rt, who, req)
 
