@@ -135,7 +135,9 @@ class McpEndpoint:
             # Unreachable behind __call__; refuse rather than act as nobody in particular.
             raise Bug("an MCP request reached a tool without an authenticated principal")
         # The agent's traceparent, if any: its call continues into the operation's trace.
-        return LocalBackend(self.runtime, who, request.headers)
+        return LocalBackend(
+            self.runtime, who, request.headers if isinstance(request, Request) else None
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
