@@ -143,13 +143,17 @@ LIST_LOOKUP = {
 }
 
 
-def list_pages(rig: StepRig, *, ours_on_page: int | None, last_page: int = 5) -> list[str | None]:
-    """Lookup answers as OpenAI lists batches: newest first, a cursor, ``has_more``.
+def list_pages(
+    rig: StepRig, *, ours_on_page: int | None, last_page: int = 5, slow_seconds: float = 0
+) -> list[str | None]:
+    """Lookup answers as OpenAI lists batches: newest first, a cursor, ``has_more``; each
+    page takes ``slow_seconds`` of the test's clock.
 
     Returns the list of cursors the lookups carried, filled as they arrive."""
     cursors: list[str | None] = []
 
     def page(request: httpx.Request) -> httpx.Response:
+        rig.advance(slow_seconds)
         after = request.url.params.get("after")
         cursors.append(after)
         number = 1 if after is None else int(after.removeprefix("p")) + 1
@@ -235,6 +239,27 @@ async def test_a_list_that_goes_on_past_the_pages_read_does_not_mean_not_made(
         op = await rig.step(op_id)
         assert cursors == [None, "p1", "p2"]
         assert op.state == "create_unknown" and op.remote_job_id is None
+        assert len(rig.provider.sent("create")) == 1 and len(rig.provider.jobs) == 1
+
+
+async def test_a_lookup_answered_after_the_create_window_still_asks_whether_to_resend(
+    tmp_path: Path, db_url: str
+) -> None:
+    # The window closes while the lookup is out (a slow provider, a loaded machine): the
+    # create may still have made a job, so it is the operator's call, not a provider failure.
+    table = key_in_metadata_found_by_listing()
+    table["create"]["create_deadline_seconds"] = 60
+    async with step_rig(tmp_path, db_url, table=table) as rig:
+        op_id = rig.submit({"input_file_id": "file-1"})
+        made_then(rig, httpx.ReadTimeout("timed out"))
+        assert (await rig.step(op_id)).state == "create_unknown"
+        list_pages(rig, ours_on_page=4, slow_seconds=30)
+        rig.advance_to_due(op_id)
+        op = await rig.step(op_id)
+        assert op.state == "escalated"
+        with rig.runtime.db.read() as conn:
+            esc = open_escalation(conn, op)
+        assert esc is not None and esc.reason == "create_unknown", esc
         assert len(rig.provider.sent("create")) == 1 and len(rig.provider.jobs) == 1
 
 

@@ -320,8 +320,10 @@ def test_a_lost_create_is_found_by_listing_batches_page_by_page(
 def test_a_lost_create_beyond_the_pages_read_escalates_and_is_never_resent(
     tmp_path: Path, sqlite_db: str
 ) -> None:
-    # One page of 100 is read; ours is on the second, behind other clients' batches.
-    with stack(tmp_path, sqlite_db, FAST_POLLING, lookup={"pages": 1}) as s:
+    # One page of 100 is read; ours is on the second, behind other clients' batches. The
+    # lookups go on until the create window closes: a short one.
+    window = {**FAST_CREATE, "create_deadline_seconds": 6}
+    with stack(tmp_path, sqlite_db, FAST_POLLING, lookup={"pages": 1}, create=window) as s:
         s.replay.drop_next_create = True
         op_id = s.start(REQUEST)
         op = s.wait_for(

@@ -412,7 +412,17 @@ class CreateStep:
                 final=True,
             )
         elif isinstance(decision, Stop):
-            await self._escalate(op, decision.reason, decision.detail, [entry])
+            # The window may close while a call is out. Without a key, a create that may
+            # have made a job is then the operator's call, as when it closes between calls
+            # (``_window_ended``): never a provider failure that hides the possible job.
+            unsettled = spec.create.idempotency is IdempotencyMode.NONE and (
+                via == "lookup" or landed or State(op.state) is State.CREATE_UNKNOWN
+            )
+            if unsettled and decision.reason is EscalationReason.PROVIDER_FAILURE:
+                detail_text = f"{decision.detail}; the create may have made a job"
+                await self._create_unknown(op, detail_text, [entry])
+            else:
+                await self._escalate(op, decision.reason, decision.detail, [entry])
         elif isinstance(decision, Ambiguous):
             await self._retry_later(op, decision, entry, call)
         else:  # Accepted is handled by the callers, which hold the job id
