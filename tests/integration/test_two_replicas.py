@@ -452,6 +452,10 @@ def check_one_owner_at_a_time(
     return actors, handed_over
 
 
+def ok(status: int) -> bool:
+    return 200 <= status < 300
+
+
 def check_webhooks(top: Topology, ids: list[str], db: Database, entries: dict[str, Any]) -> None:
     sim = top.sim
     assert not sim.outbox.pending, "the provider still has webhooks to deliver"
@@ -459,10 +463,12 @@ def check_webhooks(top: Topology, ids: list[str], db: Database, entries: dict[st
     # The provider saw every event acknowledged (a slow answer may have been retried).
     acknowledged = {a.event_id for a in attempts if a.ok}
     assert acknowledged == {a.event_id for a in attempts}
-    # The replicas answered every request they got with 2xx, and both took webhooks.
+    # The replicas answered every request they got with 2xx, or with 503 where the write
+    # bound ran out (seen at a load of ten times the cores: the provider retries it), and
+    # both took webhooks.
     answers = top.forwarder.answers()
-    assert all(f.status is not None and 200 <= f.status < 300 for f in answers), [
-        f for f in answers if f.status is None or not 200 <= f.status < 300
+    assert all(f.status is not None and (ok(f.status) or f.status == 503) for f in answers), [
+        f for f in answers if f.status is None or not (ok(f.status) or f.status == 503)
     ][:5]
     per_replica = Counter(f.replica for f in answers)
     assert len(per_replica) == len(top.urls) and min(per_replica.values()) > 0, per_replica
@@ -470,9 +476,12 @@ def check_webhooks(top: Topology, ids: list[str], db: Database, entries: dict[st
         stored = {r["event_id"]: dict(r) for r in conn.execute(sa.select(EVENTS)).mappings()}
     # Every event stored once with every repeat counted (none lost, none twice).
     assert set(stored) == acknowledged
+    # A refused delivery may or may not have been stored (its bound ran out, not its write).
     received = Counter(f.event_id for f in answers)
+    taken = Counter(f.event_id for f in answers if f.status is not None and ok(f.status))
     for event_id, times in received.items():
-        assert stored[event_id]["duplicates"] == times - 1, (event_id, times, stored[event_id])
+        duplicates = stored[event_id]["duplicates"]
+        assert taken[event_id] - 1 <= duplicates <= times - 1, (event_id, times, stored[event_id])
         assert stored[event_id]["conflicts"] == 0
     rows = operations(db)
     modes = {rows[op_id]["remote_job_id"]: WEBHOOK_MODES[i % 3] for i, op_id in enumerate(ids)}
