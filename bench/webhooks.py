@@ -8,8 +8,9 @@ Every server is one uvicorn process (uvloop, httptools, no access log) on 127.0.
 * ``bare``: one Starlette route answering 204: the ceiling the service is judged against;
 * ``ours``: this checkout's service as ``reconciler serve`` runs it (its front door's
   protocol with the limits of ``[server]``, its process settings) on a fresh SQLite file;
-* ``baseline`` (with ``--baseline TREE``): the same for another checkout (e.g. a
-  ``git archive`` of the commit before a change), so every figure is an A/B on one machine.
+* ``baseline`` (with ``--baseline TREE``, which may be given more than once): the same
+  for another checkout (e.g. a ``git archive`` of the commit before a change), so every
+  figure is an A/B on one machine.
 
 The load is this bench's own client (``bench/fast_http.Poster`` on uvloop, one process,
 ``--connections`` kept-alive connections each sending its next request when the last is
@@ -18,7 +19,9 @@ for jobs the service has never heard of (orphan events: stored, no hint), with
 ``--hints`` for 1,000 observed operations. Its own ceiling (the same client against
 ``fast_http``'s protocol server answering 204) is printed too, so a bare rate near it
 says the client, not Starlette, set it. The order of the runs rotates between rounds.
-Printed per run: requests/s, p50/p99 latency, the answers by status and, for a service,
+Printed per run: requests/s, p50/p99 latency, the server's CPU (user and system, from
+``/proc``) per request, which a shared machine's load disturbs less than the rates, the
+answers by status and, for a service,
 the events stored (every 2xx must be; the run fails otherwise); then each figure's
 median with its spread, and the ratio ours / bare of each round.
 Targets: ours / bare >= 0.35, p99 <= 20 ms, every 2xx stored.
@@ -252,6 +255,7 @@ class Result:
     p99_ms: float
     statuses: dict[str, int]
     stored: int | None
+    cpu_us: float  # the server's CPU (user + system) per answered request
 
     @property
     def ok(self) -> int:
@@ -285,6 +289,12 @@ def sampled(pid: int, out: Path | None) -> Iterator[None]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU of a process so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -322,20 +332,22 @@ def measure(
         spy = None
         if args.py_spy is not None and root is not None:
             spy = args.py_spy / f"{label}-{number + 1}.txt"
+        cpu0 = cpu_seconds(proc.pid)
         with sampled(proc.pid, spy):
             load = [sys.executable, str(ROOT / "bench" / "webhooks.py"), "client"]
             load += ["--port", str(port), "--requests", str(requests), "--out", str(out)]
             load += ["--connections", str(args.connections), "--seconds", str(args.seconds)]
             subprocess.run(load, check=True, cwd=ROOT)
+        cpu = cpu_seconds(proc.pid) - cpu0
     finally:
         stop(proc)
         log.close()
     data = json.loads(out.read_text())
     total = sum(n for code, n in data["statuses"].items() if int(code) > 0)
     stored = count_events(db_url) if root is not None else None
-    return Result(
-        label, total / data["seconds"], data["p50_ms"], data["p99_ms"], data["statuses"], stored
-    )
+    rate = total / data["seconds"]
+    cpu_us = cpu * 1e6 / max(1, total)
+    return Result(label, rate, data["p50_ms"], data["p99_ms"], data["statuses"], stored, cpu_us)
 
 
 def spread(values: list[float]) -> str:
@@ -354,7 +366,7 @@ def describe(number: int, result: Result) -> str:
     return (
         f"  round {number + 1}  {result.label:<14} {result.rate:8.0f} req/s  "
         f"p50 {result.p50_ms:6.2f} ms  p99 {result.p99_ms:6.2f} ms  "
-        f"answers {result.statuses}{stored}"
+        f"CPU {result.cpu_us:5.0f} us/req  answers {result.statuses}{stored}"
     )
 
 
@@ -390,7 +402,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=6)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--baseline", type=Path, default=None, help="a checkout to compare")
+    parser.add_argument(
+        "--baseline", type=Path, action="append", default=[], help="a checkout to compare"
+    )
     parser.add_argument("--hints", action="store_true", help="events for observed operations")
     parser.add_argument("--no-ceiling", action="store_true", help="skip the client's ceiling")
     parser.add_argument("--max-rate", type=int, default=15_000, help="deliveries per second")
@@ -399,8 +413,8 @@ def main() -> int:
     if args.py_spy is not None:
         args.py_spy.mkdir(parents=True, exist_ok=True)
     runs: list[tuple[str, Path | None]] = [("ours", ROOT)]
-    if args.baseline is not None:
-        runs.append(("baseline", args.baseline.resolve()))
+    for index, tree in enumerate(args.baseline):
+        runs.append((f"baseline{index + 1 if len(args.baseline) > 1 else ''}", tree.resolve()))
     runs.append((BARE, None))
     if not args.no_ceiling:
         runs.append((CLIENT_CEILING, None))
@@ -425,6 +439,7 @@ def main() -> int:
     for label, rs in results.items():
         print(f"{label:<14} req/s  {spread([r.rate for r in rs])}")
         print(f"{'':<14} p99 ms {spread([r.p99_ms for r in rs])}")
+        print(f"{'':<14} CPU us/req {spread([r.cpu_us for r in rs])}")
     for label, values in ratios.items():
         print(f"ratio {label}/bare: {spread(values)}; target >= 0.35, p99 <= 20 ms")
     missing = [r for rs in results.values() for r in rs if r.stored is not None and r.stored < r.ok]
