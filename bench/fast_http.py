@@ -181,7 +181,9 @@ class _Reply:
     def __init__(self) -> None:
         self.done = False
         self.close = False
+        self.keep = False
         self.body = bytearray()
+        self.parser: httptools.HttpResponseParser | None = None
 
     def on_body(self, body: bytes) -> None:
         self.body += body
@@ -191,6 +193,9 @@ class _Reply:
             self.close = True
 
     def on_message_complete(self) -> None:
+        # Asked here: once this callback returns the parser is reset for the next
+        # message, and then it no longer knows whether the line may be kept.
+        self.keep = self.parser is not None and self.parser.should_keep_alive()
         self.done = True
 
 
@@ -253,13 +258,13 @@ class Poster:
     async def _exchange(self, line: _Line, request: bytes) -> tuple[int, bool, bytes]:
         line.writer.write(request)
         reply = _Reply()
-        parser = httptools.HttpResponseParser(reply)
+        parser = reply.parser = httptools.HttpResponseParser(reply)
         while not reply.done:
             data = await line.reader.read(65536)
             if not data:
                 raise asyncio.IncompleteReadError(b"", None)
             parser.feed_data(data)
-        keep = parser.should_keep_alive() and not reply.close
+        keep = reply.keep and not reply.close
         return parser.get_status_code(), keep, bytes(reply.body)
 
     def close(self) -> None:
