@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +55,30 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.terminate()
         try:
             proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@contextmanager
+def sampled(pid: int, out: Path | None, options: Sequence[str]) -> Iterator[None]:
+    """py-spy samples of ``pid`` while the block runs (raw collapsed stacks in ``out``)."""
+    if out is None:
+        yield
+        return
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    proc = subprocess.Popen(
+        [spy, "record", "--pid", str(pid), "--output", str(out), *options],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(0.5)  # attached before the first request
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)  # py-spy writes its samples out on SIGINT
+        try:
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)

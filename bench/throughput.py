@@ -84,7 +84,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -107,7 +106,7 @@ for _path in (str(ROOT / "service"), str(ROOT)):
 
 import httpx  # noqa: E402
 from bench.poller import cpu_seconds  # noqa: E402
-from bench.support import free_port, stop, wait_ready  # noqa: E402
+from bench.support import free_port, sampled, stop, wait_ready  # noqa: E402
 
 SIM_TOKEN = "bench-sim-token"
 SUBMIT_TRIES = 3
@@ -125,6 +124,8 @@ SECRET_LINE = re.compile(r"callback secret for .*: (whsec_\S+)")
 # The bare client's runs: against both peers, and against each alone (its ceiling).
 BARE, PROVIDER, RECEIVER = "bare", "provider", "receiver"
 HEADROOM = 5  # each peer's ceiling must be this many times the service's rate
+# py-spy on the service: every thread, with who holds the GIL.
+SPY_OPTIONS = ("--rate", "200", "--format", "raw", "--nonblocking", "--threads", "--gil")
 
 
 @dataclass(frozen=True)
@@ -423,31 +424,6 @@ async def submit(url: str, token: str, args: argparse.Namespace, callback: str) 
     return answers
 
 
-@contextmanager
-def sampled(pid: int, out: Path | None) -> Iterator[None]:
-    """py-spy samples of ``pid`` while the block runs (raw collapsed stacks in ``out``)."""
-    if out is None:
-        yield
-        return
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    options = ["--rate", "200", "--format", "raw", "--nonblocking", "--threads", "--gil"]
-    proc = subprocess.Popen(
-        [spy, "record", "--pid", str(pid), "--output", str(out), *options],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        time.sleep(0.5)  # attached before the first submission
-        yield
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 def run_ours(
     tree: Tree,
     backend: str,
@@ -474,7 +450,7 @@ def run_ours(
                 try:
                     wait_ready(f"{url}/readyz", timeout=120)
                     writes0, reads0 = scrape(url)
-                    with sampled(service.pid, spy):
+                    with sampled(service.pid, spy, SPY_OPTIONS):
                         pids = (service.pid, provider.pid, rcv_pid)
                         cpu0 = [cpu_seconds(pid) for pid in pids]
                         started = time.time()

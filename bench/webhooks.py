@@ -32,18 +32,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import contextlib
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,7 +50,8 @@ if __name__ == "__main__":
     # bench/ itself off the path: its mcp.py would hide the MCP SDK from the service.
     sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
-from bench.support import free_port, percentile, wait_ready  # noqa: E402
+from bench.poller import cpu_seconds  # noqa: E402
+from bench.support import free_port, percentile, sampled, stop, wait_ready  # noqa: E402
 
 SECRET = "whsec_" + base64.b64encode(b"bench-webhook-secret-0123456789a").decode()
 OPERATIONS = 1000
@@ -267,46 +265,6 @@ def python_of(root: Path) -> str:
     return str(own) if own.exists() else sys.executable
 
 
-@contextlib.contextmanager
-def sampled(pid: int, out: Path | None) -> Iterator[None]:
-    """py-spy samples of ``pid`` while the block runs (raw collapsed stacks in ``out``)."""
-    if out is None:
-        yield
-        return
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    proc = subprocess.Popen(
-        [spy, "record", "--pid", str(pid), "--output", str(out), *SPY_OPTIONS],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        time.sleep(0.5)
-        yield
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU of a process so far (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 def measure(
     label: str, root: Path | None, args: argparse.Namespace, work: Path, number: int
 ) -> Result:
@@ -333,7 +291,7 @@ def measure(
         if args.py_spy is not None and root is not None:
             spy = args.py_spy / f"{label}-{number + 1}.txt"
         cpu0 = cpu_seconds(proc.pid)
-        with sampled(proc.pid, spy):
+        with sampled(proc.pid, spy, SPY_OPTIONS):
             load = [sys.executable, str(ROOT / "bench" / "webhooks.py"), "client"]
             load += ["--port", str(port), "--requests", str(requests), "--out", str(out)]
             load += ["--connections", str(args.connections), "--seconds", str(args.seconds)]
