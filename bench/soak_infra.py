@@ -27,6 +27,7 @@ from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
+from tests.support import forked
 from tests.support.process import ServiceProcess, _toml_value, cli, provider_file, service_env
 from tests.support.servers import unused_port
 from tests.support.stack import ROOT
@@ -230,14 +231,7 @@ class Replica:
     def start(self) -> None:
         with self.log.open("ab") as out:
             out.write(f"--- start {self.starts + 1} at {time.time():.3f}\n".encode())
-            out.flush()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "reconciler", "serve", "--config", str(self.config)],
-                cwd=ROOT,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+        proc = forked.reconciler(["serve", "--config", str(self.config)], self.env, ROOT, self.log)
         self.process = ServiceProcess(proc, self.url, self.log)
         self.starts += 1
 

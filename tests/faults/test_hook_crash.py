@@ -9,11 +9,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import IO
 
 import httpx
 import pytest
@@ -23,7 +21,8 @@ from reconciler.demo.sim import SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import create_token
-from tests.support import hooks
+from tests.support import forked, hooks
+from tests.support.forked import ForkedProcess
 from tests.support.hooks import serve_receiver
 from tests.support.servers import serve_asgi, unused_port
 from tests.support.stack import (
@@ -66,17 +65,9 @@ def write_config(tmp_path: Path, db_url: str, sim_url: str, port: int) -> Path:
 
 
 @contextmanager
-def service(
-    config: Path, env: Mapping[str, str], output: IO[bytes]
-) -> Iterator[subprocess.Popen[bytes]]:
-    """``reconciler serve`` in a subprocess; stopped (by its PID) on exit if still running."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "reconciler", "serve", "--config", str(config)],
-        cwd=ROOT,
-        env=dict(env),
-        stdout=output,
-        stderr=subprocess.STDOUT,
-    )
+def service(config: Path, env: Mapping[str, str], log: Path) -> Iterator[ForkedProcess]:
+    """``reconciler serve`` in its own process; stopped (by its PID) on exit if still running."""
+    proc = forked.reconciler(["serve", "--config", str(config)], env, ROOT, log)
     try:
         yield proc
     finally:
@@ -85,11 +76,11 @@ def service(
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
+                proc.kill()
                 proc.wait(timeout=10)
 
 
-def wait_ready(proc: subprocess.Popen[bytes], url: str) -> None:
+def wait_ready(proc: ForkedProcess, url: str) -> None:
     def ready() -> bool:
         assert proc.poll() is None, "the service exited during start-up"
         try:
@@ -133,7 +124,7 @@ def test_sigkill_inside_a_hook_reruns_only_that_step_with_the_same_key(
         sim_url = stack.enter_context(serve_asgi(create_sim(state=sim)))
         receiver, cb_url = stack.enter_context(serve_receiver())
         config = write_config(tmp_path, db_url, sim_url, port)
-        output = stack.enter_context((tmp_path / "service.log").open("ab"))
+        output = tmp_path / "service.log"
         api = stack.enter_context(httpx.Client(base_url=url, timeout=10))
 
         first = stack.enter_context(service(config, {**env, hooks.SLEEP_ENV: "60"}, output))

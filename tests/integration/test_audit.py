@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from reconciler.core.states import State
 from reconciler.storage import audit
 from reconciler.storage.database import Database
 from reconciler.storage.journal import HISTORY, Journal
+from tests.support import forked
 from tests.support.factories import insert_operation
 
 pytestmark = pytest.mark.both_backends
@@ -55,15 +55,7 @@ def _cli_verify(db_url: str, key: str | None) -> subprocess.CompletedProcess[str
     env = {"RECONCILER_DATABASE_URL": db_url, "PATH": "/usr/bin:/bin"}
     if key:
         env["RECONCILER_AUDIT_KEY"] = key
-    return subprocess.run(
-        [sys.executable, "-m", "reconciler", "audit", "verify"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-        cwd=Path(__file__).parent,
-    )
+    return forked.run(["audit", "verify"], env, Path(__file__).parent)
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ callback that keeps failing, whose retries are real deliveries to a receiver.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -27,7 +27,7 @@ from reconciler.cli import main
 from reconciler.core.clock import utc
 from reconciler.core.escalation import abandon_state
 from reconciler.core.vocabulary import EscalationReason
-from tests.support import hooks, waiting
+from tests.support import forked, hooks, waiting
 from tests.support.hooks import Reply, serve_receiver
 from tests.support.stack import QUICK_POLLING as POLLING
 from tests.support.stack import ROOT, Stack, quiescent, running_stack
@@ -314,14 +314,7 @@ def test_bad_bodies_are_400(stack: Scene) -> None:
 
 
 def run_cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "reconciler", *args, "--config", str(config)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return forked.run([*args, "--config", str(config)], os.environ, ROOT)
 
 
 def cli_config(tmp_path: Path, db_url: str) -> Path:

@@ -12,8 +12,7 @@ once per decision, and each resend made the provider's job count go up by one.
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
+import os
 import uuid
 from collections.abc import Iterator
 from contextlib import closing
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from tests.support import forked
 from tests.support.console import csrf_of, operator_client
 from tests.support.mcp import connect, run, text_of
 from tests.support.stack import QUICK_POLLING, ROOT, Stack, running_stack, sim_provider_table
@@ -126,24 +126,7 @@ def test_resend_over_the_api_and_the_cli_each_send_one_create(
     config = tmp_path / "cli.toml"
     config.write_text(f'database_url = "{module_db_url}"\n')
     cli_args = ["--config", str(config)]
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "reconciler",
-            "decide",
-            op["id"],
-            "resend",
-            "--by",
-            "ana",
-            *cli_args,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = forked.run(["decide", op["id"], "resend", "--by", "ana", *cli_args], os.environ, ROOT)
     assert result.returncode == 0, result.stderr
     assert f"{op['id']}: resend recorded" in result.stdout
     third = stack.wait_state(op["id"], {"escalated"}, timeout=20)

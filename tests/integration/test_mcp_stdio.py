@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from mcp import Client, StdioServerParameters
 
+from tests.support import forked
 from tests.support.databases import sqlite_url
 from tests.support.mcp import CreateTaskResult, TasksExtension, get_task, run, text_of
 from tests.support.stack import Stack, running_stack
@@ -115,16 +116,7 @@ def test_tasks_through_stdio(stack: Stack) -> None:
 
 
 def cli(stack_url: str, token: str | None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "reconciler", "mcp", "--url", stack_url],
-        env=child_env(token),
-        cwd=ROOT,
-        input="",
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return forked.run(["mcp", "--url", stack_url], child_env(token), ROOT)
 
 
 def test_a_missing_token_is_one_line_and_exit_2(stack: Stack) -> None:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -13,6 +12,7 @@ from alembic.migration import MigrationContext
 from reconciler.storage import migrate
 from reconciler.storage.database import Database
 from reconciler.storage.models import TABLES
+from tests.support import forked
 
 pytestmark = pytest.mark.both_backends
 
@@ -46,13 +46,11 @@ def test_upgrade_from_empty_and_models_match(empty_db_url: str) -> None:
 
 
 def test_cli_db_upgrade(empty_db_url: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "reconciler", "db", "upgrade"],
-        env={"RECONCILER_DATABASE_URL": empty_db_url, "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
+    result = forked.run(
+        ["db", "upgrade"],
+        {"RECONCILER_DATABASE_URL": empty_db_url, "PATH": "/usr/bin:/bin"},
+        Path.cwd(),
         timeout=120,
-        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert f"revision {migrate.head_revision()}" in result.stdout

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from reconciler.storage.tokens import (
     create_token,
     rotate_callback_salt,
 )
+from tests.support import forked
 from tests.support.hooks import serve_receiver
 from tests.support.stack import CALLBACK_SECRET, ROOT, Stack
 from tests.support.waiting import wait_until
@@ -101,14 +101,7 @@ def test_the_agent_gets_its_secret_once_and_can_rotate_it(db_url: str, tmp_path:
     env = {"RECONCILER_DATABASE_URL": db_url, "RECONCILER_CALLBACK_SECRET": CALLBACK_SECRET}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "reconciler", *args],
-            env={**env, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "service")},
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return forked.run(args, {**env, "PATH": "/usr/bin:/bin"}, ROOT)
 
     made = cli("tokens", "create", "--name", "agent-a", "--scope", "agent")
     assert made.returncode == 0, made.stderr

@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
@@ -26,6 +25,8 @@ import httpx
 from reconciler.storage import migrate
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import create_token
+from tests.support import forked
+from tests.support.forked import ForkedProcess
 from tests.support.servers import unused_port
 from tests.support.stack import CALLBACK_SECRET, ROOT, SIM_TOKEN, SIM_TOML, WEBHOOK_SECRET
 from tests.support.waiting import wait_until
@@ -109,15 +110,9 @@ def service_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 def cli(
     config: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "reconciler", *args, "--config", str(config)],
-        cwd=ROOT,
-        env=dict(env or service_env()),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    """``reconciler *args --config`` in its own process (``tests.support.forked``)."""
+    argv = [*args, "--config", str(config)]
+    return forked.run(argv, env or service_env(), ROOT, timeout)
 
 
 @contextmanager
@@ -152,7 +147,7 @@ def cli_here(
 
 @dataclass
 class ServiceProcess:
-    proc: subprocess.Popen[bytes]
+    proc: ForkedProcess
     url: str
     log: Path
 
@@ -197,16 +192,10 @@ def service_process(
     log: Path | None = None,
     ready: bool = True,
 ) -> Iterator[ServiceProcess]:
-    """``reconciler serve --config`` in a subprocess; stopped by its PID on exit."""
+    """``reconciler serve --config`` in its own process (``tests.support.forked``); stopped
+    by its PID on exit."""
     log = log or config.with_suffix(f".{port}.log")
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "reconciler", "serve", "--config", str(config)],
-            cwd=ROOT,
-            env=dict(env or service_env()),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = forked.reconciler(["serve", "--config", str(config)], env or service_env(), ROOT, log)
     service = ServiceProcess(proc, f"http://127.0.0.1:{port}", log)
     try:
         if ready:
