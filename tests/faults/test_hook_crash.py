@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -21,13 +19,12 @@ from reconciler.demo.sim import SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import create_token
-from tests.support import forked, hooks
-from tests.support.forked import ForkedProcess
+from tests.support import hooks
 from tests.support.hooks import serve_receiver
+from tests.support.process import service_process
 from tests.support.servers import serve_asgi, unused_port
 from tests.support.stack import (
     CALLBACK_SECRET,
-    ROOT,
     SIM_TOKEN,
     SIM_TOML,
     WEBHOOK_SECRET,
@@ -62,33 +59,6 @@ def write_config(tmp_path: Path, db_url: str, sim_url: str, port: int) -> Path:
         "utf-8",
     )
     return config
-
-
-@contextmanager
-def service(config: Path, env: Mapping[str, str], log: Path) -> Iterator[ForkedProcess]:
-    """``reconciler serve`` in its own process; stopped (by its PID) on exit if still running."""
-    proc = forked.reconciler(["serve", "--config", str(config)], env, ROOT, log)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-
-
-def wait_ready(proc: ForkedProcess, url: str) -> None:
-    def ready() -> bool:
-        assert proc.poll() is None, "the service exited during start-up"
-        try:
-            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_until(ready, 60, "the service to start")  # start-up is slow on a loaded machine
 
 
 def test_sigkill_inside_a_hook_reruns_only_that_step_with_the_same_key(
@@ -127,8 +97,9 @@ def test_sigkill_inside_a_hook_reruns_only_that_step_with_the_same_key(
         output = tmp_path / "service.log"
         api = stack.enter_context(httpx.Client(base_url=url, timeout=10))
 
-        first = stack.enter_context(service(config, {**env, hooks.SLEEP_ENV: "60"}, output))
-        wait_ready(first, url)
+        first = stack.enter_context(
+            service_process(config, port, env={**env, hooks.SLEEP_ENV: "60"}, log=output)
+        )
         created = api.post(
             "/v1/operations",
             json={
@@ -144,7 +115,7 @@ def test_sigkill_inside_a_hook_reruns_only_that_step_with_the_same_key(
 
         wait_until(lambda: hooks.started_by_key(log)[slow_key] == 1, 60, "the slow hook to start")
         os.kill(first.pid, signal.SIGKILL)
-        assert first.wait(timeout=10) == -signal.SIGKILL
+        assert first.proc.wait(timeout=10) == -signal.SIGKILL
 
         # Killed inside the slow hook: the first hook finished, nothing after it ran.
         assert hooks.started_by_key(log) == {slow_key: 1}
@@ -153,8 +124,9 @@ def test_sigkill_inside_a_hook_reruns_only_that_step_with_the_same_key(
         steps = hooks.completion_steps(db, op_id)
         assert steps[SLOW_STEP]["status"] == "running"
 
-        second = stack.enter_context(service(config, {**env, hooks.SLEEP_ENV: "0"}, output))
-        wait_ready(second, url)
+        stack.enter_context(
+            service_process(config, port, env={**env, hooks.SLEEP_ENV: "0"}, log=output)
+        )
         wait_until(
             lambda: hooks.completion_finished(db, op_id),
             30,
