@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -35,6 +35,9 @@ from tests.support.servers import HOST, unused_port
 START_TIMEOUT_SECONDS = 150.0
 # Ray refuses an object store under 75 MiB; the tests move no objects.
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
+# A head that exits during startup is started again; one more try needs this much time.
+START_ATTEMPTS = 3
+MIN_ATTEMPT_SECONDS = 40.0
 
 
 class RayUnavailable(RuntimeError):
@@ -48,6 +51,7 @@ class RayStartFailed(RuntimeError):
 @dataclass(frozen=True)
 class RayHead:
     url: str  # the dashboard: Ray's Jobs REST API is served under /api/jobs/
+    agent_url: str  # the head node's job agent
     pid: int
     temp_dir: Path
     log: Path
@@ -171,14 +175,44 @@ def tail(log: Path, lines: int = 5) -> str:
 
 @contextmanager
 def ray_head(timeout: float = START_TIMEOUT_SECONDS) -> Iterator[RayHead]:
-    """Start a Ray head, yield it once its Jobs API answers, stop its whole tree."""
+    """Start a Ray head, yield it once its Jobs API answers, stop its whole tree.
+
+    Ray waits a fixed 30 s for its raylet to register with the GCS and then exits
+    with "The current node timed out during startup"; on a machine loaded several
+    times over that happens now and then, so a head that exits is started again (with
+    fresh ports and directory) while the deadline lasts, at most ``START_ATTEMPTS``
+    times. A head that is still starting at the deadline is not retried.
+    """
     ray = ray_executable()
+    deadline = time.monotonic() + timeout
+    for attempt in range(1, START_ATTEMPTS + 1):
+        with started_head(ray) as (proc, head):
+            try:
+                wait_ready(proc, head.url, head.agent_url, head.log, deadline - time.monotonic())
+            except RayStartFailed:
+                if proc.poll() is None or attempt == START_ATTEMPTS:
+                    raise
+                if deadline - time.monotonic() < MIN_ATTEMPT_SECONDS:
+                    raise
+                continue
+            yield head
+            return
+
+
+@contextmanager
+def started_head(ray: Path) -> Iterator[tuple[subprocess.Popen[bytes], RayHead]]:
+    """One ``ray start --head`` in its own session; its tree is stopped on exit."""
     # Ray's socket paths live under the temp dir and must stay short (AF_UNIX: 107 bytes).
     temp_dir = Path(tempfile.mkdtemp(prefix="rayh-", dir="/tmp"))
     log = temp_dir / "head.log"
     ports = choose_ports()
-    url = f"http://{HOST}:{ports['--dashboard-port']}"
-    agent_url = f"http://{HOST}:{ports['--dashboard-agent-listen-port']}/"
+    head = RayHead(
+        url=f"http://{HOST}:{ports['--dashboard-port']}",
+        agent_url=f"http://{HOST}:{ports['--dashboard-agent-listen-port']}/",
+        pid=0,
+        temp_dir=temp_dir,
+        log=log,
+    )
     with log.open("wb") as out:
         proc = subprocess.Popen(
             head_command(ray, temp_dir, ports),
@@ -189,8 +223,7 @@ def ray_head(timeout: float = START_TIMEOUT_SECONDS) -> Iterator[RayHead]:
             start_new_session=True,
         )
     try:
-        wait_ready(proc, url, agent_url, log, timeout)
-        yield RayHead(url=url, pid=proc.pid, temp_dir=temp_dir, log=log)
+        yield proc, replace(head, pid=proc.pid)
     finally:
         stop_tree(proc.pid, marker=str(temp_dir), grace_seconds=15.0)
         proc.wait(timeout=5)
