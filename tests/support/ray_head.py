@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -190,9 +190,9 @@ def ray_head(timeout: float = START_TIMEOUT_SECONDS) -> Iterator[RayHead]:
             try:
                 wait_ready(proc, head.url, head.agent_url, head.log, deadline - time.monotonic())
             except RayStartFailed:
-                if proc.poll() is None or attempt == START_ATTEMPTS:
-                    raise
-                if deadline - time.monotonic() < MIN_ATTEMPT_SECONDS:
+                still_starting = proc.poll() is None
+                last = attempt == START_ATTEMPTS
+                if still_starting or last or deadline - time.monotonic() < MIN_ATTEMPT_SECONDS:
                     raise
                 continue
             yield head
@@ -206,13 +206,6 @@ def started_head(ray: Path) -> Iterator[tuple[subprocess.Popen[bytes], RayHead]]
     temp_dir = Path(tempfile.mkdtemp(prefix="rayh-", dir="/tmp"))
     log = temp_dir / "head.log"
     ports = choose_ports()
-    head = RayHead(
-        url=f"http://{HOST}:{ports['--dashboard-port']}",
-        agent_url=f"http://{HOST}:{ports['--dashboard-agent-listen-port']}/",
-        pid=0,
-        temp_dir=temp_dir,
-        log=log,
-    )
     with log.open("wb") as out:
         proc = subprocess.Popen(
             head_command(ray, temp_dir, ports),
@@ -222,8 +215,15 @@ def started_head(ray: Path) -> Iterator[tuple[subprocess.Popen[bytes], RayHead]]
             env=head_env(ray),
             start_new_session=True,
         )
+    head = RayHead(
+        url=f"http://{HOST}:{ports['--dashboard-port']}",
+        agent_url=f"http://{HOST}:{ports['--dashboard-agent-listen-port']}/",
+        pid=proc.pid,
+        temp_dir=temp_dir,
+        log=log,
+    )
     try:
-        yield proc, replace(head, pid=proc.pid)
+        yield proc, head
     finally:
         stop_tree(proc.pid, marker=str(temp_dir), grace_seconds=15.0)
         proc.wait(timeout=5)
