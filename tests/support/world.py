@@ -273,6 +273,7 @@ async def open_world(
     sim_config: dict[str, Any] | None = None,
     seed: int = 7,
     provider_concurrency: int = 16,
+    scheduler: dict[str, Any] | None = None,
     tokens: tuple[str, str] | None = None,
     request_defaults: dict[str, Any] | None = None,
     hold_delays: bool = False,
@@ -286,6 +287,7 @@ async def open_world(
     ``polling`` updates the sim table's polling section, ``provider`` its other sections
     (as ``sim_provider_table`` takes them); ``sim_config`` goes to the sim's ``SimConfig``.
     With ``hold_delays`` every delayed sim answer waits at ``World.gate`` until opened.
+    ``scheduler`` overrides the scheduler settings (``catch_up_after_seconds``, ...).
     ``telemetry``: the tracing the service uses (a test's in-memory exporter); ``hooks``,
     ``callbacks`` and ``environ`` (added to the sim's) as the settings take them.
     """
@@ -302,7 +304,12 @@ async def open_world(
         providers={"sim": table},
         server=ServerSettings(create_wait_seconds=0.0),
         scheduler=SchedulerSettings(
-            tick_seconds=1.0, lease_seconds=30.0, provider_concurrency=provider_concurrency
+            **{
+                "tick_seconds": 1.0,
+                "lease_seconds": 30.0,
+                "provider_concurrency": provider_concurrency,
+                **(scheduler or {}),
+            }
         ),
         hooks=hooks,
         callbacks=callbacks or CallbackSettings(),
