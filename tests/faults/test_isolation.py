@@ -8,6 +8,7 @@ has returned yet, and the hanging side never holds more operations than its shar
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from tests.support.hooks import serve_receiver
 from tests.support.waiting import wait_until
 
 QUICK = {"scenario": "success", "duration": 0.3}
+NEVER = {"scenario": "never_finishes"}
 HANG = 60.0  # the slow provider answers after this; no test waits for it
 
 
@@ -58,7 +60,10 @@ def test_a_hanging_provider_fills_only_its_own_share(tmp_path: Path) -> None:
             scheduler={"provider_concurrency": share},
         ) as stack,
     ):
-        stuck = [stack.create("slow", {"scenario": "never_finishes"}) for _ in range(40)]
+        # At once, as agents would: each create waits out its answer window while the slow
+        # provider's share is full, and forty of those one after another take 17 s.
+        with ThreadPoolExecutor(max_workers=40) as pool:
+            stuck = list(pool.map(lambda _: stack.create("slow", NEVER), range(40)))
         _wait_leased(stack, stuck, share)
         healthy = [stack.create("good", QUICK) for _ in range(20)]
 
