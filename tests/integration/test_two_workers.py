@@ -219,6 +219,23 @@ def check_completed_once(op: OperationRecord, entries: list[HistoryRecord]) -> N
     assert [e.cause for e in entries].count(f"step_done:hook:{hooks.RECORD}") == 1
 
 
+def _unfinished(db: Database, ids: list[str]) -> list[str]:
+    """Where each operation whose completion did not finish stands: its lease and last steps."""
+    lines = []
+    with db.read() as conn:
+        for op_id in ids:
+            if hooks.completion_finished(db, op_id):
+                continue
+            op = store.get_operation(conn, op_id)
+            assert op is not None
+            causes = [e.cause for e in history_of(conn, op_id)][-5:]
+            lines.append(
+                f"{op_id} {op.state} pending={op.completion_pending} lane={op.completion_lane} "
+                f"lease={op.lease_owner}@{op.lease_expires_at} last={causes}"
+            )
+    return lines
+
+
 def check_all(replicas: Replicas, db_url: str, ids: list[str], hook_log: Path) -> None:
     replicas.wait_all_done(ids)
     actors: set[str] = set()
@@ -226,12 +243,15 @@ def check_all(replicas: Replicas, db_url: str, ids: list[str], hook_log: Path) -
     db = Database(db_url)
     try:
         # Done is the end state; the completion (the hook) follows it: wait for that too.
-        wait_until(
-            lambda: all(hooks.completion_finished(db, op_id) for op_id in ids),
-            120,
-            "every completion finished",
-            poll=0.1,
-        )
+        try:
+            wait_until(
+                lambda: all(hooks.completion_finished(db, op_id) for op_id in ids),
+                120,
+                "every completion finished",
+                poll=0.1,
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; unfinished: {_unfinished(db, ids)}") from None
         with db.read() as conn:
             found = {op_id: store.get_operation(conn, op_id) for op_id in ids}
             histories = {op_id: history_of(conn, op_id) for op_id in ids}
