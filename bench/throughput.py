@@ -270,7 +270,10 @@ def cli(tree: Tree, config: Path, *args: str) -> subprocess.CompletedProcess[str
     return subprocess.run(
         [tree.python, "-m", "reconciler", *args, "--config", str(config)],
         cwd=tree.root,
-        env=service_env(),
+        # The tree's own package first: a checkout without a virtualenv of its own runs on
+        # this one's Python, whose editable install would otherwise migrate the baseline's
+        # database to this tree's schema.
+        env={**service_env(), "PYTHONPATH": str(tree.root / "service")},
         capture_output=True,
         text=True,
         timeout=300,
