@@ -51,11 +51,12 @@ def _demo_until_ctrl_c(workdir: Path) -> tuple[str, str]:
     """Run ``reconciler demo --keep-serving`` as a user does: read its summary, look at the
     console it leaves up, then press Ctrl-C. Returns (everything it printed, escalated inbox).
     """
-    command = [sys.executable, "-m", "reconciler", "demo", "--operations", "12", "--timeout"]
+    command = [sys.executable, "-m", "reconciler", "demo", "--operations", "12"]
+    command += ["--timeout", "60", "--keep-serving", "--dir", str(workdir)]
     errors = workdir.with_name("demo-stderr.txt")
     with errors.open("w") as stderr:
         proc = subprocess.Popen(
-            [*command, "60", "--keep-serving", "--dir", str(workdir)],
+            command,
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=stderr,

@@ -19,6 +19,8 @@ from schemathesis.checks import (
 from reconciler.api.openapi import document
 from tests.support.stack import Stack, running_stack
 
+WAIT_MAX_SECONDS = 0.5
+
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
@@ -30,7 +32,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     db = Database(url)
     migrate.upgrade(db)
     db.dispose()
-    with running_stack(tmp, url, server={"wait_max_seconds": 0.5}) as stack:
+    with running_stack(tmp, url, server={"wait_max_seconds": WAIT_MAX_SECONDS}) as stack:
         # One real operation so that path-parameter cases can also hit existing ids.
         stack.create({"scenario": "success", "duration": 0.2}, idempotency_key="seed")
         yield stack
@@ -47,22 +49,27 @@ CHECKS = [
 # Each operation is its own test, so the workers share the fuzzing.
 OPERATIONS = [
     (method.upper(), path)
-    for path, methods in document(["sim"], 0.5)["paths"].items()
+    for path, methods in document(["sim"], WAIT_MAX_SECONDS)["paths"].items()
     for method in methods
     if method in {"get", "put", "post", "delete", "patch"}
 ]
 
 
-def test_every_served_operation_is_fuzzed(live: Stack) -> None:
-    schema = schemathesis.openapi.from_url(f"{live.url}/openapi.json")
+@pytest.fixture(scope="module")
+def schema(live: Stack) -> Any:
+    """The served document, parsed once per worker (parsing it is most of a small test)."""
+    return schemathesis.openapi.from_url(f"{live.url}/openapi.json")
+
+
+def test_every_served_operation_is_fuzzed(schema: Any) -> None:
     served = {(op.method.upper(), op.path) for op in (r.ok() for r in schema.get_all_operations())}
     assert served == set(OPERATIONS)
     assert len(served) >= 9
 
 
 @pytest.mark.parametrize(("method", "path"), OPERATIONS, ids=[f"{m} {p}" for m, p in OPERATIONS])
-def test_api_conforms_to_its_schema(live: Stack, method: str, path: str) -> None:
-    operation = schemathesis.openapi.from_url(f"{live.url}/openapi.json")[path][method]
+def test_api_conforms_to_its_schema(live: Stack, schema: Any, method: str, path: str) -> None:
+    operation = schema[path][method]
 
     @given(case=operation.as_strategy())
     @settings(
