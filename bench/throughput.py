@@ -26,11 +26,11 @@ measured, so that only the service differs between an A and a B.
 * **bare**: a plain client in this process makes the same provider and receiver calls
   per operation (create, one status read, the result, one signed callback POST),
   ``--concurrency`` operations at a time, with the service's client library and
-  connection limits: httpx, the provider file's ``[http]`` pool (``max_connections``,
-  ``max_keepalive_connections``, ``keepalive_expiry_seconds``) and the callback client's
-  transport (no retries, a fresh connection per delivery). Its calls wait for a pool
-  slot in a semaphore rather than in httpcore's own queue, whose every hand-over scans
-  every queued request.
+  connection limits: httpx over the service's aiohttp transport
+  (``reconciler/providers/aiohttp_transport.py``), the provider file's ``[http]`` pool
+  (``max_connections``, ``max_keepalive_connections``, ``keepalive_expiry_seconds``) and
+  the callback client's transport (no retries, a fresh connection per delivery). Its
+  calls to the provider wait for a pool slot in a semaphore of the pool's size.
 * **provider ceiling** and **receiver ceiling**: a client alone against a fresh provider
   (create, status and result per operation: ops/s) or a fresh receiver (one signed
   callback per operation: callbacks/s). The provider's is driven by a raw kept-alive
@@ -518,12 +518,19 @@ def provider_limits(work: Path, provider_url: str) -> httpx.Limits:
     )
 
 
-def callback_transport() -> httpx.AsyncHTTPTransport:
-    """The service's callback transport (``reconciler/outbound/callbacks.py``): no retries,
-    and a fresh connection per delivery (no kept-alive ones)."""
-    return httpx.AsyncHTTPTransport(
-        trust_env=False, retries=0, limits=httpx.Limits(max_keepalive_connections=0)
-    )
+def callback_transport() -> httpx.AsyncBaseTransport:
+    """The service's callback transport (``reconciler/outbound/callbacks.py``): aiohttp's
+    under httpx, no retries, and a fresh connection per delivery (no kept-alive ones)."""
+    from reconciler.providers.aiohttp_transport import AiohttpTransport
+
+    return AiohttpTransport(limits=httpx.Limits(max_keepalive_connections=0))
+
+
+def provider_transport(limits: httpx.Limits) -> httpx.AsyncBaseTransport:
+    """The service's transport to a provider (``reconciler/providers/http_adapter.py``)."""
+    from reconciler.providers.aiohttp_transport import AiohttpTransport
+
+    return AiohttpTransport(limits=limits)
 
 
 async def _request(
@@ -539,8 +546,7 @@ async def _request(
         try:
             if gate is None:
                 return await client.request(method, url, **kw)
-            # Calls wait here rather than in httpcore's queue, whose every hand-over scans
-            # every queued request against every connection.
+            # A pool's worth of calls at a time; the rest wait here, in order.
             async with gate:
                 return await client.request(method, url, **kw)
         except httpx.TransportError:
@@ -587,7 +593,7 @@ async def bare_client(
         httpx.AsyncClient(
             base_url=peers.provider or "http://127.0.0.1",
             timeout=60,
-            limits=limits,
+            transport=provider_transport(limits),
             headers=headers,
             trust_env=False,
             follow_redirects=False,

@@ -1,6 +1,7 @@
 """The declarative HTTP adapter against real servers on 127.0.0.1.
 
-What httpx gives for broken peers (and how the adapter names it):
+What the service's transport (aiohttp under httpx, ``providers/aiohttp_transport.py``)
+gives for broken peers (and how the adapter names it):
 
 * refused port: ``ConnectError`` caused by ``ConnectionRefusedError`` -> ``connection_refused``;
 * server silent past the timeout: ``ReadTimeout`` -> ``timeout``;

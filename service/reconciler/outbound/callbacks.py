@@ -42,6 +42,7 @@ from reconciler.core.rate_limit import retry_after_value
 from reconciler.core.signatures import sign_standard_webhook
 from reconciler.core.vocabulary import RETRYABLE_4XX, TransportError
 from reconciler.outbound import ssrf
+from reconciler.providers.aiohttp_transport import AiohttpTransport
 from reconciler.providers.transport import classify_transport_error
 from reconciler.tracing import NO_TRACING, Tracing
 
@@ -202,11 +203,11 @@ class CallbackClient:
         self._resolver = resolver
         self._tracing = tracing
         if transport is None:
-            transport = httpx.AsyncHTTPTransport(
-                verify=verify,
-                trust_env=False,
-                retries=0,
-                limits=httpx.Limits(max_keepalive_connections=0),
+            # A fresh connection per delivery: aiohttp pools by address, not by the SNI
+            # name a pinned delivery sends, so a kept connection could carry one host's
+            # TLS session to another's delivery.
+            transport = AiohttpTransport(
+                limits=httpx.Limits(max_keepalive_connections=0), verify=verify
             )
         self._client = httpx.AsyncClient(
             transport=transport,

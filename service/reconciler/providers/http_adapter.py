@@ -53,6 +53,7 @@ from reconciler.providers.adapter import (
     next_cursor,
     status_outcome,
 )
+from reconciler.providers.aiohttp_transport import AiohttpTransport
 from reconciler.providers.create_set import fill
 from reconciler.providers.spec import (
     ERRORS_REF,
@@ -199,8 +200,7 @@ class HttpAdapter:
         )
         # trust_env=False: no proxy or netrc picked up behind the provider file's back.
         self._client = httpx.AsyncClient(
-            transport=transport,
-            limits=limits,
+            transport=transport or AiohttpTransport(limits=limits),
             follow_redirects=False,
             trust_env=False,
             headers={"User-Agent": USER_AGENT},

@@ -42,12 +42,13 @@ def _has(exc: BaseException, kinds: tuple[type[BaseException], ...], codes: froz
 def classify_transport_error(exc: BaseException) -> tuple[TransportError, bool]:
     """(kind, maybe_delivered) for an exception raised while calling a provider.
 
-    What httpx gives: a refused port is ``ConnectError`` wrapping ``ConnectionRefusedError``
-    (inside an ``OSError("All connection attempts failed")``); an unresolvable host is
-    ``ConnectError`` from ``socket.gaierror``; a peer that closes mid-response is
-    ``RemoteProtocolError`` ("peer closed connection ..."/"Server disconnected ..."), a TCP
-    reset ``ReadError`` from ``ConnectionResetError``. Both of the last two count as
-    ``connection_reset``; a malformed response is ``protocol``.
+    What httpx gives (its own transport, and aiohttp's as ``providers.aiohttp_transport``
+    maps it, the OS error kept in the chain): a refused port is ``ConnectError`` wrapping
+    ``ConnectionRefusedError`` (inside an ``OSError("All connection attempts failed")``);
+    an unresolvable host is ``ConnectError`` from ``socket.gaierror``; a peer that closes
+    mid-response is ``RemoteProtocolError`` ("peer closed connection ..."/"Server
+    disconnected ..."), a TCP reset ``ReadError`` from ``ConnectionResetError``. Both of
+    the last two count as ``connection_reset``; a malformed response is ``protocol``.
     """
     if isinstance(exc, httpx.TimeoutException | TimeoutError):
         certain = isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout)
