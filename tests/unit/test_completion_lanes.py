@@ -92,3 +92,15 @@ def test_while_a_claim_is_in_flight_only_the_claim_takes_completion_slots() -> N
     assert shares.take(lane, claimed=True) and shares.take(HOOKS_LANE, claimed=True)
     shares.claiming = False
     assert shares.take(lane) and not shares.take(lane)  # the host's two, and no more
+
+
+def test_full_now_names_each_full_share_and_the_spent_pool() -> None:
+    shares = Shares({"prov": 1, HOOKS_LANE: 2}, callbacks=2, per_host=1)
+    a, b = callback_lane("a.example"), callback_lane("b.example")
+    assert shares.full_now() == frozenset()
+    assert shares.take("prov") and shares.take(HOOKS_LANE) and shares.take(a)
+    assert shares.full_now() == {"prov", a}  # hooks has one left, b its own slot
+    assert shares.take(b)
+    assert shares.full_now() == {"prov", a, b, CALLBACKS}
+    shares.give(a)
+    assert shares.full_now() == {"prov", b}

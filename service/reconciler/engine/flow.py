@@ -6,8 +6,16 @@ step (``final``) is also the write that either prepares the next step (its
 charge, reservation or start record: what that step would otherwise write in a
 transaction of its own before it sends anything) or, when nothing is due,
 gives the lease back, in the same transaction. Which one is decided by the
-worker's own rules (``Flow.runs_next``), so a task never prepares a step it
+worker's own rules (``Flow.next_step``), so a task never prepares a step it
 would not run: a second status read in one claim, a full share, the step limit.
+
+A step due now in another share that was full when this step began (the
+completion after a result, the callback after the hooks) gives the lease back in
+the same write too, as the task would have done in a transaction of its own
+right after it: the claim hands the operation to that share once it has room.
+The snapshot may be stale either way, and both are safe: a share that filled
+since leaves the task to give the lease back on its own, and one that emptied
+costs the operation a claim instead of a move.
 
 ``Prep`` is a prepared step: the record as that write left it, and what the
 step's ``prepare`` learned for it (the create request, the completion plan).
@@ -53,6 +61,9 @@ class Flow:
     # it would stop there). Reads only this task's state, never the loop's.
     next_step: Callable[[OperationRecord, datetime], Preparer | None]
     release: Callable[[Connection, str], None]
+    # Inside a write: False when ``after``'s next step belongs to a share this task
+    # cannot move into (full when the step began); the lease then goes back in the write.
+    keeps: Callable[[OperationRecord], bool] = lambda _after: True
     # What the task's writes left: the latest record, a prepared next step, the lease given up.
     last: OperationRecord | None = None
     changed: bool = False
@@ -74,8 +85,8 @@ class Flow:
         """
         if not final:
             return None, False
-        if after.next_poll_at is None or after.next_poll_at > now:
-            # Nothing due: the lease goes back with the step's own changes.
+        if after.next_poll_at is None or after.next_poll_at > now or not self.keeps(after):
+            # Nothing due here: the lease goes back with the step's own changes.
             self.release(conn, after.id)
             return None, True
         step = self.next_step(after, now)

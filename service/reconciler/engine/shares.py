@@ -78,6 +78,19 @@ class Shares:
             return 0
         return self._capacity[key] - self._used[key]
 
+    def full_now(self) -> frozenset[str]:
+        """The shares with no free slot as of now: fixed ones by name, callback hosts by lane
+        (every host's, once the pool itself is used up: ``CALLBACKS`` then stands for them).
+
+        A snapshot the loop hands to a write on the writer thread, which must not read the
+        live counts; it may be stale by the time the write commits (see ``engine.flow``).
+        """
+        names = [key for key in self._capacity if self.free(key) <= 0]
+        if self._pool > 0 and self.pool_free() <= 0:
+            names.append(CALLBACKS)
+        names.extend(self.full_hosts())
+        return frozenset(names)
+
     def used(self, key: str) -> int:
         if is_callback_lane(key):
             return self._hosts.get(key, 0)

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.engine import Connection
 
-from reconciler.core.completion_lanes import choose, lane_or_hooks
+from reconciler.core.completion_lanes import choose, is_callback_lane, lane_or_hooks
 from reconciler.core.errors import Bug, ReconcilerError, StaleWrite, StorageUnavailable
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
@@ -138,6 +138,10 @@ class Worker:
         # Claims of operations a task of ours is still on (see ``_spawn``), for that task.
         self._reclaimed: dict[str, tuple[_Claimed, str]] = {}
         self._claiming = False
+        # Set while no tick is claiming: a task refused a move by the claim in flight
+        # (``Shares.claiming``) waits for it rather than give its lease back.
+        self._claims_over = asyncio.Event()
+        self._claims_over.set()
         self._again = False
         self._stopping = False
 
@@ -157,6 +161,7 @@ class Worker:
             self._again = True
             return 0
         self._claiming = True
+        self._claims_over.clear()
         claimed = 0
         try:
             while not self._stopping:
@@ -179,7 +184,24 @@ class Worker:
                     break
         finally:
             self._claiming = False
+            self._claims_over.set()
         return claimed
+
+    async def move(self, frm: str, to: str) -> bool:
+        """Move a running operation to share ``to`` (see ``Shares.move``).
+
+        A claim in flight holds back the hooks' and callbacks' free slots for what it
+        claims. A task refused only for that waits for the claim to end (a write, so
+        bounded by the write wait) and asks again: giving its lease back instead would
+        cost a transaction, and a claim of its own to get it again.
+        """
+        if self.shares.move(frm, to):
+            return True
+        if not self.shares.claiming or self.shares.free(to) <= 0:
+            return False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._claims_over.wait(), self.deps.db.write_wait_seconds)
+        return self.shares.move(frm, to)
 
     def _wants(self) -> dict[str, int]:
         """How many operations each share can start now (never more than it has free)."""
@@ -454,7 +476,9 @@ class _Task:
         self.sent_status_read = False
         self.completion_slot: str | None = None  # a completion share held while collecting
         self.last: OperationRecord | None = None
-        self.flow = Flow(next_step=self._next_step, release=self._release_in)
+        # The shares that were full when the current step began (``Shares.full_now``).
+        self.full_shares: frozenset[str] = frozenset()
+        self.flow = Flow(next_step=self._next_step, release=self._release_in, keeps=self._keeps)
 
     def claimed(self, share: str) -> None:
         """A new claim of the same operation: its share, and a fresh allowance of steps."""
@@ -464,6 +488,15 @@ class _Task:
 
     def _release_in(self, conn: Connection, op_id: str) -> None:
         store.release(conn, [op_id], self.worker.owner)
+
+    def _keeps(self, after: OperationRecord) -> bool:
+        """Inside a write: whether this task could go on with ``after`` in its next share."""
+        wanted = share_of(after)
+        if wanted in (self.share, self.completion_slot):
+            return True
+        if is_callback_lane(wanted) and CALLBACKS in self.full_shares:
+            return False
+        return wanted not in self.full_shares
 
     def _next_step(self, after: OperationRecord, now: datetime) -> Preparer | None:
         """Inside a write: the step this task would run next on ``after`` now (see ``run``)."""
@@ -491,7 +524,7 @@ class _Task:
             if op.next_poll_at is None or op.next_poll_at > now:
                 return
             wanted = share_of(op)
-            if not worker.shares.move(self.share, wanted):
+            if not await worker.move(self.share, wanted):
                 # The next step belongs to a full share (a callback after a provider's
                 # answer): give this slot back and let that share claim it when it can.
                 rt.notifier.wake()
@@ -509,6 +542,7 @@ class _Task:
             self.sent_status_read = self.sent_status_read or is_status_read
             self.steps_left -= 1
             self._reserve_completion(op)
+            self.full_shares = worker.shares.full_now()
             self.flow.begin_step()
             name = SPAN_OF_STATE.get(State(op.state), SpanName.COMPLETION)
             if step is worker.completion:

@@ -1,0 +1,56 @@
+"""A task refused a share only because a claim is in flight waits for it, lease in hand.
+
+The claim holds back the hooks' and callbacks' free slots for what it claims. A task
+whose operation moves into one of them meanwhile (a result in, its completion due) used
+to give its lease back at once: one transaction for that, and a claim of its own to get
+the operation again. It now waits for the claim, which is a write and so bounded, and
+moves into the slot that is still free after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from reconciler.engine.shares import HOOKS
+from tests.support.steps import step_rig
+from tests.support.waiting import wait_until_async
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_move_refused_by_a_claim_in_flight_waits_for_it(
+    tmp_path: Path, db_url: str
+) -> None:
+    async with step_rig(tmp_path, db_url) as rig:
+        worker = rig.worker
+        assert worker.shares.take("sim")  # a task of ours, on an operation of the provider
+        free = worker.shares.free(HOOKS)
+        # The database is held, so the claim the tick starts waits for the lock.
+        holder = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")
+            tick = asyncio.ensure_future(worker.tick())
+            await wait_until_async(lambda: worker.shares.claiming, 10, "the claim to start")
+            move = asyncio.ensure_future(worker.move("sim", HOOKS))
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert not move.done()  # waiting for the claim, not refused
+            assert worker.shares.free(HOOKS) == free
+        finally:
+            holder.close()
+        assert await tick == 0  # nothing was due
+        assert await asyncio.wait_for(move, 10)
+        assert worker.shares.free(HOOKS) == free - 1 and worker.shares.free("sim") > 0
+
+
+async def test_a_full_share_refuses_the_move_at_once(tmp_path: Path, db_url: str) -> None:
+    async with step_rig(tmp_path, db_url) as rig:
+        worker = rig.worker
+        assert worker.shares.take("sim")
+        while worker.shares.take(HOOKS):
+            pass
+        assert not await asyncio.wait_for(worker.move("sim", HOOKS), 1)
