@@ -91,15 +91,17 @@ def test_a_hanging_receiver_host_holds_only_its_own_slots(tmp_path: Path) -> Non
     claim leaves the rest of them out, so the healthy host's callbacks are
     claimed and delivered although the hanging ones are due first.
     """
+    # The hanging host is entered last so that it lets go first: the service's shutdown
+    # then finds its deliveries failed instead of waiting out its drain bound for them.
     with (
         sqlite_url(tmp_path) as db,
-        hanging_server("127.0.0.2") as hanging,
         serve_receiver() as (receiver, healthy_url),
         two_providers(
             tmp_path,
             db,
             callbacks={"concurrency": 4, "per_host_concurrency": 2, "timeout_seconds": HANG},
         ) as stack,
+        hanging_server("127.0.0.2") as hanging,
     ):
         hung = [stack.create("good", QUICK, callback_url=f"{hanging}/hook/{i}") for i in range(40)]
         wait_until(lambda: _completing_leased(stack, hung) >= 2, 30, "the hanging deliveries")
@@ -126,16 +128,16 @@ def test_hooks_run_while_every_callback_slot_hangs(
     """Hooks have a share of their own: a full callback pool does not hold them up."""
     log = tmp_path / "hooks.log"
     monkeypatch.setenv(hooks.LOG_ENV, str(log))
-    with (
+    with (  # the hanging hosts last, to let go first (see above)
         sqlite_url(tmp_path) as db,
-        hanging_server("127.0.0.2") as first,
-        hanging_server("127.0.0.3") as second,
         two_providers(
             tmp_path,
             db,
             hooks=(hooks.RECORD,),
             callbacks={"concurrency": 4, "per_host_concurrency": 2, "timeout_seconds": HANG},
         ) as stack,
+        hanging_server("127.0.0.2") as first,
+        hanging_server("127.0.0.3") as second,
     ):
         hung = [
             stack.create("good", QUICK, callback_url=f"{(first, second)[i % 2]}/hook/{i}")

@@ -6,10 +6,12 @@ context manager; nothing here sleeps to order events (callers poll state).
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import statistics
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,13 +94,21 @@ def two_providers(
     callbacks: dict[str, Any] | None = None,
     hooks: tuple[str, ...] = (),
 ) -> Iterator[TwoProviders]:
-    """``slow``: the slow sim's per-endpoint faults (e.g. status answered after 60 s)."""
+    """``slow``: the slow sim's per-endpoint faults (e.g. status answered after 60 s).
+
+    The slow sim's delays end when the test does: the service's shutdown then finds its
+    calls answered instead of waiting out its drain bound for them.
+    """
     with ExitStack() as stack:
+        ending = threading.Event()
         sims = {
             "good": SimState(SimConfig(token=SIM_TOKEN, webhook_secret=WEBHOOK_SECRET)),
             "slow": SimState(
                 SimConfig(
-                    token=SIM_TOKEN, webhook_secret=WEBHOOK_SECRET, endpoint_faults=slow or {}
+                    token=SIM_TOKEN,
+                    webhook_secret=WEBHOOK_SECRET,
+                    endpoint_faults=slow or {},
+                    sleep=sleep_until(ending),
                 )
             ),
         }
@@ -131,6 +141,7 @@ def two_providers(
         runtime = Runtime.build(settings, environ=environ)
         agent, _ = make_tokens(runtime)
         url = stack.enter_context(serve_asgi(create_app(runtime)))
+        stack.callback(ending.set)  # before the service stops (an ExitStack unwinds LIFO)
         for name, sim in sims.items():
             sim.config.webhook_url = f"{url}/webhooks/{name}"
         result = TwoProviders(url, runtime, sims, agent)
@@ -138,6 +149,17 @@ def two_providers(
             yield result
         finally:
             result.client.close()
+
+
+def sleep_until(ending: threading.Event) -> Callable[[float], Awaitable[None]]:
+    """A sim's ``sleep`` that returns early once ``ending`` is set (from any thread)."""
+
+    async def sleep(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not ending.is_set() and (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(left, 0.05))
+
+    return sleep
 
 
 def p99(values: list[float]) -> float:
