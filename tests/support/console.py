@@ -6,6 +6,8 @@ import re
 
 import httpx
 
+from reconciler.providers.aiohttp_transport import default_tls_context
+
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
@@ -17,7 +19,9 @@ def csrf_of(html: str) -> str:
 
 def sign_in(base_url: str, token: str) -> tuple[httpx.Client, httpx.Response]:
     """A client holding whatever cookie the sign-in gave (none when refused), and the answer."""
-    client = httpx.Client(base_url=base_url, timeout=30.0, follow_redirects=False)
+    client = httpx.Client(
+        base_url=base_url, timeout=30.0, follow_redirects=False, verify=default_tls_context()
+    )
     form = client.get("/console/sign-in")
     assert form.status_code == 200, form.text
     answer = client.post(

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from reconciler.providers.aiohttp_transport import default_tls_context
 from reconciler.storage import migrate
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import create_token
@@ -162,7 +163,12 @@ class ServiceProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the service exited during start-up; see {self.log}")
             try:
-                return httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200
+                return (
+                    httpx.get(
+                        f"{self.url}/readyz", timeout=1, verify=default_tls_context()
+                    ).status_code
+                    == 200
+                )
             except httpx.TransportError:
                 return False
 

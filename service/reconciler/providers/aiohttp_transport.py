@@ -19,6 +19,7 @@ body is streamed, so a reader that stops at a size cap never buffers the rest.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -31,6 +32,16 @@ from yarl import URL
 # and a provider's long header must not turn into a protocol error after the change.
 MAX_LINE_BYTES = 65_536
 MAX_HEADERS = 256
+
+
+@functools.cache
+def default_tls_context() -> ssl.SSLContext:
+    """httpx's verifying context (certifi's roots), made once per process.
+
+    Loading the roots takes about 45 ms of CPU, which every client paid again when it
+    made its own; a context is safe to share between connections, threads and loops.
+    """
+    return httpx.create_ssl_context(trust_env=False)
 
 
 def _mapped(exc: aiohttp.ClientError) -> httpx.TransportError:
@@ -104,7 +115,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         if isinstance(verify, ssl.SSLContext):
             self._ssl: ssl.SSLContext | bool = verify
         elif verify:
-            self._ssl = httpx.create_ssl_context(trust_env=False)
+            self._ssl = default_tls_context()
         else:
             self._ssl = False
         self._session: aiohttp.ClientSession | None = None
