@@ -142,6 +142,7 @@ class Worker:
         # (``Shares.claiming``) waits for it rather than give its lease back.
         self._claims_over = asyncio.Event()
         self._claims_over.set()
+        self._movers = 0  # tasks waiting on it: the tick lets them in after its claim
         self._again = False
         self._stopping = False
 
@@ -180,6 +181,11 @@ class Worker:
                 # A host that filled up in this claim is left out of the next one, which may
                 # find other hosts' work among the candidates it had to pass over.
                 more = more or bool(set(self.shares.full_hosts()) - full_before)
+                if self._movers and (more or self._again):
+                    # Tasks wait to move into slots this claim held back: let them in
+                    # first, and claim the rest in a tick of its own right after.
+                    self.deps.notifier.wake()
+                    break
                 if not more and not self._again:
                     break
         finally:
@@ -192,15 +198,20 @@ class Worker:
 
         A claim in flight holds back the hooks' and callbacks' free slots for what it
         claims. A task refused only for that waits for the claim to end (a write, so
-        bounded by the write wait) and asks again: giving its lease back instead would
-        cost a transaction, and a claim of its own to get it again.
+        bounded by the write wait; the tick claims no further while a task waits) and
+        asks again: giving its lease back instead would cost a transaction, and a claim
+        of its own to get it again.
         """
         if self.shares.move(frm, to):
             return True
         if not self.shares.claiming or self.shares.free(to) <= 0:
             return False
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._claims_over.wait(), self.deps.db.write_wait_seconds)
+        self._movers += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._claims_over.wait(), self.deps.db.write_wait_seconds)
+        finally:
+            self._movers -= 1
         return self.shares.move(frm, to)
 
     def _wants(self) -> dict[str, int]:
