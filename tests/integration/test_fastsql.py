@@ -15,12 +15,13 @@ import pytest
 import sqlalchemy as sa
 
 from reconciler.core.errors import Conflict, StorageUnavailable
-from reconciler.storage.database import Database, translate_errors
+from reconciler.storage.database import Database, _postgres_engine, translate_errors
 from reconciler.storage.fastsql import AS_IS, Sql, codec_for, run
 from reconciler.storage.journal import OPS, Journal
 from reconciler.storage.models import OperationPayload
 from reconciler.storage.webhook_events import EVENT_COLUMNS, EVENTS
 from tests.support.factories import insert_operation
+from tests.support.waiting import wait_until
 
 PAYLOADS = OperationPayload.__table__  # type: ignore[attr-defined]
 _INSERT_EVENT = Sql(
@@ -144,6 +145,52 @@ def test_a_lost_postgres_connection_is_storage_unavailable_and_replaced(db: Data
     # The dead connection was invalidated, not handed out again.
     with db.write() as conn:
         assert run(conn, "SELECT 1").fetchone()[0] == 1
+
+
+def _terminate(db: Database, pid: int) -> None:
+    """End one server backend, as a restart or an idle timeout does, and wait until it is gone."""
+    with db.engine.connect() as killer:
+        killer.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+
+    def gone() -> bool:
+        with db.engine.connect() as conn:
+            query = sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid")
+            return conn.execute(query, {"pid": pid}).scalar() == 0
+
+    wait_until(gone, 10, f"backend {pid} to exit")
+
+
+def _pooled_backend(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+
+
+def test_an_idle_postgres_connection_the_server_closed_is_replaced_unseen(db: Database) -> None:
+    if db.sqlite:
+        pytest.skip("PostgreSQL connections")
+    engine = _postgres_engine(db.url, idle_ping_seconds=0.0)  # every pooled one counts as idle
+    try:
+        first = _pooled_backend(engine)
+        _terminate(db, first)
+        # The ping on checkout finds it gone: the caller gets a fresh connection, no error.
+        assert _pooled_backend(engine) != first
+    finally:
+        engine.dispose()
+
+
+def test_a_connection_in_steady_use_is_not_pinged(db: Database) -> None:
+    if db.sqlite:
+        pytest.skip("PostgreSQL connections")
+    engine = _postgres_engine(db.url, idle_ping_seconds=3600.0)
+    try:
+        first = _pooled_backend(engine)
+        _terminate(db, first)
+        # No ping: the statement itself meets the closed connection, as an outage.
+        with pytest.raises(StorageUnavailable), translate_errors(), engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+        assert _pooled_backend(engine) != first  # and the pool connected again
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture
