@@ -52,7 +52,7 @@ CHECKPOINT_WAIT_MS = 50
 WRITE_QUEUE_LIMIT = 10_000
 # A PostgreSQL connection unused this long is pinged before use: a server restart or an
 # idle timeout (the server's or a pooler's) closes connections nobody is using, and the
-# first statement on one would fail. Pinging every checkout (pool_pre_ping) cost about
+# first statement on one would fail. Pinging every checkout (pool_pre_ping) cost 2 to
 # 3 ms of CPU per operation (bench/throughput.py --postgres); a connection that dies
 # while in steady use fails its statement instead, which invalidates the pool and is
 # retried as any storage outage is.
