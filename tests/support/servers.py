@@ -6,10 +6,12 @@ handler is still busy (uvicorn gets a short graceful-shutdown window).
 
 from __future__ import annotations
 
+import random
 import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -95,9 +97,30 @@ def serve_tcp(handler: Callable[[socket.socket], None]) -> Iterator[int]:
         listener.close()
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# Below the kernel's ephemeral range: a port handed out here is one that no bind to port 0
+# (the in-process servers of other workers) and no outgoing connection's source port can
+# take between its release and the bind of the process it is meant for. From the ephemeral
+# range, one was: the service's bind then failed, and its readiness probe was answered by
+# another worker's server on the same port.
+_PICKS = random.SystemRandom()
+_PICK_RANGE = (max(1024, _ephemeral_low() - 12_000), _ephemeral_low())
+
+
 def unused_port() -> int:
     """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-    return port
+    for _ in range(200):
+        port = _PICKS.randrange(*_PICK_RANGE)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((HOST, port))
+            except OSError:
+                continue  # in use: try another
+        return port
+    raise RuntimeError(f"no free port in {_PICK_RANGE} after 200 tries")
