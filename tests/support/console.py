@@ -6,7 +6,7 @@ import re
 
 import httpx
 
-from reconciler.providers.aiohttp_transport import default_tls_context
+from tests.support import loopback
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
@@ -19,9 +19,7 @@ def csrf_of(html: str) -> str:
 
 def sign_in(base_url: str, token: str) -> tuple[httpx.Client, httpx.Response]:
     """A client holding whatever cookie the sign-in gave (none when refused), and the answer."""
-    client = httpx.Client(
-        base_url=base_url, timeout=30.0, follow_redirects=False, verify=default_tls_context()
-    )
+    client = loopback.client(base_url=base_url, timeout=30.0, follow_redirects=False)
     form = client.get("/console/sign-in")
     assert form.status_code == 200, form.text
     answer = client.post(

@@ -24,11 +24,11 @@ from reconciler.config import CallbackSettings, SchedulerSettings, ServerSetting
 from reconciler.core.records import HistoryRecord, OperationRecord
 from reconciler.demo.sim import FaultRates, SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
-from reconciler.providers.aiohttp_transport import default_tls_context
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
+from tests.support import loopback
 from tests.support.servers import HOST, serve_asgi
 from tests.support.stack import (
     CALLBACK_SECRET,
@@ -52,7 +52,7 @@ class TwoProviders:
     client: httpx.Client = field(init=False)
 
     def __post_init__(self) -> None:
-        self.client = httpx.Client(base_url=self.url, timeout=30.0, verify=default_tls_context())
+        self.client = loopback.client(base_url=self.url, timeout=30.0)
 
     def create(self, provider: str, request: dict[str, Any], **fields: Any) -> str:
         body = {"provider": provider, "request": request, **fields}
@@ -284,9 +284,8 @@ def rss_kib(pid: int) -> int:
 
 def submit(url: str, agent: str, body: dict[str, Any]) -> str:
     """``POST /v1/operations`` as ``agent``; the new operation's id (the answer must be 202)."""
-    response = httpx.post(
+    response = loopback.post(
         f"{url}/v1/operations",
-        verify=default_tls_context(),
         json=body,
         headers={"Authorization": f"Bearer {agent}"},
         timeout=30,

@@ -22,11 +22,10 @@ from typing import Any
 
 import httpx
 
-from reconciler.providers.aiohttp_transport import default_tls_context
 from reconciler.storage import migrate
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import create_token
-from tests.support import forked
+from tests.support import forked, loopback
 from tests.support.forked import ForkedProcess
 from tests.support.servers import unused_port
 from tests.support.stack import CALLBACK_SECRET, ROOT, SIM_TOKEN, SIM_TOML, WEBHOOK_SECRET
@@ -163,12 +162,7 @@ class ServiceProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the service exited during start-up; see {self.log}")
             try:
-                return (
-                    httpx.get(
-                        f"{self.url}/readyz", timeout=1, verify=default_tls_context()
-                    ).status_code
-                    == 200
-                )
+                return loopback.get(f"{self.url}/readyz", timeout=1).status_code == 200
             except httpx.TransportError:
                 return False
 

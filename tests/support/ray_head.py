@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from reconciler.providers.aiohttp_transport import default_tls_context
+from tests.support import loopback
 from tests.support.proctree import stop_tree
 from tests.support.servers import HOST, unused_port
 
@@ -59,15 +59,13 @@ class RayHead:
 
     def jobs(self) -> list[dict[str, object]]:
         """Every job the head knows (``GET /api/jobs/``)."""
-        response = httpx.get(f"{self.url}/api/jobs/", timeout=10, verify=default_tls_context())
+        response = loopback.get(f"{self.url}/api/jobs/", timeout=10)
         response.raise_for_status()
         jobs: list[dict[str, object]] = response.json()
         return jobs
 
     def job(self, submission_id: str) -> httpx.Response:
-        return httpx.get(
-            f"{self.url}/api/jobs/{submission_id}", timeout=10, verify=default_tls_context()
-        )
+        return loopback.get(f"{self.url}/api/jobs/{submission_id}", timeout=10)
 
 
 def ray_executable() -> Path:
@@ -139,7 +137,7 @@ def head_env(ray: Path) -> dict[str, str]:
 
 def answers(url: str) -> bool:
     try:
-        httpx.get(url, timeout=2, verify=default_tls_context())
+        loopback.get(url, timeout=2)
     except httpx.TransportError:
         return False
     return True
@@ -159,10 +157,7 @@ def wait_ready(
         if proc.poll() is not None:
             raise RayStartFailed(f"ray start exited with {proc.returncode}: {tail(log)}")
         try:
-            jobs_api = (
-                httpx.get(f"{url}/api/jobs/", timeout=2, verify=default_tls_context()).status_code
-                == 200
-            )
+            jobs_api = loopback.get(f"{url}/api/jobs/", timeout=2).status_code == 200
         except httpx.TransportError:
             jobs_api = False
         if jobs_api and answers(agent_url):

@@ -107,10 +107,11 @@ def _ephemeral_low() -> int:
 # Below the kernel's ephemeral range: a port handed out here is one that no bind to port 0
 # (the in-process servers of other workers) and no outgoing connection's source port can
 # take between its release and the bind of the process it is meant for. From the ephemeral
-# range, one was: the service's bind then failed, and its readiness probe was answered by
-# another worker's server on the same port.
+# range one can be, and the service's readiness probe is then answered by another
+# worker's server on the same port.
 _PICKS = random.SystemRandom()
-_PICK_RANGE = (max(1024, _ephemeral_low() - 12_000), _ephemeral_low())
+_LOW = _ephemeral_low()
+_PICK_RANGE = (max(1024, _LOW - 12_000), _LOW)
 
 
 def unused_port() -> int:

@@ -32,11 +32,11 @@ from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.demo.sim import SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
 from reconciler.engine.worker import Worker
-from reconciler.providers.aiohttp_transport import default_tls_context
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import callback_salt, create_token
+from tests.support import loopback
 from tests.support.servers import serve_asgi
 from tests.support.waiting import wait_until
 
@@ -92,7 +92,7 @@ class Stack:
     client: httpx.Client = field(init=False)
 
     def __post_init__(self) -> None:
-        self.client = httpx.Client(base_url=self.url, timeout=30.0, verify=default_tls_context())
+        self.client = loopback.client(base_url=self.url, timeout=30.0)
 
     def headers(self, operator: bool = False) -> dict[str, str]:
         token = self.operator_token if operator else self.agent_token
@@ -164,17 +164,13 @@ class Stack:
         return as_whsec(agent_key(self.runtime.callback_key, salt))
 
     def sim_job(self, job_id: str) -> dict[str, Any]:
-        response = httpx.get(
-            f"{self.sim_url}/_sim/jobs/{job_id}", timeout=10, verify=default_tls_context()
-        )
+        response = loopback.get(f"{self.sim_url}/_sim/jobs/{job_id}", timeout=10)
         response.raise_for_status()
         result: dict[str, Any] = response.json()
         return result
 
     def sim_key(self, key: str) -> list[dict[str, Any]]:
-        response = httpx.get(
-            f"{self.sim_url}/_sim/keys/{key}", timeout=10, verify=default_tls_context()
-        )
+        response = loopback.get(f"{self.sim_url}/_sim/keys/{key}", timeout=10)
         response.raise_for_status()
         data = response.json()
         jobs: list[dict[str, Any]] = data["jobs"] if isinstance(data, dict) else data
