@@ -223,11 +223,12 @@ def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
 
 def _fill(directory: Path) -> Path:
     filler = directory / "filler"
-    with filler.open("wb") as fh:
+    # Unbuffered: a buffered file keeps the tail of a short write and raises ENOSPC again
+    # when it is closed (the service's own writes leave the space no multiple of a chunk).
+    with filler.open("wb", buffering=0) as fh:
         try:
             while True:
                 fh.write(b"\0" * 65536)
-                fh.flush()
         except OSError:
             pass
     return filler
