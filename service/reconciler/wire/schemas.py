@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
+from functools import cache
 from typing import Any
 
 from pydantic import BaseModel
@@ -33,7 +34,16 @@ def components(models: Iterable[type[BaseModel]]) -> dict[str, Any]:
 
 
 def model_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """One model's schema standing alone (``$defs`` inside), as an MCP tool schema is."""
+    """One model's schema standing alone (``$defs`` inside), as an MCP tool schema is.
+
+    A copy of the one generated for the model in this process: generating the tools'
+    twelve took about 70 ms, three quarters of building an app, and copying them 8 ms.
+    """
+    return copy.deepcopy(_generated(model))
+
+
+@cache
+def _generated(model: type[BaseModel]) -> dict[str, Any]:
     return model.model_json_schema(schema_generator=_WireSchema)
 
 
