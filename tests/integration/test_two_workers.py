@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -221,7 +222,7 @@ def check_completed_once(op: OperationRecord, entries: list[HistoryRecord]) -> N
 
 def _unfinished(db: Database, ids: list[str]) -> list[str]:
     """Where each operation whose completion did not finish stands: its lease and last steps."""
-    lines = []
+    lines = [f"now={datetime.now(UTC)}"]
     with db.read() as conn:
         for op_id in ids:
             if hooks.completion_finished(db, op_id):
@@ -231,7 +232,8 @@ def _unfinished(db: Database, ids: list[str]) -> list[str]:
             causes = [e.cause for e in history_of(conn, op_id)][-5:]
             lines.append(
                 f"{op_id} {op.state} pending={op.completion_pending} lane={op.completion_lane} "
-                f"lease={op.lease_owner}@{op.lease_expires_at} last={causes}"
+                f"due={op.next_poll_at} lease={op.lease_owner}@{op.lease_expires_at} "
+                f"last={causes}"
             )
     return lines
 
