@@ -31,7 +31,12 @@ from typing import Any
 from xdist.scheduler import LoadScopeScheduling
 
 WHOLE = frozenset(
-    {"tests/integration/test_ray_jobs.py", "tests/integration/test_console_browser.py"}
+    {
+        "tests/integration/test_ray_jobs.py",
+        "tests/integration/test_console_browser.py",
+        # Its import graph parses every module of the package: once, not on each worker.
+        "tests/unit/test_import_direction.py",
+    }
 )
 ONE_AFTER_ANOTHER = (
     "tests/faults/test_soak.py::test_short_soak_keeps_every_invariant",
