@@ -43,13 +43,14 @@ ONE_AFTER_ANOTHER = (
     "tests/faults/test_wait_and_stop.py::test_hundreds_of_waits_answer_at_their_timeout",
 )
 SERIAL = "one after another"
-# Units of 20 s and more on a loaded run, longest first (each a node id prefix).
+# Units of 20 s and more on a loaded run, longest first (each a node id prefix), except
+# the latency-judged ones: they start once every worker's collection and mypy are done.
 LONGEST = (
-    SERIAL,
     "tests/integration/test_ray_jobs.py",
     "tests/integration/test_console_browser.py",
     "tests/integration/test_wheel_demo.py::test_an_installed_wheel",
     "tests/integration/test_demo.py::test_demo_runs_a_mixed_batch",
+    SERIAL,
     "tests/integration/test_two_replicas.py::test_two_replicas_on_one_postgres",
     "tests/integration/test_two_workers.py::test_two_schedulers_in_one_process",
     "tests/integration/test_local_replicas.py",
