@@ -69,11 +69,14 @@ LAST = "tests/unit/"
 def order(scopes: list[str]) -> list[str]:
     """``scopes`` (collection order) in the order they are handed out (see the module)."""
 
-    def rank(scope: str) -> int | None:
-        return next((i for i, p in enumerate(LONGEST) if scope.startswith(p)), None)
-
-    longest = sorted((s for s in scopes if rank(s) is not None), key=lambda s: rank(s) or 0)
-    rest = [s for s in scopes if rank(s) is None]
+    ranks = {
+        scope: rank
+        for scope in scopes
+        if (rank := next((i for i, p in enumerate(LONGEST) if scope.startswith(p)), None))
+        is not None
+    }
+    longest = sorted(ranks, key=ranks.__getitem__)
+    rest = [s for s in scopes if s not in ranks]
     last = [s for s in rest if s.startswith(LAST)]
     spread = [s for s in rest if s.startswith(SPREAD)]
     middle = [s for s in rest if not s.startswith((LAST, SPREAD))]
