@@ -332,7 +332,8 @@ def write_batch(
         )
     inserted = _insert(conn, rows)
     new = [i for i in firsts if (events[i].provider, events[i].event_id) in inserted]
-    repeats = [i for i in range(len(events)) if i not in set(new)]
+    fresh = set(new)
+    repeats = [i for i in range(len(events)) if i not in fresh]
     for index, outcome in _record_repeats(conn, [events[i] for i in repeats]).items():
         outcomes[repeats[index]] = outcome
     polls, notes = _hint_writes(events, new, ops, outcomes, now)
