@@ -36,6 +36,10 @@ WHOLE = frozenset(
         "tests/integration/test_console_browser.py",
         # Its import graph parses every module of the package: once, not on each worker.
         "tests/unit/test_import_direction.py",
+        # One live service and one loaded schema for its dozen fuzzed operations, instead
+        # of one on each worker that gets one of them (0.9 s of a worker's CPU each, and
+        # a service process).
+        "tests/integration/test_openapi.py",
     }
 )
 ONE_AFTER_ANOTHER = (
@@ -54,6 +58,7 @@ LONGEST = (
     "tests/integration/test_two_replicas.py::test_two_replicas_on_one_postgres",
     "tests/integration/test_two_workers.py::test_two_schedulers_in_one_process",
     "tests/integration/test_local_replicas.py",
+    "tests/integration/test_openapi.py",
     "tests/faults/test_deadline_outage.py",
     "tests/integration/test_two_workers.py::test_two_service_processes",
     "tests/faults/test_database_locks.py",
