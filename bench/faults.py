@@ -40,6 +40,7 @@ sys.path[:0] = [
 ]
 
 import httpx  # noqa: E402
+from tests.support import loopback  # noqa: E402
 from tests.support.databases import sqlite_url  # noqa: E402
 from tests.support.faults import hanging_server, p99, rss_kib, two_providers  # noqa: E402
 from tests.support.hooks import serve_receiver  # noqa: E402
@@ -221,7 +222,7 @@ def _oversized(tmp: Path) -> Row:
     with door.served(tmp) as svc:
         port = int(svc.url.rsplit(":", 1)[1])
         for _ in range(5):
-            httpx.get(f"{svc.url}/healthz", timeout=5)
+            loopback.get(f"{svc.url}/healthz", timeout=5)
         idle = rss_kib(svc.pid)
 
         async def attack() -> list[bytes]:

@@ -67,6 +67,7 @@ for _path in (str(ROOT / "service"), str(ROOT)):
 import httpx  # noqa: E402
 from bench.poller import cpu_seconds, spawn, stop  # noqa: E402
 from bench.support import free_port, percentile, wait_ready  # noqa: E402
+from tests.support import loopback  # noqa: E402
 
 from reconciler.core import states  # noqa: E402
 
@@ -732,7 +733,7 @@ def run_round(backend: str, args: argparse.Namespace, work: Path) -> Round:
                 while finished(db_url) < created and time.monotonic() < deadline:
                     time.sleep(0.5)
             used = cpu_seconds(service.pid) - cpu[0], cpu_seconds(sim.pid) - cpu[1]
-            metrics = httpx.get(f"{url}/metrics", timeout=30).text
+            metrics = loopback.get(f"{url}/metrics", timeout=30).text
         finally:
             stop(service)
             stop(sim)

@@ -87,6 +87,7 @@ from bench.naive import (  # noqa: E402
     summary,
 )
 from bench.support import free_port, stop, wait_ready  # noqa: E402
+from tests.support import loopback  # noqa: E402
 
 from reconciler.core import poll as decisions  # noqa: E402
 from reconciler.core.backoff import BackoffPolicy  # noqa: E402
@@ -547,7 +548,7 @@ def rss_run(
         text = ""
         while time.monotonic() < end:
             time.sleep(min(5.0, max(0.0, end - time.monotonic())))
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+            text = loopback.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
         rss, hwm = memory(service.pid)
     finally:
         stop(service)

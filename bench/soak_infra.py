@@ -27,7 +27,7 @@ from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
-from tests.support import forked
+from tests.support import forked, loopback
 from tests.support.process import ServiceProcess, _toml_value, cli, provider_file, service_env
 from tests.support.servers import unused_port
 from tests.support.stack import ROOT
@@ -364,7 +364,7 @@ class SimProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the simulated provider exited; see {self.log}")
             try:
-                if httpx.get(f"{self.url}/_sim/stats", timeout=2).status_code == 200:
+                if loopback.get(f"{self.url}/_sim/stats", timeout=2).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
@@ -372,7 +372,7 @@ class SimProcess:
         raise RuntimeError(f"the simulated provider did not start; see {self.log}")
 
     def get(self, path: str) -> Any:
-        response = httpx.get(f"{self.url}/_sim/{path}", timeout=600)
+        response = loopback.get(f"{self.url}/_sim/{path}", timeout=600)
         response.raise_for_status()
         return response.json()
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from tests.support import loopback
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +32,7 @@ def wait_ready(url: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url, timeout=1.0).status_code < 500:
+            if loopback.get(url, timeout=1.0).status_code < 500:
                 return
         except httpx.HTTPError:
             pass

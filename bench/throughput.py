@@ -107,6 +107,7 @@ for _path in (str(ROOT / "service"), str(ROOT)):
 import httpx  # noqa: E402
 from bench.poller import cpu_seconds  # noqa: E402
 from bench.support import free_port, sampled, stop, wait_ready  # noqa: E402
+from tests.support import loopback  # noqa: E402
 
 SIM_TOKEN = "bench-sim-token"
 SUBMIT_TRIES = 3
@@ -345,7 +346,7 @@ def metric_sum(text: str, name: str) -> float:
 
 
 def scrape(url: str) -> tuple[float, float]:
-    text = httpx.get(f"{url}/metrics", timeout=60).text
+    text = loopback.get(f"{url}/metrics", timeout=60).text
     writes = metric_sum(text, "reconciler_write_transactions_total")
     reads = metric_sum(text, "reconciler_status_requests_total")
     return writes, reads
@@ -371,7 +372,7 @@ def finished(db_url: str) -> int:
 
 
 def receiver_stats(url: str) -> dict[str, Any]:
-    data: dict[str, Any] = httpx.get(f"{url}/stats", timeout=30).json()
+    data: dict[str, Any] = loopback.get(f"{url}/stats", timeout=30).json()
     return data
 
 
@@ -472,7 +473,7 @@ def run_ours(
                     stop(service)
                 if otlp:
                     # Read after the service stopped: the spans still queued went at shutdown.
-                    spans = httpx.get(f"{otlp}/stats", timeout=30).json()["spans"]
+                    spans = loopback.get(f"{otlp}/stats", timeout=30).json()["spans"]
                     print(f"    {tree.label}: {spans} spans exported, {spans / created:.1f}/op")
         finally:
             stop(provider)

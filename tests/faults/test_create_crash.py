@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import sqlalchemy as sa
 
@@ -28,6 +27,7 @@ from reconciler.demo.sim import SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
+from tests.support import loopback
 from tests.support.process import ServiceProcess, cli, service_config, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
@@ -91,7 +91,7 @@ def wait_row(db: Database, op_id: str, ok: Any, timeout: float = 30) -> Any:
 
 
 def start(svc: ServiceProcess, token: str, request: dict[str, Any]) -> str:
-    response = httpx.post(
+    response = loopback.post(
         f"{svc.url}/v1/operations",
         json={"provider": "sim", "request": request},
         headers={"Authorization": f"Bearer {token}"},
@@ -106,7 +106,7 @@ def wait_done(svc: ServiceProcess, token: str, op_id: str, timeout: float = 60) 
     deadline = time.monotonic() + timeout
     op: dict[str, Any] = {"done": False}
     while not op["done"] and time.monotonic() < deadline:
-        response = httpx.get(
+        response = loopback.get(
             f"{svc.url}/v1/operations/{op_id}/wait",
             params={"timeout_seconds": max(0.1, min(5.0, deadline - time.monotonic()))},
             headers={"Authorization": f"Bearer {token}"},

@@ -28,6 +28,7 @@ import pytest
 from reconciler.core.signatures import decode_whsec, sign_standard_webhook
 from reconciler.demo.sim import SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
+from tests.support import loopback
 from tests.support.process import cli, make_tokens, service_config, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
@@ -57,7 +58,7 @@ def probing(
     stop = threading.Event()
 
     def loop(name: str, send: Callable[[httpx.Client], httpx.Response]) -> None:
-        with httpx.Client(base_url=url, timeout=BOUND + 3 * SLACK) as client:
+        with loopback.client(base_url=url, timeout=BOUND + 3 * SLACK) as client:
             while not stop.is_set():
                 started = time.monotonic()
                 retry_after = None
@@ -171,7 +172,7 @@ def service(tmp_path: Path, db_path: Path) -> Iterator[tuple[str, Writes]]:
 
 def _wait_ready(url: str, timeout: float = 15) -> None:
     wait_until(
-        lambda: httpx.get(f"{url}/readyz", timeout=3).status_code == 200,
+        lambda: loopback.get(f"{url}/readyz", timeout=3).status_code == 200,
         timeout,
         "/readyz to return to 200",
     )
@@ -247,7 +248,7 @@ def test_a_full_disk_turns_readyz_and_nothing_acknowledged_is_lost(tmp_path: Pat
             full = (time.monotonic(), 0.0)
             with suppress(AssertionError):  # full or not, the writes are what is checked
                 wait_until(
-                    lambda: httpx.get(f"{url}/readyz", timeout=3).status_code == 503,
+                    lambda: loopback.get(f"{url}/readyz", timeout=3).status_code == 503,
                     20,
                     "/readyz to say the disk is full",
                 )

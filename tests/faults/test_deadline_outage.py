@@ -22,13 +22,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from bench.soak_infra import ThrowawayPostgres
 
 from reconciler.demo.sim import SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
+from tests.support import loopback
 from tests.support.faults import history, stored
 from tests.support.hooks import serve_receiver
 from tests.support.process import cli, make_tokens, service_config, service_process
@@ -86,7 +86,7 @@ def _run(
             body = {"scenario": "success", "duration": DONE_AFTER}
 
             def create(i: int) -> str:
-                created = httpx.post(
+                created = loopback.post(
                     f"{svc.url}/v1/operations",
                     json={"provider": "sim", "request": body, "callback_url": f"{cb_url}/cb/{i}"},
                     headers=headers,
@@ -100,7 +100,7 @@ def _run(
                 ids = list(pool.map(create, range(OPERATIONS)))
             wait_until(
                 lambda: all(
-                    httpx.get(f"{svc.url}/v1/operations/{i}", headers=headers).json()["state"]
+                    loopback.get(f"{svc.url}/v1/operations/{i}", headers=headers).json()["state"]
                     != "create_pending"
                     for i in ids
                 ),

@@ -18,6 +18,7 @@ import httpx
 
 from reconciler.demo.sim import SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
+from tests.support import loopback
 from tests.support.faults import rss_kib
 from tests.support.process import ServiceProcess, service_config, service_process, upgrade
 from tests.support.servers import serve_asgi
@@ -38,7 +39,7 @@ def served(tmp_path: Path, **server: Any) -> Iterator[ServiceProcess]:
 
 
 def refusals(url: str) -> dict[str, float]:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    text = loopback.get(f"{url}/metrics", timeout=10).text
     found: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("reconciler_front_door_refusals_total{"):
@@ -90,7 +91,7 @@ def test_oversized_headers_are_refused_before_they_are_held(tmp_path: Path) -> N
     with served(tmp_path) as svc:
         port = int(svc.url.rsplit(":", 1)[1])
         for _ in range(5):
-            httpx.get(f"{svc.url}/healthz", timeout=5)
+            loopback.get(f"{svc.url}/healthz", timeout=5)
         idle = rss_kib(svc.pid)
 
         async def attack() -> list[tuple[bytes, int]]:
@@ -107,7 +108,7 @@ def test_oversized_headers_are_refused_before_they_are_held(tmp_path: Path) -> N
         assert all(refused), [(a[:40], n) for a, n in answers][:3]
         assert max(samples) - idle < 50 * 1024, f"RSS grew by {(max(samples) - idle) // 1024} MiB"
         assert refusals(svc.url).get("headers_too_large") == 100
-        assert httpx.get(f"{svc.url}/healthz", timeout=5).status_code == 200
+        assert loopback.get(f"{svc.url}/healthz", timeout=5).status_code == 200
 
 
 async def _slow_client(port: int, drip: float, out: list[float | None]) -> None:
@@ -145,7 +146,7 @@ def test_slow_clients_are_cut_off_and_healthz_keeps_answering(tmp_path: Path) ->
         def probe() -> None:
             while not stop.is_set():
                 try:
-                    probes.append(httpx.get(f"{svc.url}/healthz", timeout=5).status_code)
+                    probes.append(loopback.get(f"{svc.url}/healthz", timeout=5).status_code)
                 except httpx.HTTPError:
                     probes.append(None)
                 stop.wait(0.05)

@@ -11,7 +11,6 @@ import signal
 from contextlib import ExitStack
 from pathlib import Path
 
-import httpx
 import pytest
 
 from reconciler.core.clock import SystemClock
@@ -19,7 +18,7 @@ from reconciler.demo.sim import SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import create_token
-from tests.support import hooks
+from tests.support import hooks, loopback
 from tests.support.hooks import serve_receiver
 from tests.support.process import service_process
 from tests.support.servers import serve_asgi, unused_port
@@ -95,7 +94,7 @@ def test_sigkill_inside_a_hook_reruns_only_that_step_with_the_same_key(
         receiver, cb_url = stack.enter_context(serve_receiver())
         config = write_config(tmp_path, db_url, sim_url, port)
         output = tmp_path / "service.log"
-        api = stack.enter_context(httpx.Client(base_url=url, timeout=10))
+        api = stack.enter_context(loopback.client(base_url=url, timeout=10))
 
         first = stack.enter_context(
             service_process(config, port, env={**env, hooks.SLEEP_ENV: "60"}, log=output)

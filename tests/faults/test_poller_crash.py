@@ -17,7 +17,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from reconciler.core.records import HistoryRecord, OperationRecord
@@ -25,6 +24,7 @@ from reconciler.demo.sim import RequestRecord, SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import create_token
+from tests.support import loopback
 from tests.support.faults import history, stored, submit
 from tests.support.process import ServiceProcess, cli, service_config, service_process
 from tests.support.servers import serve_asgi
@@ -105,13 +105,13 @@ class Rig:
 
     def hang_status(self, hang: bool) -> None:
         rates = {"delay": 1.0, "delay_seconds": HANG_SECONDS} if hang else None
-        response = httpx.post(
+        response = loopback.post(
             f"{self.sim_url}/_sim/config", json={"endpoint_faults": {"status": rates}}, timeout=10
         )
         assert response.status_code == 200, response.text
 
     def finish_job(self, job_id: str) -> None:
-        response = httpx.post(
+        response = loopback.post(
             f"{self.sim_url}/_sim/jobs/{job_id}/complete", json={"state": "succeeded"}, timeout=10
         )
         assert response.status_code == 200, response.text
@@ -157,7 +157,7 @@ def kill_owner_while_status_hangs(
 
 
 def metric(svc: ServiceProcess, name: str) -> float:
-    text = httpx.get(f"{svc.url}/metrics", timeout=10).text
+    text = loopback.get(f"{svc.url}/metrics", timeout=10).text
     found = re.search(rf"(?m)^{name} ([0-9.e+]+)$", text)
     return float(found.group(1)) if found else 0.0
 

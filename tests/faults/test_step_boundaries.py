@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-import httpx
 import pytest
 
 from reconciler.core.records import HistoryRecord, OperationRecord
@@ -32,7 +31,7 @@ from reconciler.demo.sim import RequestRecord, SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import create_token
-from tests.support import hooks
+from tests.support import hooks, loopback
 from tests.support.faults import history, stored, submit
 from tests.support.hooks import CallbackReceiver, Reply, serve_receiver
 from tests.support.process import ServiceProcess, cli, service_config, service_env, service_process
@@ -93,7 +92,7 @@ class Rig:
 
     def hang(self, endpoint: str, hang: bool) -> None:
         rates = {"delay": 1.0, "delay_seconds": HANG_SECONDS} if hang else None
-        response = httpx.post(
+        response = loopback.post(
             f"{self.sim_url}/_sim/config", json={"endpoint_faults": {endpoint: rates}}, timeout=10
         )
         assert response.status_code == 200, response.text

@@ -19,10 +19,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
-
 from reconciler.demo.sim import FaultRates, SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
+from tests.support import loopback
 from tests.support.process import (
     ServiceProcess,
     make_tokens,
@@ -54,7 +53,7 @@ def served(tmp_path: Path, sim: SimState) -> Iterator[tuple[ServiceProcess, str]
 def _create(url: str, agent: str, n: int) -> list[str]:
     headers = {"Authorization": f"Bearer {agent}"}
     ids = []
-    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+    with loopback.client(base_url=url, headers=headers, timeout=30) as client:
         for _ in range(n):
             body = {
                 "provider": "sim",

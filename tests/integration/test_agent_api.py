@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from reconciler.storage.tokens import create_token
 from reconciler.wire import Operation as OperationView
+from tests.support import loopback
 from tests.support.stack import SIM_TOML, Stack, running_stack
 from tests.support.waiting import wait_until
 
@@ -60,7 +61,7 @@ def count_rows(stack: Stack) -> tuple[int, int]:
 
 
 def provider_jobs(stack: Stack) -> list[dict[str, Any]]:
-    response = httpx.get(f"{stack.sim_url}/_sim/jobs", timeout=10)
+    response = loopback.get(f"{stack.sim_url}/_sim/jobs", timeout=10)
     response.raise_for_status()
     jobs: list[dict[str, Any]] = response.json()["jobs"]
     return jobs
@@ -148,7 +149,7 @@ def test_concurrent_identical_creates_make_one_operation_and_one_job(stack: Stac
     body = {"provider": "sim", "request": {"duration": 0.2}, "idempotency_key": "burst"}
 
     def post() -> None:
-        with httpx.Client(base_url=stack.url, timeout=30) as client:
+        with loopback.client(base_url=stack.url, timeout=30) as client:
             barrier.wait(timeout=10)
             response = client.post("/v1/operations", json=body, headers=stack.headers())
         with lock:

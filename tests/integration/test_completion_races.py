@@ -15,14 +15,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import sqlalchemy as sa
 
 from reconciler.app import create_app
 from reconciler.runtime import Runtime
 from reconciler.storage.models import WebhookEvent
-from tests.support import hooks
+from tests.support import hooks, loopback
 from tests.support.hooks import CallbackReceiver, serve_receiver
 from tests.support.servers import serve_asgi
 from tests.support.stack import Stack, running_stack, worker_of
@@ -159,7 +158,7 @@ def test_ten_duplicate_completion_webhooks_run_each_step_once(
         for op_id in op_ids:
             op = stack.get(op_id)
             assert op["state"] == "succeeded"
-            deliveries = httpx.get(
+            deliveries = loopback.get(
                 f"{stack.sim_url}/_sim/deliveries",
                 params={"job_id": op["remote_job_id"]},
                 timeout=10,

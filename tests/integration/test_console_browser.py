@@ -20,10 +20,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from reconciler.core.states import State
+from tests.support import loopback
 from tests.support.chart_data import TRANSITIONS, VERDICTS, completed_hours, long_story
 from tests.support.factories import insert_operation
 from tests.support.stack import QUICK_POLLING, Stack, running_stack
@@ -152,7 +152,7 @@ def test_operator_decides_extend_and_the_operation_resumes(
     shoot(page, tmp_path, "console-operation.png")
 
     # The job finishes at the provider while nobody looks; the extension will find it.
-    done = httpx.post(
+    done = loopback.post(
         f"{stack.sim_url}/_sim/jobs/{op['remote_job_id']}/complete", json={"state": "succeeded"}
     )
     assert done.status_code == 200

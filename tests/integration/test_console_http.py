@@ -27,6 +27,7 @@ from reconciler.core.states import State
 from reconciler.core.trust import Verdict
 from reconciler.storage.journal import HISTORY
 from reconciler.storage.tokens import create_token, revoke_token
+from tests.support import loopback
 from tests.support.chart_data import VERDICTS, completed_hours, long_story
 from tests.support.console import csrf_of, operator_client, sign_in
 from tests.support.factories import insert_operation
@@ -85,7 +86,7 @@ def decide_form(client: httpx.Client, op_id: str, **fields: str) -> httpx.Respon
 
 
 def test_pages_need_a_session_and_send_you_to_sign_in(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url) as anonymous:
+    with loopback.client(base_url=stack.url) as anonymous:
         for path in ("/console", "/console/providers", "/console/audit", "/console/operations/x"):
             answer = anonymous.get(path)
             assert answer.status_code == 303
@@ -113,7 +114,7 @@ def test_the_session_cookie_is_httponly_strict_and_expires(stack: Stack) -> None
 
 def test_the_cookie_is_secure_when_the_public_url_is_https(tmp_path: Path, db_url: str) -> None:
     server = {"public_url": "https://reconciler.example"}
-    with running_stack(tmp_path, db_url, server=server) as s, httpx.Client(base_url=s.url) as c:
+    with running_stack(tmp_path, db_url, server=server) as s, loopback.client(base_url=s.url) as c:
         form = c.get("/console/sign-in")
         assert "; secure" in form.headers["set-cookie"].lower()
         # A client keeps Secure cookies for https only: carry the sign-in cookie by hand.
@@ -169,7 +170,7 @@ def test_a_session_dies_when_its_token_is_revoked(stack: Stack) -> None:
 
 
 def test_sign_in_needs_its_csrf_token_and_sign_out_ends_the_session(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url) as client:
+    with loopback.client(base_url=stack.url) as client:
         client.get("/console/sign-in")
         forged = client.post("/console/sign-in", data={"token": stack.operator_token})
         assert "CSRF token" in html_page(forged, 403)
@@ -183,7 +184,7 @@ def test_sign_in_needs_its_csrf_token_and_sign_out_ends_the_session(stack: Stack
 
 
 def test_sign_in_only_returns_to_console_pages(stack: Stack) -> None:
-    with httpx.Client(base_url=stack.url) as client:
+    with loopback.client(base_url=stack.url) as client:
         form = client.get("/console/sign-in")
         answer = client.post(
             "/console/sign-in",
@@ -209,7 +210,7 @@ def test_a_decision_without_or_with_another_sessions_csrf_changes_nothing(
     assert theirs != mine
     for fields in ({"action": "abandon"}, {"action": "abandon", "csrf": theirs}):
         assert "CSRF token" in html_page(decide_form(ops, op["id"], **fields), 403)
-    with httpx.Client(base_url=stack.url) as anonymous:
+    with loopback.client(base_url=stack.url) as anonymous:
         html_page(decide_form(anonymous, op["id"], action="abandon", csrf=mine), 403)
     after = stack.get(op["id"], operator=True)
     assert after["state"] == State.ESCALATED.value and not after["escalation"]["decided"]
@@ -460,7 +461,7 @@ def test_stamp_changes_when_an_escalation_opens_or_is_decided(
 def test_providers_page_counts_webhooks_from_the_database_and_rejections(
     stack: Stack, ops: httpx.Client
 ) -> None:
-    bad = httpx.post(
+    bad = loopback.post(
         f"{stack.url}/webhooks/sim",
         content=b"{}",
         headers={"webhook-id": "x", "webhook-timestamp": "1", "webhook-signature": "v1,AAAA"},

@@ -13,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import sqlalchemy as sa
 
 from reconciler.storage.models import Operation
+from tests.support import loopback
 from tests.support.stack import Stack, running_stack
 
 # Short waits everywhere: a retry after an ambiguous create comes within ~0.2 s.
@@ -35,7 +35,7 @@ def token_of(stack: Stack, op_id: str) -> str:
 
 def key_report(stack: Stack, token: str) -> dict[str, Any]:
     """The sim's view of one idempotency key: its jobs and every request that carried it."""
-    response = httpx.get(f"{stack.sim_url}/_sim/keys/{token}", timeout=10)
+    response = loopback.get(f"{stack.sim_url}/_sim/keys/{token}", timeout=10)
     response.raise_for_status()
     report: dict[str, Any] = response.json()
     return report

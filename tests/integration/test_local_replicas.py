@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
 
-import httpx
 import pytest
+
+from tests.support import loopback
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "local-replicas.sh"
@@ -137,13 +138,13 @@ def test_two_replicas_share_one_database_and_stop_cleanly(
     assert len(set(urls)) == 2
     assert all(url.startswith("http://127.0.0.1:") for url in [*urls, state["SIM_URL"]])
     for url in urls:
-        assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200
-        ready = httpx.get(f"{url}/readyz", timeout=5)
+        assert loopback.get(f"{url}/healthz", timeout=5).status_code == 200
+        ready = loopback.get(f"{url}/readyz", timeout=5)
         assert ready.status_code == 200, ready.text
 
     # One database: what one replica writes, the other reads and finishes.
     headers = {"Authorization": f"Bearer {_operator_token(state, env)}"}
-    created = httpx.post(
+    created = loopback.post(
         f"{urls[0]}/v1/operations",
         json={"provider": "sim", "request": {"rows": 3}},
         headers=headers,
@@ -151,7 +152,7 @@ def test_two_replicas_share_one_database_and_stop_cleanly(
     )
     assert created.status_code == 202, created.text
     op_id = created.json()["id"]
-    waited = httpx.get(
+    waited = loopback.get(
         f"{urls[1]}/v1/operations/{op_id}/wait",
         params={"timeout_seconds": 30},
         headers=headers,

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 import mcp_types as types
 import pytest
 import sqlalchemy as sa
@@ -23,6 +22,7 @@ from reconciler.demo.sim import SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import create_token
+from tests.support import loopback
 from tests.support.mcp import (
     TASKS_EXTENSION,
     AckResult,
@@ -226,7 +226,7 @@ def test_the_wire_shape_of_a_created_task(stack: Stack) -> None:
         "method": "tools/call",
         "params": {"name": "start_job", "arguments": job("success", 5), "_meta": meta},
     }
-    answer = httpx.post(f"{stack.url}/mcp", json=body, headers=headers, timeout=10).json()
+    answer = loopback.post(f"{stack.url}/mcp", json=body, headers=headers, timeout=10).json()
     created = answer["result"]
     assert created["resultType"] == "task"
     assert set(created) >= {"taskId", "status", "createdAt", "lastUpdatedAt", "ttlMs"}

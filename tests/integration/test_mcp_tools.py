@@ -15,6 +15,7 @@ from mcp import Client
 
 from reconciler.api.auth import CACHE_SECONDS
 from reconciler.storage.tokens import create_token, revoke_token
+from tests.support import loopback
 from tests.support.mcp import connect, run, text_of
 from tests.support.stack import Stack, running_stack
 from tests.support.waiting import wait_until
@@ -328,7 +329,7 @@ def _raw_call(url: str, token: str | None) -> httpx.Response:
         "io.modelcontextprotocol/clientCapabilities": {},
     }
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta}}
-    return httpx.post(f"{url}/mcp", json=body, headers=headers, timeout=10)
+    return loopback.post(f"{url}/mcp", json=body, headers=headers, timeout=10)
 
 
 def test_no_token_or_a_bad_one_is_401_before_mcp(stack: Stack) -> None:

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 
 from reconciler.demo.sim import SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
+from tests.support import loopback
 from tests.support.hooks import serve_receiver
 from tests.support.process import cli_here, service_config, service_env, service_process
 from tests.support.servers import serve_asgi
@@ -77,7 +78,7 @@ def test_a_full_run_leaks_no_secret(tmp_path: Path, db_url: str) -> None:
         log = tmp_path / "service.log"
         with service_process(config, port, env=env, log=log) as service:
             sim.config.webhook_url = f"{service.url}/webhooks/sim"
-            client = httpx.Client(base_url=service.url, timeout=30)
+            client = loopback.client(base_url=service.url, timeout=30)
             headers = {"Authorization": f"Bearer {agent}"}
             requests = [
                 {"scenario": "success", "duration": 0.5},

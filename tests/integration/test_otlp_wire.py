@@ -15,12 +15,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from reconciler.storage import operations as store
 from reconciler.tracing import Attr, SpanName
-from tests.support import hooks
+from tests.support import hooks, loopback
 from tests.support.hooks import serve_receiver
 from tests.support.otlp import OtlpReceiver, ReceivedSpan, serve_otlp
 from tests.support.stack import (
@@ -92,7 +91,7 @@ def test_one_operation_reaches_a_collector_as_one_trace(
         assert response.json()["trace_id"] == f"tr_{AGENT_TRACE}"
         job_id = wait_until(lambda: stack.get(op_id)["remote_job_id"], 30, "the provider's job id")
         wait_until(lambda: of(collector, SpanName.STATUS_READ), 30, "a status read's span")
-        forced = httpx.post(
+        forced = loopback.post(
             f"{stack.sim_url}/_sim/jobs/{job_id}/complete",
             json={"state": "succeeded"},
             timeout=10,

@@ -30,6 +30,7 @@ from reconciler.demo.sim import (
     create_app,
 )
 from reconciler.demo.sim.__main__ import parse_fault_flags
+from tests.support import loopback
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -634,7 +635,7 @@ def test_runs_as_a_standalone_server() -> None:
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        with httpx.Client(base_url=base, timeout=2.0, trust_env=False) as client:
+        with loopback.client(base_url=base, timeout=2.0, trust_env=False) as client:
 
             def answering() -> bool:
                 assert proc.poll() is None, "the sim exited early"

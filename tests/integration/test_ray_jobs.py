@@ -29,6 +29,7 @@ import pytest
 from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.runtime import Runtime
+from tests.support import loopback
 from tests.support.databases import sqlite_url
 from tests.support.drop_proxy import DropProxy, drop_proxy
 from tests.support.ray_head import RayHead, RayStartFailed, RayUnavailable, ray_head
@@ -79,7 +80,7 @@ class RayService:
     client: httpx.Client = field(init=False)
 
     def __post_init__(self) -> None:
-        self.client = httpx.Client(base_url=self.url, timeout=30.0)
+        self.client = loopback.client(base_url=self.url, timeout=30.0)
         self.headers = {"Authorization": f"Bearer {self.agent_token}"}
 
     def submit(self, request: dict[str, Any], **fields: Any) -> httpx.Response:
@@ -272,7 +273,7 @@ def test_rays_answers_are_what_the_preset_expects(ray: RayHead):
     duplicate = preset["create"]["duplicate"]
     submission_id = f"probe-{uuid.uuid4().hex[:8]}"
     body = {"entrypoint": "echo probe", "submission_id": submission_id}
-    with httpx.Client(base_url=ray.url, timeout=30) as client:
+    with loopback.client(base_url=ray.url, timeout=30) as client:
         made = client.post("/api/jobs/", json=body)
         assert made.status_code == 200, made.text
         assert made.json()["submission_id"] == submission_id

@@ -55,7 +55,7 @@ from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.journal import HISTORY, OPS
 from reconciler.storage.models import WebhookEvent
-from tests.support import hooks
+from tests.support import hooks, loopback
 from tests.support.process import cli, make_tokens, service_config, service_env, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET
@@ -149,7 +149,7 @@ class RoundRobin:
         # the replica's keep-alive timeout just as it is reused, which is this stand-in's
         # failure and not the replica's.
         limits = httpx.Limits(max_keepalive_connections=0)
-        async with httpx.AsyncClient(timeout=60.0, trust_env=False, limits=limits) as client:
+        async with loopback.async_client(timeout=60.0, trust_env=False, limits=limits) as client:
             self._client = client
             yield
 
@@ -264,7 +264,7 @@ def replica_pair(tmp_path: Path, db_url: str, replicas: int = 2) -> Iterator[Top
         forwarder = RoundRobin(urls)
         forward_url = stack.enter_context(serve_asgi(forwarder.app))
         sim.config.webhook_url = f"{forward_url}/webhooks/sim"
-        clients = [stack.enter_context(httpx.Client(base_url=u, timeout=30.0)) for u in urls]
+        clients = [stack.enter_context(loopback.client(base_url=u, timeout=30.0)) for u in urls]
         yield Topology(
             urls, sim, sim_url, forwarder, receiver, receiver_url, configs, env,
             agent, operator, db_url, hook_log, clients, [s.pid for s in services],

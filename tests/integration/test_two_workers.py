@@ -21,7 +21,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from reconciler.app import create_app
@@ -33,7 +32,7 @@ from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
-from tests.support import hooks
+from tests.support import hooks, loopback
 from tests.support.process import make_tokens, service_config, service_env, service_process
 from tests.support.servers import serve_asgi
 from tests.support.stack import (
@@ -99,7 +98,7 @@ class Replicas:
         key = f"two-workers-{index}"
         body = {"provider": "sim", "request": job_request(index), "idempotency_key": key}
         for _ in range(5):
-            response = httpx.post(
+            response = loopback.post(
                 f"{url}/v1/operations", json=body, headers=self.headers(), timeout=30
             )
             if response.status_code != 503:  # a busy database: retry with the same key
@@ -116,7 +115,7 @@ class Replicas:
 
     def get(self, op_id: str, index: int = 0) -> dict[str, Any]:
         url = self.urls[index % len(self.urls)]
-        response = httpx.get(f"{url}/v1/operations/{op_id}", headers=self.headers(), timeout=30)
+        response = loopback.get(f"{url}/v1/operations/{op_id}", headers=self.headers(), timeout=30)
         response.raise_for_status()
         result: dict[str, Any] = response.json()
         return result

@@ -25,6 +25,7 @@ from reconciler.app import create_app
 from reconciler.config import ServerSettings
 from reconciler.runtime import Runtime
 from reconciler.storage.operations import load_operation
+from tests.support import loopback
 from tests.support.servers import serve_asgi
 from tests.support.stack import Stack, running_stack
 from tests.support.waiting import wait_until, wait_until_async
@@ -58,7 +59,7 @@ def observing(stack: Stack) -> dict[str, Any]:
 
 
 def complete_at_provider(stack: Stack, op: dict[str, Any]) -> None:
-    response = httpx.post(
+    response = loopback.post(
         f"{stack.sim_url}/_sim/jobs/{op['remote_job_id']}/complete",
         json={"state": "succeeded"},
         timeout=10,
@@ -82,7 +83,7 @@ class Waiter(threading.Thread):
     def run(self) -> None:
         url, headers, timeout = self.request
         params = {"timeout_seconds": timeout}
-        self.response = httpx.get(url, params=params, headers=headers, timeout=timeout + 10)
+        self.response = loopback.get(url, params=params, headers=headers, timeout=timeout + 10)
         self.returned_at = time.time()
 
     def result(self) -> dict[str, Any]:
@@ -154,7 +155,7 @@ def test_wait_timeout_is_capped_by_server_wait_max_seconds(tmp_path: Path, db_ur
         op = observing(stack)
         for params in ({"timeout_seconds": 20}, {}):
             started = time.monotonic()
-            response = httpx.get(
+            response = loopback.get(
                 f"{url}/v1/operations/{op['id']}/wait",
                 params=params,
                 headers=stack.headers(),
@@ -207,7 +208,9 @@ def test_two_hundred_waiters_share_one_wakeup(tmp_path: Path, db_url: str):
 
         async def scenario() -> tuple[list[httpx.Response], list[float], int]:
             limits = httpx.Limits(max_connections=waiters + 10)
-            async with httpx.AsyncClient(base_url=stack.url, limits=limits, timeout=60) as client:
+            async with loopback.async_client(
+                base_url=stack.url, limits=limits, timeout=60
+            ) as client:
                 returned: list[float] = []
 
                 async def wait_one() -> httpx.Response:

@@ -34,6 +34,7 @@ from tests.integration.test_webhook_endpoint import (
     open_endpoint,
     signed_headers,
 )
+from tests.support import loopback
 from tests.support.factories import insert_operation
 from tests.support.servers import serve_asgi
 
@@ -62,7 +63,7 @@ Delivery = tuple[bytes, dict[str, str]]
 
 async def _send_all(urls: list[str], deliveries: list[Delivery]) -> list[httpx.Response]:
     limits = httpx.Limits(max_connections=len(deliveries), max_keepalive_connections=0)
-    async with httpx.AsyncClient(timeout=60.0, limits=limits) as client:
+    async with loopback.async_client(timeout=60.0, limits=limits) as client:
         start = asyncio.Event()
 
         async def one(url: str, body: bytes, headers: dict[str, str]) -> httpx.Response:

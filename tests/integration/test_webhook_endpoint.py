@@ -35,6 +35,7 @@ from reconciler.runtime import Runtime
 from reconciler.storage.journal import HISTORY, OPS
 from reconciler.storage.operations import get_operation
 from reconciler.storage.webhook_events import EVENTS
+from tests.support import loopback
 from tests.support.factories import insert_operation
 from tests.support.servers import serve_asgi, unused_port
 from tests.support.stack import WEBHOOK_SECRET, Stack, running_stack, sim_provider_table
@@ -194,7 +195,7 @@ def open_endpoint(tmp_path: Path, db_url: str, clock: Clock) -> Iterator[Endpoin
         delay_source="local_backoff",
     )
     with serve_asgi(create_app(runtime, background=False)) as url:
-        client = httpx.Client(base_url=url, timeout=30.0)
+        client = loopback.client(base_url=url, timeout=30.0)
         try:
             yield Endpoint(url, runtime, clock, op.id, client)
         finally:
@@ -710,7 +711,7 @@ def test_failed_commit_is_503_and_the_retry_is_stored_once(ep: Endpoint) -> None
 
 def deliver_live(stack_url: str, body: bytes, msg_id: str, secret: str = WEBHOOK_SECRET) -> Any:
     headers = signed_headers(secret, msg_id, datetime.now(UTC), body)
-    response = httpx.post(f"{stack_url}/webhooks/sim", content=body, headers=headers, timeout=10)
+    response = loopback.post(f"{stack_url}/webhooks/sim", content=body, headers=headers, timeout=10)
     assert response.status_code == 200, response.text
     return response.json()
 

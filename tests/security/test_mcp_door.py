@@ -33,6 +33,7 @@ from reconciler.demo.sim import SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.tokens import create_token, revoke_token
 from tests.faults.test_front_door import SLACK, refusals
+from tests.support import loopback
 from tests.support.mcp import rpc_body, rpc_headers, tool_call
 from tests.support.process import cli, service_config, service_process
 from tests.support.servers import serve_asgi
@@ -46,7 +47,7 @@ REVOKED_WITHIN = CACHE_SECONDS + TOKEN_RECHECK_SECONDS + 2.0
 
 def _post(url: str, token: str, body: str, method: str = "tools/call", **kw: Any) -> httpx.Response:
     headers = {**rpc_headers(token, method, kw.pop("name", None)), **kw.pop("headers", {})}
-    return httpx.post(f"{url}/mcp", content=body, headers=headers, timeout=kw.pop("timeout", 30))
+    return loopback.post(f"{url}/mcp", content=body, headers=headers, timeout=kw.pop("timeout", 30))
 
 
 def _list(url: str, token: str) -> httpx.Response:
@@ -117,12 +118,12 @@ def capped(tmp_path: Path, db_url: str) -> Iterator[Stack]:
 def test_get_is_405_and_holds_no_stream(stack: Stack) -> None:
     headers = {**stack.headers(), "Accept": "text/event-stream"}
     started = time.monotonic()
-    response = httpx.get(f"{stack.url}/mcp", headers=headers, timeout=5)
+    response = loopback.get(f"{stack.url}/mcp", headers=headers, timeout=5)
     assert response.status_code == 405
     assert response.headers["allow"] == "POST"
     assert "stateless" in response.json()["error"]["message"]
     assert time.monotonic() - started < 2
-    assert httpx.delete(f"{stack.url}/mcp", headers=stack.headers()).status_code == 405
+    assert loopback.delete(f"{stack.url}/mcp", headers=stack.headers()).status_code == 405
 
 
 def test_the_api_body_limit_holds_on_mcp(stack: Stack) -> None:

@@ -26,6 +26,7 @@ from starlette.requests import Request
 from reconciler.cli import main as cli_main
 from reconciler.console.web import read_form
 from reconciler.core.errors import InvalidRequest
+from tests.support import loopback
 from tests.support.mcp import rpc_body, rpc_headers, tool_call
 from tests.support.stack import CALLBACK_SECRET, Stack
 
@@ -174,7 +175,7 @@ def test_a_body_that_is_not_declared_json_is_415(stack: Stack) -> None:
 
 
 def _mcp(stack: Stack, body: str, method: str = "tools/call", name: str | None = None) -> Any:
-    response = httpx.post(
+    response = loopback.post(
         f"{stack.url}/mcp", content=body, headers=rpc_headers(stack.agent_token, method, name)
     )
     return response

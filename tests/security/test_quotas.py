@@ -9,7 +9,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from reconciler.app import create_app
@@ -22,6 +21,7 @@ from reconciler.runtime import Runtime
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import authenticate, create_token
 from reconciler.storage.webhook_events import IncomingEvent, Outcome, write_batch
+from tests.support import loopback
 from tests.support.factories import insert_operation
 from tests.support.servers import serve_asgi
 from tests.support.stack import Stack, running_stack
@@ -154,11 +154,11 @@ def test_metrics_can_require_a_bearer_token(tmp_path: Path, db_url: str) -> None
         Runtime.build(settings, environ={})
     runtime = Runtime.build(settings, environ={"RECONCILER_METRICS_TOKEN": "metrics-secret"})
     with serve_asgi(create_app(runtime)) as url:
-        assert httpx.get(f"{url}/metrics").status_code == 401
+        assert loopback.get(f"{url}/metrics").status_code == 401
         wrong = {"Authorization": "Bearer nope"}
-        assert httpx.get(f"{url}/metrics", headers=wrong).status_code == 401
+        assert loopback.get(f"{url}/metrics", headers=wrong).status_code == 401
         right = {"Authorization": "Bearer metrics-secret"}
-        response = httpx.get(f"{url}/metrics", headers=right)
+        response = loopback.get(f"{url}/metrics", headers=right)
         assert response.status_code == 200 and b"reconciler_stored_operations" in response.content
         assert "metrics-secret" not in response.text
 

@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from reconciler.demo.sim.responses import DroppedResponse
+from tests.support import loopback
 from tests.support.servers import serve_asgi
 
 # Hop-by-hop and framing headers: the proxy's own connection sets them.
@@ -63,7 +64,7 @@ class DropProxy:
         @asynccontextmanager
         async def lifespan(_: Starlette) -> AsyncIterator[None]:
             nonlocal client
-            async with httpx.AsyncClient(base_url=self.upstream, timeout=60) as client:
+            async with loopback.async_client(base_url=self.upstream, timeout=60) as client:
                 yield
 
         async def forward(request: Request) -> Response:

@@ -22,6 +22,8 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from pydantic import ConfigDict, Field
 
+from reconciler.providers.aiohttp_transport import default_tls_context
+
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 T = TypeVar("T")
 
@@ -41,7 +43,9 @@ async def connect(
     path: str = "/mcp",
 ) -> AsyncIterator[Client]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=120.0))
+    timeout = httpx2.Timeout(30.0, read=120.0)
+    # The process's one TLS context (see loopback.py): a new client would load the roots.
+    http = httpx2.AsyncClient(headers=headers, timeout=timeout, verify=default_tls_context())
     transport = streamable_http_client(base_url + path, http_client=http)
     async with http, Client(transport, mode=mode, extensions=extensions) as client:
         yield client

@@ -38,6 +38,7 @@ from reconciler.config import CallbackSettings, SchedulerSettings, ServerSetting
 from reconciler.demo.sim.responses import DroppedResponse
 from reconciler.runtime import Runtime
 from reconciler.storage.operations import load_operation
+from tests.support import loopback
 from tests.support.servers import HOST, serve_asgi, unused_port
 from tests.support.stack import make_tokens, quiescent, worker_of
 from tests.support.waiting import wait_until
@@ -252,7 +253,7 @@ def openai_event(kind: str, object_id: str, n: int) -> tuple[bytes, dict[str, st
 
 
 def post(url: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
-    return httpx.post(url, content=body, headers=headers, timeout=10)
+    return loopback.post(url, content=body, headers=headers, timeout=10)
 
 
 # --- the service, configured with one preset ---------------------------------------------
@@ -271,7 +272,7 @@ class PresetStack:
     client: httpx.Client = field(init=False)
 
     def __post_init__(self) -> None:
-        self.client = httpx.Client(base_url=self.url, timeout=30.0)
+        self.client = loopback.client(base_url=self.url, timeout=30.0)
 
     @property
     def webhook_url(self) -> str:
