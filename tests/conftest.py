@@ -104,7 +104,7 @@ def db_url(backend: str, tmp_path: Path, postgres_factory: PostgresFactory | Non
     try:
         yield url
     finally:
-        factory.drop(url)
+        factory.release(url)
 
 
 @pytest.fixture
@@ -162,4 +162,4 @@ def module_db_url(
     try:
         yield url
     finally:
-        factory.drop(url)
+        factory.release(url)

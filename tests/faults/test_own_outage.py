@@ -39,7 +39,7 @@ def pg_url(postgres_factory: PostgresFactory | None) -> Iterator[str]:
     try:
         yield url
     finally:
-        postgres_factory.drop(url)
+        postgres_factory.release(url)
 
 
 @pytest.fixture

@@ -71,4 +71,4 @@ async def test_one_warning_per_outage_and_a_line_when_back(
         with pytest.raises(asyncio.CancelledError):
             await task
         proxy.stop()
-        postgres_factory.drop(url.render_as_string(hide_password=False))
+        postgres_factory.release(url.render_as_string(hide_password=False))
