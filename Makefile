@@ -9,7 +9,7 @@ DEMO_ARGS ?=
 
 # Test processes: the suite waits on sockets and subprocesses as much as it computes, so
 # more workers than cores is fastest here (measured: see README, Tests).
-WORKERS ?= 5
+WORKERS ?= 6
 # Bytecode is a cache the tests need: without it every xdist worker rewrites the asserts of
 # every test module again (about 6 s of CPU each) and every service subprocess compiles
 # the package from source.
