@@ -14,7 +14,6 @@ starts a cluster and sets it). Locally it is skipped when unset; under
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +25,12 @@ from reconciler.config import Settings
 from reconciler.core.clock import ManualClock
 from reconciler.runtime import Runtime
 from reconciler.storage.database import Database
-from tests.support.databases import POSTGRES_ENV, PostgresFactory, postgres_admin_url, sqlite_url
+from tests.support.databases import (
+    PostgresFactory,
+    need_postgres,
+    postgres_admin_url,
+    sqlite_url,
+)
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 BOTH_BACKENDS = "both_backends"
@@ -76,16 +80,6 @@ def postgres_factory() -> Iterator[PostgresFactory | None]:
         factory.close()
 
 
-def _need_postgres(factory: PostgresFactory | None) -> PostgresFactory:
-    if factory is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(
-                f"{POSTGRES_ENV} must be set in CI: the PostgreSQL tests may not be skipped"
-            )
-        pytest.skip(f"{POSTGRES_ENV} is not set")
-    return factory
-
-
 @pytest.fixture
 def backend(request: pytest.FixtureRequest) -> str:
     """The database under test: SQLite unless the test is ``both_backends``."""
@@ -99,7 +93,7 @@ def db_url(backend: str, tmp_path: Path, postgres_factory: PostgresFactory | Non
         with sqlite_url(tmp_path) as url:
             yield url
         return
-    factory = _need_postgres(postgres_factory)
+    factory = need_postgres(postgres_factory)
     url = factory.clone()
     try:
         yield url
@@ -115,7 +109,7 @@ def empty_db_url(
     if backend == "sqlite":
         yield f"sqlite:///{tmp_path / 'empty.db'}"
         return
-    factory = _need_postgres(postgres_factory)
+    factory = need_postgres(postgres_factory)
     url = factory.empty()
     try:
         yield url
@@ -157,7 +151,7 @@ def module_db_url(
         with sqlite_url(tmp_path_factory.mktemp("module-db")) as url:
             yield url
         return
-    factory = _need_postgres(postgres_factory)
+    factory = need_postgres(postgres_factory)
     url = factory.clone()
     try:
         yield url

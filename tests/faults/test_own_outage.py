@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
-from tests.support.databases import PostgresFactory
+from tests.support.databases import PostgresFactory, need_postgres
 from tests.support.faults import TcpProxy
 from tests.support.stack import running_stack
 from tests.support.waiting import wait_until
@@ -33,13 +33,12 @@ OUTAGE = 2 * WINDOW
 
 @pytest.fixture
 def pg_url(postgres_factory: PostgresFactory | None) -> Iterator[str]:
-    if postgres_factory is None:
-        pytest.skip("RECONCILER_TEST_POSTGRES_URL is not set")
-    url = postgres_factory.clone()
+    factory = need_postgres(postgres_factory)
+    url = factory.clone()
     try:
         yield url
     finally:
-        postgres_factory.release(url)
+        factory.release(url)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from reconciler.engine import wakeups
 from reconciler.engine.wakeups import Notifier
-from tests.support.databases import PostgresFactory
+from tests.support.databases import PostgresFactory, need_postgres
 from tests.support.faults import TcpProxy
 from tests.support.waiting import wait_until_async
 
@@ -42,9 +42,8 @@ async def test_one_warning_per_outage_and_a_line_when_back(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if postgres_factory is None:
-        pytest.skip("RECONCILER_TEST_POSTGRES_URL is not set")
-    url = sa.make_url(postgres_factory.clone())
+    factory = need_postgres(postgres_factory)
+    url = sa.make_url(factory.clone())
     proxy = TcpProxy((url.host or "127.0.0.1", url.port or 5432))
     proxy.start()
     monkeypatch.setattr(wakeups, "RECONNECT_SECONDS", 0.05)
@@ -71,4 +70,4 @@ async def test_one_warning_per_outage_and_a_line_when_back(
         with pytest.raises(asyncio.CancelledError):
             await task
         proxy.stop()
-        postgres_factory.release(url.render_as_string(hide_password=False))
+        factory.release(url.render_as_string(hide_password=False))

@@ -13,8 +13,7 @@ import sqlalchemy as sa
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
 from reconciler.storage.journal import Journal
-from tests.conftest import _need_postgres
-from tests.support.databases import PostgresFactory
+from tests.support.databases import PostgresFactory, need_postgres
 from tests.support.factories import insert_operation
 
 TABLES = "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
@@ -45,7 +44,7 @@ def _execute(url: str, *statements: str) -> None:
 def test_a_released_database_comes_back_empty_with_its_sequences_restarted(
     postgres_factory: PostgresFactory | None,
 ) -> None:
-    factory = _need_postgres(postgres_factory)
+    factory = need_postgres(postgres_factory)
     url = factory.clone()
     fresh = _rows(url)
     assert fresh.pop("alembic_version") == 1 and set(fresh.values()) == {0}
@@ -75,7 +74,7 @@ def test_a_released_database_comes_back_empty_with_its_sequences_restarted(
 def test_a_database_whose_schema_changed_is_dropped(
     postgres_factory: PostgresFactory | None,
 ) -> None:
-    factory = _need_postgres(postgres_factory)
+    factory = need_postgres(postgres_factory)
     url = factory.clone()
     _execute(url, "CREATE TABLE effects (key text)")
     factory.release(url)
