@@ -34,6 +34,7 @@ from reconciler.metrics import status_label
 from reconciler.providers.adapter import ProviderAdapter
 from reconciler.providers.spec import ProviderSpec
 from reconciler.storage import operations as store
+from reconciler.storage.database import savepoint
 from reconciler.storage.escalations import escalate, open_escalation
 from reconciler.storage.journal import Entry, Lease, retry_stale
 from reconciler.tracing import SpanName
@@ -208,23 +209,28 @@ class StepContext:
         flow = flow_var.get()
         attempts = [0]
 
-        def once() -> tuple[Prep, Prep | None, bool]:
+        def once(conn: Connection) -> tuple[Prep, Prep | None, bool]:
             attempts[0] += 1
-            with rt.db.write() as conn:
-                # First on the record we hold (no read): the write's own guards say whether
-                # it is still current. After a lost race, on the row as it is now.
-                current = op if attempts[0] == 1 else self.fresh(conn, op.id)
-                built = build(conn, current)
-                done = built if isinstance(built, Prep) else Prep(built)
-                nxt, released = (None, False)
-                if flow is not None:
-                    nxt, released = flow.after_write(conn, done.op, self.now(), final or done.final)
-                return done, nxt, released
+            # First on the record we hold (no read): the write's own guards say whether it
+            # is still current. After a lost race, on the row as it is now.
+            current = op if attempts[0] == 1 else self.fresh(conn, op.id)
+            built = build(conn, current)
+            done = built if isinstance(built, Prep) else Prep(built)
+            nxt, released = (None, False)
+            if flow is not None:
+                nxt, released = flow.after_write(conn, done.op, self.now(), final or done.final)
+            return done, nxt, released
 
-        def run() -> tuple[Prep, Prep | None, bool]:
-            return retry_stale(once, APPLY_ATTEMPTS) if retry else once()
+        def attempt(conn: Connection) -> tuple[Prep, Prep | None, bool]:
+            # A lost race leaves nothing of its attempt behind (the transaction may carry
+            # other steps' writes too: storage.writer).
+            with savepoint(conn, "attempt"):
+                return once(conn)
 
-        done, nxt, released = await rt.db.run_write(run)
+        def run(conn: Connection) -> tuple[Prep, Prep | None, bool]:
+            return retry_stale(lambda: attempt(conn), APPLY_ATTEMPTS) if retry else once(conn)
+
+        done, nxt, released = await rt.db.run_joined(run)
         if flow is not None:
             flow.wrote(done.op, nxt, released)
         await self._changed(op, nxt.op if nxt is not None else done.op)

@@ -2,7 +2,8 @@
 
 Guarantee: a provider gets 2xx only after its event is committed. Requests that
 arrive while a commit is running share the next one: one writer takes everything
-queued, writes it in one transaction (``storage.webhook_events.write_batch``) and
+queued, writes it in one transaction (``storage.webhook_events.write_batch``; on
+SQLite the transaction may carry other joined writes too, ``storage.writer``) and
 resolves every waiting request at once. That keeps the per-request cost to an
 enqueue, instead of a thread hop and a commit per request. The batch is written
 on the database's writer (``storage.writer``), never on the event loop: a lock
@@ -19,9 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from sqlalchemy.engine import Connection
+
 from reconciler.core.errors import ReconcilerError, StorageUnavailable
 from reconciler.storage.availability import explain
-from reconciler.storage.database import Database
+from reconciler.storage.database import Database, savepoint
 from reconciler.storage.journal import Journal
 from reconciler.storage.webhook_events import IncomingEvent, Outcome, write_batch
 
@@ -89,7 +92,7 @@ class GroupCommitter:
                 if not batch:
                     continue
                 try:
-                    outcomes = await self.db.run_write(self._write, batch)
+                    outcomes = await self.db.run_joined(self._write, batch)
                 except Exception as exc:
                     self._fail(batch, exc)
                     continue
@@ -128,12 +131,14 @@ class GroupCommitter:
             if not pending.future.done():
                 pending.future.set_exception(error)
 
-    def _write(self, batch: list[_Pending]) -> list[Outcome | Exception]:
+    def _write(self, conn: Connection, batch: list[_Pending]) -> list[Outcome | Exception]:
         events = [p.event for p in batch]
         self.batches += 1
         try:
-            with self.db.write() as conn:
+            with savepoint(conn, "events"):
                 return list(write_batch(conn, self.journal, events, self.now()))
+        except StorageUnavailable:
+            raise  # the database, not an event: every sender is told to retry
         except Exception as exc:
             if len(events) == 1:
                 return [exc]
@@ -146,8 +151,10 @@ class GroupCommitter:
         results: list[Outcome | Exception] = []
         for event in events:
             try:
-                with self.db.write() as conn:
+                with savepoint(conn, "event"):
                     results.extend(write_batch(conn, self.journal, [event], self.now()))
+            except StorageUnavailable:
+                raise
             except Exception as exc:
                 results.append(exc)
         return results

@@ -38,6 +38,7 @@ from reconciler.engine.shares import CALLBACKS, HOOKS, Shares, share_of
 from reconciler.logs import operation_id_var, trace_id_var
 from reconciler.storage import operations as store
 from reconciler.storage.availability import explain
+from reconciler.storage.database import savepoint
 from reconciler.tracing import SpanName
 
 log = logging.getLogger("reconciler.engine.worker")
@@ -235,38 +236,38 @@ class Worker:
         busy = frozenset(self._working)
         asks = {key: self._ask(key, n) for key, n in wants.items()}
 
-        def claim(prepare: bool) -> dict[str, list[_Claimed]]:
-            with rt.db.write() as conn:
-                spread_overdue(conn, rt, now, self.ctx.actor)
-                out: dict[str, list[_Claimed]] = {}
-                for key, ask in asks.items():
-                    claimed = store.claim_records(
-                        conn, self.owner, now, lease, ask.limit, ask.share, ask.pick
+        def claim(conn: Connection, prepare: bool) -> dict[str, list[_Claimed]]:
+            spread_overdue(conn, rt, now, self.ctx.actor)
+            out: dict[str, list[_Claimed]] = {}
+            for key, ask in asks.items():
+                claimed = store.claim_records(
+                    conn, self.owner, now, lease, ask.limit, ask.share, ask.pick
+                )
+                out[key] = [
+                    _Claimed(
+                        op,
+                        previous,
+                        self._prepare_claimed(conn, op, now)
+                        if prepare and op.id not in busy
+                        else None,
                     )
-                    out[key] = [
-                        _Claimed(
-                            op,
-                            previous,
-                            self._prepare_claimed(conn, op, now)
-                            if prepare and op.id not in busy
-                            else None,
-                        )
-                        for op, previous in claimed
-                    ]
-                return out
+                    for op, previous in claimed
+                ]
+            return out
 
-        def claim_and_prepare() -> dict[str, list[_Claimed]]:
+        def claim_and_prepare(conn: Connection) -> dict[str, list[_Claimed]]:
             try:
-                return claim(prepare=True)
+                with savepoint(conn, "claim"):
+                    return claim(conn, prepare=True)
             except _PrepFailed as failed:
                 # One operation's step could not prepare: nothing of this claim was kept.
                 # Claim plainly; that step prepares on its own (and fails in its own task).
                 log.error("preparing a claimed step failed", exc_info=failed.__cause__)
-                return claim(prepare=False)
+                return claim(conn, prepare=False)
 
         self.shares.claiming = True
         try:
-            claims = await rt.db.run_write(claim_and_prepare)
+            claims = await rt.db.run_joined(claim_and_prepare)
         except StorageUnavailable as exc:
             log.warning("claim failed: %s", explain(exc))
             return {}
@@ -441,22 +442,20 @@ class Worker:
         """Nothing to do in this state: stop looking until something changes it."""
         rt = self.deps
 
-        def park() -> None:
-            with rt.db.write() as conn:
-                rt.journal.write(conn, op, now=rt.clock.now(), changes={"next_poll_at": None})
+        def park(conn: Connection) -> None:
+            rt.journal.write(conn, op, now=rt.clock.now(), changes={"next_poll_at": None})
 
         with contextlib.suppress(StaleWrite):
-            await rt.db.run_write(park)
+            await rt.db.run_joined(park)
 
     async def _release(self, op_id: str, last: OperationRecord | None) -> None:
         rt = self.deps
 
-        def release() -> dict[str, Any]:
-            with rt.db.write() as conn:
-                return store.release(conn, [op_id], self.owner)
+        def release(conn: Connection) -> dict[str, Any]:
+            return store.release(conn, [op_id], self.owner)
 
         try:
-            released = await rt.db.run_write(release)
+            released = await rt.db.run_joined(release)
         except StorageUnavailable:
             return  # the lease expires on its own
         if op_id in released:

@@ -24,7 +24,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, TypeVar
@@ -37,7 +37,7 @@ from sqlalchemy.engine import Connection, Engine
 from reconciler.core.errors import Conflict, StorageUnavailable
 from reconciler.storage.availability import Availability, WriteFailure, classify
 from reconciler.storage.fastsql import run
-from reconciler.storage.writer import Writer
+from reconciler.storage.writer import JOIN_LIMIT, Writer
 
 T = TypeVar("T")
 
@@ -139,6 +139,24 @@ def translate_errors() -> Iterator[None]:
         if exc.connection_invalidated:
             raise StorageUnavailable("the database connection was lost; retry later") from exc
         raise
+
+
+@contextmanager
+def savepoint(conn: Connection, name: str) -> Iterator[None]:
+    """A savepoint inside the connection's write transaction: what fails inside it is
+    undone and raised, and the transaction goes on. A savepoint that cannot be rolled
+    back to raises ``StorageUnavailable``: the transaction is then lost as a whole."""
+    with translate_errors():
+        run(conn, f"SAVEPOINT {name}")
+    try:
+        yield
+    except BaseException:
+        with translate_errors():
+            run(conn, f"ROLLBACK TO {name}")
+            run(conn, f"RELEASE {name}")
+        raise
+    with translate_errors():
+        run(conn, f"RELEASE {name}")
 
 
 def _changes(conn: Connection) -> int | None:
@@ -243,6 +261,30 @@ class Database:
                 lock.release()
         self.availability.succeeded(changed=changed)
 
+    def write_together(
+        self, writes: Sequence[Callable[[Connection], Any]]
+    ) -> list[tuple[Any, BaseException | None]]:
+        """Several writes in one transaction, answered (result, error) each in order.
+
+        Alone, a write is exactly ``write``'s body. Together, each runs in a savepoint: one
+        that fails (a lost race, a conflict, a bug) leaves nothing behind and the others
+        still commit. A storage failure in any of them fails the transaction for all: the
+        database, not that write, is what broke.
+        """
+        with self.write() as conn:
+            if len(writes) == 1:
+                return [(writes[0](conn), None)]
+            outcomes: list[tuple[Any, BaseException | None]] = []
+            for write in writes:
+                try:
+                    with translate_errors(), savepoint(conn, "joined"):
+                        outcomes.append((write(conn), None))
+                except StorageUnavailable:
+                    raise
+                except Exception as exc:
+                    outcomes.append((None, exc))
+            return outcomes
+
     @contextmanager
     def read(self) -> Iterator[Connection]:
         with translate_errors(), self.read_engine.connect() as conn, conn.begin():
@@ -268,6 +310,15 @@ class Database:
         """
         return await self.writer.run(fn, *args, wait=wait)
 
+    async def run_joined(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` in a write transaction, on SQLite shared with the other
+        such writes queued with it (``write_together``): fewer commits under load.
+
+        PostgreSQL's writers run in parallel on rows of their own; a shared transaction
+        there would only hold each one's row locks until the slowest is done.
+        """
+        return await self.writer.run_joined(fn, *args)
+
     @property
     def writer(self) -> Writer:
         if self._writer is None:
@@ -280,6 +331,8 @@ class Database:
                         queue_limit=WRITE_QUEUE_LIMIT,
                         wait_seconds=self.write_wait_seconds,
                         on_timeout=lambda _: self.availability.failed(WriteFailure.LOCKED),
+                        join=self.write_together,
+                        join_limit=JOIN_LIMIT if self.sqlite else 1,
                     )
         return self._writer
 

@@ -12,6 +12,12 @@ webhook's event id, so nothing is applied twice.
 
 Outcomes go back to the loop through one mailbox per loop: a busy writer that
 finishes several jobs before the loop runs again wakes it once, not once each.
+
+Writes that can share a transaction (``run_joined``: a function of the connection) are
+taken together: a writer that finds more of them queued behind the one it took hands all
+of them to ``join`` (``Database.write_together``), one transaction in which each has a
+savepoint of its own, and answers each only after that transaction committed. What is
+not joinable keeps its own transaction and its place in the queue.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -32,6 +38,13 @@ import sqlalchemy as sa
 from reconciler.core.errors import StorageUnavailable
 
 T = TypeVar("T")
+
+# What ``join`` gets: each joined write as a function of the shared connection. It
+# answers one (result, error) per write, in order, or raises for all of them.
+Joined = Callable[[Any], Any]
+Join = Callable[[Sequence[Joined]], list[tuple[Any, BaseException | None]]]
+# The most writes one transaction carries: the last of them waits for all before it.
+JOIN_LIMIT = 32
 
 
 @dataclass
@@ -42,6 +55,10 @@ class _Job:
     mailbox: _Mailbox
     future: asyncio.Future[Any]
     abandoned: bool = field(default=False)
+    joins: bool = field(default=False)  # ``fn(conn, *args)``, for ``join``
+
+    def joined(self) -> Joined:
+        return lambda conn: self.fn(conn, *self.args)
 
 
 def _detached(exc: BaseException) -> BaseException:
@@ -114,8 +131,12 @@ class Writer:
         queue_limit: int,
         wait_seconds: float,
         on_timeout: Callable[[str], None] | None = None,
+        join: Join | None = None,
+        join_limit: int = JOIN_LIMIT,
     ) -> None:
         self.wait_seconds = wait_seconds
+        self._join = join
+        self._join_limit = join_limit
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_limit)
         self._local = threading.local()
         # The mailbox of the loop that asked last (each job keeps its own, so a second loop
@@ -136,12 +157,24 @@ class Writer:
 
     async def run(self, fn: Callable[..., T], *args: Any, wait: float | None = None) -> T:
         """Run ``fn(*args)`` on a writer thread; wait at most ``wait`` (default: the bound)."""
+        return await self._submit(fn, args, wait, joins=False)
+
+    async def run_joined(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` in a write transaction it may share with the other
+        joined writes queued with it (at most ``join_limit``), through ``join``."""
+        if self._join is None:
+            raise RuntimeError("this writer was made without a join")
+        return await self._submit(fn, args, None, joins=True)
+
+    async def _submit(
+        self, fn: Callable[..., T], args: tuple[Any, ...], wait: float | None, *, joins: bool
+    ) -> T:
         bound = self.wait_seconds if wait is None else wait
         loop = asyncio.get_running_loop()
         mailbox = self._mailbox
         if mailbox is None or mailbox.loop is not loop:
             mailbox = self._mailbox = _Mailbox(loop)
-        job = _Job(fn, args, time.monotonic() + bound, mailbox, loop.create_future())
+        job = _Job(fn, args, time.monotonic() + bound, mailbox, loop.create_future(), joins=joins)
         try:
             self._queue.put_nowait(job)
         except queue.Full:
@@ -169,22 +202,63 @@ class Writer:
             self._on_timeout(why)
 
     def _loop(self) -> None:
+        # A job taken from the queue while gathering joined writes, to run next.
+        held: collections.deque[_Job | None] = collections.deque()
         while True:
-            job = self._queue.get()
+            job = held.popleft() if held else self._queue.get()
             if job is None:
                 return
-            if job.abandoned or time.monotonic() >= job.deadline:
-                self._post(job, None, StorageUnavailable("the write was not started in time"))
+            if not self._startable(job):
                 continue
-            self._local.deadline = job.deadline
-            try:
-                result = job.fn(*job.args)
-            except BaseException as exc:  # handed to the awaiting coroutine, which raises it
-                self._post(job, None, _detached(exc))
-            else:
-                self._post(job, result, None)
-            finally:
-                self._local.deadline = None
+            if not job.joins:
+                self._run_one(job)
+                continue
+            jobs = [job]
+            while len(jobs) < self._join_limit and not held:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is not None and more.joins:
+                    if self._startable(more):
+                        jobs.append(more)
+                else:
+                    held.append(more)  # its own turn, right after these
+            self._run_joined(jobs)
+
+    def _startable(self, job: _Job) -> bool:
+        """Whether ``job`` may still start: its caller waits and its deadline is ahead."""
+        if job.abandoned or time.monotonic() >= job.deadline:
+            self._post(job, None, StorageUnavailable("the write was not started in time"))
+            return False
+        return True
+
+    def _run_one(self, job: _Job) -> None:
+        self._local.deadline = job.deadline
+        try:
+            result = job.fn(*job.args)
+        except BaseException as exc:  # handed to the awaiting coroutine, which raises it
+            self._post(job, None, _detached(exc))
+        else:
+            self._post(job, result, None)
+        finally:
+            self._local.deadline = None
+
+    def _run_joined(self, jobs: list[_Job]) -> None:
+        assert self._join is not None
+        # The transaction waits for the lock no longer than the most hurried of its callers.
+        self._local.deadline = min(job.deadline for job in jobs)
+        try:
+            outcomes = self._join([job.joined() for job in jobs])
+        except BaseException as exc:  # the transaction failed: none of them was written
+            error = _detached(exc)
+            for job in jobs:
+                self._post(job, None, error)
+        else:
+            for job, (result, err) in zip(jobs, outcomes, strict=True):
+                self._post(job, result, None if err is None else _detached(err))
+        finally:
+            self._local.deadline = None
 
     @staticmethod
     def _post(job: _Job, result: Any, error: BaseException | None) -> None:

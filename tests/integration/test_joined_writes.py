@@ -1,0 +1,180 @@
+"""Joined writes (``Database.run_joined``): writes queued together on SQLite commit in one
+transaction, each in a savepoint, and each caller is answered only after that commit.
+
+The writer is held inside a job of its own while the writes queue behind it, so what
+shares a transaction is decided by the queue, not by timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import Connection
+
+from reconciler.core.errors import Conflict, StaleWrite, StorageUnavailable
+from reconciler.core.records import OperationRecord
+from reconciler.storage import operations as store
+from reconciler.storage.database import Database, savepoint
+from reconciler.storage.journal import Journal
+from tests.support.factories import new_operation
+
+pytestmark = pytest.mark.anyio
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _insert(journal: Journal, op: OperationRecord) -> Callable[[Connection], str]:
+    def write(conn: Connection) -> str:
+        return journal.insert(conn, op, actor="test", cause="test:create", now=NOW).id
+
+    return write
+
+
+def _stored(db: Database, ids: list[str]) -> set[str]:
+    with db.read() as conn:
+        return {op.id for op in store.load_records(conn, ids)}
+
+
+async def _behind_a_held_writer(db: Database, writes: list[Callable[..., Any]]) -> list[Any]:
+    """Queue ``writes`` (joined, or plain ones marked by ``plain``) while the writer is
+    held, then let it go; the outcomes (a result or the error raised) in order."""
+    entered, go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        entered.set()
+        assert go.wait(10), "the test never let the writer go"
+
+    held = asyncio.ensure_future(db.run_write(hold))
+    assert await asyncio.to_thread(entered.wait, 10)
+    tasks = []
+    for write in writes:
+        if getattr(write, "plain", False):
+            tasks.append(asyncio.ensure_future(db.run_write(write)))
+        else:
+            tasks.append(asyncio.ensure_future(db.run_joined(write)))
+    await asyncio.sleep(0)  # each task has put its job in the queue
+    go.set()
+    await held
+    return list(await asyncio.gather(*tasks, return_exceptions=True))
+
+
+@pytest.mark.both_backends
+async def test_writes_queued_together_share_one_commit_on_sqlite(db: Database) -> None:
+    journal = Journal()
+    ops = [new_operation(NOW) for _ in range(5)]
+    before = db.write_transactions
+    outcomes = await _behind_a_held_writer(db, [_insert(journal, op) for op in ops])
+    assert outcomes == [op.id for op in ops]
+    # PostgreSQL's writers run in parallel, each write in a transaction of its own.
+    assert db.write_transactions - before == (1 if db.sqlite else len(ops))
+    assert _stored(db, [op.id for op in ops]) == {op.id for op in ops}
+
+
+async def test_a_write_that_fails_leaves_nothing_and_the_others_commit(db: Database) -> None:
+    journal = Journal()
+    first, duplicate, last = new_operation(NOW), new_operation(NOW), new_operation(NOW)
+
+    def twice(conn: Connection) -> str:
+        _insert(journal, duplicate)(conn)
+        return _insert(journal, duplicate)(conn)  # the same id again: a conflict
+
+    def lost_race(conn: Connection) -> None:
+        raise StaleWrite("another writer was first")
+
+    before = db.write_transactions
+    outcomes = await _behind_a_held_writer(
+        db, [_insert(journal, first), twice, lost_race, _insert(journal, last)]
+    )
+    assert db.write_transactions - before == 1  # all four in one transaction
+    assert outcomes[0] == first.id and outcomes[3] == last.id
+    assert isinstance(outcomes[1], Conflict)
+    assert isinstance(outcomes[2], StaleWrite)
+    # The failed write's first insert went with its savepoint.
+    assert _stored(db, [first.id, duplicate.id, last.id]) == {first.id, last.id}
+
+
+async def test_a_storage_failure_in_one_write_fails_them_all(db: Database) -> None:
+    journal = Journal()
+    ops = [new_operation(NOW), new_operation(NOW)]
+
+    def disk_gone(conn: Connection) -> None:
+        raise StorageUnavailable("the database is unavailable; retry later")
+
+    before = db.write_transactions
+    outcomes = await _behind_a_held_writer(
+        db, [_insert(journal, ops[0]), disk_gone, _insert(journal, ops[1])]
+    )
+    assert all(isinstance(o, StorageUnavailable) for o in outcomes), outcomes
+    assert _stored(db, [op.id for op in ops]) == set()
+    assert db.write_transactions - before == 1
+
+
+async def test_a_plain_write_keeps_its_own_transaction_and_its_turn(db: Database) -> None:
+    journal = Journal()
+    ops = [new_operation(NOW) for _ in range(3)]
+    order: list[str] = []
+
+    def joined(op: OperationRecord) -> Callable[[Connection], str]:
+        def write(conn: Connection) -> str:
+            order.append(op.id)
+            return _insert(journal, op)(conn)
+
+        return write
+
+    def plain() -> str:
+        order.append("plain")
+        with db.write() as conn:
+            return _insert(journal, ops[2])(conn)
+
+    plain.plain = True  # type: ignore[attr-defined]
+    before = db.write_transactions
+    outcomes = await _behind_a_held_writer(db, [joined(ops[0]), plain, joined(ops[1])])
+    assert outcomes == [op.id for op in (ops[0], ops[2], ops[1])]
+    # The first joined write, then the plain one in its place, then the last joined.
+    assert order == [ops[0].id, "plain", ops[1].id]
+    assert db.write_transactions - before == 3
+
+
+async def test_a_write_whose_caller_gave_up_is_not_run(db: Database) -> None:
+    journal = Journal()
+    op, kept = new_operation(NOW), new_operation(NOW)
+    entered, go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        entered.set()
+        assert go.wait(10)
+
+    held = asyncio.ensure_future(db.run_write(hold))
+    assert await asyncio.to_thread(entered.wait, 10)
+    gone = asyncio.ensure_future(db.run_joined(_insert(journal, op)))
+    waiting = asyncio.ensure_future(db.run_joined(_insert(journal, kept)))
+    await asyncio.sleep(0)
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    go.set()
+    await held
+    assert await waiting == kept.id
+    assert _stored(db, [op.id, kept.id]) == {kept.id}
+
+
+@pytest.mark.both_backends
+def test_a_savepoint_undoes_only_what_failed_inside_it(db: Database) -> None:
+    journal = Journal()
+    outside, inside = new_operation(NOW), new_operation(NOW)
+    with db.write() as conn:
+        _insert(journal, outside)(conn)
+        with pytest.raises(StaleWrite), savepoint(conn, "attempt"):
+            _insert(journal, inside)(conn)
+            raise StaleWrite("lost")
+    assert _stored(db, [outside.id, inside.id]) == {outside.id}
