@@ -14,13 +14,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core.errors import Conflict, StaleWrite, StorageUnavailable
 from reconciler.core.records import OperationRecord
+from reconciler.engine.group_commit import GroupCommitter
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database, savepoint
 from reconciler.storage.journal import Journal
+from reconciler.storage.webhook_events import EVENTS, IncomingEvent, Outcome
 from tests.support.factories import new_operation
 
 pytestmark = pytest.mark.anyio
@@ -61,7 +64,8 @@ async def _behind_a_held_writer(db: Database, writes: list[Callable[..., Any]]) 
         if getattr(write, "plain", False):
             tasks.append(asyncio.ensure_future(db.run_write(write)))
         else:
-            tasks.append(asyncio.ensure_future(db.run_joined(write)))
+            attempts = getattr(write, "attempts", 1)
+            tasks.append(asyncio.ensure_future(db.run_joined(write, attempts=attempts)))
     await asyncio.sleep(0)  # each task has put its job in the queue
     go.set()
     await held
@@ -101,6 +105,35 @@ async def test_a_write_that_fails_leaves_nothing_and_the_others_commit(db: Datab
     assert isinstance(outcomes[2], StaleWrite)
     # The failed write's first insert went with its savepoint.
     assert _stored(db, [first.id, duplicate.id, last.id]) == {first.id, last.id}
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["together", "alone"])
+async def test_a_lost_race_is_run_again_and_leaves_nothing_of_its_first_attempt(
+    db: Database, together: bool
+) -> None:
+    journal = Journal()
+    first_try, second_try, other = new_operation(NOW), new_operation(NOW), new_operation(NOW)
+    tries: list[int] = []
+
+    def racing(conn: Connection) -> str:
+        tries.append(1)
+        if len(tries) == 1:
+            _insert(journal, first_try)(conn)
+            raise StaleWrite("another writer was first")
+        return _insert(journal, second_try)(conn)
+
+    async def racing_write(conn_fn: Callable[[Connection], str]) -> str:
+        return await db.run_joined(conn_fn, attempts=2)
+
+    if together:
+        racing.attempts = 2  # type: ignore[attr-defined]
+        outcomes = await _behind_a_held_writer(db, [racing, _insert(journal, other)])
+        assert outcomes == [second_try.id, other.id]
+    else:
+        assert await racing_write(racing) == second_try.id
+    assert len(tries) == 2
+    ids = [first_try.id, second_try.id, other.id]
+    assert _stored(db, ids) == ({second_try.id, other.id} if together else {second_try.id})
 
 
 async def test_a_storage_failure_in_one_write_fails_them_all(db: Database) -> None:
@@ -178,3 +211,20 @@ def test_a_savepoint_undoes_only_what_failed_inside_it(db: Database) -> None:
             _insert(journal, inside)(conn)
             raise StaleWrite("lost")
     assert _stored(db, [outside.id, inside.id]) == {outside.id}
+
+
+@pytest.mark.both_backends
+async def test_a_webhook_batch_with_a_bad_event_stores_the_others(db: Database) -> None:
+    committer = GroupCommitter(db, Journal(), lambda: NOW, on_hint=lambda: None)
+
+    def incoming(event_id: str, digest: str | None = "0" * 64) -> IncomingEvent:
+        return IncomingEvent("sim", event_id, None, digest, "{}", NOW)  # type: ignore[arg-type]
+
+    # No digest: the events table refuses the row, and with it the batch's transaction.
+    events = [incoming("evt_a"), incoming("evt_bad", digest=None), incoming("evt_b")]
+    outcomes = await asyncio.gather(*(committer.submit(e) for e in events), return_exceptions=True)
+    assert outcomes[0] == Outcome.ORPHAN and outcomes[2] == Outcome.ORPHAN, outcomes
+    assert isinstance(outcomes[1], Exception) and not isinstance(outcomes[1], Outcome)
+    with db.read() as conn:
+        stored = {row[0] for row in conn.execute(sa.select(EVENTS.c.event_id))}
+    assert stored == {"evt_a", "evt_b"}

@@ -18,8 +18,8 @@ from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.providers.spec import ProviderSpec, cancel_deadline_seconds
 from reconciler.storage import operations as store
-from reconciler.storage.database import Database
-from reconciler.storage.journal import Entry, Journal, retry_stale
+from reconciler.storage.database import Database, retry_stale
+from reconciler.storage.journal import Entry, Journal
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tokens import Principal
 

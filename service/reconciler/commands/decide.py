@@ -18,9 +18,9 @@ from reconciler.core.vocabulary import HistoryKind
 from reconciler.providers.spec import ProviderSpec, cancel_deadline_seconds
 from reconciler.storage import operations as store
 from reconciler.storage.completion_steps import reopen_given_up
-from reconciler.storage.database import Database
+from reconciler.storage.database import Database, retry_stale
 from reconciler.storage.escalations import mark_decided, open_escalation
-from reconciler.storage.journal import Entry, Journal, retry_stale
+from reconciler.storage.journal import Entry, Journal
 from reconciler.storage.notify import CHANGE_CHANNEL, WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tokens import Principal, require_operator
 

@@ -34,9 +34,8 @@ from reconciler.metrics import status_label
 from reconciler.providers.adapter import ProviderAdapter
 from reconciler.providers.spec import ProviderSpec
 from reconciler.storage import operations as store
-from reconciler.storage.database import savepoint
 from reconciler.storage.escalations import escalate, open_escalation
-from reconciler.storage.journal import Entry, Lease, retry_stale
+from reconciler.storage.journal import Entry, Lease
 from reconciler.tracing import SpanName
 
 T = TypeVar("T")
@@ -221,16 +220,8 @@ class StepContext:
                 nxt, released = flow.after_write(conn, done.op, self.now(), final or done.final)
             return done, nxt, released
 
-        def attempt(conn: Connection) -> tuple[Prep, Prep | None, bool]:
-            # A lost race leaves nothing of its attempt behind (the transaction may carry
-            # other steps' writes too: storage.writer).
-            with savepoint(conn, "attempt"):
-                return once(conn)
-
-        def run(conn: Connection) -> tuple[Prep, Prep | None, bool]:
-            return retry_stale(lambda: attempt(conn), APPLY_ATTEMPTS) if retry else once(conn)
-
-        done, nxt, released = await rt.db.run_joined(run)
+        attempts_allowed = APPLY_ATTEMPTS if retry else 1
+        done, nxt, released = await rt.db.run_joined(once, attempts=attempts_allowed)
         if flow is not None:
             flow.wrote(done.op, nxt, released)
         await self._changed(op, nxt.op if nxt is not None else done.op)

@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.errors import ReconcilerError, StorageUnavailable
 from reconciler.storage.availability import explain
-from reconciler.storage.database import Database, savepoint
+from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.webhook_events import IncomingEvent, Outcome, write_batch
 
@@ -92,7 +92,7 @@ class GroupCommitter:
                 if not batch:
                     continue
                 try:
-                    outcomes = await self.db.run_joined(self._write, batch)
+                    outcomes = await self._written(batch)
                 except Exception as exc:
                     self._fail(batch, exc)
                     continue
@@ -131,32 +131,37 @@ class GroupCommitter:
             if not pending.future.done():
                 pending.future.set_exception(error)
 
-    def _write(self, conn: Connection, batch: list[_Pending]) -> list[Outcome | Exception]:
-        events = [p.event for p in batch]
+    def _write(self, conn: Connection, batch: list[_Pending]) -> list[Outcome]:
         self.batches += 1
+        return list(write_batch(conn, self.journal, [p.event for p in batch], self.now()))
+
+    async def _written(self, batch: list[_Pending]) -> list[Outcome | Exception]:
+        """The batch's outcomes; a batch that fails for one bad event is stored one by one
+        (each its own write, which the writer may still join into one transaction)."""
         try:
-            with savepoint(conn, "events"):
-                return list(write_batch(conn, self.journal, events, self.now()))
+            return list(await self.db.run_joined(self._write, batch))
         except StorageUnavailable:
             raise  # the database, not an event: every sender is told to retry
         except Exception as exc:
-            if len(events) == 1:
+            if len(batch) == 1:
                 return [exc]
             log.warning(
                 "webhook batch of %d failed (%s); storing one by one",
-                len(events),
+                len(batch),
                 type(exc).__name__,
             )
         # One bad event must not cost the others their commit.
+        alone = await asyncio.gather(
+            *(self.db.run_joined(self._write, [p]) for p in batch), return_exceptions=True
+        )
         results: list[Outcome | Exception] = []
-        for event in events:
-            try:
-                with savepoint(conn, "event"):
-                    results.extend(write_batch(conn, self.journal, [event], self.now()))
-            except StorageUnavailable:
-                raise
-            except Exception as exc:
-                results.append(exc)
+        for outcome in alone:
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, Exception):
+                    raise outcome
+                results.append(outcome)
+            else:
+                results.extend(outcome)
         return results
 
     def close(self) -> None:

@@ -36,8 +36,9 @@ from reconciler.core.vocabulary import HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.engine.steps.poll import record_of
 from reconciler.storage import trust as store
+from reconciler.storage.database import retry_stale
 from reconciler.storage.history import last_read_before
-from reconciler.storage.journal import Entry, retry_stale
+from reconciler.storage.journal import Entry
 
 log = logging.getLogger("reconciler.engine.trust")
 

@@ -38,7 +38,6 @@ from reconciler.engine.shares import CALLBACKS, HOOKS, Shares, share_of
 from reconciler.logs import operation_id_var, trace_id_var
 from reconciler.storage import operations as store
 from reconciler.storage.availability import explain
-from reconciler.storage.database import savepoint
 from reconciler.tracing import SpanName
 
 log = logging.getLogger("reconciler.engine.worker")
@@ -255,19 +254,15 @@ class Worker:
                 ]
             return out
 
-        def claim_and_prepare(conn: Connection) -> dict[str, list[_Claimed]]:
+        self.shares.claiming = True
+        try:
             try:
-                with savepoint(conn, "claim"):
-                    return claim(conn, prepare=True)
+                claims = await rt.db.run_joined(claim, True)
             except _PrepFailed as failed:
                 # One operation's step could not prepare: nothing of this claim was kept.
                 # Claim plainly; that step prepares on its own (and fails in its own task).
                 log.error("preparing a claimed step failed", exc_info=failed.__cause__)
-                return claim(conn, prepare=False)
-
-        self.shares.claiming = True
-        try:
-            claims = await rt.db.run_joined(claim_and_prepare)
+                claims = await rt.db.run_joined(claim, False)
         except StorageUnavailable as exc:
             log.warning("claim failed: %s", explain(exc))
             return {}
@@ -303,7 +298,7 @@ class Worker:
             return step.prepare(conn, op, now)
         except StorageUnavailable:
             raise
-        except Exception as exc:  # the claim is retried without it: see claim_and_prepare
+        except Exception as exc:  # the claim is made again without it: see _claim
             raise _PrepFailed() from exc
 
     def _preparer(self, op: OperationRecord, now: datetime) -> Preparer | None:

@@ -34,7 +34,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from reconciler.core.errors import Conflict, StorageUnavailable
+from reconciler.core.errors import Conflict, StaleWrite, StorageUnavailable
 from reconciler.storage.availability import Availability, WriteFailure, classify
 from reconciler.storage.fastsql import run
 from reconciler.storage.writer import JOIN_LIMIT, Writer
@@ -58,6 +58,24 @@ WRITE_QUEUE_LIMIT = 10_000
 # retried as any storage outage is.
 IDLE_PING_SECONDS = 5.0
 _RETURNED_AT = "reconciler_returned_at"
+# A lost race is retried on fresh data this many times before StaleWrite reaches the caller.
+STALE_ATTEMPTS = 5
+
+
+def retry_stale(fn: Callable[[], T], attempts: int = STALE_ATTEMPTS) -> T:
+    """Run ``fn`` (one whole write that reads what it writes) again after a lost race.
+
+    Every write is conditional on the version it read (``StaleWrite`` when another
+    writer was first); a retry reads again and decides again on the fresh row.
+    """
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except StaleWrite:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.002 * (attempt + 1))  # let the winner's commit land first
+    raise AssertionError("unreachable")
 
 
 def is_sqlite(url: str) -> bool:
@@ -262,28 +280,40 @@ class Database:
         self.availability.succeeded(changed=changed)
 
     def write_together(
-        self, writes: Sequence[Callable[[Connection], Any]]
+        self, writes: Sequence[tuple[Callable[[Connection], Any], int]]
     ) -> list[tuple[Any, BaseException | None]]:
-        """Several writes in one transaction, answered (result, error) each in order.
+        """Several writes in one transaction, answered (result, error) each in order; each
+        comes with the attempts it may make after a lost race (``retry_stale``).
 
-        Alone, a write is exactly ``write``'s body. Together, each runs in a savepoint: one
+        Alone, a write is exactly ``retry_stale`` of ``write``: an attempt that loses its
+        race costs the whole transaction. Together, each attempt runs in a savepoint: one
         that fails (a lost race, a conflict, a bug) leaves nothing behind and the others
         still commit. A storage failure in any of them fails the transaction for all: the
         database, not that write, is what broke.
         """
+        if len(writes) == 1:
+            write, attempts = writes[0]
+
+            def alone() -> Any:
+                with self.write() as conn:
+                    return write(conn)
+
+            return [(retry_stale(alone, attempts), None)]
+        outcomes: list[tuple[Any, BaseException | None]] = []
         with self.write() as conn:
-            if len(writes) == 1:
-                return [(writes[0](conn), None)]
-            outcomes: list[tuple[Any, BaseException | None]] = []
-            for write in writes:
-                try:
+            for write, attempts in writes:
+
+                def attempt(write: Callable[[Connection], Any] = write) -> Any:
                     with translate_errors(), savepoint(conn, "joined"):
-                        outcomes.append((write(conn), None))
+                        return write(conn)
+
+                try:
+                    outcomes.append((retry_stale(attempt, attempts), None))
                 except StorageUnavailable:
                     raise
                 except Exception as exc:
                     outcomes.append((None, exc))
-            return outcomes
+        return outcomes
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
@@ -310,14 +340,15 @@ class Database:
         """
         return await self.writer.run(fn, *args, wait=wait)
 
-    async def run_joined(self, fn: Callable[..., T], *args: Any) -> T:
+    async def run_joined(self, fn: Callable[..., T], *args: Any, attempts: int = 1) -> T:
         """Run ``fn(conn, *args)`` in a write transaction, on SQLite shared with the other
-        such writes queued with it (``write_together``): fewer commits under load.
+        such writes queued with it (``write_together``): fewer commits under load. A lost
+        race (``StaleWrite``) is run again ``attempts - 1`` times on fresh data.
 
         PostgreSQL's writers run in parallel on rows of their own; a shared transaction
         there would only hold each one's row locks until the slowest is done.
         """
-        return await self.writer.run_joined(fn, *args)
+        return await self.writer.run_joined(fn, *args, attempts=attempts)
 
     @property
     def writer(self) -> Writer:

@@ -17,12 +17,11 @@ columns: ``changes`` may name them and they are written to their own table
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection
 
@@ -38,7 +37,6 @@ from reconciler.storage.notify import CHANGE_CHANNEL, notify_in_transaction
 
 log = logging.getLogger("reconciler.storage.journal")
 
-T = TypeVar("T")
 
 OPS = Operation.__table__  # type: ignore[attr-defined]
 HISTORY = HistoryEntry.__table__  # type: ignore[attr-defined]
@@ -77,26 +75,6 @@ class RowHead(Protocol):
     def history_head(self) -> str: ...
     @property
     def history_seq(self) -> int: ...
-
-
-# A lost race is retried on fresh data this many times before StaleWrite reaches the caller.
-STALE_ATTEMPTS = 5
-
-
-def retry_stale(fn: Callable[[], T], attempts: int = STALE_ATTEMPTS) -> T:
-    """Run ``fn`` (one whole transaction that reads what it writes) again after a lost race.
-
-    Every write is conditional on the version it read (``StaleWrite`` when another
-    writer was first); a retry reads again and decides again on the fresh row.
-    """
-    for attempt in range(attempts):
-        try:
-            return fn()
-        except StaleWrite:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.002 * (attempt + 1))  # let the winner's commit land first
-    raise AssertionError("unreachable")
 
 
 OPS_COLUMNS = tuple(c.name for c in OPS.c)

@@ -39,9 +39,10 @@ from reconciler.core.errors import StorageUnavailable
 
 T = TypeVar("T")
 
-# What ``join`` gets: each joined write as a function of the shared connection. It
-# answers one (result, error) per write, in order, or raises for all of them.
-Joined = Callable[[Any], Any]
+# What ``join`` gets: each joined write as a function of the shared connection, with the
+# attempts it may make after a lost race. It answers one (result, error) per write, in
+# order, or raises for all of them.
+Joined = tuple[Callable[[Any], Any], int]
 Join = Callable[[Sequence[Joined]], list[tuple[Any, BaseException | None]]]
 # The most writes one transaction carries: the last of them waits for all before it.
 JOIN_LIMIT = 32
@@ -56,9 +57,10 @@ class _Job:
     future: asyncio.Future[Any]
     abandoned: bool = field(default=False)
     joins: bool = field(default=False)  # ``fn(conn, *args)``, for ``join``
+    attempts: int = field(default=1)
 
     def joined(self) -> Joined:
-        return lambda conn: self.fn(conn, *self.args)
+        return (lambda conn: self.fn(conn, *self.args)), self.attempts
 
 
 def _detached(exc: BaseException) -> BaseException:
@@ -159,22 +161,31 @@ class Writer:
         """Run ``fn(*args)`` on a writer thread; wait at most ``wait`` (default: the bound)."""
         return await self._submit(fn, args, wait, joins=False)
 
-    async def run_joined(self, fn: Callable[..., T], *args: Any) -> T:
+    async def run_joined(self, fn: Callable[..., T], *args: Any, attempts: int = 1) -> T:
         """Run ``fn(conn, *args)`` in a write transaction it may share with the other
         joined writes queued with it (at most ``join_limit``), through ``join``."""
         if self._join is None:
             raise RuntimeError("this writer was made without a join")
-        return await self._submit(fn, args, None, joins=True)
+        return await self._submit(fn, args, None, joins=True, attempts=attempts)
 
     async def _submit(
-        self, fn: Callable[..., T], args: tuple[Any, ...], wait: float | None, *, joins: bool
+        self,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        wait: float | None,
+        *,
+        joins: bool,
+        attempts: int = 1,
     ) -> T:
         bound = self.wait_seconds if wait is None else wait
         loop = asyncio.get_running_loop()
         mailbox = self._mailbox
         if mailbox is None or mailbox.loop is not loop:
             mailbox = self._mailbox = _Mailbox(loop)
-        job = _Job(fn, args, time.monotonic() + bound, mailbox, loop.create_future(), joins=joins)
+        future = loop.create_future()
+        job = _Job(
+            fn, args, time.monotonic() + bound, mailbox, future, joins=joins, attempts=attempts
+        )
         try:
             self._queue.put_nowait(job)
         except queue.Full:
