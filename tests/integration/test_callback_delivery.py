@@ -62,6 +62,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    peer: tuple[str, int] | None = None  # the sender's end of the connection
 
 
 @dataclass
@@ -83,7 +84,8 @@ class Receiver:
             if not message.get("more_body", False):
                 break
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        self.requests.append(Received(scope["method"], scope["path"], headers, body))
+        peer = tuple(scope["client"]) if scope.get("client") else None
+        self.requests.append(Received(scope["method"], scope["path"], headers, body, peer))
         path = scope["path"]
         if path == "/hang":
             await self._wait_released()
@@ -541,6 +543,32 @@ def test_https_is_pinned_and_verified_for_the_original_name(
     [got] = receiver.requests
     assert got.headers["host"] == f"callbacks.example:{port}"
     assert Webhook(SECRET).verify(got.body, got.headers) == EVENT
+
+
+def deliver_many(url: str, count: int, **kwargs: Any) -> list[DeliveryOutcome]:
+    """``count`` deliveries one after another through one client."""
+
+    async def run() -> list[DeliveryOutcome]:
+        async with make_client(**kwargs) as client:
+            return [await client.deliver(url, f"{WEBHOOK_ID}.{i}", EVENT) for i in range(count)]
+
+    return asyncio.run(run())
+
+
+def test_https_deliveries_each_open_a_connection_of_their_own(
+    receiver: Receiver, tls_receiver: tuple[int, ssl.SSLContext]
+) -> None:
+    port, context = tls_receiver
+    outcomes = deliver_many(
+        f"https://callbacks.example:{port}/ok",
+        3,
+        allow=("callbacks.example",),
+        resolver=table_resolver({"callbacks.example": ["127.0.0.1"]}),
+        verify=context,
+    )
+    assert all(o.delivered for o in outcomes)
+    # A kept TLS connection would carry the session verified for one name to the next.
+    assert len({got.peer for got in receiver.requests}) == 3, receiver.requests
 
 
 def test_https_certificate_for_another_name_is_refused(
