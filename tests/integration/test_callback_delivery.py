@@ -254,12 +254,19 @@ def make_client(
     )
 
 
-def deliver(url: str, **kwargs: Any) -> DeliveryOutcome:
-    async def run() -> DeliveryOutcome:
+def deliver_each(url: str, webhook_ids: Sequence[str], **kwargs: Any) -> list[DeliveryOutcome]:
+    """One delivery per webhook id, one after another through one client."""
+
+    async def run() -> list[DeliveryOutcome]:
         async with make_client(**kwargs) as client:
-            return await client.deliver(url, WEBHOOK_ID, EVENT)
+            return [await client.deliver(url, webhook_id, EVENT) for webhook_id in webhook_ids]
 
     return asyncio.run(run())
+
+
+def deliver(url: str, **kwargs: Any) -> DeliveryOutcome:
+    [outcome] = deliver_each(url, [WEBHOOK_ID], **kwargs)
+    return outcome
 
 
 # --- outcomes against a real receiver ----------------------------------------------
@@ -522,6 +529,15 @@ def make_tls_files(directory: Path, dns_name: str) -> tuple[Path, Path, Path]:
     return ca_path, cert_path, key_path
 
 
+def named(name: str, context: ssl.SSLContext) -> dict[str, Any]:
+    """A client's settings for a receiver at ``name``, which resolves to loopback."""
+    return {
+        "allow": (name,),
+        "resolver": table_resolver({name: ["127.0.0.1"]}),
+        "verify": context,
+    }
+
+
 @pytest.fixture
 def tls_receiver(tmp_path: Path, receiver: Receiver) -> Iterator[tuple[int, ssl.SSLContext]]:
     ca, cert, key = make_tls_files(tmp_path, "callbacks.example")
@@ -533,38 +549,21 @@ def test_https_is_pinned_and_verified_for_the_original_name(
     receiver: Receiver, tls_receiver: tuple[int, ssl.SSLContext]
 ) -> None:
     port, context = tls_receiver
-    outcome = deliver(
-        f"https://callbacks.example:{port}/ok",
-        allow=("callbacks.example",),
-        resolver=table_resolver({"callbacks.example": ["127.0.0.1"]}),
-        verify=context,
-    )
+    outcome = deliver(f"https://callbacks.example:{port}/ok", **named("callbacks.example", context))
     assert outcome.delivered is True and outcome.address == "127.0.0.1"
     [got] = receiver.requests
     assert got.headers["host"] == f"callbacks.example:{port}"
     assert Webhook(SECRET).verify(got.body, got.headers) == EVENT
 
 
-def deliver_many(url: str, count: int, **kwargs: Any) -> list[DeliveryOutcome]:
-    """``count`` deliveries one after another through one client."""
-
-    async def run() -> list[DeliveryOutcome]:
-        async with make_client(**kwargs) as client:
-            return [await client.deliver(url, f"{WEBHOOK_ID}.{i}", EVENT) for i in range(count)]
-
-    return asyncio.run(run())
-
-
 def test_https_deliveries_each_open_a_connection_of_their_own(
     receiver: Receiver, tls_receiver: tuple[int, ssl.SSLContext]
 ) -> None:
     port, context = tls_receiver
-    outcomes = deliver_many(
+    outcomes = deliver_each(
         f"https://callbacks.example:{port}/ok",
-        3,
-        allow=("callbacks.example",),
-        resolver=table_resolver({"callbacks.example": ["127.0.0.1"]}),
-        verify=context,
+        [f"{WEBHOOK_ID}.{i}" for i in range(3)],
+        **named("callbacks.example", context),
     )
     assert all(o.delivered for o in outcomes)
     # A kept TLS connection would carry the session verified for one name to the next.
@@ -575,12 +574,7 @@ def test_https_certificate_for_another_name_is_refused(
     receiver: Receiver, tls_receiver: tuple[int, ssl.SSLContext]
 ) -> None:
     port, context = tls_receiver
-    outcome = deliver(
-        f"https://impostor.example:{port}/ok",
-        allow=("impostor.example",),
-        resolver=table_resolver({"impostor.example": ["127.0.0.1"]}),
-        verify=context,
-    )
+    outcome = deliver(f"https://impostor.example:{port}/ok", **named("impostor.example", context))
     assert outcome.delivered is False and outcome.retryable is True
     assert outcome.transport_error is TransportError.TLS
     assert receiver.requests == []
