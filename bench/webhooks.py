@@ -109,6 +109,11 @@ def serve_service(root: Path, db_url: str, port: int) -> None:
     sys.path[:0] = [str(root / "service"), str(root)]
     from tests.support.stack import sim_provider_table
 
+    import reconciler
+
+    served = Path(reconciler.__file__).resolve()
+    if not served.is_relative_to((root / "service").resolve()):
+        raise SystemExit(f"the service for {root} would be imported from {served}")
     from reconciler.api.server import Server, server_config, tune_process
     from reconciler.app import create_app
     from reconciler.config import ServerSettings, Settings
@@ -278,7 +283,11 @@ def measure(
     cmd = [python_of(root or ROOT), str(ROOT / "bench" / "webhooks.py"), "serve"]
     cmd += ["--mode", mode, "--root", str(root or ROOT), "--db", db_url, "--port", str(port)]
     log = (work / f"{label}-{number}.log").open("wb")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+    tree = root or ROOT
+    # The tree's package first from the interpreter's start: the bench's own helpers
+    # import the service before ``serve_service`` could put the tree first on the path.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "service"), str(tree)])}
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, env=env)
     out = work / f"{label}-{number}.json"
     try:
         try:
