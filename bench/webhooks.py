@@ -104,9 +104,7 @@ def serve_bare(port: int) -> None:
 
 
 def serve_service(root: Path, db_url: str, port: int) -> None:
-    """The service of the checkout ``root`` (its own modules first on the path)."""
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
-    sys.path[:0] = [str(root / "service"), str(root)]
+    """The service of the checkout ``root``, which ``measure`` put first on the path."""
     from tests.support.stack import sim_provider_table
 
     import reconciler

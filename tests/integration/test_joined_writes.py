@@ -122,15 +122,12 @@ async def test_a_lost_race_is_run_again_and_leaves_nothing_of_its_first_attempt(
             raise StaleWrite("another writer was first")
         return _insert(journal, second_try)(conn)
 
-    async def racing_write(conn_fn: Callable[[Connection], str]) -> str:
-        return await db.run_joined(conn_fn, attempts=2)
-
     if together:
         racing.attempts = 2  # type: ignore[attr-defined]
         outcomes = await _behind_a_held_writer(db, [racing, _insert(journal, other)])
         assert outcomes == [second_try.id, other.id]
     else:
-        assert await racing_write(racing) == second_try.id
+        assert await db.run_joined(racing, attempts=2) == second_try.id
     assert len(tries) == 2
     ids = [first_try.id, second_try.id, other.id]
     assert _stored(db, ids) == ({second_try.id, other.id} if together else {second_try.id})

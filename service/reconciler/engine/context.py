@@ -206,13 +206,13 @@ class StepContext:
     ) -> Prep:
         rt = self.deps
         flow = flow_var.get()
-        attempts = [0]
+        tries = [0]
 
         def once(conn: Connection) -> tuple[Prep, Prep | None, bool]:
-            attempts[0] += 1
+            tries[0] += 1
             # First on the record we hold (no read): the write's own guards say whether it
             # is still current. After a lost race, on the row as it is now.
-            current = op if attempts[0] == 1 else self.fresh(conn, op.id)
+            current = op if tries[0] == 1 else self.fresh(conn, op.id)
             built = build(conn, current)
             done = built if isinstance(built, Prep) else Prep(built)
             nxt, released = (None, False)
@@ -220,8 +220,8 @@ class StepContext:
                 nxt, released = flow.after_write(conn, done.op, self.now(), final or done.final)
             return done, nxt, released
 
-        attempts_allowed = APPLY_ATTEMPTS if retry else 1
-        done, nxt, released = await rt.db.run_joined(once, attempts=attempts_allowed)
+        attempts = APPLY_ATTEMPTS if retry else 1
+        done, nxt, released = await rt.db.run_joined(once, attempts=attempts)
         if flow is not None:
             flow.wrote(done.op, nxt, released)
         await self._changed(op, nxt.op if nxt is not None else done.op)

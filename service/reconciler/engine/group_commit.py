@@ -156,12 +156,9 @@ class GroupCommitter:
         )
         results: list[Outcome | Exception] = []
         for outcome in alone:
-            if isinstance(outcome, BaseException):
-                if not isinstance(outcome, Exception):
-                    raise outcome
-                results.append(outcome)
-            else:
-                results.extend(outcome)
+            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                raise outcome  # a cancellation is not an event's outcome
+            results.extend([outcome] if isinstance(outcome, Exception) else outcome)
         return results
 
     def close(self) -> None:

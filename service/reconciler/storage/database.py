@@ -345,8 +345,9 @@ class Database:
         such writes queued with it (``write_together``): fewer commits under load. A lost
         race (``StaleWrite``) is run again ``attempts - 1`` times on fresh data.
 
-        PostgreSQL's writers run in parallel on rows of their own; a shared transaction
-        there would only hold each one's row locks until the slowest is done.
+        PostgreSQL keeps a transaction per write: its writers run in parallel, and a shared
+        transaction would lock many operations' rows in no fixed order, which two
+        replicas' shared transactions could do in opposite orders (a deadlock).
         """
         return await self.writer.run_joined(fn, *args, attempts=attempts)
 
@@ -361,9 +362,9 @@ class Database:
                         threads=1 if self.sqlite else 8,
                         queue_limit=WRITE_QUEUE_LIMIT,
                         wait_seconds=self.write_wait_seconds,
-                        on_timeout=lambda _: self.availability.failed(WriteFailure.LOCKED),
                         join=self.write_together,
                         join_limit=JOIN_LIMIT if self.sqlite else 1,
+                        on_timeout=lambda _: self.availability.failed(WriteFailure.LOCKED),
                     )
         return self._writer
 

@@ -132,9 +132,9 @@ class Writer:
         threads: int,
         queue_limit: int,
         wait_seconds: float,
-        on_timeout: Callable[[str], None] | None = None,
-        join: Join | None = None,
+        join: Join,
         join_limit: int = JOIN_LIMIT,
+        on_timeout: Callable[[str], None] | None = None,
     ) -> None:
         self.wait_seconds = wait_seconds
         self._join = join
@@ -164,8 +164,6 @@ class Writer:
     async def run_joined(self, fn: Callable[..., T], *args: Any, attempts: int = 1) -> T:
         """Run ``fn(conn, *args)`` in a write transaction it may share with the other
         joined writes queued with it (at most ``join_limit``), through ``join``."""
-        if self._join is None:
-            raise RuntimeError("this writer was made without a join")
         return await self._submit(fn, args, None, joins=True, attempts=attempts)
 
     async def _submit(
@@ -183,9 +181,8 @@ class Writer:
         if mailbox is None or mailbox.loop is not loop:
             mailbox = self._mailbox = _Mailbox(loop)
         future = loop.create_future()
-        job = _Job(
-            fn, args, time.monotonic() + bound, mailbox, future, joins=joins, attempts=attempts
-        )
+        deadline = time.monotonic() + bound
+        job = _Job(fn, args, deadline, mailbox, future, joins=joins, attempts=attempts)
         try:
             self._queue.put_nowait(job)
         except queue.Full:
@@ -256,7 +253,6 @@ class Writer:
             self._local.deadline = None
 
     def _run_joined(self, jobs: list[_Job]) -> None:
-        assert self._join is not None
         # The transaction waits for the lock no longer than the most hurried of its callers.
         self._local.deadline = min(job.deadline for job in jobs)
         try:
