@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from itertools import accumulate
 from typing import Any
 
 from reconciler.core.errors import InvalidRequest
@@ -30,8 +31,8 @@ def _parse_int(text: str) -> int:
     return int(text)
 
 
-def _depth_ok(raw: str) -> bool:
-    """Cheap pre-check so absurd nesting is refused before the parser recurses."""
+def _depth_by_scan(raw: str) -> bool:
+    """Whether ``raw`` nests at most ``MAX_JSON_DEPTH`` deep, read a character at a time."""
     depth = 0
     in_string = False
     escaped = False
@@ -52,6 +53,25 @@ def _depth_ok(raw: str) -> bool:
         elif ch in "]}":
             depth -= 1
     return True
+
+
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def _depth_ok(raw: str) -> bool:
+    """``_depth_by_scan``'s answer, in C loops where no string holds an escaped quote.
+
+    A result document has hundreds of brackets, and the scan costs ~100 us of CPU on
+    every 4 KB of them. Without ``\\"`` every quote opens or closes a string, so the
+    text between them is all there is outside strings; its brackets' running sum is
+    the depth.
+    """
+    if '\\"' in raw:
+        return _depth_by_scan(raw)
+    outside = "".join(raw.split('"')[0::2]).encode("utf-8", "surrogatepass")
+    brackets = outside.translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) <= MAX_JSON_DEPTH
 
 
 def _reject_constant(name: str) -> Any:
