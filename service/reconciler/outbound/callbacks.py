@@ -43,6 +43,7 @@ from reconciler.core.signatures import sign_standard_webhook
 from reconciler.core.vocabulary import RETRYABLE_4XX, TransportError
 from reconciler.outbound import ssrf
 from reconciler.providers.aiohttp_transport import AiohttpTransport
+from reconciler.providers.client import OutboundClient
 from reconciler.providers.transport import classify_transport_error
 from reconciler.tracing import NO_TRACING, Tracing
 
@@ -209,7 +210,7 @@ class CallbackClient:
             transport = AiohttpTransport(
                 limits=httpx.Limits(max_keepalive_connections=0), verify=verify
             )
-        self._client = httpx.AsyncClient(
+        self._client = OutboundClient(
             transport=transport,
             timeout=httpx.Timeout(timeout_seconds),
             follow_redirects=False,

@@ -54,6 +54,7 @@ from reconciler.providers.adapter import (
     status_outcome,
 )
 from reconciler.providers.aiohttp_transport import AiohttpTransport
+from reconciler.providers.client import OutboundClient
 from reconciler.providers.create_set import fill
 from reconciler.providers.spec import (
     ERRORS_REF,
@@ -199,7 +200,7 @@ class HttpAdapter:
             keepalive_expiry=spec.http.keepalive_expiry_seconds,
         )
         # trust_env=False: no proxy or netrc picked up behind the provider file's back.
-        self._client = httpx.AsyncClient(
+        self._client = OutboundClient(
             transport=transport or AiohttpTransport(limits=limits),
             follow_redirects=False,
             trust_env=False,
