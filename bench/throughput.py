@@ -29,7 +29,7 @@ measured, so that only the service differs between an A and a B.
   connection limits: httpx over the service's aiohttp transport
   (``reconciler/providers/aiohttp_transport.py``), the provider file's ``[http]`` pool
   (``max_connections``, ``max_keepalive_connections``, ``keepalive_expiry_seconds``) and
-  the callback client's transport (no retries, a fresh connection per delivery). Its
+  the callback client's transport (no retries; plain-http connections kept alive briefly). Its
   calls to the provider wait for a pool slot in a semaphore of the pool's size.
 * **provider ceiling** and **receiver ceiling**: a client alone against a fresh provider
   (create, status and result per operation: ops/s) or a fresh receiver (one signed
@@ -521,10 +521,10 @@ def provider_limits(work: Path, provider_url: str) -> httpx.Limits:
 
 def callback_transport() -> httpx.AsyncBaseTransport:
     """The service's callback transport (``reconciler/outbound/callbacks.py``): aiohttp's
-    under httpx, no retries, and a fresh connection per delivery (no kept-alive ones)."""
-    from reconciler.providers.aiohttp_transport import AiohttpTransport
+    under httpx, no retries, plain-http connections kept alive briefly, https ones fresh."""
+    from reconciler.outbound.callbacks import DeliveryTransport
 
-    return AiohttpTransport(limits=httpx.Limits(max_keepalive_connections=0))
+    return DeliveryTransport()
 
 
 def provider_transport(limits: httpx.Limits) -> httpx.AsyncBaseTransport:

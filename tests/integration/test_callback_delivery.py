@@ -570,6 +570,27 @@ def test_https_deliveries_each_open_a_connection_of_their_own(
     assert len({got.peer for got in receiver.requests}) == 3, receiver.requests
 
 
+def test_plain_http_deliveries_to_one_address_share_a_kept_connection(
+    receiver: Receiver, port: int
+) -> None:
+    names = {"a.example": ["127.0.0.1"], "b.example": ["127.0.0.1"]}
+    allow = tuple(names)
+
+    async def run() -> list[DeliveryOutcome]:
+        async with make_client(allow, resolver=table_resolver(names)) as client:
+            return [
+                await client.deliver(f"http://{name}:{port}/ok", f"{WEBHOOK_ID}.{i}", EVENT)
+                for i, name in enumerate(["a.example", "b.example", "a.example"])
+            ]
+
+    assert all(o.delivered for o in asyncio.run(run()))
+    # One connection to the checked address; each request names its own host.
+    assert len({got.peer for got in receiver.requests}) == 1, receiver.requests
+    assert [got.headers["host"] for got in receiver.requests] == [
+        f"{name}:{port}" for name in ["a.example", "b.example", "a.example"]
+    ]
+
+
 def test_https_certificate_for_another_name_is_refused(
     receiver: Receiver, tls_receiver: tuple[int, ssl.SSLContext]
 ) -> None:
