@@ -56,7 +56,7 @@ from bench.support import free_port, percentile, sampled, stop, wait_ready  # no
 SECRET = "whsec_" + base64.b64encode(b"bench-webhook-secret-0123456789a").decode()
 OPERATIONS = 1000
 BARE, CLIENT_CEILING = "bare", "client-ceiling"
-SPY_OPTIONS = ("--rate", "200", "--format", "raw", "--nonblocking")
+SPY_OPTIONS = ("--rate", "200", "--format", "raw", "--nonblocking", "--gil")
 
 
 # -- the servers -----------------------------------------------------------------------
