@@ -26,8 +26,9 @@ measured, so that only the service differs between an A and a B.
 * **bare**: a plain client in this process makes the same provider and receiver calls
   per operation (create, one status read, the result, one signed callback POST),
   ``--concurrency`` operations at a time, with the service's client library and
-  connection limits: httpx over the service's aiohttp transport
-  (``reconciler/providers/aiohttp_transport.py``), the provider file's ``[http]`` pool
+  connection limits: the service's httpx client (``reconciler/providers/client.py``)
+  over its aiohttp transport (``reconciler/providers/aiohttp_transport.py``), the
+  provider file's ``[http]`` pool
   (``max_connections``, ``max_keepalive_connections``, ``keepalive_expiry_seconds``) and
   the callback client's transport (no retries; plain-http connections kept alive briefly). Its
   calls to the provider wait for a pool slot in a semaphore of the pool's size.
@@ -583,6 +584,7 @@ async def bare_client(
     """The same calls per operation as the service makes, without the service: create, one
     status read and the result at the provider, one signed callback POST to the receiver."""
     from reconciler.core.signatures import decode_whsec, sign_standard_webhook
+    from reconciler.providers.client import OutboundClient
 
     key = decode_whsec(secret)
     headers = {"Authorization": f"Bearer {SIM_TOKEN}", "Accept": "application/json"}
@@ -591,17 +593,13 @@ async def bare_client(
     done = 0
     # Both clients are made before the clock starts, as the service makes its own at startup.
     async with (
-        httpx.AsyncClient(
+        OutboundClient(
             base_url=peers.provider or "http://127.0.0.1",
             timeout=60,
             transport=provider_transport(limits),
             headers=headers,
-            trust_env=False,
-            follow_redirects=False,
         ) as sim,
-        httpx.AsyncClient(
-            transport=callback_transport(), timeout=10, trust_env=False, follow_redirects=False
-        ) as out,
+        OutboundClient(transport=callback_transport(), timeout=10) as out,
     ):
 
         async def call(client: httpx.AsyncClient, method: str, url: str, **kw: Any) -> Any:

@@ -237,12 +237,7 @@ class CallbackClient:
         self._tracing = tracing
         if transport is None:
             transport = DeliveryTransport(verify)
-        self._client = OutboundClient(
-            transport=transport,
-            timeout=httpx.Timeout(timeout_seconds),
-            follow_redirects=False,
-            trust_env=False,
-        )
+        self._client = OutboundClient(transport=transport, timeout=httpx.Timeout(timeout_seconds))
 
     def __repr__(self) -> str:
         return f"CallbackClient(timeout_seconds={self._timeout}, allow_hosts=...)"

@@ -199,11 +199,8 @@ class HttpAdapter:
             max_keepalive_connections=spec.http.max_keepalive_connections,
             keepalive_expiry=spec.http.keepalive_expiry_seconds,
         )
-        # trust_env=False: no proxy or netrc picked up behind the provider file's back.
         self._client = OutboundClient(
             transport=transport or AiohttpTransport(limits=limits),
-            follow_redirects=False,
-            trust_env=False,
             headers={"User-Agent": USER_AGENT},
         )
 
