@@ -54,3 +54,29 @@ async def test_a_full_share_refuses_the_move_at_once(tmp_path: Path, db_url: str
         while worker.shares.take(HOOKS):
             pass
         assert not await asyncio.wait_for(worker.move("sim", HOOKS), 1)
+
+
+async def test_the_next_claim_lets_the_waiting_task_move_first(tmp_path: Path, db_url: str) -> None:
+    """Under load one claim follows another: begun before the task woken by the first
+    resumed, the second held the slot back again and the task gave its lease back."""
+    async with step_rig(tmp_path, db_url) as rig:
+        worker = rig.worker
+        assert worker.shares.take("sim")
+        free = worker.shares.free(HOOKS)
+        holder = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+        following: list[asyncio.Future[int]] = []
+        try:
+            holder.execute("BEGIN IMMEDIATE")
+            tick = asyncio.ensure_future(worker.tick())
+            # The moment the first claim is done, the next one starts.
+            tick.add_done_callback(lambda _: following.append(asyncio.ensure_future(worker.tick())))
+            await wait_until_async(lambda: worker.shares.claiming, 10, "the claim to start")
+            move = asyncio.ensure_future(worker.move("sim", HOOKS))
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert not move.done()
+        finally:
+            holder.close()
+        assert await asyncio.wait_for(move, 10)
+        assert await tick == 0 and await following[0] == 0
+        assert worker.shares.free(HOOKS) == free - 1

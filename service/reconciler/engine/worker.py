@@ -90,6 +90,8 @@ def step_table(steps: Steps) -> dict[State, Step]:
 MAX_STEPS_PER_CLAIM = 6
 # The longest one claim may keep its lease alive by heartbeats.
 MAX_HELD_SECONDS = 600.0
+# Turns of the loop a tick gives the tasks waiting to move before it claims (each needs one).
+MOVER_TURNS = 4
 
 
 class _Ask(NamedTuple):
@@ -162,9 +164,16 @@ class Worker:
             self._again = True
             return 0
         self._claiming = True
-        self._claims_over.clear()
         claimed = 0
         try:
+            # Tasks the last claim held back (``move``) were woken as it ended. A claim begun
+            # before they run would hold the slots back again, and each would give its
+            # lease back (a transaction) for a claim to take it once more: they go first.
+            for _ in range(MOVER_TURNS):
+                if not self._movers:
+                    break
+                await asyncio.sleep(0)
+            self._claims_over.clear()
             while not self._stopping:
                 self._again = False
                 wants = self._wants()
@@ -208,11 +217,14 @@ class Worker:
             return False
         self._movers += 1
         try:
+            # A timeout scope, not wait_for(): that wraps the wait in a task of its own, and
+            # each hop more is a turn of the loop in which the next claim may begin first.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._claims_over.wait(), self.deps.db.write_wait_seconds)
+                async with asyncio.timeout(self.deps.db.write_wait_seconds):
+                    await self._claims_over.wait()
+            return self.shares.move(frm, to)
         finally:
             self._movers -= 1
-        return self.shares.move(frm, to)
 
     def _wants(self) -> dict[str, int]:
         """How many operations each share can start now (never more than it has free)."""
