@@ -344,3 +344,36 @@ def test_a_transactional_hook_must_be_a_plain_function() -> None:
         load_hooks([HookSpec(hooks.RECORD_ASYNC, transactional=True)], "reconciler.toml")
     with pytest.raises(ConfigError, match="listed twice"):
         load_hooks([hooks.RECORD, HookSpec(hooks.RECORD)], "reconciler.toml")
+
+
+async def test_the_write_that_records_the_last_hook_starts_the_callback(
+    tmp_path: Path, db_url: str, hook_log: Path
+) -> None:
+    """The callback runs in a share of its host's, apart from the hooks: the task takes a
+    slot of it before it records the last hook, so that record also marks the callback
+    running, and the callback goes out without a transaction of its own to start it."""
+    receiver = Receiver()
+    async with step_rig(
+        tmp_path,
+        db_url,
+        hooks=(hooks.RECORD,),
+        callbacks=CALLBACKS,
+        callback_transport=httpx.MockTransport(receiver.handle),
+    ) as rig:
+        op_id = await finished(rig, callback_url=CALLBACK_URL)
+        db = rig.runtime.db
+        writes = db.write_transactions
+        assert await rig.tick() == 1
+        assert len(receiver.requests) == 1 and len(hooks.read_runs(hook_log)) == 1
+        assert hooks.completion_finished(db, op_id)
+        # The claim (it starts the hook), the hook's record (it starts the callback), and
+        # the callback's record (it closes the round and gives the lease back).
+        assert db.write_transactions - writes == 3
+        steps = hooks.completion_steps(db, op_id)
+        assert {n: (r["status"], r["attempts"]) for n, r in steps.items()} == {
+            f"hook:{hooks.RECORD}": ("done", 1),
+            "callback": ("done", 1),
+        }
+        # Every slot went back: the hooks' and the host's shares are whole again.
+        shares = rig.worker.shares
+        assert shares.used("cb:127.0.0.1") == 0 and shares.used(":hooks") == 0

@@ -9,6 +9,10 @@ gives the lease back, in the same transaction. Which one is decided by the
 worker's own rules (``Flow.next_step``), so a task never prepares a step it
 would not run: a second status read in one claim, a full share, the step limit.
 
+A step due now in another share starts in the same write only if the task holds a
+slot of that share already: it takes one before the step (the completion after a
+result) or before the write (the callback after the hooks: ``Flow.reserve``).
+
 A step due now in another share that was full when this step began (the
 completion after a result, the callback after the hooks) gives the lease back in
 the same write too, as the task would have done in a transaction of its own
@@ -64,6 +68,10 @@ class Flow:
     # Inside a write: False when ``after``'s next step belongs to a share this task
     # cannot move into (full when the step began); the lease then goes back in the write.
     keeps: Callable[[OperationRecord], bool] = lambda _after: True
+    # On the loop, before a write that may hand the operation to share ``lane`` (a
+    # completion step's record, when the next step runs elsewhere): hold a slot of it,
+    # so that the write can start the step there instead of a transaction of its own.
+    reserve: Callable[[str], None] = lambda _lane: None
     # What the task's writes left: the latest record, a prepared next step, the lease given up.
     last: OperationRecord | None = None
     changed: bool = False

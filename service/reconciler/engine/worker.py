@@ -495,7 +495,12 @@ class _Task:
         self.last: OperationRecord | None = None
         # The shares that were full when the current step began (``Shares.full_now``).
         self.full_shares: frozenset[str] = frozenset()
-        self.flow = Flow(next_step=self._next_step, release=self._release_in, keeps=self._keeps)
+        self.flow = Flow(
+            next_step=self._next_step,
+            release=self._release_in,
+            keeps=self._keeps,
+            reserve=self._reserve_lane,
+        )
 
     def claimed(self, share: str) -> None:
         """A new claim of the same operation: its share, and a fresh allowance of steps."""
@@ -591,6 +596,15 @@ class _Task:
         first = self.worker.deps.journal.first_lane
         lane = lane_or_hooks(first(op) if first is not None else None)
         if lane != self.share and self.worker.shares.take(lane):
+            self.completion_slot = lane
+
+    def _reserve_lane(self, lane: str) -> None:
+        """A slot of the share the step's last write may hand the operation to (the callback
+        after the hooks), held as the completion's is: ``_settle_completion`` moves the
+        task into it or gives it back."""
+        if self.completion_slot is not None or lane == self.share:
+            return
+        if self.worker.shares.take(lane):
             self.completion_slot = lane
 
     def _settle_completion(self) -> None:

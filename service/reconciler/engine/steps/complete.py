@@ -34,7 +34,7 @@ from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import EscalationReason, HistoryKind
 from reconciler.engine.context import StepContext
-from reconciler.engine.flow import Prep
+from reconciler.engine.flow import Prep, flow_var
 from reconciler.engine.hooks import Hook
 from reconciler.engine.shares import share_of
 from reconciler.outbound.callbacks import CallbackClient, next_attempt_delay, receiver_host
@@ -131,13 +131,27 @@ class CompleteStep:
             name = SpanName.CALLBACK if row.step == CALLBACK_STEP else SpanName.HOOK
             with tracing.about(prep.op, name, step=row.step, attempt=row.attempts):
                 if hook is not None and hook.transactional:
+                    self._reserve_next(prep.op, plan)
                     prep = await self._in_transaction(prep.op, plan, hook)
                 else:
                     outcome = await self._run(prep.op, plan)
                     if tracing.enabled:
                         _note(tracing, outcome)
+                    if outcome.done:
+                        self._reserve_next(prep.op, plan)
                     prep = await self._recorded(prep.op, plan, outcome)
             plan = prep.data
+
+    def _reserve_next(self, op: OperationRecord, plan: Plan) -> None:
+        """Before the write that records a step: a slot where the next step runs, so that
+        write can start it (``Flow.reserve``; a lane of this task's own is no change)."""
+        flow = flow_var.get()
+        if flow is None:
+            return
+        for row in plan.rows[plan.index + 1 :]:
+            if row.status not in steps.FINISHED:
+                flow.reserve(self.lane_of(op, row.step))
+                return
 
     def _hook_of(self, row: StepRow) -> Hook | None:
         if not row.step.startswith("hook:"):
