@@ -7,15 +7,20 @@ provider says so, reports a success that won the race as a success, and ends
 
 from __future__ import annotations
 
+import math
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 
 from reconciler.core.errors import Conflict
+from tests.support.provider_mock import error
 from tests.support.steps import StepRig, step_rig
 
 pytestmark = pytest.mark.anyio
+
+WINDOW = {"cancel": {"cancel_deadline_seconds": 30}}
 
 
 def transitions(rig: StepRig, op_id: str) -> list[tuple[str | None, str | None]]:
@@ -147,3 +152,51 @@ async def test_a_cancel_call_that_fails_is_still_followed_by_observation(
         rig.provider.finish(job_id, "cancelled")
         await rig.run(op_id, ["cancelled"])
         assert len(rig.provider.sent("cancel")) == 1
+
+
+async def _cancelling_until(rig: StepRig, past_close: float) -> tuple[str, str, datetime]:
+    """A cancel sent, and its first status read answered 429 with a Retry-After that ends
+    about ``past_close`` s after the cancel window closes; returns that moment."""
+    op_id, job_id = await observing(rig)
+    rig.cancel(op_id)
+    window = (await rig.step(op_id)).cancel_deadline_at
+    assert window is not None
+    rig.advance_to_due(op_id)
+    asked = rig.clock.now()
+    wait = math.ceil((window - asked).total_seconds() + past_close)
+    rig.provider.script("status", error(429, {"Retry-After": str(wait)}))
+    op = await rig.step(op_id)
+    assert op.state == "cancelling" and len(rig.provider.sent("status", job_id)) == 1
+    return op_id, job_id, asked + timedelta(seconds=wait)
+
+
+async def test_the_look_after_the_cancel_window_waits_for_a_retry_after(
+    tmp_path: Path, db_url: str
+) -> None:
+    """A 429 shortly before the window closes names a moment just past it: the last look
+    waits for that moment instead of asking at the close, and then settles the cancel."""
+    async with step_rig(tmp_path, db_url, provider=WINDOW) as rig:
+        op_id, job_id, floor = await _cancelling_until(rig, 1.0)
+        op = rig.row(op_id)
+        assert op.cancel_deadline_at is not None and floor > op.cancel_deadline_at
+        assert op.next_poll_at == floor and op.delay_source == "provider_retry_after"
+        rig.clock.set(op.cancel_deadline_at)
+        assert await rig.tick() == 0  # the window has closed, but the provider said wait
+        rig.provider.finish(job_id, "cancelled")
+        await rig.run(op_id, ["cancelled"])
+        [_, look] = rig.provider.sent("status", job_id)
+        assert look.at == floor
+
+
+async def test_a_retry_after_far_past_the_window_escalates_at_its_close(
+    tmp_path: Path, db_url: str
+) -> None:
+    """Further off than any wait of our own between reads: no look, and a person decides."""
+    async with step_rig(tmp_path, db_url, provider=WINDOW) as rig:
+        op_id, job_id, floor = await _cancelling_until(rig, 3600.0)
+        await rig.run(op_id, ["cancellation_unconfirmed"])
+        assert len(rig.provider.sent("status", job_id)) == 1  # only the one answered 429
+        assert rig.clock.now() < floor
+        reason = rig.view(op_id)["escalation"]
+        assert reason["reason"] == "cancellation_unconfirmed"
+        assert "Retry-After" in reason["message"]

@@ -26,6 +26,7 @@ from reconciler.core.poll import (
     Stop,
     Wait,
     before_request,
+    cancel_window_read,
     decide,
     first_poll_at,
     parse_rfc3339,
@@ -655,3 +656,28 @@ def test_a_whole_polling_run_is_bounded_and_terminates(
     else:
         pytest.fail("the run did not end within its request budget")
     assert sent <= budget
+
+
+@given(
+    at=st.integers(0, 600),
+    close=st.integers(0, 600),
+    floor=st.none() | st.integers(0, 1200),
+    source=st.sampled_from(list(DelaySource)),
+)
+def test_a_cancelling_read_is_by_the_close_or_at_a_retry_after_just_past_it(
+    at: int, close: int, floor: int | None, source: DelaySource
+) -> None:
+    """Never after the window's close, unless the provider's Retry-After holds the last
+    look back: then exactly at it, and no further than the longest wait of our own."""
+    bound = max(POLICY.backoff.max_seconds, POLICY.rate_limit_delay_seconds)
+
+    def moment(seconds: int) -> datetime:
+        return NOW + timedelta(seconds=seconds)
+
+    floor_at = moment(floor) if floor is not None else None
+    got, why = cancel_window_read(moment(at), source, moment(close), floor_at, POLICY)
+    if floor is not None and close < floor <= close + bound:
+        assert (got, why) == (moment(floor), DelaySource.PROVIDER_RETRY_AFTER)
+    else:
+        assert (got, why) == (min(moment(at), moment(close)), source)
+        assert got <= moment(close)

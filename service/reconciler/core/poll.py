@@ -335,6 +335,28 @@ def final_look(
     return max(target, now), True
 
 
+def cancel_window_read(
+    at: datetime,
+    source: DelaySource,
+    close: datetime,
+    floor: datetime | None,
+    policy: PollPolicy,
+) -> tuple[datetime, DelaySource]:
+    """When a cancelling operation reads next: by its cancel window's ``close`` at the
+    latest, where the last look settles it.
+
+    That look is a status request like any other, so a Retry-After ``floor`` past the
+    close holds it back (the decision for the answer capped it at the close), for at most
+    the longest wait of our own between two reads (the backoff's cap, the wait after a
+    429): further off, the read stays at the close, and the step escalates there
+    without a request.
+    """
+    bound = max(policy.backoff.max_seconds, policy.rate_limit_delay_seconds)
+    if floor is not None and close < floor <= close + timedelta(seconds=bound):
+        return floor, DelaySource.PROVIDER_RETRY_AFTER
+    return min(at, close), source
+
+
 def restore(
     record: PollRecord,
     last_read_at: datetime,

@@ -148,12 +148,17 @@ class PollStep:
         ):
             # Look before escalating: one status read (budget permitting) may show the
             # cancel landed, e.g. while our own database was down past the window.
-            if op.status_requests_used >= op.max_status_requests or op.remote_job_id is None:
+            closed = f"no cancelled state by {isoformat(op.cancel_deadline_at)}"
+            held = op.retry_not_before is not None and op.retry_not_before > now
+            if held:
+                # The provider asked for no request until later (``cancel_window_read``).
+                closed += (
+                    "; the provider's Retry-After allows no status request before "
+                    f"{isoformat(op.retry_not_before)}"
+                )
+            if held or op.status_requests_used >= op.max_status_requests or not op.remote_job_id:
                 await self._escalate(
-                    op,
-                    EscalationReason.CANCELLATION_UNCONFIRMED,
-                    f"no cancelled state by {isoformat(op.cancel_deadline_at)}",
-                    self._outage(op),
+                    op, EscalationReason.CANCELLATION_UNCONFIRMED, closed, self._outage(op)
                 )
                 return
             last_look = True
@@ -490,7 +495,10 @@ class PollStep:
             return changes, detail, None
         at, source = decision.at, decision.source
         if op.cancel_deadline_at is not None and State(op.state) is State.CANCELLING:
-            at = min(at, op.cancel_deadline_at)
+            policy = self.ctx.poll_policy(self.ctx.spec(op))
+            at, source = decisions.cancel_window_read(
+                at, source, op.cancel_deadline_at, floor, policy
+            )
         if _hinted_since(op, outcome):
             at, source = _hinted_wait(at, source, floor, now)
         elif State(op.state) is State.CANCEL_REQUESTED and op.cancel_sent_at is None:
