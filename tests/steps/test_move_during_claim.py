@@ -80,3 +80,25 @@ async def test_the_next_claim_lets_the_waiting_task_move_first(tmp_path: Path, d
         assert await asyncio.wait_for(move, 10)
         assert await tick == 0 and await following[0] == 0
         assert worker.shares.free(HOOKS) == free - 1
+
+
+async def test_a_slot_held_ahead_waits_for_the_claim_too(tmp_path: Path, db_url: str) -> None:
+    """The slot a task holds ahead of its write (the completion's, the callback's) is taken
+    as a move is: refused only by the claim in flight, it waits for that claim."""
+    async with step_rig(tmp_path, db_url) as rig:
+        worker = rig.worker
+        free = worker.shares.free(HOOKS)
+        holder = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")
+            tick = asyncio.ensure_future(worker.tick())
+            await wait_until_async(lambda: worker.shares.claiming, 10, "the claim to start")
+            take = asyncio.ensure_future(worker.take(HOOKS))
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert not take.done()
+        finally:
+            holder.close()
+        assert await asyncio.wait_for(take, 10)
+        assert await tick == 0
+        assert worker.shares.free(HOOKS) == free - 1

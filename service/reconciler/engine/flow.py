@@ -27,9 +27,9 @@ step's ``prepare`` learned for it (the create request, the completion plan).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -57,6 +57,10 @@ class Preparer(Protocol):
     def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None: ...
 
 
+async def _no_slot() -> None:
+    return None
+
+
 @dataclass
 class Flow:
     """One task's view of its operation between steps (set on the loop, used in writes)."""
@@ -71,7 +75,7 @@ class Flow:
     # On the loop, before a write that may hand the operation to share ``lane`` (a
     # completion step's record, when the next step runs elsewhere): hold a slot of it,
     # so that the write can start the step there instead of a transaction of its own.
-    reserve: Callable[[str], None] = lambda _lane: None
+    reserve: Callable[[str], Awaitable[None]] = field(default=lambda _lane: _no_slot())
     # What the task's writes left: the latest record, a prepared next step, the lease given up.
     last: OperationRecord | None = None
     changed: bool = False

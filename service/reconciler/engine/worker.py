@@ -202,18 +202,29 @@ class Worker:
             self._claims_over.set()
         return claimed
 
-    async def move(self, frm: str, to: str) -> bool:
-        """Move a running operation to share ``to`` (see ``Shares.move``).
+    async def take(self, key: str) -> bool:
+        """One slot of share ``key`` for a task of ours, held ahead of a write that may hand
+        the operation to it (see ``_after_claim``)."""
+        if self.shares.take(key):
+            return True
+        return await self._after_claim(key) and self.shares.take(key)
 
-        A claim in flight holds back the hooks' and callbacks' free slots for what it
-        claims. A task refused only for that waits for the claim to end (a write, so
-        bounded by the write wait; the tick claims no further while a task waits) and
-        asks again: giving its lease back instead would cost a transaction, and a claim
-        of its own to get it again.
-        """
+    async def move(self, frm: str, to: str) -> bool:
+        """Move a running operation to share ``to`` (see ``Shares.move``, ``_after_claim``)."""
         if self.shares.move(frm, to):
             return True
-        if not self.shares.claiming or self.shares.free(to) <= 0:
+        return await self._after_claim(to) and self.shares.move(frm, to)
+
+    async def _after_claim(self, key: str) -> bool:
+        """Wait for the claim in flight when only it holds back a free slot of ``key``.
+
+        A claim holds back the hooks' and callbacks' free slots for what it claims. A task
+        refused only for that waits for the claim to end (a write, so bounded by the write
+        wait; the tick claims no further while a task waits) and asks again: giving its
+        lease back instead would cost a transaction, and a claim of its own to get it
+        again. The caller asks again at once, in the same turn of the loop.
+        """
+        if not self.shares.claiming or self.shares.free(key) <= 0:
             return False
         self._movers += 1
         try:
@@ -222,9 +233,9 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.deps.db.write_wait_seconds):
                     await self._claims_over.wait()
-            return self.shares.move(frm, to)
         finally:
             self._movers -= 1
+        return True
 
     def _wants(self) -> dict[str, int]:
         """How many operations each share can start now (never more than it has free)."""
@@ -563,7 +574,7 @@ class _Task:
                 return  # never two status reads in one claim: a late wake sends no burst
             self.sent_status_read = self.sent_status_read or is_status_read
             self.steps_left -= 1
-            self._reserve_completion(op)
+            await self._reserve_completion(op)
             self.full_shares = worker.shares.full_now()
             self.flow.begin_step()
             name = SPAN_OF_STATE.get(State(op.state), SpanName.COMPLETION)
@@ -586,7 +597,7 @@ class _Task:
             # a step that wrote nothing is looked at again.
             op, prep = (self.flow.last, self.flow.prepared) if self.flow.changed else (None, None)
 
-    def _reserve_completion(self, op: OperationRecord) -> None:
+    async def _reserve_completion(self, op: OperationRecord) -> None:
         """Hold a slot of the share the completion will start in while collecting a result,
         so its last write can start the completion handler (in the same transaction)
         instead of leaving it to a claim."""
@@ -595,16 +606,16 @@ class _Task:
             return
         first = self.worker.deps.journal.first_lane
         lane = lane_or_hooks(first(op) if first is not None else None)
-        if lane != self.share and self.worker.shares.take(lane):
+        if lane != self.share and await self.worker.take(lane):
             self.completion_slot = lane
 
-    def _reserve_lane(self, lane: str) -> None:
+    async def _reserve_lane(self, lane: str) -> None:
         """A slot of the share the step's last write may hand the operation to (the callback
         after the hooks), held as the completion's is: ``_settle_completion`` moves the
         task into it or gives it back."""
         if self.completion_slot is not None or lane == self.share:
             return
-        if self.worker.shares.take(lane):
+        if await self.worker.take(lane):
             self.completion_slot = lane
 
     def _settle_completion(self) -> None:

@@ -131,18 +131,18 @@ class CompleteStep:
             name = SpanName.CALLBACK if row.step == CALLBACK_STEP else SpanName.HOOK
             with tracing.about(prep.op, name, step=row.step, attempt=row.attempts):
                 if hook is not None and hook.transactional:
-                    self._reserve_next(prep.op, plan)
+                    await self._reserve_next(prep.op, plan)
                     prep = await self._in_transaction(prep.op, plan, hook)
                 else:
                     outcome = await self._run(prep.op, plan)
                     if tracing.enabled:
                         _note(tracing, outcome)
                     if outcome.done:
-                        self._reserve_next(prep.op, plan)
+                        await self._reserve_next(prep.op, plan)
                     prep = await self._recorded(prep.op, plan, outcome)
             plan = prep.data
 
-    def _reserve_next(self, op: OperationRecord, plan: Plan) -> None:
+    async def _reserve_next(self, op: OperationRecord, plan: Plan) -> None:
         """Before the write that records a step: a slot where the next step runs, so that
         write can start it (``Flow.reserve``; a lane of this task's own is no change)."""
         flow = flow_var.get()
@@ -150,7 +150,7 @@ class CompleteStep:
             return
         for row in plan.rows[plan.index + 1 :]:
             if row.status not in steps.FINISHED:
-                flow.reserve(self.lane_of(op, row.step))
+                await flow.reserve(self.lane_of(op, row.step))
                 return
 
     def _hook_of(self, row: StepRow) -> Hook | None:
