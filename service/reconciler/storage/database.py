@@ -245,6 +245,11 @@ class Database:
         self._count_guard = threading.Lock()
 
     @property
+    def joins_writes(self) -> bool:
+        """Whether writes queued together share one transaction (``run_joined``)."""
+        return self.sqlite
+
+    @property
     def dialect(self) -> str:
         return self.engine.dialect.name
 
@@ -363,7 +368,7 @@ class Database:
                         queue_limit=WRITE_QUEUE_LIMIT,
                         wait_seconds=self.write_wait_seconds,
                         join=self.write_together,
-                        join_limit=JOIN_LIMIT if self.sqlite else 1,
+                        join_limit=JOIN_LIMIT if self.joins_writes else 1,
                         on_timeout=lambda _: self.availability.failed(WriteFailure.LOCKED),
                     )
         return self._writer
