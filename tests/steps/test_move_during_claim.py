@@ -10,16 +10,38 @@ moves into the slot that is still free after it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from reconciler.engine.shares import HOOKS
+from reconciler.engine.worker import Worker
 from tests.support.steps import step_rig
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.anyio
+
+
+@contextlib.asynccontextmanager
+async def held_claim(db_url: str, worker: Worker) -> AsyncIterator[asyncio.Future[int]]:
+    """A tick whose claim waits for the database, held until the block ends: the tick."""
+    holder = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        tick = asyncio.ensure_future(worker.tick())
+        await wait_until_async(lambda: worker.shares.claiming, 10, "the claim to start")
+        yield tick
+    finally:
+        holder.close()
+
+
+async def turns(n: int = 20) -> None:
+    """Turns of the loop in which a task not waiting for anything would have finished."""
+    for _ in range(n):
+        await asyncio.sleep(0)
 
 
 async def test_a_move_refused_by_a_claim_in_flight_waits_for_it(
@@ -29,19 +51,11 @@ async def test_a_move_refused_by_a_claim_in_flight_waits_for_it(
         worker = rig.worker
         assert worker.shares.take("sim")  # a task of ours, on an operation of the provider
         free = worker.shares.free(HOOKS)
-        # The database is held, so the claim the tick starts waits for the lock.
-        holder = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
-        try:
-            holder.execute("BEGIN IMMEDIATE")
-            tick = asyncio.ensure_future(worker.tick())
-            await wait_until_async(lambda: worker.shares.claiming, 10, "the claim to start")
+        async with held_claim(db_url, worker) as tick:
             move = asyncio.ensure_future(worker.move("sim", HOOKS))
-            for _ in range(20):
-                await asyncio.sleep(0)
+            await turns()
             assert not move.done()  # waiting for the claim, not refused
             assert worker.shares.free(HOOKS) == free
-        finally:
-            holder.close()
         assert await tick == 0  # nothing was due
         assert await asyncio.wait_for(move, 10)
         assert worker.shares.free(HOOKS) == free - 1 and worker.shares.free("sim") > 0
@@ -63,20 +77,13 @@ async def test_the_next_claim_lets_the_waiting_task_move_first(tmp_path: Path, d
         worker = rig.worker
         assert worker.shares.take("sim")
         free = worker.shares.free(HOOKS)
-        holder = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
         following: list[asyncio.Future[int]] = []
-        try:
-            holder.execute("BEGIN IMMEDIATE")
-            tick = asyncio.ensure_future(worker.tick())
+        async with held_claim(db_url, worker) as tick:
             # The moment the first claim is done, the next one starts.
             tick.add_done_callback(lambda _: following.append(asyncio.ensure_future(worker.tick())))
-            await wait_until_async(lambda: worker.shares.claiming, 10, "the claim to start")
             move = asyncio.ensure_future(worker.move("sim", HOOKS))
-            for _ in range(20):
-                await asyncio.sleep(0)
+            await turns()
             assert not move.done()
-        finally:
-            holder.close()
         assert await asyncio.wait_for(move, 10)
         assert await tick == 0 and await following[0] == 0
         assert worker.shares.free(HOOKS) == free - 1
@@ -94,17 +101,10 @@ async def test_a_slot_held_ahead_waits_for_the_claim_where_writes_do_not_share_c
         worker = rig.worker
         monkeypatch.setattr(type(rig.runtime.db), "joins_writes", property(lambda _db: joins))
         free = worker.shares.free(HOOKS)
-        holder = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
-        try:
-            holder.execute("BEGIN IMMEDIATE")
-            tick = asyncio.ensure_future(worker.tick())
-            await wait_until_async(lambda: worker.shares.claiming, 10, "the claim to start")
+        async with held_claim(db_url, worker) as tick:
             take = asyncio.ensure_future(worker.take(HOOKS))
-            for _ in range(20):
-                await asyncio.sleep(0)
+            await turns()
             assert take.done() is joins
-        finally:
-            holder.close()
         assert await asyncio.wait_for(take, 10) is not joins
         assert await tick == 0
         assert worker.shares.free(HOOKS) == free - (0 if joins else 1)
