@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from reconciler.storage.availability import WriteFailure
-from tests.support.provider_mock import answer
+from tests.support.provider_mock import answer, error
 from tests.support.stack import QUICK_POLLING
 from tests.support.steps import StepRig, step_rig
 
@@ -146,3 +146,28 @@ async def test_the_recovery_look_is_made_once_even_across_a_crash(
         assert reads_after_deadline(rig, op_id, job_id) == 0
         stop = [e for e in rig.history(op_id) if e.kind == "escalation"][-1]
         assert "no status read after recovery could settle it" in stop.detail["detail"]
+
+
+async def test_a_retry_after_still_running_at_recovery_leaves_out_the_look(
+    tmp_path: Path, db_url: str
+) -> None:
+    """The provider's last answer asked for no request until after the deadline, and our
+    outage covered the deadline: the look after recovery would be that request, so the
+    operation times out at once with the outage and the Retry-After on record."""
+    async with step_rig(tmp_path, db_url, provider=PROVIDER) as rig:
+        op_id, job_id = await observing(rig)
+        deadline = rig.row(op_id).deadline_at
+        rig.provider.jobs[job_id].state = "running"
+        rig.clock.set(deadline - timedelta(seconds=8))
+        rig.provider.script("status", error(429, {"Retry-After": "60"}))
+        op = await rig.step(op_id)
+        assert op.retry_not_before is not None and op.retry_not_before > deadline
+        asked = len(rig.provider.sent("status", job_id))
+        rig.runtime.db.availability.failed(WriteFailure.UNREACHABLE)
+        rig.clock.set(deadline + timedelta(seconds=2))
+        op = await rig.step(op_id)
+        assert op.state == "result_timed_out"
+        assert len(rig.provider.sent("status", job_id)) == asked  # no look
+        stop = [e for e in rig.history(op_id) if e.kind == "escalation"][-1]
+        assert "own storage outage" in stop.detail["detail"]
+        assert "Retry-After allows no status request before" in stop.detail["detail"]

@@ -95,6 +95,17 @@ def _retry_floor(outcome: StatusOutcome, now: datetime) -> datetime | None:
     return now + wait if wait is not None else None
 
 
+def _held_back(op: OperationRecord, now: datetime) -> str | None:
+    """Why a look past a deadline may not be made now: the provider's Retry-After still
+    runs (a look would be a request it refused in advance), as the escalation says it."""
+    if op.retry_not_before is None or op.retry_not_before <= now:
+        return None
+    return (
+        "; the provider's Retry-After allows no status request before "
+        f"{isoformat(op.retry_not_before)}"
+    )
+
+
 def _hinted_wait(
     at: datetime, source: DelaySource, floor: datetime | None, now: datetime
 ) -> tuple[datetime, DelaySource]:
@@ -149,16 +160,13 @@ class PollStep:
             # Look before escalating: one status read (budget permitting) may show the
             # cancel landed, e.g. while our own database was down past the window.
             closed = f"no cancelled state by {isoformat(op.cancel_deadline_at)}"
-            held = op.retry_not_before is not None and op.retry_not_before > now
-            if held:
-                # The provider asked for no request until later (``cancel_window_read``).
-                closed += (
-                    "; the provider's Retry-After allows no status request before "
-                    f"{isoformat(op.retry_not_before)}"
-                )
+            held = _held_back(op, now)  # further off than ``cancel_window_read`` waits
             if held or op.status_requests_used >= op.max_status_requests or not op.remote_job_id:
                 await self._escalate(
-                    op, EscalationReason.CANCELLATION_UNCONFIRMED, closed, self._outage(op)
+                    op,
+                    EscalationReason.CANCELLATION_UNCONFIRMED,
+                    closed + (held or ""),
+                    self._outage(op),
                 )
                 return
             last_look = True
@@ -208,9 +216,10 @@ class PollStep:
         ctx = self.ctx
         note = _lapse_note(ctx.actor, op.deadline_at, lapse)
         looked = await ctx.deps.db.run(self._looked_before, op.id)
-        if looked or op.remote_job_id is None:
+        held = _held_back(op, now)
+        if looked or held or op.remote_job_id is None:
             stop = decisions.outage_stop(op.deadline_at, lapse, None)
-            await self._escalate(op, stop.reason, stop.detail, [note])
+            await self._escalate(op, stop.reason, stop.detail + (held or ""), [note])
             return
         looking = replace(note, detail={**(note.detail or {}), RECOVERY_LOOK: True})
 
