@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -75,7 +75,7 @@ class Flow:
     # On the loop, before a write that may hand the operation to share ``lane`` (a
     # completion step's record, when the next step runs elsewhere): hold a slot of it,
     # so that the write can start the step there instead of a transaction of its own.
-    reserve: Callable[[str], Awaitable[None]] = field(default=lambda _lane: _no_slot())
+    reserve: Callable[[str], Awaitable[None]] = lambda _lane: _no_slot()
     # What the task's writes left: the latest record, a prepared next step, the lease given up.
     last: OperationRecord | None = None
     changed: bool = False

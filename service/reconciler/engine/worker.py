@@ -613,9 +613,7 @@ class _Task:
         if State(op.state) is not State.RESULT_COLLECTING:
             return
         first = self.worker.deps.journal.first_lane
-        lane = lane_or_hooks(first(op) if first is not None else None)
-        if lane != self.share and await self.worker.take(lane):
-            self.completion_slot = lane
+        await self._reserve_lane(lane_or_hooks(first(op) if first is not None else None))
 
     async def _reserve_lane(self, lane: str) -> None:
         """A slot of the share the step's last write may hand the operation to (the callback

@@ -215,9 +215,8 @@ class PollStep:
         """
         ctx = self.ctx
         note = _lapse_note(ctx.actor, op.deadline_at, lapse)
-        looked = await ctx.deps.db.run(self._looked_before, op.id)
         held = _held_back(op, now)
-        if looked or held or op.remote_job_id is None:
+        if held or op.remote_job_id is None or await ctx.deps.db.run(self._looked_before, op.id):
             stop = decisions.outage_stop(op.deadline_at, lapse, None)
             await self._escalate(op, stop.reason, stop.detail + (held or ""), [note])
             return
@@ -307,7 +306,7 @@ class PollStep:
         if State(op.state) not in READ_STATES:
             return op  # moved on meanwhile (an operator's decision): the answer is moot
         ctx = self.ctx
-        spec = ctx.spec(op)
+        policy = ctx.poll_policy(ctx.spec(op))
         now = ctx.now()
         obs = observation_of(outcome)
         view = outcome.view
@@ -330,7 +329,7 @@ class PollStep:
                 obs,
                 now,
                 ctx.deps.rng,
-                ctx.poll_policy(spec),
+                policy,
                 # Only a pending answer can wait the stretched schedule: read trust for it.
                 trusted=obs.category is RemoteCategory.PENDING
                 and not last_look
@@ -350,7 +349,7 @@ class PollStep:
                     f"read after the window still said {obs.remote_state or 'no state'}",
                     decision.counters,
                 )
-        changes, detail, delay_source = self._record(op, outcome, decision, now)
+        changes, detail, delay_source = self._record(op, outcome, decision, now, policy)
         if seen is not None:
             seen.update(decision=type(decision).__name__.lower(), next_delay_source=delay_source)
         lead = self._outage(op) if last_look and lapse is None else []
@@ -474,6 +473,7 @@ class PollStep:
         outcome: StatusOutcome,
         decision: decisions.Decision,
         now: datetime,
+        policy: decisions.PollPolicy,
     ) -> tuple[dict[str, Any], dict[str, Any], DelaySource | None]:
         """The row changes and the observation's detail for one status answer."""
         view = outcome.view
@@ -504,7 +504,6 @@ class PollStep:
             return changes, detail, None
         at, source = decision.at, decision.source
         if op.cancel_deadline_at is not None and State(op.state) is State.CANCELLING:
-            policy = self.ctx.poll_policy(self.ctx.spec(op))
             at, source = decisions.cancel_window_read(
                 at, source, op.cancel_deadline_at, floor, policy
             )
