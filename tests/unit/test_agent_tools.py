@@ -11,7 +11,7 @@ from reconciler.agent_tools.definitions import ToolName, build_tools
 from reconciler.agent_tools.server import tool_message
 from reconciler.agent_tools.tasks import poll_interval_ms, task_status, task_view
 from reconciler.core.errors import InvalidRequest
-from reconciler.core.states import END_STATES, State
+from reconciler.core.states import END_STATES, State, awaits_decision, is_done
 from reconciler.wire import Operation
 from reconciler.wire.schemas import model_schema
 
@@ -59,10 +59,12 @@ def test_good_arguments_pass() -> None:
 
 
 def view(state: State, escalation: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    is_open = escalation is not None and not escalation["decided"]
     return {
         "id": "op_1",
         "state": state.value,
-        "done": state in END_STATES,
+        "done": is_done(state, is_open),
+        "awaiting_decision": awaits_decision(state, is_open),
         "message": "Waiting. Wait with GET /v1/operations/op_1/wait.",
         "escalation": escalation,
         "poll_after_seconds": None if state in END_STATES else 2.0,
