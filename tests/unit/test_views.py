@@ -256,8 +256,9 @@ def test_a_refused_request_says_nothing_ran_and_to_fix_it_with_a_new_key() -> No
     view = operation_view(op_in(State.FAILED, error=stored, done_at=NOW), NOW)
     assert view["done"] is True
     message = view["message"]
-    assert message.startswith("The provider REFUSED the request, so nothing ran")
-    assert "(HTTP 422): unknown scenario 'bogus'" in message
+    assert message.startswith(
+        "The provider REFUSED the request (HTTP 422: unknown scenario 'bogus'), so nothing ran."
+    )
     assert "Fix `request`" in message and "NEW `idempotency_key`" in message
     assert "Do not resubmit" not in message
     assert view["error"] == {

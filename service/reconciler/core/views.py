@@ -115,14 +115,14 @@ _AWAITING: dict[State, str] = {
     ),
 }
 _REJECTED = (
-    "The provider REFUSED the request, so nothing ran: {why}. Fix `request` (it must match "
+    "The provider REFUSED the request ({why}), so nothing ran. Fix `request` (it must match "
     "the provider's `request_schema`; `error.provider_message` is the provider's own words) "
     "and start a new job with a NEW `idempotency_key`: the same key answers with this refused "
     "job. Do not report that the job ran or failed."
 )
 
 _CREDENTIALS = (
-    "The provider REFUSED this service's credentials, so nothing ran: {why}. This is not "
+    "The provider REFUSED this service's credentials ({why}), so nothing ran. This is not "
     "your request's fault and you cannot fix it: tell your user that an operator of this "
     "service must fix the provider's credentials; then start a new job with a NEW "
     "`idempotency_key`. Do not report that the job ran or failed."
@@ -161,12 +161,19 @@ def message_for(
         pending = escalation if escalation is not None and escalation.decided_at is None else None
         text = _awaiting_message(state, pending)
     elif state is State.FAILED and _code(op.error) in _REFUSED:
-        shown = error_view(op.error)
-        why = shown["message"] if shown else "the provider said no"
-        text = _REFUSED[_code(op.error)].format(why=why)
+        text = _REFUSED[_code(op.error)].format(why=_refusal(error_view(op.error)))
     else:
         text = _MESSAGES[state]
     return (REPLAYED if replayed else "") + text.replace("{id}", op.id)
+
+
+def _refusal(error: dict[str, Any] | None) -> str:
+    """``HTTP 422: the provider's words``, as much of it as is known."""
+    if error is None:
+        return "no reason given"
+    status, said = error.get("http_status"), error.get("provider_message")
+    parts = [f"HTTP {status}" if status else "", said or ""]
+    return ": ".join(p for p in parts if p) or "no reason given"
 
 
 def _code(error: Any) -> Any:
