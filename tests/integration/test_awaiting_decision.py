@@ -8,18 +8,19 @@ conditions of the statement, so a page is full whatever they leave out.
 from __future__ import annotations
 
 import pytest
+import sqlalchemy as sa
 
 from reconciler.commands.decide import apply_decision
 from reconciler.core.clock import ManualClock
 from reconciler.core.escalation import UNKNOWN_PROVIDER
 from reconciler.core.operator_decision import DecisionRequest
 from reconciler.core.records import OperationRecord
-from reconciler.core.states import State
+from reconciler.core.states import State, awaits_decision, is_done
 from reconciler.core.vocabulary import DecisionAction, EscalationReason, Scope
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.escalations import escalate
-from reconciler.storage.journal import Journal
+from reconciler.storage.journal import OPS, Journal
 from reconciler.storage.tokens import Principal
 from reconciler.storage.views import view_of
 from tests.support.factories import insert_operation
@@ -164,3 +165,26 @@ def test_a_page_of_the_not_done_is_full_however_many_done_lie_between(
     assert len(page.items) == 3 and page.next_cursor is not None
     assert {op.id for op in page.items + rest.items} == {op.id for op in waiting}
     assert rest.next_cursor is None
+
+
+def test_the_filters_are_the_rule_for_every_state(db: Database, clock: ManualClock) -> None:
+    """The statement's conditions and ``core.states`` agree on all 32 (state, open) pairs."""
+    journal = Journal()
+    facts: dict[str, tuple[State, bool]] = {}
+    for state in State:
+        for is_open in (False, True):
+            op = insert_operation(db, journal, clock.now())
+            with db.write() as conn:
+                conn.execute(
+                    sa.update(OPS)
+                    .where(OPS.c.id == op.id)
+                    .values(state=state.value, escalation_open=is_open)
+                )
+            facts[op.id] = (state, is_open)
+    done = {i for i, (s, o) in facts.items() if is_done(s, o)}
+    waiting = {i for i, (s, o) in facts.items() if awaits_decision(s, o)}
+    assert set(_ids(db, done=True)) == done
+    assert set(_ids(db, done=False)) == set(facts) - done
+    assert set(_ids(db, awaiting_decision=True)) == waiting
+    assert set(_ids(db, awaiting_decision=False)) == set(facts) - waiting
+    assert set(_ids(db, done=False, awaiting_decision=False)) == set(facts) - done - waiting
