@@ -151,6 +151,11 @@ def test_defaults_and_the_deadline_are_said_where_the_fields_are() -> None:
     assert "an operator decides" in deadline and "NOT done" in deadline
     budget = start["properties"]["max_status_requests"]["description"]
     assert "Default: the provider's `max_status_requests`" in budget
+    # An optional argument is left out: no schema offers null or names null its default.
+    for tool in build_tools(60.0).tools:
+        for name, prop in tool.input_schema["properties"].items():
+            assert "default" not in prop or prop["default"] is not None, (tool.name, name)
+            assert "anyOf" not in prop, (tool.name, name)
 
 
 def test_the_output_has_one_error_shape_and_typed_progress() -> None:

@@ -34,6 +34,17 @@ WAIT_CAP = "wait_max_seconds"  # validation context: the service's long-poll cap
 STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
+def _absent_not_null(schema: dict[str, Any]) -> None:
+    """An optional field is left out, never sent as null: its schema says only what it is
+    (null would read as its default, which is the provider's value, not null)."""
+    branch = next(b for b in schema.pop("anyOf") if b.get("type") != "null")
+    schema.pop("default", None)
+    schema.update(branch)
+
+
+OPTIONAL = _absent_not_null
+
+
 class _CreateFields(BaseModel):
     model_config = STRICT
 
@@ -47,11 +58,13 @@ class _CreateFields(BaseModel):
     )
     idempotency_key: IdempotencyKey | None = Field(
         default=None,
+        json_schema_extra=OPTIONAL,
         description="Names this piece of work; the same key and request always return the "
         "same job (marked `replayed`), so a retry never starts a second one.",
     )
     deadline_seconds: PositiveSeconds | None = Field(
         default=None,
+        json_schema_extra=OPTIONAL,
         description="How long to wait for the job, in seconds. Default: the provider's "
         "`max_deadline_seconds`, which is also the most allowed. When it passes, waiting "
         "stops and an operator decides (extend, cancel or abandon); until then the job is "
@@ -59,12 +72,14 @@ class _CreateFields(BaseModel):
     )
     max_status_requests: PositiveCount | None = Field(
         default=None,
+        json_schema_extra=OPTIONAL,
         description="The most status requests to spend on the job. Default: the provider's "
         "`max_status_requests`, which is also the most allowed. When they run out, an "
         "operator decides, as at the deadline.",
     )
     metadata: Metadata | None = Field(
         default=None,
+        json_schema_extra=OPTIONAL,
         description="Your own notes, kept with the job (for example the task it belongs to).",
     )
 
@@ -75,6 +90,7 @@ class CreateOperation(_CreateFields):
 
     callback_url: CallbackUrl | None = Field(
         default=None,
+        json_schema_extra=OPTIONAL,
         description="Where the signed completion callback is sent (an http(s) URL the "
         "service's address rules allow).",
     )
@@ -114,11 +130,14 @@ class OperationFilter(BaseModel):
     model_config = STRICT
 
     state: Annotated[State, Field(strict=False)] | None = Field(
-        default=None, description="Only jobs in this state."
+        default=None, description="Only jobs in this state.", json_schema_extra=OPTIONAL
     )
-    provider: str | None = Field(default=None, description="Only jobs at this provider.")
+    provider: str | None = Field(
+        default=None, description="Only jobs at this provider.", json_schema_extra=OPTIONAL
+    )
     done: bool | None = Field(
         default=None,
+        json_schema_extra=OPTIONAL,
         description="false: jobs that are not done (running, or awaiting an operator's "
         "decision); true: finished jobs. Default false unless `state` or "
         "`awaiting_decision` is given.",
@@ -126,12 +145,15 @@ class OperationFilter(BaseModel):
     awaiting_decision: bool | None = Field(
         default=None,
         description="true: only the jobs waiting for an operator's decision.",
+        json_schema_extra=OPTIONAL,
     )
     limit: Annotated[int, Field(ge=1, le=MAX_PAGE)] = Field(
         default=DEFAULT_PAGE, description="How many jobs a page holds at most."
     )
     cursor: str | None = Field(
-        default=None, description="The `next_cursor` of the previous page, for the next one."
+        default=None,
+        description="The `next_cursor` of the previous page, for the next one.",
+        json_schema_extra=OPTIONAL,
     )
 
 
@@ -143,13 +165,6 @@ def _within_cap(value: float | None, info: ValidationInfo) -> float | None:
     if value is not None and cap is not None and value > cap:
         raise problem(f"must be at most {cap:g}")
     return value
-
-
-def _absent_not_null(schema: dict[str, Any]) -> None:
-    """A tool argument is left out, never sent as null: its schema says only the number."""
-    branch = next(b for b in schema.pop("anyOf") if b.get("type") != "null")
-    schema.pop("default", None)
-    schema.update(branch)
 
 
 WaitSeconds = Annotated[float, Field(ge=0)]
