@@ -32,6 +32,7 @@ REPLAYED = (
 # How often an agent that does not long-poll should look while a person decides.
 DECISION_POLL_SECONDS = 60.0
 
+# Every state but `escalated`, which always awaits a decision (``_AWAITING``).
 _MESSAGES: dict[State, str] = {
     State.CREATE_PENDING: (
         "The job is being submitted to the provider. It has NOT started and is NOT complete. "
@@ -91,10 +92,6 @@ _MESSAGES: dict[State, str] = {
         "Cancellation was requested but the provider never confirmed it, and waiting STOPPED "
         "for good. This is NOT a confirmed cancellation: the job may still be running at the "
         "provider."
-    ),
-    State.ESCALATED: (
-        "Waiting has STOPPED and needs a person's decision (see `escalation`). The job is NOT "
-        "complete. Do not report success. " + WAIT_HINT
     ),
 }
 
