@@ -247,6 +247,7 @@ def _rows(index: int, now: datetime, due: bool, rng: random.Random) -> tuple[dic
         result_attempts=0,
         completion_round=0,
         completion_pending=False,
+        escalation_open=False,
         create_lookups=0,
         version=1,
         history_seq=1,

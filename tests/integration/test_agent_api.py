@@ -101,9 +101,14 @@ def test_same_key_and_request_return_the_same_operation_and_one_job(stack: Stack
     assert second.status_code == 200, second.text
     op_id = first.json()["id"]
     assert second.json()["id"] == op_id
+    # The answer says it is the earlier job, in the message and in a flag.
+    assert first.json()["replayed"] is False and second.json()["replayed"] is True
+    assert second.json()["message"].startswith("This is the job started earlier")
     final = stack.wait(op_id, timeout=40)
     third = stack.create(request, idempotency_key="report-feb")
     assert third.status_code == 200 and third.json()["id"] == op_id
+    assert third.json()["replayed"] is True and third.json()["done"] is True
+    assert stack.get(op_id)["replayed"] is False  # a read is not a replay
     assert final["state"] == "succeeded"
     assert count_rows(stack)[0] == 1
     jobs = stack.sim_key(token_of(stack, op_id))
@@ -465,6 +470,9 @@ BAD_LISTS = [
     ({"cursor": "!!!"}, "cursor is not valid"),
     ({"cursor": "eHl6"}, "cursor is not valid"),  # base64 of "xyz": not an operation id
     ({"page": "2"}, "unknown query parameter(s): page"),
+    ({"awaiting_decision": "yes"}, "'awaiting_decision' must be true or false"),
+    # A filter that names nothing would answer an empty page, which reads as "none".
+    ({"provider": "nope"}, "unknown provider 'nope' in the filter; known providers: sim"),
 ]
 
 

@@ -222,8 +222,9 @@ def test_abandon_ends_as_the_escalation_says(stack: Scene, reason: str) -> None:
     assert after["done"] is True
     assert after["escalation"]["decided"] is True
     assert after["escalation"]["decision"] == {"action": "abandon"}
-    if not op["done"]:
-        assert after["error"]["code"] == f"abandoned_{reason}"
+    assert op["done"] is False and op["awaiting_decision"] is True
+    assert after["awaiting_decision"] is False
+    assert after["error"]["code"] == f"abandoned_{reason}"
 
     [entry] = decision_entries(stack, op["id"])
     assert entry["cause"] == "decision:abandon" and entry["actor"] == "operator:ops-1"
@@ -368,7 +369,8 @@ def test_decision_on_a_timed_out_operation_whose_callback_is_retrying(
 ) -> None:
     """The end state's completion (a callback that keeps failing) must not hold the reopened
     operation: after the decision it polls (or cancels) again, and no "completed" callback
-    goes out for an operation that is not done."""
+    goes out for an operation that is running (the timed-out end's own callback says the
+    operation awaits the decision)."""
     callbacks = {"base_delay_seconds": 5.0, "max_delay_seconds": 5.0}
     provider = {"polling": POLLING}
     with (
@@ -413,4 +415,6 @@ def test_decision_on_a_timed_out_operation_whose_callback_is_retrying(
         wait_until(looked_after_the_retry_time, timeout=15)
         for delivery in receiver.deliveries("down"):
             event = json.loads(delivery.body)
-            assert event["operation"]["done"] is True, event["operation"]["state"]
+            sent = event["operation"]
+            assert sent["done"] or sent["awaiting_decision"], sent["state"]
+            assert sent["state"] in ("result_timed_out", "cancelled"), sent["state"]

@@ -111,7 +111,8 @@ def test_success_failure_partial_and_escalation_are_told_apart(stack: Stack) -> 
         assert partial["result"]["summary"]["failed"] == 2
         assert (stuck["state"], stuck["done"]) == ("escalated", False)
         assert stuck["escalation"]["reason"] == "unknown_state"
-        assert "needs a person's decision" in stuck["message"]
+        assert stuck["awaiting_decision"] is True
+        assert "An operator of this service must decide" in stuck["message"]
 
     run(main)
 
@@ -179,7 +180,7 @@ BAD_CALLS: list[tuple[str, dict[str, Any], str]] = [
         "'request' must be a JSON object, got a string",
     ),
     ("start_job", {"provider": "sim"}, "'request' is required"),
-    ("start_job", {"provider": "sim", "request": {}}, "'request' does not match"),
+    ("start_job", {"provider": "sim", "request": {}}, "'request.scenario' is required"),
     (
         "start_job",
         {"provider": "sim", "request": {"scenario": "success", "duration": "long"}},

@@ -75,7 +75,7 @@ def test_no_token_is_401(stack: Stack) -> None:
 @pytest.mark.parametrize(
     ("request_", "fragment"),
     [
-        ({}, "'request' does not match the request_schema of provider 'sim': 'scenario' is a"),
+        ({}, "'request.scenario' is required by the request_schema of provider 'sim'"),
         ({"scenario": "explode"}, "'request.scenario' does not match"),
     ],
 )

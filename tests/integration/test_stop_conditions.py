@@ -222,7 +222,8 @@ def test_stop_condition_escalates_with_reason_message_and_silence(
         created = await w.submit(case.request, **case.fields)
         assert created.status_code == 202, created.text
         op = await settle(w, created.json()["id"], {case.state})
-        assert op["done"] is (case.state != "escalated")
+        # Stopped for a person: not done until the decision, whichever state it stopped in.
+        assert op["done"] is False and op["awaiting_decision"] is True
         assert op["escalation"]["reason"] == case.reason
         assert op["escalation"]["decided"] is False
         check_message(op, case)

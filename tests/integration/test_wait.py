@@ -272,3 +272,41 @@ def test_a_change_between_wake_up_and_resubscribing_is_not_missed(tmp_path: Path
         rt.notifier.changed(op["id"], stale)
         answer = waiter.result()
         assert answer["state"] == "succeeded" and answer["done"] is True
+
+
+@pytest.mark.both_backends
+def test_a_wait_returns_when_a_decision_becomes_pending_and_when_it_is_made(
+    tmp_path: Path, db_url: str
+):
+    """The job stops at its deadline: ``done`` stays false while an operator decides, so a
+    wait cannot return for ``done``; it returns when the decision becomes pending, and a
+    wait parked on the pending decision returns when the decision is recorded."""
+    with running_stack(tmp_path, db_url, provider=POLLING) as stack:
+        response = stack.create({**NEVER, "webhooks": "never"}, deadline_seconds=2.0)
+        assert response.status_code == 202, response.text
+        op_id = response.json()["id"]
+        running = Waiter(stack.url, stack, op_id, timeout=20)
+        running.start()
+        stopped = running.result()
+        assert stopped["state"] == "result_timed_out"
+        assert (stopped["done"], stopped["awaiting_decision"]) == (False, True)
+        assert running.returned_at - epoch(stopped["done_at"]) < 5.0  # not the 20 s timeout
+
+        pending = Waiter(stack.url, stack, op_id, timeout=20)
+        pending.start()
+        wait_until(lambda: parked(stack.runtime, op_id), 10, "the waiter to park")
+        decided = stack.client.post(
+            f"/v1/operations/{op_id}/decisions",
+            json={"action": "extend", "extra_seconds": 60},
+            headers=stack.headers(operator=True),
+        )
+        assert decided.status_code == 200, decided.text
+        decided_at = time.time()
+        answer = pending.result()
+        assert answer["state"] == "observing" and answer["escalation"]["decided"] is True
+        assert (answer["done"], answer["awaiting_decision"]) == (False, False)
+        assert pending.returned_at - decided_at < 5.0  # woken by the decision
+
+
+def epoch(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()

@@ -40,7 +40,9 @@ from tests.support.servers import serve_asgi
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET, Stack, running_stack
 from tests.support.waiting import wait_until
 
-NEVER = {"scenario": "never_finishes", "webhooks": "never"}
+# A job read once, then not for 15 s (its provider's hint): its wait stays open, since it
+# neither ends nor stops for a decision (a wait returns when one becomes pending).
+NEVER = {"scenario": "never_finishes", "webhooks": "never", "poll_after_seconds": 15}
 # A revoked token's open request ends within the cache window, one re-check and slack.
 REVOKED_WITHIN = CACHE_SECONDS + TOKEN_RECHECK_SECONDS + 2.0
 

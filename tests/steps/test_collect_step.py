@@ -114,7 +114,8 @@ async def test_a_result_that_does_not_validate_ends_result_validation_failed(
         view = rig.view(op_id)
         assert view["result"] is None
         assert view["error"]["code"] == "result_invalid"
-        assert any(problem in p for p in view["error"]["problems"]), view["error"]
+        assert any(problem in p for p in view["error"]["detail"]["problems"]), view["error"]
+        assert problem in view["error"]["message"]
         assert len(rig.provider.sent("result")) == 1  # a bad result is not fetched again
 
 
@@ -129,8 +130,12 @@ async def test_fetch_failures_end_unavailable_after_the_failure_budget(
         await rig.run(op_id, ["result_unavailable"])
         view = rig.view(op_id)
         assert view["error"]["code"] == "result_unavailable"
-        assert view["error"]["attempts"] == budget
-        assert view["error"]["detail"]["http_status"] == 500
+        assert view["error"]["detail"]["attempts"] == budget
+        assert view["error"]["detail"]["detail"]["http_status"] == 500
+        assert view["error"]["http_status"] == 500
+        assert view["error"]["message"] == (
+            f"the result could not be fetched ({budget} attempts; last: HTTP 500)"
+        )
         assert len(rig.provider.sent("result")) == budget
         fetches = [e for e in rig.history(op_id) if e.cause == "result_fetch"]
         assert len(fetches) == budget
@@ -156,7 +161,7 @@ async def test_a_missing_result_ends_unavailable(tmp_path: Path, db_url: str) ->
         rig.provider.script("result", *[error(404)] * 10)
         await rig.run(op_id, ["result_unavailable"])
         view = rig.view(op_id)
-        assert view["error"]["detail"]["http_status"] == 404 and view["result"] is None
+        assert view["error"]["http_status"] == 404 and view["result"] is None
         assert 1 <= len(rig.provider.sent("result")) <= rig.row(op_id).max_transport_failures
 
 

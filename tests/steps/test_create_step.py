@@ -151,8 +151,15 @@ async def test_a_definitive_rejection_fails_with_the_provider_error_kept(
         view = rig.view(op_id)
         assert op.state == "failed" and view["done"] is True and op.remote_job_id is None
         assert view["error"]["http_status"] == status
-        assert view["error"]["provider_error"] == refusal
-        assert "FAILED" in view["message"]
+        assert view["error"]["detail"]["provider_error"] == refusal
+        assert view["error"]["provider_message"] == "this account may not create such jobs"
+        if status in (401, 403):  # the service's credential: not the agent's to fix
+            assert view["error"]["code"] == "authorization_denied"
+            assert "REFUSED this service's credentials" in view["message"]
+        else:  # the request: nothing ran, fix it and start again with a new key
+            assert view["error"]["code"] == "request_rejected"
+            assert view["message"].startswith("The provider REFUSED the request")
+            assert "NEW `idempotency_key`" in view["message"]
         assert transitions(rig, op_id)[-1] == ("create_pending", "failed")
         assert op.completion_pending  # what is left is the completion handler
         await rig.run(op_id, ["failed"])

@@ -268,7 +268,7 @@ async def test_a_malformed_jsonl_line_fails_validation_naming_the_line(
         broken = httpx.Response(200, content=b'{"custom_id":"a"}\n{"custom_id": \n')
         rig.provider.script("result", broken)
         await rig.run(op_id, ["result_validation_failed"])
-        problems = rig.view(op_id)["error"]["problems"]
+        problems = rig.view(op_id)["error"]["detail"]["problems"]
         assert any("line 2" in p for p in problems)
 
 

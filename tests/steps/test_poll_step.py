@@ -181,7 +181,8 @@ async def test_stop_condition_escalates_with_reason_message_options_and_silence(
         await rig.run(op_id, [case.state])
         view = rig.view(op_id)
         esc = view["escalation"]
-        assert view["done"] is (case.state != "escalated")
+        # Waiting stopped for a person: not done, whichever state it stopped in.
+        assert view["done"] is False and view["awaiting_decision"] is True
         assert esc["reason"] == case.reason and esc["decided"] is False
 
         # What the operator reads: the escalation message and bounded options.
@@ -298,7 +299,8 @@ async def test_terminal_failure_ends_failed_with_the_provider_error(
         op = await rig.run(op_id, ["failed"])
         view = rig.view(op_id)
         assert view["done"] is True and view["escalation"] is None
-        assert view["error"]["provider_error"] == problem
+        assert view["error"]["detail"]["provider_error"] == problem
+        assert view["error"]["provider_message"] == "row 7 is unreadable"
         assert view["error"]["code"] == "provider_failed"
         assert op.remote_state == "failed"
         assert rig.provider.sent("result") == []

@@ -64,8 +64,8 @@ def sim_provider_table(
     """The sim's provider table from its sim.toml, pointed at ``base_url``.
 
     ``drop`` removes whole sections (e.g. ``("lookup",)`` for a provider without one);
-    a section given as a table is merged into the file's, any other value replaces
-    the key (``description="..."``).
+    a section given as a table is merged into the file's, any other value (and a
+    ``request_schema``, as the loader does) replaces the key (``description="..."``).
     """
     with SIM_TOML.open("rb") as fh:
         table = copy.deepcopy(tomllib.load(fh)["providers"]["sim"])
@@ -73,7 +73,7 @@ def sim_provider_table(
     for name in drop:
         table.pop(name, None)
     for name, values in sections.items():
-        if isinstance(values, dict):
+        if isinstance(values, dict) and name != "request_schema":  # a schema replaces
             table.setdefault(name, {}).update(values)
         else:
             table[name] = values

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
 
 from reconciler.agent_tools.definitions import ToolName, build_tools
-from reconciler.agent_tools.server import tool_message
+from reconciler.agent_tools.request_summary import request_summary
+from reconciler.agent_tools.server import INSTRUCTIONS, tool_message
 from reconciler.agent_tools.tasks import poll_interval_ms, task_status, task_view
 from reconciler.core.errors import InvalidRequest
-from reconciler.core.states import END_STATES, State
+from reconciler.core.states import END_STATES, State, awaits_decision, is_done
 from reconciler.wire import Operation
 from reconciler.wire.schemas import model_schema
 
@@ -59,10 +61,12 @@ def test_good_arguments_pass() -> None:
 
 
 def view(state: State, escalation: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    is_open = escalation is not None and not escalation["decided"]
     return {
         "id": "op_1",
         "state": state.value,
-        "done": state in END_STATES,
+        "done": is_done(state, is_open),
+        "awaiting_decision": awaits_decision(state, is_open),
         "message": "Waiting. Wait with GET /v1/operations/op_1/wait.",
         "escalation": escalation,
         "poll_after_seconds": None if state in END_STATES else 2.0,
@@ -115,3 +119,119 @@ def test_an_escalated_task_says_why_and_a_finished_one_carries_the_result() -> N
 def test_the_next_step_is_named_as_a_tool() -> None:
     text = tool_message(view(State.OBSERVING))
     assert text == 'Waiting. Wait with wait_job(id="op_1"); it waits on the server.'
+
+
+# --- the tools in MCP's own terms ----------------------------------------------------------
+
+HTTP_WORDS = re.compile(r"/v1/|\bGET\b|\bPOST\b|``|HTTP API")
+
+
+def _texts(node: Any) -> list[str]:
+    """Every description and title in a schema (what a model reads of it)."""
+    if isinstance(node, dict):
+        found = [v for k, v in node.items() if k in ("description", "title") and isinstance(v, str)]
+        return found + [t for v in node.values() for t in _texts(v)]
+    if isinstance(node, list):
+        return [t for v in node for t in _texts(v)]
+    return []
+
+
+def test_no_tool_sends_the_agent_to_the_http_api() -> None:
+    for tool in build_tools(60.0).tools:
+        texts = [tool.description or "", *_texts(tool.input_schema), *_texts(tool.output_schema)]
+        for text in texts:
+            assert not HTTP_WORDS.search(text), (tool.name, text)
+    assert not HTTP_WORDS.search(INSTRUCTIONS)
+
+
+def test_defaults_and_the_deadline_are_said_where_the_fields_are() -> None:
+    start = {t.name: t for t in build_tools(60.0).tools}["start_job"].input_schema
+    deadline = start["properties"]["deadline_seconds"]["description"]
+    assert "Default: the provider's `max_deadline_seconds`" in deadline
+    assert "an operator decides" in deadline and "NOT done" in deadline
+    budget = start["properties"]["max_status_requests"]["description"]
+    assert "Default: the provider's `max_status_requests`" in budget
+    # An optional argument is left out: no schema offers null or names null its default.
+    for tool in build_tools(60.0).tools:
+        for name, prop in tool.input_schema["properties"].items():
+            assert "default" not in prop or prop["default"] is not None, (tool.name, name)
+            assert "anyOf" not in prop, (tool.name, name)
+
+
+def test_the_output_has_one_error_shape_and_typed_progress() -> None:
+    out = {t.name: t for t in build_tools(60.0).tools}["get_job"].output_schema
+    assert out is not None
+    defs = out["$defs"]
+    assert set(defs["OperationError"]["properties"]) == {
+        "code",
+        "message",
+        "http_status",
+        "provider_message",
+        "detail",
+    }
+    assert set(defs["Progress"]["properties"]) == {"completed", "total", "detail"}
+    assert {"awaiting_decision", "replayed", "done"} <= set(out["required"])
+
+
+@pytest.mark.parametrize(
+    ("tool", "read_only", "destructive", "open_world"),
+    [
+        ("start_job", False, False, True),
+        ("get_job", True, None, False),
+        ("wait_job", True, None, False),
+        ("cancel_job", False, True, True),
+        ("list_jobs", True, None, False),
+        ("list_providers", True, None, False),
+    ],
+)
+def test_tool_annotations(
+    tool: str, read_only: bool, destructive: bool | None, open_world: bool
+) -> None:
+    hints = {t.name: t for t in build_tools(60.0).tools}[tool].annotations
+    assert hints is not None and hints.title
+    assert hints.read_only_hint is read_only
+    assert hints.destructive_hint is destructive
+    assert hints.open_world_hint is open_world
+
+
+def test_tasks_are_discoverable_without_the_extension() -> None:
+    start = {t.name: t for t in build_tools(60.0).tools}["start_job"].description or ""
+    for text in (INSTRUCTIONS, start):
+        assert "io.modelcontextprotocol/tasks" in text and "tasks/get" in text
+        assert "`taskId` is the job's `id`" in text
+
+
+def test_a_decision_hint_is_named_as_a_tool() -> None:
+    message = (
+        "Waiting STOPPED. GET /v1/operations/op_1/wait returns as soon as the decision is made."
+    )
+    text = tool_message({**view(State.RESULT_TIMED_OUT), "message": message})
+    assert text == 'Waiting STOPPED. wait_job(id="op_1") returns as soon as the decision is made.'
+
+
+SCHEMAS = [
+    (None, "any JSON object (no request_schema)"),
+    ({"type": "object"}, "no required fields"),
+    (
+        {
+            "type": "object",
+            "required": ["scenario", "window"],
+            "properties": {
+                "scenario": {"enum": ["a", "b"]},
+                "window": {"const": "24h"},
+                "n": {"type": "integer", "minimum": 1, "maximum": 5},
+            },
+            "additionalProperties": False,
+        },
+        'required: scenario (one of: a, b), window ("24h"); optional: n; no other fields',
+    ),
+    (
+        {"anyOf": [{"required": ["model"]}, {"required": ["prompt"]}], "properties": {}},
+        "required: one of model (any) | prompt (any)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "text"), SCHEMAS)
+def test_a_request_schema_in_one_line(schema: Any, text: str) -> None:
+    assert request_summary(schema) == text

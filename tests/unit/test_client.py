@@ -18,7 +18,9 @@ from reconciler.client import (
     Client,
     MemorySeenStore,
     Operation,
+    OperationError,
     Outcome,
+    Progress,
     ReplayGuard,
     outcome_of,
     verify_callback,
@@ -99,7 +101,62 @@ def test_the_operation_is_typed_and_keeps_what_it_does_not_know() -> None:
     ],
 )
 def test_six_outcomes(state: str, done: bool, esc: Any, outcome: Outcome) -> None:
+    # As an older service answers: done true on a reopenable end, no awaiting_decision key.
     assert outcome_of(Operation.from_json(op_json(state, done, escalation=esc))) is outcome
+
+
+def test_an_operation_awaiting_a_decision_is_not_done_even_from_an_older_service() -> None:
+    old = Operation.from_json(op_json("result_timed_out", True, escalation=escalation()))
+    assert (old.done, old.awaiting_decision) == (False, True)
+    new = Operation.from_json(
+        op_json("result_timed_out", False, escalation=escalation(), awaiting_decision=True)
+    )
+    assert (new.done, new.awaiting_decision) == (False, True)
+    assert outcome_of(new) is Outcome.ESCALATED
+
+
+def test_a_refused_request_is_its_own_outcome_with_one_error_shape() -> None:
+    error = {
+        "code": "request_rejected",
+        "message": "the provider refused the request (HTTP 422): bad scenario",
+        "http_status": 422,
+        "provider_message": "bad scenario",
+        "detail": {"provider_error": {"detail": "bad scenario"}},
+    }
+    op = Operation.from_json(op_json("failed", True, error=error, replayed=True))
+    assert outcome_of(op) is Outcome.REJECTED and op.replayed is True
+    assert op.error == OperationError(
+        "request_rejected",
+        error["message"],
+        422,
+        "bad scenario",
+        {"provider_error": {"detail": "bad scenario"}},
+    )
+    failed = Operation.from_json(op_json("failed", True, error={"code": "provider_failed"}))
+    assert outcome_of(failed) is Outcome.FAILED and failed.error is not None
+    assert failed.error.message == "provider_failed" and failed.error.http_status is None
+
+
+def test_progress_is_typed_from_either_shape() -> None:
+    typed = {"completed": 3, "total": 10, "detail": {"completed": 3, "total": 10}}
+    assert Operation.from_json(op_json(progress=typed)).progress == Progress(3, 10, typed["detail"])
+    older = Operation.from_json(op_json(progress={"completed": 3, "total": "ten"}))
+    assert older.progress == Progress(3, None, {"completed": 3, "total": "ten"})
+    assert Operation.from_json(op_json()).progress is None
+
+
+def test_the_list_asks_for_the_operations_awaiting_a_decision() -> None:
+    asked: list[httpx.QueryParams] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.params)
+        return httpx.Response(200, json={"operations": [], "next_cursor": None})
+
+    with client_with(handler) as api:
+        api.list(awaiting_decision=True)
+        api.list(done=False, awaiting_decision=False)
+    assert dict(asked[0]) == {"awaiting_decision": "true"}
+    assert dict(asked[1]) == {"done": "false", "awaiting_decision": "false"}
 
 
 @pytest.mark.parametrize(

@@ -123,10 +123,11 @@ def test_an_older_draft_is_honoured() -> None:
 @pytest.mark.parametrize(
     ("request_", "fragment"),
     [
-        ({}, "'request' does not match the request_schema of provider 'acme': 'report' is a"),
+        ({}, "'request.report' is required by the request_schema of provider 'acme'"),
         ({"report": "q5"}, "'request.report' does not match"),
-        ({"report": "q1", "rows": [{"id": 1}, {}]}, "'request.rows[1]' does not match"),
+        ({"report": "q1", "rows": [{"id": 1}, {}]}, "'request.rows[1].id' is required"),
         ({"report": 3}, "'request.report'"),
+        ({"report": "q1", "rows": [{}]}, "'request.rows[0].id' is required"),
     ],
 )
 def test_a_mismatch_names_the_failing_field(request_: Any, fragment: str) -> None:

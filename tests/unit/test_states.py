@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from reconciler.core.errors import IllegalTransition
-from reconciler.core.states import END_STATES, REOPENING, TRANSITIONS, State, check_transition
+from reconciler.core.states import (
+    END_STATES,
+    REOPENABLE,
+    REOPENING,
+    TRANSITIONS,
+    State,
+    awaits_decision,
+    check_transition,
+    is_done,
+)
 
 
 def test_every_state_has_a_row() -> None:
@@ -56,3 +67,12 @@ def test_sending_cancel_is_not_cancelled() -> None:
     # The cancel call moves to `cancelling`; only the provider's word makes it `cancelled`.
     assert State.CANCELLING in TRANSITIONS[State.CANCEL_REQUESTED]
     assert State.CANCELLED in TRANSITIONS[State.CANCELLING]
+
+
+@given(state=st.sampled_from(list(State)), is_open=st.booleans())
+def test_done_and_awaiting_a_decision_never_hold_together(state: State, is_open: bool) -> None:
+    done, waiting = is_done(state, is_open), awaits_decision(state, is_open)
+    assert not (done and waiting)
+    assert done <= (state in END_STATES)  # done only in an end state
+    # An end state is done unless the open escalation's decision may still reopen it.
+    assert done is (state in END_STATES and not (is_open and state in REOPENABLE))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -63,7 +64,8 @@ def test_end_state_messages_name_what_happened() -> None:
     assert "may still be running" in text(State.RESULT_TIMED_OUT)
     assert "could NOT be fetched" in text(State.RESULT_UNAVAILABLE)
     assert "FAILED validation" in text(State.RESULT_VALIDATION_FAILED)
-    assert "did NOT confirm" in text(State.CANCELLATION_UNCONFIRMED)
+    assert "never confirmed" in text(State.CANCELLATION_UNCONFIRMED)
+    assert "NOT a confirmed cancellation" in text(State.CANCELLATION_UNCONFIRMED)
 
 
 def test_cancel_intent_is_not_cancellation() -> None:
@@ -131,7 +133,11 @@ def test_the_view_has_the_spec_shape() -> None:
     assert view["provider"] == "sim"
     assert view["remote_job_id"] == "job_7ad2"
     assert view["remote_state"] == "running"
-    assert view["progress"] == {"completed": 146, "total": 500}
+    assert view["progress"] == {
+        "completed": 146,
+        "total": 500,
+        "detail": {"completed": 146, "total": 500},
+    }
     assert view["budget"] == {"status_requests_used": 3, "max_status_requests": 12}
     assert view["deadline_at"] == "2025-03-08T15:02:11Z"
     assert view["poll_after_seconds"] == 30
@@ -159,3 +165,119 @@ def test_poll_after_seconds(next_poll_in: float | None, expected: float) -> None
 def test_no_poll_after_once_done(state: State) -> None:
     view = operation_view(op_in(state, next_poll_at=NOW + timedelta(seconds=5)), NOW)
     assert view["poll_after_seconds"] is None
+
+
+# --- a decision pending: not done, and the message says who decides ------------------------
+
+OPTIONS = [
+    {
+        "action": "extend",
+        "description": "extend waiting once by 15 minutes with 4 additional checks",
+        "extra_seconds": 900.0,
+        "extra_status_requests": 4,
+    },
+    {"action": "cancel", "description": "cancel at provider (stops future work)"},
+    {
+        "action": "abandon",
+        "description": "abandon (stop waiting; the operation ends as result_timed_out)",
+    },
+]
+
+
+def _escalation(reason: str, decided: bool) -> EscalationRecord:
+    return EscalationRecord(
+        id=7,
+        operation_id="op_x",
+        reason=reason,
+        message="External job needs a decision",
+        options=OPTIONS,
+        resume_state=None,
+        created_at=NOW,
+        decided_at=NOW if decided else None,
+        decided_by="operator:ops" if decided else None,
+        decision={"action": "abandon"} if decided else None,
+    )
+
+
+REOPENABLE_ENDS = [
+    (State.RESULT_TIMED_OUT, "deadline_exceeded"),
+    (State.CANCELLATION_UNCONFIRMED, "cancellation_unconfirmed"),
+]
+
+
+@pytest.mark.parametrize(("state", "reason"), REOPENABLE_ENDS, ids=lambda v: str(v))
+def test_an_end_a_decision_may_reopen_is_not_done_until_it_is_made(
+    state: State, reason: str
+) -> None:
+    op = op_in(state, escalation_id=7, escalation_open=True, done_at=NOW)
+    view = operation_view(op, NOW, _escalation(reason, decided=False))
+    assert view["done"] is False and view["awaiting_decision"] is True
+    message = view["message"]
+    assert "NOT done" in message and "SUCCEEDED" not in message
+    assert "An operator of this service must decide" in message
+    assert "cannot decide" in message and "Tell your user" in message
+    assert "extend waiting once by 15 minutes" in message and "abandon (stop waiting" in message
+    assert f"GET /v1/operations/{op.id}/wait returns as soon as the decision is made" in message
+    assert view["poll_after_seconds"] == 60.0
+    # The decision is recorded: nothing more will happen, and the view says so.
+    decided = replace(op, escalation_open=False)
+    after = operation_view(decided, NOW, _escalation(reason, decided=True))
+    assert after["done"] is True and after["awaiting_decision"] is False
+    assert "for good" in after["message"] and "NOT" in after["message"]
+    assert "decision is made" not in after["message"]
+    assert after["poll_after_seconds"] is None
+
+
+def test_an_escalated_operation_says_who_decides_and_how_to_learn_the_outcome() -> None:
+    op = op_in(State.ESCALATED, escalation_id=7, escalation_open=True)
+    view = operation_view(op, NOW, _escalation("unknown_state", decided=False))
+    assert view["done"] is False and view["awaiting_decision"] is True
+    assert "(reason: unknown_state)" in view["message"]
+    assert "returns as soon as the decision is made" in view["message"]
+
+
+def test_an_undeliverable_callback_leaves_the_outcome_done() -> None:
+    op = op_in(State.SUCCEEDED, escalation_id=7, escalation_open=True)
+    view = operation_view(op, NOW, _escalation("callback_undeliverable", decided=False))
+    assert view["done"] is True and view["awaiting_decision"] is False
+    assert view["message"].startswith("The job SUCCEEDED")
+
+
+# --- a refused create: its own outcome ---------------------------------------------------
+
+
+def test_a_refused_request_says_nothing_ran_and_to_fix_it_with_a_new_key() -> None:
+    stored = {
+        "code": "request_rejected",
+        "http_status": 422,
+        "provider_message": "unknown scenario 'bogus'",
+        "provider_error": {"error": {"code": "bad_request", "message": "unknown scenario 'bogus'"}},
+    }
+    view = operation_view(op_in(State.FAILED, error=stored, done_at=NOW), NOW)
+    assert view["done"] is True
+    message = view["message"]
+    assert message.startswith(
+        "The provider REFUSED the request (HTTP 422: unknown scenario 'bogus'), so nothing ran."
+    )
+    assert "Fix `request`" in message and "NEW `idempotency_key`" in message
+    assert "Do not resubmit" not in message
+    assert view["error"] == {
+        "code": "request_rejected",
+        "message": "the provider refused the request (HTTP 422): unknown scenario 'bogus'",
+        "http_status": 422,
+        "provider_message": "unknown scenario 'bogus'",
+        "detail": {"provider_error": stored["provider_error"]},
+    }
+
+
+def test_refused_credentials_are_not_the_agents_to_fix() -> None:
+    stored = {"code": "authorization_denied", "http_status": 401, "provider_error": None}
+    message = message_for(op_in(State.FAILED, error=stored))
+    assert "REFUSED this service's credentials" in message and "not your request's fault" in message
+
+
+def test_a_replayed_start_says_so() -> None:
+    view = operation_view(op_in(State.OBSERVING), NOW, replayed=True)
+    assert view["replayed"] is True
+    assert view["message"].startswith("This is the job started earlier with the same")
+    assert operation_view(op_in(State.OBSERVING), NOW)["replayed"] is False

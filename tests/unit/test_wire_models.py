@@ -19,7 +19,7 @@ from reconciler.api import openapi
 from reconciler.api.errors import error_response
 from reconciler.client import model as client
 from reconciler.core.clock import utc
-from reconciler.core.states import END_STATES, State
+from reconciler.core.states import END_STATES, State, awaits_decision, is_done
 from reconciler.core.strict_json import parse_json
 from reconciler.core.views import operation_view
 from reconciler.storage import operations as store
@@ -177,15 +177,21 @@ def test_the_core_view_validates_against_the_model(
     state: State, with_result: bool, escalation: str | None
 ) -> None:
     row = None if escalation is None else _escalation(escalation == "decided")
-    op = new_operation(NOW, **_facts(state, with_result))
+    is_open = escalation == "open"
+    op = new_operation(NOW, escalation_open=is_open, **_facts(state, with_result))
     view = operation_view(op, NOW, row)
     parsed = Operation.model_validate(view)
     assert set(view) == set(Operation.model_fields)
-    assert parsed.done is (state in END_STATES)
+    assert parsed.done is is_done(state, is_open)
+    assert parsed.awaiting_decision is awaits_decision(state, is_open)
+    assert not (parsed.done and parsed.awaiting_decision)
     assert (parsed.escalation is None) is (escalation is None)
     # The client reads the same view without losing a field.
     read = client.Operation.from_json(view)
     assert read.state == state.value and read.done is parsed.done
+    assert read.awaiting_decision is parsed.awaiting_decision
+    assert (read.error is None) is (parsed.error is None)
+    assert (read.progress is None) is (parsed.progress is None)
 
 
 def test_the_callback_event_carries_the_operation() -> None:
@@ -240,6 +246,8 @@ PAIRS = [
     (client.Budget, wire_views.Budget),
     (client.Escalation, wire_views.Escalation),
     (client.EscalationOption, wire_views.EscalationOption),
+    (client.Progress, wire_views.Progress),
+    (client.OperationError, wire_views.OperationError),
 ]
 
 

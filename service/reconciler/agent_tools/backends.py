@@ -43,8 +43,8 @@ class LocalBackend:
         self.rt, self.who, self.headers = runtime, who, headers
 
     async def start(self, body: CreateOperation) -> View:
-        op, _ = await actions.start_validated(self.rt, self.who, body, self.headers)
-        return await actions.render(self.rt, op)
+        op, created = await actions.start_validated(self.rt, self.who, body, self.headers)
+        return await actions.render(self.rt, op, replayed=not created)
 
     async def get(self, op_id: str) -> View:
         return await actions.render(self.rt, await actions.load_visible(self.rt, op_id, self.who))
@@ -89,6 +89,7 @@ class RemoteBackend:
             state=query.state.value if query.state else None,
             provider=query.provider,
             done=query.done,
+            awaiting_decision=query.awaiting_decision,
             limit=query.limit,
             cursor=query.cursor,
         )

@@ -51,6 +51,19 @@ NOT_DONE = (
     "`done: false` means the job is NOT finished: never report it as a success and never use "
     "its result."
 )
+DECISION = (
+    "`awaiting_decision: true` means waiting stopped and an operator of this service must "
+    "decide (the message names the options); you cannot decide it: tell your user, and call "
+    "wait_job to learn the outcome, which it returns as soon as the decision is made."
+)
+TASKS = (
+    "A client that declares the MCP tasks extension (io.modelcontextprotocol/tasks, protocol "
+    "2026-07-28) gets start_job answered as a task whose `taskId` is the job's `id`: poll "
+    "tasks/get at its `pollIntervalMs` until the task is completed (its result is the "
+    "Operation, as get_job gives it) or cancelled; tasks/cancel asks the provider to cancel. "
+    "A task stays working while a decision is pending, with the decision's message as its "
+    "status message."
+)
 
 
 def _descriptions(cap: float) -> dict[ToolName, str]:
@@ -59,51 +72,94 @@ def _descriptions(cap: float) -> dict[ToolName, str]:
             "Start a long-running job at a provider and return its Operation right away. "
             "A started job is NOT done: " + NOT_DONE + " Next, call wait_job with the returned "
             "`id`: it waits on the server, so one call replaces a polling loop. With "
-            f"`wait_seconds` (at most {cap:g}) this call first waits that long for the job to "
-            "finish. Give an `idempotency_key` that names this piece of work: calling "
-            "start_job again with the same key and request returns the same job instead of "
-            "starting a second one, so retrying after an error or a lost answer is safe. "
-            "Call list_providers first to see the providers and the `request` each expects."
+            f"`wait_seconds` (at most {cap:g}) this call first waits up to that long and "
+            "answers as soon as the job is done, refused or awaiting a decision. `request` "
+            "must match the provider's `request_schema` (list_providers shows it): a request "
+            "that does not is refused at once, naming the field, and nothing is stored. A "
+            'request the provider itself refuses ends failed with `error.code` "request_rejected": '
+            "nothing ran; fix `request` and start again with a new `idempotency_key`. Give an "
+            "`idempotency_key` that names this piece of work: calling start_job again with "
+            "the same key and request returns the same job (with `replayed: true`) instead of "
+            "starting a second one, so retrying after an error or a lost answer is safe. " + TASKS
         ),
         ToolName.GET_JOB: (
-            "Read one of your jobs by `id`, without waiting. " + NOT_DONE + " To wait for "
-            "the job, call wait_job rather than calling get_job again and again; if you do "
-            "check with get_job, leave at least `poll_after_seconds` between calls."
+            "Read one of your jobs by `id`, without waiting. "
+            + NOT_DONE
+            + " "
+            + DECISION
+            + " To wait for the job, call wait_job rather than calling get_job again and "
+            "again; if you do check with get_job, leave at least `poll_after_seconds` between "
+            "calls."
         ),
         ToolName.WAIT_JOB: (
-            "Wait on the server for one of your jobs to finish, for up to `timeout_seconds` "
+            "Wait on the server for one of your jobs, for up to `timeout_seconds` "
             f"(default {min(DEFAULT_WAIT_SECONDS, cap):g}, at most {cap:g}). Returns the "
-            "Operation as soon as `done` is true, or at the timeout. If it returns with "
-            "`done: false` the job is still running and NOT finished: do not report success; "
-            "call wait_job again with the same `id` right away (the waiting happens on the "
-            "server), or keep the `id` and check back later. If `escalation` is set, a person "
-            "must decide before the job goes on: say so and stop waiting. When `done` is "
-            "true, `state` says what happened: succeeded (the result is in `result`), "
-            "completed_with_errors (read result.summary and result.failed_items before "
-            "reporting), failed (read `error`), cancelled, or a stop an operator decides."
+            "Operation as soon as `done` is true, when the job starts awaiting an operator's "
+            "decision, when that decision is made, or at the timeout. "
+            + NOT_DONE
+            + " "
+            + DECISION
+            + " Otherwise, with `done: false`, call wait_job again with the same "
+            "`id` right away (the waiting happens on the server), or keep the `id` and check "
+            "back later. When `done` is true, `state` says what happened: succeeded (the "
+            "result is in `result`), completed_with_errors (read result.summary and "
+            "result.failed_items before reporting), failed (read `error`; `error.code` "
+            '"request_rejected" means the provider refused the request and nothing ran), '
+            "cancelled, result_timed_out or cancellation_unconfirmed (an operator stopped the "
+            "waiting: the job's outcome is not known), result_unavailable or "
+            "result_validation_failed (the job finished but its result could not be used)."
         ),
         ToolName.CANCEL_JOB: (
             "Ask the provider to cancel one of your jobs. This records the request: the job is "
             "NOT cancelled until the provider confirms it, and it may still finish. The "
             "answer usually shows `cancel_requested: true`; call wait_job to learn the final "
-            "state."
+            "state. A job that is done is not changed, and neither is the decision an "
+            "operator owes on a job with `awaiting_decision: true`."
         ),
         ToolName.LIST_JOBS: (
             "List your jobs, newest first. With no arguments it lists the jobs that are NOT "
-            "done yet: call it at the start of every run to find work started earlier, "
-            "because an `id` mentioned long ago in a conversation may be lost. Filter with "
-            "`state`, `provider` or `done` (true: finished jobs); for the next page pass "
-            "`cursor` = the previous answer's `next_cursor`."
+            "done yet (running, or awaiting an operator's decision): call it at the start of "
+            "every run to find work started earlier, because an `id` mentioned long ago in a "
+            "conversation may be lost. `awaiting_decision: true` lists exactly the jobs an "
+            "operator must decide; filter also with `state`, `provider` or `done` (true: "
+            "finished jobs). A `state` or `provider` that does not exist is an error, not an "
+            "empty list. For the next page pass `cursor` = the previous answer's `next_cursor`."
         ),
         ToolName.LIST_PROVIDERS: (
-            "List the providers you can start jobs at: each one's `name`, the `preset` it is "
-            "configured from (null: none), a `description`, the `request_schema` that "
-            "start_job's `request` must match (null: any object), the pointers in "
-            "`set_by_service` that your `request` must NOT hold (the service writes them), "
-            "whether its jobs can be cancelled, and the longest `deadline_seconds` and most "
-            "`max_status_requests` start_job may ask for."
+            "List the providers you can start jobs at: each one's `name`, a `description`, "
+            "the `request_schema` that start_job's `request` must match (null: any object; "
+            "the text answer names its required fields), the pointers in `set_by_service` "
+            "that your `request` must NOT hold (the service writes them), `can_cancel` "
+            "(whether its jobs can be cancelled), `max_deadline_seconds` (the "
+            "`deadline_seconds` a job gets when start_job names none, and the most it may "
+            "name), `max_status_requests` (the same for the status-request budget) and the "
+            "`preset` it is configured from (null: none)."
         ),
     }
+
+
+def _hints(
+    title: str, *, read_only: bool, destructive: bool = False, open_world: bool = False
+) -> types.ToolAnnotations:
+    return types.ToolAnnotations(
+        title=title,
+        read_only_hint=read_only,
+        destructive_hint=None if read_only else destructive,
+        # Cancelling twice is cancelling once; a start is idempotent only with its key.
+        idempotent_hint=None if read_only else destructive,
+        open_world_hint=open_world,
+    )
+
+
+# start_job and cancel_job reach the provider (an open world); cancel_job may end work.
+ANNOTATIONS: dict[ToolName, types.ToolAnnotations] = {
+    ToolName.START_JOB: _hints("Start a job", read_only=False, open_world=True),
+    ToolName.GET_JOB: _hints("Read a job", read_only=True),
+    ToolName.WAIT_JOB: _hints("Wait for a job", read_only=True),
+    ToolName.CANCEL_JOB: _hints("Cancel a job", read_only=False, destructive=True, open_world=True),
+    ToolName.LIST_JOBS: _hints("List your jobs", read_only=True),
+    ToolName.LIST_PROVIDERS: _hints("List the providers", read_only=True),
+}
 
 
 ARGUMENTS: dict[ToolName, type[BaseModel]] = {
@@ -185,6 +241,7 @@ def build_tools(wait_max_seconds: float) -> ToolSet:
             description=descriptions[name],
             input_schema=input_schema(name, wait_max_seconds),
             output_schema=model_schema(ANSWERS[name]),
+            annotations=ANNOTATIONS[name],
         )
         for name in ToolName
     )

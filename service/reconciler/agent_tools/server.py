@@ -30,12 +30,13 @@ from pydantic import Field
 
 from reconciler import __version__
 from reconciler.agent_tools.backends import Backend, View
-from reconciler.agent_tools.definitions import ToolName, ToolSet
+from reconciler.agent_tools.definitions import TASKS, ToolName, ToolSet
+from reconciler.agent_tools.request_summary import request_summary
 from reconciler.agent_tools.tasks import TASKS_EXTENSION, task_view
 from reconciler.api.actions import operation_id
 from reconciler.core import errors
 from reconciler.core.strict_json import require_text
-from reconciler.core.views import WAIT_HINT
+from reconciler.core.views import DECISION_HINT, WAIT_HINT, as_replayed
 from reconciler.wire import JobId, OperationFilter, StartJob, WaitJob
 
 log = logging.getLogger("reconciler.mcp")
@@ -56,9 +57,13 @@ _CALLER = (
 def tool_message(view: Mapping[str, Any]) -> str:
     """The Operation's message, its next step named as a tool call."""
     message = str(view["message"])
+    op_id = view["id"]
     return message.replace(
-        WAIT_HINT.replace("{id}", view["id"]),
-        f'Wait with wait_job(id="{view["id"]}"); it waits on the server.',
+        WAIT_HINT.replace("{id}", op_id),
+        f'Wait with wait_job(id="{op_id}"); it waits on the server.',
+    ).replace(
+        DECISION_HINT.replace("{id}", op_id),
+        f'wait_job(id="{op_id}") returns as soon as the decision is made.',
     )
 
 
@@ -70,14 +75,35 @@ def operation_result(view: Mapping[str, Any]) -> types.CallToolResult:
     )
 
 
-def _page_result(page: View, done: bool | None) -> types.CallToolResult:
+def _scope(query: OperationFilter) -> str:
+    if query.awaiting_decision:
+        return " that await an operator's decision"
+    if query.done is False:
+        return " that are not done"
+    return " that are done" if query.done else ""
+
+
+def _line(op: Mapping[str, Any]) -> str:
+    line = f"- {op['id']} at {op['provider']}: {op['state']}, done={op['done']}"
+    if op.get("awaiting_decision"):
+        line += ", awaiting an operator's decision"
+    return line
+
+
+def _page_result(page: View, query: OperationFilter) -> types.CallToolResult:
     ops = [{**op, "message": tool_message(op)} for op in page["operations"]]
-    scope = " that are not done" if done is False else (" that are done" if done else "")
+    scope = _scope(query)
     if not ops:
         lines = [f"You have no jobs{scope}."]
     else:
         lines = [f"{len(ops)} of your jobs{scope}, newest first:"]
-    lines += [f"- {op['id']} at {op['provider']}: {op['state']}, done={op['done']}" for op in ops]
+    lines += [_line(op) for op in ops]
+    waiting = sum(1 for op in ops if op.get("awaiting_decision"))
+    if waiting and not query.awaiting_decision:
+        lines.append(
+            f"Awaiting an operator's decision: {waiting} of them. Tell your user; wait_job "
+            "returns as soon as the decision is made."
+        )
     if page.get("next_cursor"):
         lines.append(f'More: call list_jobs with cursor="{page["next_cursor"]}".')
     return types.CallToolResult(
@@ -86,20 +112,36 @@ def _page_result(page: View, done: bool | None) -> types.CallToolResult:
     )
 
 
-def _providers_result(providers: View) -> types.CallToolResult:
-    lines = [
-        f"- {p['name']}"
-        + (f" (preset {p['preset']})" if p.get("preset") else "")
-        + f": {p.get('description') or 'no description'}"
-        + (" (request_schema given)" if p.get("request_schema") else "")
-        + (
-            f"; request must not hold {', '.join(p['set_by_service'])}"
-            if p.get("set_by_service")
-            else ""
+def _seconds(value: Any) -> str:
+    return f"{value:g} s" if isinstance(value, int | float) else "not set"
+
+
+def _provider_lines(p: Mapping[str, Any]) -> list[str]:
+    head = f"- {p['name']}" + (f" (preset {p['preset']})" if p.get("preset") else "")
+    lines = [head + f": {p.get('description') or 'no description'}"]
+    lines.append("  request: " + request_summary(p.get("request_schema")))
+    if p.get("set_by_service"):
+        lines.append(
+            f"  request must NOT hold (the service sets them): {', '.join(p['set_by_service'])}"
         )
-        for p in providers["providers"]
-    ]
-    text = "Providers you can start jobs at:\n" + "\n".join(lines) if lines else "No providers."
+    deadline = _seconds(p.get("max_deadline_seconds"))
+    budget = p.get("max_status_requests")
+    lines.append(
+        f"  deadline_seconds: {deadline} by default, and at most {deadline}; "
+        f"max_status_requests: {budget} by default, and at most {budget}; can cancel: "
+        + ("yes" if p.get("can_cancel") else "no")
+    )
+    return lines
+
+
+def _providers_result(providers: View) -> types.CallToolResult:
+    lines = [line for p in providers["providers"] for line in _provider_lines(p)]
+    text = (
+        "Providers you can start jobs at (start_job's `request` must match the provider's "
+        "`request_schema`):\n" + "\n".join(lines)
+        if lines
+        else "No providers."
+    )
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=text)], structured_content=providers
     )
@@ -193,8 +235,9 @@ class ToolServer:
             if tasks_declared(ctx):
                 # The operation is stored: tasks/get for this id resolves from now on.
                 return _task(view, result_type="task")
-            if args.wait_seconds and not view["done"]:
-                view = await backend.wait(view["id"], args.wait_seconds)
+            if args.wait_seconds and not view["done"] and not view["awaiting_decision"]:
+                waited = await backend.wait(view["id"], args.wait_seconds)
+                view = as_replayed(waited) if view["replayed"] else waited
             return operation_result(view)
         if isinstance(args, WaitJob):
             timeout = args.timeout_seconds
@@ -206,10 +249,10 @@ class ToolServer:
             return operation_result(await backend.get(args.id))
         if isinstance(args, OperationFilter):
             query = args
-            if not {"done", "state"} & args.model_fields_set:
-                # What an agent that lost its context looks for: the jobs still running.
+            if not {"done", "state", "awaiting_decision"} & args.model_fields_set:
+                # What an agent that lost its context looks for: the jobs not done yet.
                 query = args.model_copy(update={"done": False})
-            return _page_result(await backend.list(query), query.done)
+            return _page_result(await backend.list(query), query)
         return _providers_result(await backend.providers())
 
     async def tasks_get(
@@ -241,15 +284,21 @@ class ToolServer:
         return {"resultType": "complete"}
 
 
+INSTRUCTIONS = (
+    "Long-running jobs at remote providers. Call list_providers first: each provider's "
+    "`request_schema` says what start_job's `request` must hold. A started job is NOT done "
+    "until `done` is true; `awaiting_decision: true` means an operator of this service must "
+    "decide (tell your user; wait_job returns as soon as the decision is made). Call "
+    "list_jobs at the start of a run to find jobs started earlier. " + TASKS
+)
+
+
 def build_server(toolset: ToolSet, backend_for: BackendFor, name: str = "reconciler") -> Server:
     tools = ToolServer(toolset, backend_for)
     server: Server = Server(
         name,
         version=__version__,
-        instructions=(
-            "Long-running jobs at remote providers. A started job is NOT done until `done` is "
-            "true. Call list_jobs at the start of a run to find jobs started earlier."
-        ),
+        instructions=INSTRUCTIONS,
         on_list_tools=tools.list_tools,
         on_call_tool=tools.call_tool,
         get_tool_input_schema=toolset.input_schema,

@@ -19,19 +19,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reconciler.core.states import State, awaits_decision
+from reconciler.core.states import State
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 DEFAULT_POLL_MS = 30_000
 
 
 def awaiting_decision(view: Mapping[str, Any]) -> bool:
-    escalation = view.get("escalation")
-    is_open = isinstance(escalation, dict) and not escalation.get("decided")
-    return awaits_decision(State(view["state"]), is_open)
+    return bool(view.get("awaiting_decision"))
 
 
 def task_status(view: Mapping[str, Any]) -> str:
+    # ``done`` is false while a decision is pending: the task works on until it is made.
     if not view["done"] or awaiting_decision(view):
         return "working"
     return "cancelled" if view["state"] == State.CANCELLED else "completed"

@@ -24,11 +24,12 @@ from reconciler.api.validation import (
 from reconciler.commands import create as creating
 from reconciler.commands.cancel import cancel as commands_cancel
 from reconciler.console.providers import webhook_trust
-from reconciler.core.errors import NotFound
+from reconciler.core import states
+from reconciler.core.errors import InvalidRequest, NotFound
 from reconciler.core.records import OperationRecord
-from reconciler.core.states import END_STATES, State
+from reconciler.core.states import State
 from reconciler.core.strict_json import require_field_text, shown
-from reconciler.core.views import history_entry_view
+from reconciler.core.views import as_replayed, history_entry_view
 from reconciler.providers.views import provider_view
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
@@ -44,12 +45,26 @@ MAX_OPERATION_ID = 100
 
 
 def is_done(op: OperationRecord) -> bool:
-    return State(op.state) in END_STATES
+    return states.is_done(State(op.state), op.escalation_open)
 
 
-async def render(rt: Runtime, op: OperationRecord) -> dict[str, Any]:
-    """The Operation view (requests rendering in the same loop turn share one read)."""
-    return await rt.views.view(op)
+def awaiting_decision(op: OperationRecord) -> bool:
+    return states.awaits_decision(State(op.state), op.escalation_open)
+
+
+def answer_settled(first: OperationRecord) -> Settled:
+    """When an agent's wait that began on ``first`` has its answer: the operation is done,
+    or a decision became pending, or the pending one was made (whichever way it went)."""
+    waiting = awaiting_decision(first)
+    return lambda op: is_done(op) or awaiting_decision(op) != waiting
+
+
+async def render(rt: Runtime, op: OperationRecord, *, replayed: bool = False) -> dict[str, Any]:
+    """The Operation view (requests rendering in the same loop turn share one read).
+
+    ``replayed``: the answer to a start whose key and request named this earlier job."""
+    view = await rt.views.view(op)
+    return as_replayed(view) if replayed else view
 
 
 def operation_id(raw: str, field: str = "id") -> str:
@@ -75,11 +90,13 @@ async def wait_until(
     op_id: str,
     who: Principal,
     deadline: float,
-    settled: Settled = is_done,
+    settled: Settled | None = None,
     *,
     current: OperationRecord | None = None,
 ) -> OperationRecord:
     """The operation as soon as ``settled`` holds, or at ``deadline`` with the latest record.
+
+    By default (an agent's wait) it holds when ``answer_settled`` by the first read does.
 
     ``deadline`` is on the loop's clock, taken when the request arrived, so time spent
     queueing for a read counts against the wait. Each round subscribes before it reads
@@ -97,6 +114,8 @@ async def wait_until(
         try:
             if op is None:
                 op = await load_visible(rt, op_id, who)
+            if settled is None:
+                settled = answer_settled(op)
             left = deadline - loop.time()
             if settled(op) or left <= 0 or rt.notifier.closing:
                 return op  # closing: shutting down, answer now rather than be cut off
@@ -191,6 +210,13 @@ async def cancel(rt: Runtime, who: Principal, op_id: str, body: Any) -> Operatio
 
 
 async def page(rt: Runtime, who: Principal, query: OperationFilter) -> dict[str, Any]:
+    if query.provider is not None and query.provider not in rt.providers:
+        # A filter that names nothing would answer an empty page, which reads as "none".
+        known = ", ".join(sorted(rt.providers)) or "none configured"
+        raise InvalidRequest(
+            f"unknown provider {shown(query.provider)!r} in the filter; known providers: {known}"
+        )
+
     def load() -> dict[str, Any]:
         with rt.db.read() as conn:
             found = store.list_operations(
@@ -199,6 +225,7 @@ async def page(rt: Runtime, who: Principal, query: OperationFilter) -> dict[str,
                 state=query.state,
                 provider=query.provider,
                 done=query.done,
+                awaiting_decision=query.awaiting_decision,
                 limit=query.limit,
                 cursor=query.cursor,
             )

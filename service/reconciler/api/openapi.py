@@ -117,6 +117,13 @@ def document(
                         {
                             "name": "done",
                             "in": "query",
+                            "description": "false: not done (running, or awaiting a decision).",
+                            "schema": {"type": "string", "enum": ["true", "false"]},
+                        },
+                        {
+                            "name": "awaiting_decision",
+                            "in": "query",
+                            "description": "true: only operations awaiting an operator.",
                             "schema": {"type": "string", "enum": ["true", "false"]},
                         },
                         {
@@ -145,7 +152,8 @@ def document(
             },
             "/v1/operations/{op_id}/wait": {
                 "get": {
-                    "summary": "Long-poll until done or the timeout (then done is false).",
+                    "summary": "Long-poll until done, until a decision becomes pending or "
+                    "is made, or until the timeout (then done is false).",
                     "security": secured,
                     "parameters": [
                         _op_id(),

@@ -30,7 +30,8 @@ async def create(request: Request) -> Response:
     who = await authenticate(request)
     body = await read_json(request, rt.settings.server.max_body_bytes)
     op, created = await actions.start(rt, who, body, request.headers)
-    return JSONResponse(await actions.render(rt, op), status_code=202 if created else 200)
+    view = await actions.render(rt, op, replayed=not created)
+    return JSONResponse(view, status_code=202 if created else 200)
 
 
 async def get_one(request: Request) -> Response:

@@ -73,16 +73,18 @@ def parse_list(values: Mapping[str, Any], what: str = "field") -> OperationFilte
 
 
 def parse_list_params(params: Mapping[str, str]) -> OperationFilter:
-    """The same from URL query text: ``limit`` digits, ``done`` true|false."""
+    """The same from URL query text: ``limit`` digits, ``done`` and ``awaiting_decision``
+    true|false."""
     values: dict[str, Any] = dict(params)
     if "limit" in params:
         raw = params["limit"]
         values["limit"] = int(raw) if raw.isascii() and raw.isdigit() else -1
-    if "done" in params:
-        words = {"true": True, "false": False}
-        if params["done"] not in words:
-            raise InvalidRequest("'done' must be true or false")
-        values["done"] = words[params["done"]]
+    words = {"true": True, "false": False}
+    for flag in ("done", "awaiting_decision"):
+        if flag in params:
+            if params[flag] not in words:
+                raise InvalidRequest(f"'{flag}' must be true or false")
+            values[flag] = words[params[flag]]
     return parse_list(values, "query parameter")
 
 

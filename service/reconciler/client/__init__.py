@@ -9,7 +9,7 @@ Needs only httpx and the standard library (no web server, no database driver)::
         if run.outcome is Outcome.SUCCEEDED:
             ...  # run.result
         else:
-            ...  # run.outcome says which of six things happened; run.operation_id stays
+            ...  # run.outcome says which of seven things happened; run.operation_id stays
 
 Errors are the package's own families (``reconciler.core.errors``), mapped from the
 answer's ``error.code``: ``InvalidRequest`` (bad input), ``NotFound``,
@@ -33,8 +33,10 @@ from reconciler.client.model import (
     EscalationOption,
     HistoryEntry,
     Operation,
+    OperationError,
     Outcome,
     Page,
+    Progress,
     Provider,
     RunResult,
     outcome_of,
@@ -67,9 +69,11 @@ __all__ = [
     "MemorySeenStore",
     "NotFound",
     "Operation",
+    "OperationError",
     "Outcome",
     "Page",
     "PermissionDenied",
+    "Progress",
     "Provider",
     "ReconcilerError",
     "ReplayGuard",

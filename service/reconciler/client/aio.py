@@ -144,12 +144,22 @@ class AsyncClient:
         state: str | None = None,
         provider: str | None = None,
         done: bool | None = None,
+        awaiting_decision: bool | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Page:
-        """Your operations, newest first (``done=False``: the ones still running)."""
+        """Your operations, newest first (``done=False``: the ones not done, those awaiting
+        a decision included; ``awaiting_decision=True``: exactly those an operator must
+        decide)."""
         return await self._send(
-            calls.listing(state=state, provider=provider, done=done, limit=limit, cursor=cursor)
+            calls.listing(
+                state=state,
+                provider=provider,
+                done=done,
+                awaiting_decision=awaiting_decision,
+                limit=limit,
+                cursor=cursor,
+            )
         )
 
     async def history(self, op_id: str) -> builtins.list[HistoryEntry]:
@@ -180,10 +190,11 @@ class AsyncClient:
     ) -> RunResult:
         """Start one job and wait for its answer, up to ``max_wait`` seconds.
 
-        The outcome is one of succeeded, completed_with_errors, failed, cancelled,
-        timed_out (still running: keep ``operation_id`` and ``wait`` again later) or
-        escalated (a person must decide). Without an ``idempotency_key`` one is made,
-        so a resend after a connection error never starts a second job.
+        The outcome is one of succeeded, completed_with_errors, failed, rejected (the
+        provider refused the request: nothing ran), cancelled, timed_out (still running:
+        keep ``operation_id`` and ``wait`` again later) or escalated (an operator must
+        decide; the operation is not done until they do). Without an ``idempotency_key``
+        one is made, so a resend after a connection error never starts a second job.
         """
         check_max_wait(max_wait)
         op = await self.start(

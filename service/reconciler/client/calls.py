@@ -136,6 +136,10 @@ def cancel(op_id: str, reason: str | None) -> Call[Operation]:
     )
 
 
+def _flag(value: bool | None) -> str | None:
+    return None if value is None else ("true" if value else "false")
+
+
 def listing(
     *,
     state: str | None,
@@ -143,12 +147,14 @@ def listing(
     done: bool | None,
     limit: int | None,
     cursor: str | None,
+    awaiting_decision: bool | None = None,
 ) -> Call[Page]:
     params = _drop_none(
         {
             "state": state,
             "provider": provider,
-            "done": None if done is None else ("true" if done else "false"),
+            "done": _flag(done),
+            "awaiting_decision": _flag(awaiting_decision),
             "limit": None if limit is None else str(limit),
             "cursor": cursor,
         }

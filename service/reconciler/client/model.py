@@ -2,7 +2,7 @@
 
 Pure: JSON in, frozen dataclasses out. Unknown keys are kept in ``raw`` and
 otherwise ignored, so a newer service does not break an older client. The one
-decision here is ``outcome_of``: which of six distinct outcomes an operation
+decision here is ``outcome_of``: which of seven distinct outcomes an operation
 stands for (success, failure and timeout are different words: docs/design.md#operation-view).
 """
 
@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from reconciler.core.errors import ServiceError
+from reconciler.core.outcome_parts import REQUEST_REJECTED
 from reconciler.core.states import State, awaits_decision
 
 
@@ -75,9 +76,68 @@ class Escalation:
         )
 
 
+def _count(value: Any) -> float | int | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far the job got: ``completed`` and ``total`` when the provider counts items
+    (None otherwise), and ``detail``, its own progress value."""
+
+    completed: float | int | None
+    total: float | int | None
+    detail: Any
+
+    @classmethod
+    def from_json(cls, data: Any) -> Progress | None:
+        if data is None:
+            return None
+        if not isinstance(data, Mapping) or "detail" not in data:
+            # A service older than the typed progress sent the provider's value itself.
+            counts = data if isinstance(data, Mapping) else {}
+            return cls(_count(counts.get("completed")), _count(counts.get("total")), data)
+        return cls(_count(data.get("completed")), _count(data.get("total")), data.get("detail"))
+
+
+@dataclass(frozen=True)
+class OperationError:
+    """Why the job did not succeed, in one shape: ``code`` (``request_rejected``: the
+    provider refused the request and nothing ran), ``message`` in plain words, the
+    provider's ``http_status`` and ``provider_message`` when they are the reason, and
+    ``detail`` (what else was kept, the provider's error body included)."""
+
+    code: str
+    message: str
+    http_status: int | None = None
+    provider_message: str | None = None
+    detail: Mapping[str, Any] | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> OperationError | None:
+        if data is None:
+            return None
+        body = _object(data, "an error")
+        status = body.get("http_status")
+        said = body.get("provider_message")
+        detail = body.get("detail")
+        return cls(
+            code=str(body.get("code") or "error"),
+            message=str(body.get("message") or body.get("code") or "error"),
+            http_status=status if type(status) is int else None,
+            provider_message=said if isinstance(said, str) else None,
+            detail=detail if isinstance(detail, Mapping) else None,
+        )
+
+
 @dataclass(frozen=True)
 class Operation:
-    """One operation as ``GET /v1/operations/{id}`` shows it (docs/design.md#operation-view)."""
+    """One operation as the agent API shows it (docs/design.md#operation-view).
+
+    ``done`` is true only when nothing more will happen without a new request;
+    ``awaiting_decision`` while an operator must decide (the operation is then not done);
+    ``replayed`` on the answer to a start that named an earlier job's key and request.
+    """
 
     id: str
     provider: str
@@ -87,12 +147,14 @@ class Operation:
     remote_job_id: str | None
     remote_state: str | None
     poll_after_seconds: float | None
-    progress: Any
+    progress: Progress | None
     deadline_at: datetime | None
     budget: Budget
     result: Mapping[str, Any] | None
-    error: Mapping[str, Any] | None
+    error: OperationError | None
     escalation: Escalation | None
+    awaiting_decision: bool = False
+    replayed: bool = False
     idempotency_key: str | None = None
     trace_id: str | None = None
     callback_url: str | None = None
@@ -108,22 +170,28 @@ class Operation:
         view = _object(data, "an Operation")
         try:
             budget = view["budget"]
-            escalation = view.get("escalation")
+            found = view.get("escalation")
+            escalation = Escalation.from_json(found) if found else None
+            awaiting = view.get("awaiting_decision")
+            if not isinstance(awaiting, bool):  # a service older than the field
+                awaiting = _awaits(view["state"], escalation)
             return cls(
                 id=view["id"],
                 provider=view["provider"],
                 state=view["state"],
-                done=bool(view["done"]),
+                done=bool(view["done"]) and not awaiting,
                 message=view["message"],
                 remote_job_id=view.get("remote_job_id"),
                 remote_state=view.get("remote_state"),
                 poll_after_seconds=view.get("poll_after_seconds"),
-                progress=view.get("progress"),
+                progress=Progress.from_json(view.get("progress")),
                 deadline_at=_time(view.get("deadline_at")),
                 budget=Budget(budget["status_requests_used"], budget["max_status_requests"]),
                 result=view.get("result"),
-                error=view.get("error"),
-                escalation=Escalation.from_json(escalation) if escalation else None,
+                error=OperationError.from_json(view.get("error")),
+                escalation=escalation,
+                awaiting_decision=awaiting,
+                replayed=view.get("replayed") is True,
                 idempotency_key=view.get("idempotency_key"),
                 trace_id=view.get("trace_id"),
                 callback_url=view.get("callback_url"),
@@ -137,16 +205,15 @@ class Operation:
         except (KeyError, TypeError, ValueError) as exc:
             raise ServiceError(f"the service's Operation is missing or garbles {exc}") from None
 
-    @property
-    def awaiting_decision(self) -> bool:
-        """Waiting stopped and a person must decide (``escalated``, or an end state that
-        the open escalation's decision can still reopen)."""
-        try:
-            state = State(self.state)
-        except ValueError:
-            return False
-        escalation_open = self.escalation is not None and not self.escalation.decided
-        return awaits_decision(state, escalation_open)
+
+def _awaits(state: str, escalation: Escalation | None) -> bool:
+    """Waiting stopped and a person must decide (``escalated``, or an end state that the
+    open escalation's decision can still reopen)."""
+    try:
+        known = State(state)
+    except ValueError:
+        return False
+    return awaits_decision(known, escalation is not None and not escalation.decided)
 
 
 @dataclass(frozen=True)
@@ -244,14 +311,15 @@ def providers_from_json(data: Any) -> list[Provider]:
 
 
 class Outcome(StrEnum):
-    """How a ``run`` ended: six different words, never an ambiguous one."""
+    """How a ``run`` ended: seven different words, never an ambiguous one."""
 
     SUCCEEDED = "succeeded"
     COMPLETED_WITH_ERRORS = "completed_with_errors"
     FAILED = "failed"
+    REJECTED = "rejected"  # the provider refused the request: nothing ran; fix it, new key
     CANCELLED = "cancelled"
     TIMED_OUT = "timed_out"  # still running when max_wait passed: the id is kept
-    ESCALATED = "escalated"  # waiting stopped; a person must decide
+    ESCALATED = "escalated"  # waiting stopped; an operator must decide
 
 
 _END_OUTCOMES = {
@@ -265,8 +333,9 @@ def outcome_of(op: Operation) -> Outcome:
     """The outcome an operation stands for now.
 
     A decision still pending wins (``escalated``, even on an end state a decision
-    may reopen); then any other unfinished operation is ``timed_out``; every end
-    state that is not success, partial success or a confirmed cancel is ``failed``.
+    may reopen); then any other unfinished operation is ``timed_out``; a create the
+    provider refused is ``rejected``; every other end state that is not success,
+    partial success or a confirmed cancel is ``failed``.
     """
     if op.awaiting_decision:
         return Outcome.ESCALATED
@@ -276,6 +345,8 @@ def outcome_of(op: Operation) -> Outcome:
         state = State(op.state)
     except ValueError:
         return Outcome.FAILED
+    if state is State.FAILED and op.error is not None and op.error.code == REQUEST_REJECTED:
+        return Outcome.REJECTED
     return _END_OUTCOMES.get(state, Outcome.FAILED)
 
 
@@ -300,5 +371,5 @@ class RunResult:
         return self.operation.result
 
     @property
-    def error(self) -> Mapping[str, Any] | None:
+    def error(self) -> OperationError | None:
         return self.operation.error

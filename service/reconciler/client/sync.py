@@ -166,12 +166,22 @@ class Client:
         state: str | None = None,
         provider: str | None = None,
         done: bool | None = None,
+        awaiting_decision: bool | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Page:
-        """Your operations, newest first (``done=False``: the ones still running)."""
+        """Your operations, newest first (``done=False``: the ones not done, those awaiting
+        a decision included; ``awaiting_decision=True``: exactly those an operator must
+        decide)."""
         return self._send(
-            calls.listing(state=state, provider=provider, done=done, limit=limit, cursor=cursor)
+            calls.listing(
+                state=state,
+                provider=provider,
+                done=done,
+                awaiting_decision=awaiting_decision,
+                limit=limit,
+                cursor=cursor,
+            )
         )
 
     def history(self, op_id: str) -> builtins.list[HistoryEntry]:
@@ -202,10 +212,11 @@ class Client:
     ) -> RunResult:
         """Start one job and wait for its answer, up to ``max_wait`` seconds.
 
-        The outcome is one of succeeded, completed_with_errors, failed, cancelled,
-        timed_out (still running: keep ``operation_id`` and ``wait`` again later) or
-        escalated (a person must decide). Without an ``idempotency_key`` one is made,
-        so a resend after a connection error never starts a second job.
+        The outcome is one of succeeded, completed_with_errors, failed, rejected (the
+        provider refused the request: nothing ran), cancelled, timed_out (still running:
+        keep ``operation_id`` and ``wait`` again later) or escalated (an operator must
+        decide; the operation is not done until they do). Without an ``idempotency_key``
+        one is made, so a resend after a connection error never starts a second job.
         """
         check_max_wait(max_wait)
         op = self.start(

@@ -67,6 +67,8 @@ def apply_decision(
     if plan.reopen_given_up_steps:
         reopen_given_up(conn, op)
     mark_decided(conn, plan.escalation_id, who, plan.record, now)
+    # The row says so in the same write: whether the operation is done follows the decision.
+    changes = {**plan.changes, "escalation_open": False}
     cause = f"decision:{plan.action.value}"
     entry = Entry(
         kind=HistoryKind.DECISION,
@@ -78,7 +80,7 @@ def apply_decision(
     # Workers and waiters on every replica learn of it when (and only if) it commits.
     notify_in_transaction(conn, WAKE_CHANNEL)
     if plan.target is None:
-        after = journal.write(conn, op, now=now, changes=plan.changes, entries=[entry])
+        after = journal.write(conn, op, now=now, changes=changes, entries=[entry])
         notify_in_transaction(conn, CHANGE_CHANNEL, op.id)
         return after
     return journal.transition(
@@ -89,6 +91,6 @@ def apply_decision(
         cause=cause,
         now=now,
         detail=plan.detail,
-        changes=plan.changes,
+        changes=changes,
         before=[entry],
     )

@@ -30,7 +30,6 @@ from reconciler.console.web import (
 from reconciler.core import errors, risk
 from reconciler.core.operator_decision import plan_decision
 from reconciler.core.records import EscalationRecord, OperationRecord
-from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import DecisionAction
 from reconciler.providers.spec import cancel_deadline_seconds
 from reconciler.runtime import Runtime
@@ -85,7 +84,7 @@ def _load(rt: Runtime, op_id: str) -> dict[str, Any]:
     return {
         "op": op,
         "view": view,
-        "done": State(op.state) in END_STATES,
+        "done": view["done"],
         "open": _open(op, escalations),
         "escalations": escalations,
         "timeline": story_rows,

@@ -15,6 +15,13 @@ from typing import Any
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.clock import isoformat
 from reconciler.core.errors import InvalidObservation
+from reconciler.core.outcome_parts import (
+    CREDENTIALS_REFUSED,
+    LOOKUP_REJECTED,
+    REQUEST_REJECTED,
+    one_line,
+    provider_message,
+)
 from reconciler.core.poll import Stop
 from reconciler.core.vocabulary import RETRYABLE_4XX, DelaySource, EscalationReason, TransportError
 
@@ -46,6 +53,22 @@ class Rejected:
 
     http_status: int
     error: Any
+
+    def error_record(self, via: str) -> dict[str, Any]:
+        """The operation's ``error``. A refused create is its own outcome: the provider said
+        no to the request, so nothing ran and the agent must fix it
+        (``request_rejected``); a refused look-up is the provider's answer about a job that
+        may exist (``lookup_rejected``); a 401 or 403 refuses this service's credential, which
+        no change to the request can cure (``authorization_denied``)."""
+        code = REQUEST_REJECTED if via == "create" else LOOKUP_REJECTED
+        if self.http_status in (401, 403):
+            code = CREDENTIALS_REFUSED  # the service's credential, not the agent's request
+        return {
+            "code": code,
+            "http_status": self.http_status,
+            "provider_message": provider_message(self.error),
+            "provider_error": self.error,
+        }
 
 
 @dataclass(frozen=True)
@@ -159,6 +182,16 @@ def may_have_landed(
     if transport_error is None and http_status is not None:
         return http_status not in RETRYABLE_CREATE_4XX
     return True
+
+
+MAX_ERROR_TEXT = 1000
+
+
+def body_text(data: bytes | None) -> str | None:
+    """An error answer that is not JSON, as one line of text a record can keep."""
+    if not data:
+        return None
+    return one_line(data[: MAX_ERROR_TEXT * 4].decode("utf-8", "replace"), MAX_ERROR_TEXT) or None
 
 
 def _create_detail(obs: CreateObservation) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 from reconciler.core import escalation
 from reconciler.core.errors import DecisionNotAllowed, InvalidRequest
 from reconciler.core.records import EscalationRecord, OperationRecord
-from reconciler.core.states import END_STATES, State, allowed
+from reconciler.core.states import END_STATES, REOPENABLE, State, allowed
 from reconciler.core.vocabulary import DecisionAction, DelaySource, EscalationReason
 
 
@@ -202,7 +202,13 @@ def plan_decision(
         raise DecisionNotAllowed(
             f"'{action.value}' cannot be applied while the operation is {state.value}"
         )
-    if target in END_STATES and op.error is None:
+    # Abandoning ends the operation: an end state that a decision could reopen says why too.
+    ending = target in END_STATES or (
+        action is DecisionAction.ABANDON
+        and state in REOPENABLE
+        and reason is not EscalationReason.CALLBACK_UNDELIVERABLE
+    )
+    if ending and op.error is None:
         changes["error"] = {
             "code": f"abandoned_{reason.value}",
             "message": f"an operator abandoned the operation after {reason.value}",

@@ -86,6 +86,7 @@ class OperationRecord:
     history_seq: int
     history_head: str
     traceparent: str | None
+    escalation_open: bool
     request: Any = None
     meta: Any = None
     status_body: Any = None  # the status answer that confirmed success, for collection
@@ -172,6 +173,7 @@ DEFAULTS: Mapping[str, Any] = {
     "history_seq": 0,
     "history_head": "",
     "traceparent": None,
+    "escalation_open": False,
 }
 
 _Builder: Any = dataclasses.make_dataclass(

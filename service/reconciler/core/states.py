@@ -139,3 +139,10 @@ def awaits_decision(state: State, escalation_open: bool) -> bool:
     state that the open escalation's decision may reopen. Any other end state stands,
     even with an escalation open (a callback that could not be delivered)."""
     return state is State.ESCALATED or (escalation_open and state in REOPENABLE)
+
+
+def is_done(state: State, escalation_open: bool) -> bool:
+    """Nothing more will happen without a new request: an end state with no decision
+    pending. An end state that the open escalation's decision may still reopen is not
+    done until that decision is recorded (docs/design.md#reopening)."""
+    return state in END_STATES and not awaits_decision(state, escalation_open)

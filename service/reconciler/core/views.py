@@ -1,8 +1,10 @@
 """The Operation as agents and operators see it (AIP-151 in spirit).
 
-Written so that a model cannot misread it: ``done`` is a boolean that is true
-only in an end state, and ``message`` says in plain words whether the work is
-finished, whether it succeeded and what to do next (docs/design.md#operation-view).
+Written so that a model cannot misread it: ``done`` is a boolean that is true only
+when nothing more will happen without a new request (an end state with no decision
+pending), ``awaiting_decision`` says when the next move is an operator's, and
+``message`` says in plain words whether the work is finished, whether it succeeded,
+who acts next and what to call (docs/design.md#operation-view).
 """
 
 from __future__ import annotations
@@ -11,11 +13,26 @@ from datetime import datetime
 from typing import Any
 
 from reconciler.core.clock import isoformat
+from reconciler.core.outcome_parts import (
+    CREDENTIALS_REFUSED,
+    REQUEST_REJECTED,
+    error_view,
+    progress_view,
+)
 from reconciler.core.records import EscalationRecord, HistoryRecord, OperationRecord
-from reconciler.core.states import END_STATES, State
+from reconciler.core.states import State, awaits_decision, is_done
 
 WAIT_HINT = "Wait with GET /v1/operations/{id}/wait."
+# A long-poll returns when a pending decision is made (``api.actions.wait_until``).
+DECISION_HINT = "GET /v1/operations/{id}/wait returns as soon as the decision is made."
+REPLAYED = (
+    "This is the job started earlier with the same idempotency_key and request; no new job "
+    "was started. "
+)
+# How often an agent that does not long-poll should look while a person decides.
+DECISION_POLL_SECONDS = 60.0
 
+# Every state but `escalated`, which always awaits a decision (``_AWAITING``).
 _MESSAGES: dict[State, str] = {
     State.CREATE_PENDING: (
         "The job is being submitted to the provider. It has NOT started and is NOT complete. "
@@ -59,8 +76,9 @@ _MESSAGES: dict[State, str] = {
         "is not undone."
     ),
     State.RESULT_TIMED_OUT: (
-        "Waiting STOPPED at the deadline. This is NOT success: the job may still be running at "
-        "the provider (see `remote_job_id`). An operator has been asked to decide."
+        "Waiting STOPPED for good before the job was seen to finish. This is NOT success: the "
+        "job may still be running at the provider (see `remote_job_id`) and its outcome is not "
+        "known."
     ),
     State.RESULT_UNAVAILABLE: (
         "The provider reports the job finished, but its result could NOT be fetched. This is NOT "
@@ -71,24 +89,101 @@ _MESSAGES: dict[State, str] = {
         "success; the reason is in `error`."
     ),
     State.CANCELLATION_UNCONFIRMED: (
-        "Cancellation was requested but the provider did NOT confirm it in time; the job may "
-        "still be running. An operator has been asked to decide."
-    ),
-    State.ESCALATED: (
-        "Waiting has STOPPED and needs a person's decision (see `escalation`). The job is NOT "
-        "complete. Do not report success. " + WAIT_HINT
+        "Cancellation was requested but the provider never confirmed it, and waiting STOPPED "
+        "for good. This is NOT a confirmed cancellation: the job may still be running at the "
+        "provider."
     ),
 }
 
 
-def message_for(op: OperationRecord) -> str:
-    return _MESSAGES[State(op.state)].replace("{id}", op.id)
+# While a decision is pending the message says so first; these open it, per state.
+_AWAITING: dict[State, str] = {
+    State.RESULT_TIMED_OUT: (
+        "Waiting STOPPED at the deadline and the job is NOT done: it may still be running at "
+        "the provider (see `remote_job_id`). Do not report success or failure."
+    ),
+    State.CANCELLATION_UNCONFIRMED: (
+        "The provider did NOT confirm the cancellation in time and the job is NOT done: it may "
+        "still be running. Do not report success or cancellation."
+    ),
+    State.ESCALATED: (
+        "Waiting has STOPPED and the job is NOT complete: it needs a decision. Do not report "
+        "success."
+    ),
+}
+_REJECTED = (
+    "The provider REFUSED the request ({why}), so nothing ran. Fix `request` (it must match "
+    "the provider's `request_schema`; `error.provider_message` is the provider's own words) "
+    "and start a new job with a NEW `idempotency_key`: the same key answers with this refused "
+    "job. Do not report that the job ran or failed."
+)
+
+_CREDENTIALS = (
+    "The provider REFUSED this service's credentials ({why}), so nothing ran. This is not "
+    "your request's fault and you cannot fix it: tell your user that an operator of this "
+    "service must fix the provider's credentials; then start a new job with a NEW "
+    "`idempotency_key`. Do not report that the job ran or failed."
+)
+_REFUSED = {REQUEST_REJECTED: _REJECTED, CREDENTIALS_REFUSED: _CREDENTIALS}
+
+
+def _options(escalation: EscalationRecord | None) -> str:
+    if escalation is None:
+        return ""
+    described = [
+        str(o.get("description") or o.get("action")) if isinstance(o, dict) else str(o)
+        for o in escalation.options or ()
+    ]
+    return f" The options are: {'; '.join(described)}." if described else ""
+
+
+def _awaiting_message(state: State, escalation: EscalationRecord | None) -> str:
+    reason = f" (reason: {escalation.reason})" if escalation is not None else ""
+    return (
+        _AWAITING[state]
+        + f" An operator of this service must decide what happens next{reason}; an agent's "
+        "token cannot decide. Tell your user that the job awaits an operator's decision."
+        + _options(escalation)
+        + " "
+        + DECISION_HINT
+    )
+
+
+def message_for(
+    op: OperationRecord, escalation: EscalationRecord | None = None, *, replayed: bool = False
+) -> str:
+    """What ``op`` means and what to do next; ``escalation`` is its current one, if any."""
+    state = State(op.state)
+    if awaits_decision(state, op.escalation_open):
+        pending = escalation if escalation is not None and escalation.decided_at is None else None
+        text = _awaiting_message(state, pending)
+    elif state is State.FAILED and _code(op.error) in _REFUSED:
+        text = _REFUSED[_code(op.error)].format(why=_refusal(error_view(op.error)))
+    else:
+        text = _MESSAGES[state]
+    return (REPLAYED if replayed else "") + text.replace("{id}", op.id)
+
+
+def _refusal(error: dict[str, Any] | None) -> str:
+    """``HTTP 422: the provider's words``, as much of it as is known."""
+    if error is None:
+        return "no reason given"
+    status, said = error.get("http_status"), error.get("provider_message")
+    parts = [f"HTTP {status}" if status else "", said or ""]
+    return ": ".join(p for p in parts if p) or "no reason given"
+
+
+def _code(error: Any) -> Any:
+    return error.get("code") if isinstance(error, dict) else None
 
 
 def _poll_after(op: OperationRecord, now: datetime) -> float | None:
     """How long an agent should wait before asking again, when it does not long-poll."""
-    if State(op.state) in END_STATES:
+    state = State(op.state)
+    if is_done(state, op.escalation_open):
         return None
+    if awaits_decision(state, op.escalation_open):
+        return DECISION_POLL_SECONDS
     if op.next_poll_at is None:
         return 30.0
     return float(min(300, max(1, round((op.next_poll_at - now).total_seconds()))))
@@ -108,26 +203,33 @@ def escalation_view(esc: EscalationRecord | None) -> dict[str, Any] | None:
 
 
 def operation_view(
-    op: OperationRecord, now: datetime, escalation: EscalationRecord | None = None
+    op: OperationRecord,
+    now: datetime,
+    escalation: EscalationRecord | None = None,
+    *,
+    replayed: bool = False,
 ) -> dict[str, Any]:
+    """The Operation; ``replayed``: this answers a start that named an earlier job's key."""
     state = State(op.state)
     return {
         "id": op.id,
         "provider": op.provider,
         "state": state.value,
-        "done": state in END_STATES,
+        "done": is_done(state, op.escalation_open),
+        "awaiting_decision": awaits_decision(state, op.escalation_open),
+        "replayed": replayed,
         "remote_job_id": op.remote_job_id,
         "remote_state": op.remote_state,
-        "message": message_for(op),
+        "message": message_for(op, escalation, replayed=replayed),
         "poll_after_seconds": _poll_after(op, now),
-        "progress": op.progress,
+        "progress": progress_view(op.progress),
         "deadline_at": isoformat(op.deadline_at),
         "budget": {
             "status_requests_used": op.status_requests_used,
             "max_status_requests": op.max_status_requests,
         },
         "result": op.result,
-        "error": op.error,
+        "error": error_view(op.error),
         "escalation": escalation_view(escalation),
         "idempotency_key": op.idempotency_key,
         "trace_id": op.trace_id,
@@ -138,6 +240,13 @@ def operation_view(
         "done_at": isoformat(op.done_at),
         "cancel_requested": op.cancel_requested_at is not None,
     }
+
+
+def as_replayed(view: dict[str, Any]) -> dict[str, Any]:
+    """``view`` as the answer to a start that named this earlier job's key and request."""
+    if view.get("replayed"):
+        return view
+    return {**view, "replayed": True, "message": REPLAYED + str(view["message"])}
 
 
 def history_entry_view(entry: HistoryRecord) -> dict[str, Any]:

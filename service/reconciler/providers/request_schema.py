@@ -54,7 +54,16 @@ def _check_refs(schema: Mapping[str, Any]) -> None:
 
 def _where(error: schema_errors.ValidationError) -> str:
     path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
-    return "request" + path
+    missing = _missing(error)
+    return "request" + path + (f".{missing}" if missing else "")
+
+
+def _missing(error: schema_errors.ValidationError) -> str | None:
+    """The field a ``required`` failure is about: it is the one to name, not its parent."""
+    if error.validator != "required" or not isinstance(error.instance, dict):
+        return None
+    wanted = error.validator_value if isinstance(error.validator_value, list) else []
+    return next((str(name) for name in wanted if name not in error.instance), None)
 
 
 def _short(text: str) -> str:
@@ -101,8 +110,14 @@ class RequestSchema:
         error = schema_errors.best_match(self._validator.iter_errors(request))
         if error is None:
             return
+        where = _where(error)
+        if _missing(error) is not None:
+            raise InvalidRequest(
+                f"'{where}' is required by the request_schema of provider '{self.provider}' "
+                "(list_providers or GET /v1/providers shows the schema); nothing was stored"
+            )
         raise InvalidRequest(
-            f"'{_where(error)}' does not match the request_schema of provider "
+            f"'{where}' does not match the request_schema of provider "
             f"'{self.provider}': {_short(error.message)} (list_providers or GET /v1/providers "
-            "shows the schema)"
+            "shows the schema); nothing was stored"
         )

@@ -117,7 +117,11 @@ def escalate(
             "escalation_id": escalation_id,
         },
     )
-    all_changes: dict[str, Any] = {"escalation_id": escalation_id, **(changes or {})}
+    all_changes: dict[str, Any] = {
+        "escalation_id": escalation_id,
+        "escalation_open": True,
+        **(changes or {}),
+    }
     state = State(op.state)
     if state in END_STATES:
         # The outcome stands (e.g. a callback that cannot be delivered); only a person is asked.

@@ -32,7 +32,7 @@ from reconciler.core import ids
 from reconciler.core.completion_lanes import CALLBACK_PREFIX
 from reconciler.core.errors import InvalidRequest, NotFound
 from reconciler.core.records import PAYLOADS, OperationRecord
-from reconciler.core.states import END_STATES, State
+from reconciler.core.states import END_STATES, REOPENABLE, State
 from reconciler.core.strict_json import shown
 from reconciler.storage import payloads
 from reconciler.storage.fastsql import AS_IS, Sql
@@ -130,21 +130,40 @@ _CREATED_SINCE = Sql(
 )
 
 
+# A decision is pending: ``escalated``, or an end state its open escalation may reopen
+# (``core.states.awaits_decision``, as a condition on the row).
+_AWAITING = "(state = ? OR (escalation_open = ? AND state IN (?*)))"
+_AWAITING_PARAMS = ("state", "escalation_open", "state")
+# Nothing more will happen without a new request (``core.states.is_done``).
+_REOPENABLE_OPEN = "(escalation_open = ? AND state IN (?*))"
+_DONE = f"(state IN (?*) AND NOT {_REOPENABLE_OPEN})"
+_DONE_PARAMS = ("state", "escalation_open", "state")
+
+
 @cache
-def _page_sql(operator: bool, state: bool, done: bool | None, provider: bool, after: bool) -> Sql:
+def _page_sql(
+    operator: bool,
+    state: bool,
+    done: bool | None,
+    awaiting: bool | None,
+    provider: bool,
+    after: bool,
+) -> Sql:
     """A page of the operations list, for one shape of filter (newest first)."""
     where, params = ["1 = 1"], list[str]()
-    for on, condition, column in (
-        (not operator, "caller = ?", "caller"),
-        (state, "state = ?", "state"),
-        (done is True, "state IN (?*)", "state"),
-        (done is False, "NOT state IN (?*)", "state"),
-        (provider, "provider = ?", "provider"),
-        (after, "id < ?", "id"),
+    for on, condition, columns in (
+        (not operator, "caller = ?", ("caller",)),
+        (state, "state = ?", ("state",)),
+        (done is True, _DONE, _DONE_PARAMS),
+        (done is False, f"NOT {_DONE}", _DONE_PARAMS),
+        (awaiting is True, _AWAITING, _AWAITING_PARAMS),
+        (awaiting is False, f"NOT {_AWAITING}", _AWAITING_PARAMS),
+        (provider, "provider = ?", ("provider",)),
+        (after, "id < ?", ("id",)),
     ):
         if on:
             where.append(condition)
-            params.append(column)
+            params.extend(columns)
     return Sql(
         "operations-page",
         OPS,
@@ -254,16 +273,26 @@ def list_operations(
     limit: int,
     cursor: str | None,
     done: bool | None = None,
+    awaiting_decision: bool | None = None,
 ) -> Page:
-    """Newest first; the cursor is the last id of the previous page."""
+    """Newest first; the cursor is the last id of the previous page. ``done`` and
+    ``awaiting_decision`` are conditions on the rows, so a page is full whatever they leave
+    out."""
     sql = _page_sql(
-        principal.is_operator, state is not None, done, provider is not None, cursor is not None
+        principal.is_operator,
+        state is not None,
+        done,
+        awaiting_decision,
+        provider is not None,
+        cursor is not None,
     )
     values: list[Any] = [] if principal.is_operator else [principal.name]
     if state is not None:
         values.append(state.value)
     if done is not None:
-        values.append(_END_VALUES)
+        values += [_END_VALUES, True, _REOPENABLE_VALUES]
+    if awaiting_decision is not None:
+        values += [State.ESCALATED.value, True, _REOPENABLE_VALUES]
     if provider is not None:
         values.append(provider)
     if cursor is not None:
@@ -298,6 +327,7 @@ class ShareFilter:
 
 
 _END_VALUES = tuple(s.value for s in END_STATES)
+_REOPENABLE_VALUES = tuple(s.value for s in REOPENABLE)
 
 
 @cache

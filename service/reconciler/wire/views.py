@@ -25,6 +25,8 @@ def _word(enum: Any) -> Any:
 
 
 class Budget(BaseModel):
+    """Status requests spent on the job so far, and the most it may spend."""
+
     model_config = ANSWER
 
     status_requests_used: int
@@ -32,7 +34,7 @@ class Budget(BaseModel):
 
 
 class EscalationOption(BaseModel):
-    """One decision a person may take; amounts only for ``extend``."""
+    """One decision an operator may take; amounts only for `extend`."""
 
     model_config = ANSWER
 
@@ -43,7 +45,7 @@ class EscalationOption(BaseModel):
 
 
 class Escalation(BaseModel):
-    """Why waiting stopped and what a person may decide; ``decided`` once they did."""
+    """Why waiting stopped and what an operator may decide; `decided` once they did."""
 
     model_config = ANSWER
 
@@ -55,24 +57,68 @@ class Escalation(BaseModel):
     decision: JsonObject | None
 
 
+Count = float | int | None
+
+
+class Progress(BaseModel):
+    """How far the job got, as the provider reports it."""
+
+    model_config = ANSWER
+
+    completed: Count = Field(description="Items finished, when the provider counts them.")
+    total: Count = Field(description="Items in all, when the provider counts them.")
+    detail: Any = Field(description="The provider's own progress value, as it sent it.")
+
+
+class OperationError(BaseModel):
+    """Why the job did not succeed, in one shape whatever the provider sent."""
+
+    model_config = ANSWER
+
+    code: str = Field(
+        description="Machine-readable: `request_rejected` (the provider refused the request; "
+        "nothing ran), `provider_failed`, `expired`, `result_unavailable`, `result_invalid`, "
+        "`abandoned_<reason>`, ..."
+    )
+    message: str = Field(description="What happened, in plain words.")
+    http_status: int | None = Field(
+        description="The provider's HTTP status, when one of its answers is the reason."
+    )
+    provider_message: str | None = Field(description="The provider's own words, one line.")
+    detail: JsonObject | None = Field(
+        description="Everything else that was kept (the provider's error body, ...)."
+    )
+
+
 class Operation(BaseModel):
-    """One operation as ``GET /v1/operations/{id}`` shows it."""
+    """One job: where it stands, whether it is done, and what to do next."""
 
     model_config = ANSWER
 
     id: str = Field(pattern="^op_")
     provider: str
     state: _word(State)  # type: ignore[valid-type]
-    done: bool = Field(description="True only in an end state.")
+    done: bool = Field(
+        description="True only when nothing more will happen without a new request. False "
+        "while the job runs and while an operator's decision is pending."
+    )
+    awaiting_decision: bool = Field(
+        description="True while waiting has stopped and an operator of this service must "
+        "decide (see `escalation`); the job is then NOT done."
+    )
+    replayed: bool = Field(
+        description="True when a start named an earlier job's `idempotency_key` and request: "
+        "this is that job, and no new one was started."
+    )
     remote_job_id: str | None
     remote_state: str | None
-    message: str = Field(description="What the state means and what to do.")
+    message: str = Field(description="What the state means and what to do next.")
     poll_after_seconds: float | None
-    progress: Any
+    progress: Progress | None
     deadline_at: Timestamp
     budget: Budget
     result: JsonObject | None
-    error: JsonObject | None
+    error: OperationError | None
     escalation: Escalation | None
     idempotency_key: str | None
     trace_id: str
@@ -85,6 +131,8 @@ class Operation(BaseModel):
 
 
 class OperationPage(BaseModel):
+    """A page of jobs, newest first; `next_cursor` continues it (null: the last page)."""
+
     model_config = ANSWER
 
     operations: list[Operation]
@@ -145,11 +193,18 @@ class Provider(BaseModel):
     )
     set_by_service: list[str] = Field(
         description="JSON pointers the service writes into every `request`; a `request` that "
-        "already holds one is refused with 400."
+        "already holds one is refused."
     )
-    can_cancel: bool
-    max_deadline_seconds: float
-    max_status_requests: int
+    can_cancel: bool = Field(description="Whether a started job can be asked to cancel.")
+    max_deadline_seconds: float = Field(
+        description="The `deadline_seconds` a job gets when its start names none, and the "
+        "most it may name. At the deadline waiting stops and an operator decides (extend, "
+        "cancel or abandon): the job is then NOT done until the decision."
+    )
+    max_status_requests: int = Field(
+        description="The `max_status_requests` a job gets when its start names none, and the "
+        "most it may name."
+    )
     webhook: WebhookSettings | None = Field(
         default=None, description="Operators only: how this provider's webhooks are verified."
     )
@@ -159,6 +214,8 @@ class Provider(BaseModel):
 
 
 class ProviderList(BaseModel):
+    """The providers jobs can be started at."""
+
     model_config = ANSWER
 
     providers: list[Provider]

@@ -25,6 +25,7 @@ from reconciler.core.create import (
     CreateObservation,
     Rejected,
     before_create,
+    body_text,
     decide_create,
     may_have_landed,
     next_try_at,
@@ -75,7 +76,9 @@ def call_detail(call: CallResult) -> dict[str, Any]:
 
 
 def _observation(call: CallResult, job_id: str | None) -> CreateObservation:
-    error = call.body if call.http_status is not None and call.http_status >= 400 else None
+    error = None
+    if call.http_status is not None and call.http_status >= 400:
+        error = call.body if call.body is not None else body_text(call.body_bytes)
     return CreateObservation(
         at=call.sent_at,
         http_status=call.http_status,
@@ -390,11 +393,7 @@ class CreateStep:
             await self._create_unknown(op, _ambiguity(call), [entry])
             return
         if isinstance(decision, Rejected):
-            error = {
-                "code": "provider_rejected",
-                "http_status": decision.http_status,
-                "provider_error": decision.error,
-            }
+            error = decision.error_record(via)
             await ctx.apply(
                 op,
                 lambda conn, fresh: ctx.deps.journal.transition(
