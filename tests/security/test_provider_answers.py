@@ -109,7 +109,10 @@ async def test_a_million_line_result_is_counted_exactly_without_holding_it(
     assert result["summary"] == {"total_lines": lines, "failed_lines": failed}
     assert result["size"] == len(data) and "data" not in result
     assert len(result["failed_items"]) == MAX_FAILED_ITEMS
-    assert result["failed_items"][0] == {"line": lines - failed + 1, "item": {"error": {"code": "x"}}}
+    assert result["failed_items"][0] == {
+        "line": lines - failed + 1,
+        "item": {"error": {"code": "x"}},
+    }
     assert result["failed_items_truncated"] is True
     # Read whole, the body and its million values took over 70 MB here.
     assert peak < 3 * MEMORY_BYTES, f"{peak} bytes held while collecting"
@@ -122,7 +125,9 @@ async def test_a_json_document_larger_than_can_be_checked_whole_is_refused_namin
     provider = {"result": {"max_bytes": 64 * MIB, "checksum": None, "size": None}}
     async with step_rig(tmp_path, db_url, provider=provider) as rig:
         op_id, _ = await finished_job(rig)
-        response = httpx.Response(200, content=document, headers={"content-type": "application/json"})
+        response = httpx.Response(
+            200, content=document, headers={"content-type": "application/json"}
+        )
         rig.provider.script("result", response)
         await rig.run(op_id, ["result_validation_failed"])
         problems = rig.view(op_id)["error"]["problems"]
@@ -179,9 +184,7 @@ async def test_a_gzipped_result_within_its_limit_is_decoded_and_checked(
     assert result["summary"] == {"total_lines": 2, "failed_lines": 1}
 
 
-async def test_a_body_in_an_encoding_not_asked_for_is_not_read(
-    tmp_path: Path, db_url: str
-) -> None:
+async def test_a_body_in_an_encoding_not_asked_for_is_not_read(tmp_path: Path, db_url: str) -> None:
     async with step_rig(tmp_path, db_url, table=jsonl_table()) as rig:
         op_id, _ = await finished_job(rig)
         brotli = httpx.Response(
