@@ -1,6 +1,8 @@
-"""The SSRF guard for agent callback URLs.
+"""The SSRF guard for agent callback URLs, and for the URLs a provider hands us.
 
-Two moments, one rule set:
+A provider's ``result_ref`` or redirect on a host its file lists passes the same
+guard (``providers.result_fetch``; messages name the URL as ``what``). Two moments,
+one rule set:
 
 * ``check_url`` when a ``callback_url`` is submitted: syntax, and any address
   written in the URL itself (including the numeric forms ``2130706433``,

@@ -320,6 +320,13 @@ class _Lines:
     def _block(self, block: bytes) -> None:
         """Whole lines (no newline at the end): a fast path, and the exact reader for the
         lines it does not take (whitespace around a value, bad UTF-8, malformed JSON)."""
+        if len(block) > MAX_LINE_BYTES:  # rare: chunks are far smaller than the limit
+            for raw in block.split(b"\n"):
+                if len(raw) > MAX_LINE_BYTES:
+                    self._line_too_long()
+                else:
+                    self._block(raw)
+            return
         try:
             lines = block.decode("utf-8").split("\n")
         except UnicodeDecodeError:
