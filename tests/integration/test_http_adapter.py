@@ -486,6 +486,33 @@ def test_redirects_to_another_origin_drop_credentials(
     assert "x-api-key" not in storage_seen.last().headers
 
 
+NO_ALLOW_LIST = functools.partial(ssrf.resolve_and_check, allow_hosts=[], what="the result URL")
+
+
+@pytest.mark.parametrize(
+    ("listed", "refusal"),
+    [((), "neither the provider's origin nor listed"), (("127.0.0.1",), "a loopback address")],
+)
+def test_a_result_url_on_another_loopback_port_is_never_requested(
+    provider: tuple[str, Recorder],
+    storage: tuple[str, Recorder],
+    listed: tuple[str, ...],
+    refusal: str,
+) -> None:
+    """The provider runs on loopback and passes (it is the configured origin); another port
+    there (the service's own API, its metrics) does not, directly or by a redirect."""
+    url, recorder = provider
+    storage_url, storage_seen = storage
+    spec = _spec(url, result={"hosts": list(listed)})
+    for ref in (f"{storage_url}/files/out.csv", f"{url}/redirect?to={storage_url}/files/x"):
+        call: CallResult = _run(
+            lambda a, ref=ref: a.fetch_result("done", ref, "t"), spec, guard=NO_ALLOW_LIST
+        )
+        assert call.refused is not None and refusal in call.refused, call
+    assert storage_seen.requests == []
+    assert [r.raw_path.split("?")[0] for r in recorder.requests] == ["/redirect"]
+
+
 @pytest.mark.parametrize("ref", ["file:///etc/passwd", "ftp://example.com/x", "out-file-1", None])
 def test_unusable_result_refs_are_refused(provider: tuple[str, Recorder], ref: str | None) -> None:
     url, recorder = provider
