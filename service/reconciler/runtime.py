@@ -35,6 +35,7 @@ from reconciler.outbound.callbacks import receiver_host
 from reconciler.providers.adapter import ProviderAdapter
 from reconciler.providers.http_adapter import build_adapter
 from reconciler.providers.loader import load_providers
+from reconciler.providers.result_fetch import URL_NAME
 from reconciler.providers.spec import ProviderSpec, WebhookSpec, webhook_secrets
 from reconciler.storage import operations as store
 from reconciler.storage import trust
@@ -63,6 +64,7 @@ class Runtime:
     callback_key: bytes | None = None
     allow_hosts: ssrf.AllowList = field(default_factory=lambda: ssrf.as_allow_list(()))
     transport: Any = None  # an httpx transport for provider calls (tests); None = network
+    resolver: ssrf.Resolver = ssrf.system_resolver  # for provider URLs on other hosts
     webhooks: GroupCommitter = field(init=False)
     views: ViewBatcher = field(init=False)
     metrics: Metrics = field(default_factory=Metrics)
@@ -173,6 +175,7 @@ class Runtime:
                 self.transport,
                 clock=self.clock,
                 tracing=self.tracing,
+                guard=self.provider_url_guard,
             )
             self.adapters[provider] = adapter
         return adapter
@@ -188,6 +191,11 @@ class Runtime:
             min_deadline_seconds=limits.min_deadline_seconds,
             quota=Quota(limits.max_operations_in_flight, limits.max_creates_per_minute),
         )
+
+    async def provider_url_guard(self, url: str) -> list[ssrf.IPAddress]:
+        """A URL a provider handed us, on a host its file lists: the callback guard's rules
+        (``callbacks.allow_hosts`` exempts), resolved now; the addresses to fetch it from."""
+        return await ssrf.resolve_and_check(url, self.allow_hosts, self.resolver, URL_NAME)
 
     def check_callback_url(self, url: str) -> None:
         if self.callback_key is None:

@@ -51,7 +51,7 @@ INSTANTS = [
 
 
 def _event_row(event_id: str, at: datetime, body: str = "{}") -> tuple[object, ...]:
-    return ("sim", event_id, at, None, None, "0" * 64, body, 0, 0)
+    return ("sim", event_id, at, None, None, "0" * 64, body, 0, 0, None, None, False)
 
 
 @pytest.mark.parametrize("at", INSTANTS, ids=str)

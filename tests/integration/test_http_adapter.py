@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import functools
 import hashlib
 import json
 import socket
@@ -38,12 +39,12 @@ from reconciler.core.clock import ManualClock
 from reconciler.core.errors import ConfigError, UnsafePathValue
 from reconciler.core.provider_calls import CallResult
 from reconciler.core.vocabulary import RemoteCategory, TransportError
+from reconciler.outbound import ssrf
 from reconciler.providers.adapter import (
     CreateOutcome,
     LookupOutcome,
     LookupVerdict,
     StatusOutcome,
-    check_result,
 )
 from reconciler.providers.http_adapter import (
     HttpAdapter,
@@ -51,6 +52,7 @@ from reconciler.providers.http_adapter import (
     render_path,
 )
 from reconciler.providers.loader import parse_provider
+from reconciler.providers.result_check import check_result
 from reconciler.providers.spec import ProviderSpec
 from reconciler.providers.transport import classify_transport_error
 from tests.support.servers import serve_asgi, serve_tcp, unused_port
@@ -60,6 +62,10 @@ TOKEN = "tok-very-secret-42"
 ENV = {"ACME_TOKEN": TOKEN}
 RESULT = {"rows": [{"id": 1}, {"id": 2}], "summary": {"processed": 2, "failed": 0}}
 RESULT_BYTES = json.dumps(RESULT).encode()
+# The callback guard with loopback allowed, as callbacks.allow_hosts = ["127.0.0.1"] makes it.
+LOOPBACK_ALLOWED = functools.partial(
+    ssrf.resolve_and_check, allow_hosts=["127.0.0.1"], what="the result URL"
+)
 
 
 @dataclass
@@ -445,9 +451,11 @@ def test_result_url_on_another_origin_gets_no_credentials(
 ) -> None:
     url, recorder = provider
     storage_url, storage_seen = storage
-    spec = _spec(url, result=None)
+    spec = _spec(url, result={"hosts": ["127.0.0.1"]})
     presigned = f"{storage_url}/files/out.csv?X-Amz-Signature=abc123"
-    call: CallResult = _run(lambda a: a.fetch_result("done", presigned, "t"), spec)
+    call: CallResult = _run(
+        lambda a: a.fetch_result("done", presigned, "t"), spec, guard=LOOPBACK_ALLOWED
+    )
     assert call.http_status == 200 and call.body_bytes == b"col\n1\n" and call.body is None
     assert "authorization" not in storage_seen.last().headers
     assert storage_seen.last().headers["x-trace-id"] == "t"
@@ -455,7 +463,7 @@ def test_result_url_on_another_origin_gets_no_credentials(
     # A pre-signed query is a credential of its own: it stays out of the recorded target.
     assert call.target == f"{storage_url}/files/out.csv"
     same: CallResult = _run(lambda a: a.fetch_result("done", "/v1/jobs/done/result", "t"), spec)
-    assert same.body == RESULT
+    assert json.loads(same.body_bytes or b"") == RESULT
     assert recorder.last().headers["authorization"] == f"Bearer {TOKEN}"
 
 
@@ -465,13 +473,44 @@ def test_redirects_to_another_origin_drop_credentials(
     url, recorder = provider
     storage_url, storage_seen = storage
     spec = _spec(
-        url, result=None, auth={"type": "header", "name": "X-Api-Key", "value_env": "ACME_TOKEN"}
+        url,
+        result={"hosts": ["127.0.0.1"]},
+        auth={"type": "header", "name": "X-Api-Key", "value_env": "ACME_TOKEN"},
     )
     ref = f"{url}/redirect?to={storage_url}/files/out.csv"
-    call: CallResult = _run(lambda a: a.fetch_result("done", ref, "t"), spec)
+    call: CallResult = _run(
+        lambda a: a.fetch_result("done", ref, "t"), spec, guard=LOOPBACK_ALLOWED
+    )
     assert call.http_status == 200 and call.body_bytes == b"col\n1\n"
     assert recorder.last().headers["x-api-key"] == TOKEN
     assert "x-api-key" not in storage_seen.last().headers
+
+
+NO_ALLOW_LIST = functools.partial(ssrf.resolve_and_check, allow_hosts=[], what="the result URL")
+
+
+@pytest.mark.parametrize(
+    ("listed", "refusal"),
+    [((), "neither the provider's origin nor listed"), (("127.0.0.1",), "a loopback address")],
+)
+def test_a_result_url_on_another_loopback_port_is_never_requested(
+    provider: tuple[str, Recorder],
+    storage: tuple[str, Recorder],
+    listed: tuple[str, ...],
+    refusal: str,
+) -> None:
+    """The provider runs on loopback and passes (it is the configured origin); another port
+    there (the service's own API, its metrics) does not, directly or by a redirect."""
+    url, recorder = provider
+    storage_url, storage_seen = storage
+    spec = _spec(url, result={"hosts": list(listed)})
+    for ref in (f"{storage_url}/files/out.csv", f"{url}/redirect?to={storage_url}/files/x"):
+        call: CallResult = _run(
+            lambda a, ref=ref: a.fetch_result("done", ref, "t"), spec, guard=NO_ALLOW_LIST
+        )
+        assert call.refused is not None and refusal in call.refused, call
+    assert storage_seen.requests == []
+    assert [r.raw_path.split("?")[0] for r in recorder.requests] == ["/redirect"]
 
 
 @pytest.mark.parametrize("ref", ["file:///etc/passwd", "ftp://example.com/x", "out-file-1", None])
@@ -485,7 +524,8 @@ def test_result_path_with_result_ref(provider: tuple[str, Recorder]) -> None:
     url, recorder = provider
     spec = _spec(url, result__path="/v1/jobs/{result_ref}/result")
     call: CallResult = _run(lambda a: a.fetch_result("job_1", "done", "t"), spec)
-    assert call.body == RESULT and recorder.last().raw_path == "/v1/jobs/done/result"
+    assert json.loads(call.body_bytes or b"") == RESULT
+    assert recorder.last().raw_path == "/v1/jobs/done/result"
 
 
 def test_result_from_status_rereads_the_status(provider: tuple[str, Recorder]) -> None:

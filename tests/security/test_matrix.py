@@ -30,6 +30,11 @@ so the matrix cannot silently lose a row.
 | duplicate member names, non-JSON bodies | 400, 415 | one_input_rule |
 | /mcp streams held open, oversized bodies, one token filling the server | POST only, body limit, per-token cap, ended at revocation | mcp_door |
 | secrets in logs, history, answers | never written | no_secret_leaks |
+| a result of millions of lines | read as a stream by a child process, counts exact | provider_answers, result_scan |
+| gzip bombs from a provider | decoded a piece at a time within the limit | provider_answers, lookup_paging, result_scan |
+| result_ref, redirects to internal addresses | own origin or [result] hosts, then the SSRF guard; no request | provider_answers, http_adapter |
+| lookups that loop or never end | a seen cursor ends it; an unread list settles nothing | lookup_paging |
+| large orphan and ignored webhook events | id, type, job id, digest and 4 KiB kept | orphan_events |
 """
 
 from __future__ import annotations
@@ -135,6 +140,36 @@ MATRIX: dict[str, list[str]] = {
     ],
     "secrets never leak": [
         "tests.integration.test_no_secret_leaks::test_a_full_run_leaks_no_secret",
+    ],
+    "huge results": [
+        "tests.security.test_provider_answers::test_a_million_line_result_is_counted_exactly_without_holding_it",
+        "tests.security.test_provider_answers::test_a_json_document_larger_than_can_be_checked_whole_is_refused_naming_why",
+        "tests.unit.test_result_scan::test_a_chunked_scan_reports_what_a_whole_line_by_line_read_does",
+        "tests.unit.test_result_scan::test_a_line_longer_than_the_limit_is_a_problem_and_is_not_held",
+    ],
+    "compressed bodies": [
+        "tests.security.test_provider_answers::test_a_gzip_bomb_status_answer_is_refused_without_expanding_it",
+        "tests.security.test_provider_answers::test_a_gzip_bomb_result_is_refused_once_it_expands_past_max_bytes",
+        "tests.security.test_provider_answers::test_a_body_in_an_encoding_not_asked_for_is_not_read",
+        "tests.unit.test_result_scan::test_a_body_decodes_whole_or_is_refused_past_its_limit",
+    ],
+    "provider URLs": [
+        "tests.security.test_provider_answers::test_a_result_url_off_the_providers_origin_and_unlisted_is_never_fetched",
+        "tests.security.test_provider_answers::test_a_listed_host_that_resolves_to_a_metadata_address_is_refused",
+        "tests.security.test_provider_answers::test_a_listed_loopback_host_needs_the_allow_list",
+        "tests.security.test_provider_answers::test_a_redirect_off_the_providers_origin_is_not_followed",
+        "tests.security.test_provider_answers::test_a_listed_public_host_is_fetched_at_the_checked_address_without_credentials",
+        "tests.integration.test_http_adapter::test_redirects_to_another_origin_drop_credentials",
+        "tests.integration.test_http_adapter::test_a_result_url_on_another_loopback_port_is_never_requested",
+    ],
+    "lookups that cannot end": [
+        "tests.security.test_lookup_paging::test_a_lookup_that_cannot_read_the_list_to_its_end_settles_nothing",
+    ],
+    "bounded webhook events": [
+        "tests.security.test_orphan_events::test_an_orphan_keeps_its_ids_type_digest_and_4_kib_of_its_body",
+        "tests.security.test_orphan_events::test_three_hundred_orphans_of_60_kb_grow_the_database_by_a_few_megabytes",
+        "tests.security.test_orphan_events::test_an_ignored_type_keeps_its_job_id_and_never_attaches",
+        "tests.security.test_orphan_events::test_a_cut_orphan_still_settles_a_create_unknown_when_its_job_is_learned",
     ],
 }
 

@@ -183,7 +183,7 @@ async def test_an_event_of_an_unlisted_type_is_answered_and_changes_nothing(
         assert not [e for e in rig.history(op_id) if e.kind == "hint"]
         with rig.runtime.db.read() as conn:
             counts = webhook_counts(conn)["sim"]
-        assert counts.orphaned == 0  # stored without a job id: no job waits for it
+        assert counts.orphaned == 0  # stored as ignored: no job waits for it
         # Delivered again, it is the same stored event.
         again = await deliver(rig, "evt_1", {"type": "batch.in_progress", "data": {"id": job}})
         assert again.json()["status"] == "duplicate"

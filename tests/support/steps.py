@@ -41,6 +41,7 @@ from reconciler.engine.steps.create import CreateStep
 from reconciler.engine.steps.poll import PollStep
 from reconciler.engine.worker import Step, Steps, Worker, step_table
 from reconciler.outbound.callbacks import CallbackClient
+from reconciler.outbound.ssrf import Resolver
 from reconciler.providers.http_adapter import build_adapter
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
@@ -227,12 +228,14 @@ async def step_rig(
     callback_transport: httpx.AsyncBaseTransport | None = None,
     seed: int = 7,
     table: dict[str, Any] | None = None,
+    resolver: Resolver | None = None,
 ) -> AsyncIterator[StepRig]:
     """A rig whose provider calls go to a ``FakeProvider``, on the test's clock.
 
     ``provider`` updates sections of the sim's provider table, ``drop`` removes some;
     ``table`` replaces the whole table (for keys a section update cannot remove);
-    with ``callback_transport`` the completion step delivers agent callbacks through it.
+    with ``callback_transport`` the completion step delivers agent callbacks through it;
+    ``resolver`` answers for the host names of provider URLs on other hosts.
     """
     clock = ManualClock()
     fake = FakeProvider(clock)
@@ -252,8 +255,14 @@ async def step_rig(
     )
     # The adapter times its calls on the test's clock too, so what the provider answered
     # and what the worker decided carry moments of one clock.
+    if resolver is not None:
+        runtime.resolver = resolver
     runtime.adapters["sim"] = build_adapter(
-        runtime.providers["sim"], runtime.environ, transport, clock=clock
+        runtime.providers["sim"],
+        runtime.environ,
+        transport,
+        clock=clock,
+        guard=runtime.provider_url_guard,
     )
     sender = None
     if callback_transport is not None:

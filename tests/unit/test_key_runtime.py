@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 import random
 from datetime import UTC, datetime, timedelta
@@ -36,17 +37,17 @@ from reconciler.core.vocabulary import (
     RemoteCategory,
     TransportError,
 )
-from reconciler.providers import jsonl
 from reconciler.providers.adapter import (
     LookupVerdict,
-    check_result,
     create_outcome,
     lookup_outcome,
-    next_cursor,
+    next_page,
 )
 from reconciler.providers.create_set import apply_set, fill, render, set_conflict
 from reconciler.providers.loader import parse_provider
 from reconciler.providers.pointer import Pointer
+from reconciler.providers.result_check import check_result, line_rule
+from reconciler.providers.result_scan import Kind, ScanPlan, scan_bytes
 from reconciler.providers.spec import LineTest, ProviderSpec, SetRule
 from tests.support.provider_mock import BASE_URL
 from tests.support.stack import sim_provider_table
@@ -188,8 +189,11 @@ def test_a_list_lookup_finds_the_matching_item_and_reads_its_id() -> None:
     assert found.verdict is LookupVerdict.FOUND and found.job_id == "b2"
     missing = lookup_outcome(spec, answered(200, {**body, "data": body["data"][:1]}), wanted)
     assert missing.verdict is LookupVerdict.NOT_FOUND
-    assert spec.lookup is not None and next_cursor(spec.lookup, body) == "b2"
-    assert next_cursor(spec.lookup, {**body, "has_more": False}) is None
+    assert spec.lookup is not None and next_page(spec.lookup, body) == ("b2", None)
+    assert next_page(spec.lookup, {**body, "has_more": False}) == (None, None)
+    # More to read and no cursor to read it with: not the end of the list.
+    cursor, problem = next_page(spec.lookup, {**body, "last_id": None})
+    assert cursor is None and problem is not None and "has more" in problem
     two = {"data": [body["data"][1], body["data"][1]]}
     assert lookup_outcome(spec, answered(200, two), wanted).verdict is LookupVerdict.UNKNOWN
     not_a_list = lookup_outcome(spec, answered(200, {"data": {}}), wanted)
@@ -344,9 +348,9 @@ def test_may_have_landed(
 
 
 def test_jsonl_lines_are_parsed_one_by_one_and_a_malformed_one_is_named() -> None:
-    lines = jsonl.parse_lines(b'{"a":1}\n\n{"a":2}\n{oops\n')
-    assert lines.values == ({"a": 1}, {"a": 2})
-    assert len(lines.problems) == 1 and "line 4" in lines.problems[0]
+    report = scan_bytes(ScanPlan(Kind.LINES), b'{"a":1}\n\n{"a":2}\n{oops\n')
+    assert report.document == [{"a": 1}, {"a": 2}] and report.lines == 2
+    assert len(report.problems) == 1 and "line 4" in report.problems[0]
 
 
 LINE_TESTS = (
@@ -371,11 +375,15 @@ def test_failed_lines_are_counted_whichever_test_matches(kinds: list[str], error
         "http500": {"response": {"status_code": 500}},
         "errored": {"result": {"type": "errored"}},
     }
-    lines = [make[k] for k in kinds]
-    counts = jsonl.count_lines(lines, [{"e": i} for i in range(errors)], LINE_TESTS)
+    data = b"".join(json.dumps(make[k]).encode() + b"\n" for k in kinds)
+    rules = tuple(line_rule(t) for t in LINE_TESTS)
+    report = scan_bytes(ScanPlan(Kind.LINES, rules=rules), data)
+    errors_file = b"".join(b'{"e": %d}\n' % i for i in range(errors))
+    failed_file = scan_bytes(ScanPlan(Kind.LINES, every_line_failed=True), errors_file)
     bad = sum(k in ("error", "http500", "errored") for k in kinds)
-    assert counts.total == len(kinds) + errors
-    assert counts.failed == bad + errors == len(counts.failed_items)
+    assert report.lines + failed_file.lines == len(kinds) + errors
+    assert report.failed == bad == len(report.items)
+    assert failed_file.failed == errors == len(failed_file.items)
 
 
 def test_a_jsonl_result_counts_its_lines_and_keeps_failed_ones_as_items() -> None:

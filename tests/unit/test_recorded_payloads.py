@@ -14,12 +14,12 @@ from reconciler.core.provider_calls import CallResult
 from reconciler.core.vocabulary import RemoteCategory as C
 from reconciler.providers.adapter import (
     LookupVerdict,
-    check_result,
     create_outcome,
     lookup_outcome,
     status_view,
 )
 from reconciler.providers.loader import load_providers, parse_provider
+from reconciler.providers.result_check import check_result
 from reconciler.providers.spec import ProviderSpec
 
 ROOT = Path(__file__).resolve().parents[2] / "fixtures"

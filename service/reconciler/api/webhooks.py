@@ -35,17 +35,18 @@ from reconciler.core.errors import (
     UnstorableContent,
 )
 from reconciler.core.signatures import Verifier
-from reconciler.core.strict_json import is_text, parse_json
+from reconciler.core.strict_json import is_storable, is_text, parse_json
 from reconciler.providers.pointer import MISSING
 from reconciler.providers.spec import WebhookSpec
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
-from reconciler.storage.webhook_events import IncomingEvent, Outcome
+from reconciler.storage.webhook_events import IncomingEvent, Outcome, kept_body
 from reconciler.tracing import SpanName, stored_context
 
 log = logging.getLogger("reconciler.webhooks")
 
 MAX_ID_CHARS = 300
+MAX_TYPE_CHARS = 200  # webhook_events.event_type
 
 
 def _text(value: object, what: str) -> str:
@@ -124,20 +125,26 @@ async def _store(
     if raw_event is MISSING or raw_event is None:
         raise InvalidRequest(f"webhook has no event id at {spec.event_id}")
     event_id = _text(raw_event, "event id")
-    hint = is_hint(spec, request.headers, payload)
-    raw_job = spec.job_id.extract(request.headers, payload) if hint else None
-    job_id = None if raw_job is MISSING or raw_job is None else _text(raw_job, "job id")
+    event_type = _event_type(spec, request.headers, payload)
+    hint = not spec.types or event_type in spec.types
+    raw_job = spec.job_id.extract(request.headers, payload)
+    if hint:
+        job_id = None if raw_job is MISSING or raw_job is None else _text(raw_job, "job id")
+    else:  # kept for the record only: an id it cannot keep is not a reason to refuse it
+        job_id = _kept_text(raw_job)
+    body.decode("utf-8")  # a body that is not UTF-8 is unstorable (UnicodeError below)
     event = IncomingEvent(
         provider=name,
         event_id=event_id,
         remote_job_id=job_id,
         body_sha256=hashlib.sha256(body).hexdigest(),
-        body=body.decode("utf-8"),
+        body=kept_body(body),
         received_at=runtime.clock.now(),
+        event_type=event_type,
+        body_size=len(body),
+        ignored=not hint,
     )
     outcome = await runtime.webhooks.submit(event)
-    if not hint and outcome not in (Outcome.DUPLICATE, Outcome.CONFLICT):
-        outcome = Outcome.IGNORED
     if runtime.tracing.enabled:
         await _traced(runtime, name, job_id, outcome, event_id)
     return outcome, event_id
@@ -164,11 +171,25 @@ async def _traced(
 
 def is_hint(spec: WebhookSpec, headers: Mapping[str, str], payload: object) -> bool:
     """Whether a verified event is a hint: every event, or one of ``[webhook] types``."""
-    if not spec.types:
-        return True
+    return not spec.types or _event_type(spec, headers, payload) in spec.types
+
+
+def _event_type(spec: WebhookSpec, headers: Mapping[str, str], payload: object) -> str | None:
+    """The event's type where the provider file says it is (``[webhook] event_type``)."""
     source = spec.event_type
     found = MISSING if source is None else source.extract(headers, payload)
-    return isinstance(found, str) and found in spec.types
+    return _kept_text(found, MAX_TYPE_CHARS)
+
+
+def _kept_text(value: object, limit: int = MAX_ID_CHARS) -> str | None:
+    """``value`` as text the event can keep, or None: not a string or number, too long,
+    or not storable."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    text = str(value)
+    if not text or len(text) > limit or not is_storable(text):
+        return None
+    return text
 
 
 ROUTES = [Route("/webhooks/{provider}", receive, methods=["POST"])]

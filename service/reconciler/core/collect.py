@@ -76,8 +76,9 @@ def result_record(check: ResultCheck, ref: str | None, call: CallResult) -> dict
         "summary": check.summary or None,
     }
     if check.failed_items:
+        total = len(check.failed_items) if check.failed_total is None else check.failed_total
         record["failed_items"] = list(check.failed_items[:MAX_FAILED_ITEMS])
-        record["failed_items_truncated"] = len(check.failed_items) > MAX_FAILED_ITEMS
+        record["failed_items_truncated"] = total > MAX_FAILED_ITEMS
     if record["size"] is not None and record["size"] <= INLINE_RESULT_BYTES:
         record["data"] = check.document
     return record

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, BinaryIO
 
 from reconciler.core.vocabulary import TransportError
 
@@ -41,6 +41,9 @@ class CallResult:
     provider_request_id: str | None = None
     body: Any = None
     body_bytes: bytes | None = field(default=None, repr=False)
+    # A result too large to hold in memory: an open, unnamed file the collect step reads
+    # off the event loop and closes (``body_bytes`` is None then).
+    body_file: BinaryIO | None = field(default=None, repr=False, compare=False)
     parse_error: str | None = None
     too_large: bool = False
     rate_limited: bool = False  # a 429, or a 403 that says the rate limit is spent
@@ -64,6 +67,7 @@ class ResultCheck:
     failed_items: tuple[Any, ...] = ()
     sha256: str | None = None
     size: int | None = None
+    failed_total: int | None = None  # all failed items; ``failed_items`` may hold the first
 
     @property
     def ok(self) -> bool:

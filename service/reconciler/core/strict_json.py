@@ -91,6 +91,11 @@ _DECODER = json.JSONDecoder(
 )
 
 
+# The C scanner behind ``parse_json``: reads one value at an index (``(value, end)``), so a
+# caller reading many small documents (JSON Lines) pays for no decode set-up per value.
+scan_value = _DECODER.scan_once  # type: ignore[attr-defined]
+
+
 def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     members = dict(pairs)
     if len(members) != len(pairs):

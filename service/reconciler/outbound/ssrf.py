@@ -1,6 +1,8 @@
-"""The SSRF guard for agent callback URLs.
+"""The SSRF guard for agent callback URLs, and for the URLs a provider hands us.
 
-Two moments, one rule set:
+A provider's ``result_ref`` or redirect on a host its file lists passes the same
+guard (``providers.result_fetch``; messages name the URL as ``what``). Two moments,
+one rule set:
 
 * ``check_url`` when a ``callback_url`` is submitted: syntax, and any address
   written in the URL itself (including the numeric forms ``2130706433``,
@@ -44,6 +46,7 @@ Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 
 MAX_URL_LENGTH = 2048
 SCHEMES = {"http": 80, "https": 443}
+CALLBACK = "callback_url"  # how messages name the URL, unless told otherwise
 ALLOW_HINT = "such addresses are refused unless listed in callbacks.allow_hosts"
 
 
@@ -280,6 +283,7 @@ class CheckedUrl:
     target: str  # path and query, what the request line carries
     address: IPAddress | None  # set when the host is an address, in whatever form
     allow_listed: bool
+    what: str = CALLBACK  # how messages name the URL
 
     @property
     def host_header(self) -> str:
@@ -333,15 +337,15 @@ def _shown(text: str) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _split_authority(netloc: str) -> tuple[str, bool, str | None]:
+def _split_authority(netloc: str, what: str) -> tuple[str, bool, str | None]:
     """Host (as written), whether it was bracketed, and the port text (None if absent)."""
     if netloc.startswith("["):
         end = netloc.find("]")
         if end < 0:
-            raise InvalidRequest("callback_url has an unclosed '[' in its host")
+            raise InvalidRequest(f"{what} has an unclosed '[' in its host")
         rest = netloc[end + 1 :]
         if rest and not rest.startswith(":"):
-            raise InvalidRequest("callback_url has text after the bracketed host")
+            raise InvalidRequest(f"{what} has text after the bracketed host")
         return netloc[1:end], True, rest[1:] if rest else None
     host, sep, port = netloc.rpartition(":")
     if not sep:
@@ -349,84 +353,86 @@ def _split_authority(netloc: str) -> tuple[str, bool, str | None]:
     return host, False, port
 
 
-def _parse_port(text: str | None, scheme: str) -> int:
+def _parse_port(text: str | None, scheme: str, what: str) -> int:
     if text is None or text == "":
         return SCHEMES[scheme]
     if not text.isascii() or not text.isdigit() or len(text) > 5 or not 0 < int(text) <= 65535:
         raise InvalidRequest(
-            f"callback_url port '{_shown(text)}' is not valid; use a number from 1 to 65535"
+            f"{what} port '{_shown(text)}' is not valid; use a number from 1 to 65535"
         )
     return int(text)
 
 
-def _parse_host(raw: str, bracketed: bool) -> tuple[str, IPAddress | None]:
+def _parse_host(raw: str, bracketed: bool, what: str) -> tuple[str, IPAddress | None]:
     if bracketed:
         try:
             address6 = ipaddress.IPv6Address(raw)
         except ValueError:
             raise InvalidRequest(
-                f"callback_url host [{_shown(raw)}] is not a valid IPv6 address"
+                f"{what} host [{_shown(raw)}] is not a valid IPv6 address"
             ) from None
         if "%" in raw:
-            raise InvalidRequest("callback_url may not carry an IPv6 zone (%...)")
+            raise InvalidRequest(f"{what} may not carry an IPv6 zone (%...)")
         return str(address6), address6
     host = raw.lower()
     if not host:
-        raise InvalidRequest("callback_url has no host; write it as https://host/path")
+        raise InvalidRequest(f"{what} has no host; write it as https://host/path")
     if _ends_in_number(host):
         address4 = parse_ipv4_host(host)
         if address4 is None:
-            raise InvalidRequest(f"callback_url host '{_shown(raw)}' is not a valid IPv4 address")
+            raise InvalidRequest(f"{what} host '{_shown(raw)}' is not a valid IPv4 address")
         return str(address4), address4
     labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
     if len(host) > 254 or not all(_LABEL.fullmatch(label) for label in labels):
         raise InvalidRequest(
-            f"callback_url host '{_shown(raw)}' is not a valid host name; use letters, "
+            f"{what} host '{_shown(raw)}' is not a valid host name; use letters, "
             "digits and hyphens (write an internationalised name in its xn-- form)"
         )
     return host, None
 
 
-def _syntax(url: str) -> tuple[str, str, bool, str | None, str]:
+def _syntax(url: str, what: str) -> tuple[str, str, bool, str | None, str]:
     """Scheme, raw host, bracketed, port text, target. Never echoes path or query."""
     if not isinstance(url, str) or not url:
-        raise InvalidRequest("callback_url must be a non-empty string")
+        raise InvalidRequest(f"{what} must be a non-empty string")
     if len(url) > MAX_URL_LENGTH:
-        raise InvalidRequest(f"callback_url is longer than {MAX_URL_LENGTH} characters")
+        raise InvalidRequest(f"{what} is longer than {MAX_URL_LENGTH} characters")
     if not _URL_CHARS.fullmatch(url):
         raise InvalidRequest(
-            "callback_url contains characters that must be percent-encoded "
+            f"{what} contains characters that must be percent-encoded "
             "(spaces, control characters, backslashes, quotes, non-ASCII)"
         )
     try:
         parts = urlsplit(url)
     except ValueError:
         raise InvalidRequest(
-            "callback_url is not a valid URL; check the brackets around an IPv6 host"
+            f"{what} is not a valid URL; check the brackets around an IPv6 host"
         ) from None
     if parts.scheme not in SCHEMES:
         shown = _shown(parts.scheme) if parts.scheme else "none"
-        raise InvalidRequest(f"callback_url must use http or https; got scheme '{shown}'")
+        raise InvalidRequest(f"{what} must use http or https; got scheme '{shown}'")
     if "@" in parts.netloc:
         raise InvalidRequest(
-            "callback_url contains user information before '@'; remove it "
-            "(deliveries are authenticated by their signature)"
+            f"{what} contains user information before '@'; remove it"
+            + (" (deliveries are authenticated by their signature)" if what == CALLBACK else "")
         )
     if not parts.netloc:
-        raise InvalidRequest("callback_url has no host; write it as https://host/path")
-    host, bracketed, port = _split_authority(parts.netloc)
+        raise InvalidRequest(f"{what} has no host; write it as https://host/path")
+    host, bracketed, port = _split_authority(parts.netloc, what)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return parts.scheme, host, bracketed, port, target
 
 
-def _refusal(written: str, verdict: Verdict, resolved: bool) -> ForbiddenAddress:
+def _refusal(
+    written: str, verdict: Verdict, resolved: bool, url_name: str = CALLBACK
+) -> ForbiddenAddress:
     what = verdict.describe()
     if resolved:
-        lead = f"callback_url host {_shown(written)} resolves to {what}"
+        lead = f"{url_name} host {_shown(written)} resolves to {what}"
     elif written != str(verdict.address):
-        lead = f"callback_url host {_shown(written)} means {what}"
+        lead = f"{url_name} host {_shown(written)} means {what}"
     else:
-        lead = f"callback_url points to {what}"
+        lead = f"{url_name} points to {what}"
     return ForbiddenAddress(f"{lead}; {ALLOW_HINT}", verdict)
 
 
@@ -435,24 +441,31 @@ def _is_localhost(host: str) -> bool:
     return name == "localhost" or name.endswith(".localhost")
 
 
-def check_url(url: str, allow_hosts: Collection[str] | AllowList) -> CheckedUrl:
-    """Check a callback URL without resolving it; raises ``InvalidRequest`` saying what to fix."""
+def check_url(
+    url: str, allow_hosts: Collection[str] | AllowList, what: str = CALLBACK
+) -> CheckedUrl:
+    """Check a URL without resolving it; raises ``InvalidRequest`` saying what to fix.
+
+    ``what`` names the URL in messages: an agent's ``callback_url``, or a URL a provider
+    handed us (``result_ref``, a redirect), which passes the same guard."""
     allow = as_allow_list(allow_hosts)
-    scheme, raw_host, bracketed, port_text, target = _syntax(url)
-    port = _parse_port(port_text, scheme)
-    host, address = _parse_host(raw_host, bracketed)
+    scheme, raw_host, bracketed, port_text, target = _syntax(url, what)
+    port = _parse_port(port_text, scheme, what)
+    host, address = _parse_host(raw_host, bracketed, what)
     if address is not None:
         allowed = allow.allows_address(address)
         verdict = classify(address)
         if verdict is not None and not allowed:
-            raise _refusal(raw_host, verdict, resolved=False)
+            raise _refusal(raw_host, verdict, resolved=False, url_name=what)
     else:
         allowed = allow.allows_name(host)
         loopback = ipaddress.IPv4Address("127.0.0.1")
         # RFC 6761: these names are loopback by definition; say so now, not at delivery.
         if _is_localhost(host) and not allowed and not allow.allows_address(loopback):
-            raise _refusal(raw_host, Verdict(loopback, AddressClass.LOOPBACK), resolved=True)
-    return CheckedUrl(url, scheme, host, port, target, address, allowed)
+            raise _refusal(
+                raw_host, Verdict(loopback, AddressClass.LOOPBACK), resolved=True, url_name=what
+            )
+    return CheckedUrl(url, scheme, host, port, target, address, allowed, what)
 
 
 # --- resolution -------------------------------------------------------------
@@ -476,13 +489,15 @@ def check_resolved(
     """Pure: the addresses to connect to, or ``ForbiddenAddress`` if any one is refused."""
     allow = as_allow_list(allow_hosts)
     if not addresses:
-        raise ResolutionFailed(f"callback_url host {_shown(checked.host)} has no addresses")
+        raise ResolutionFailed(f"{checked.what} host {_shown(checked.host)} has no addresses")
     if checked.address is None and allow.allows_name(checked.host):
         return list(addresses)
     for address in addresses:
         verdict = classify(address)
         if verdict is not None and not allow.allows_address(address):
-            raise _refusal(checked.host, verdict, resolved=checked.address is None)
+            raise _refusal(
+                checked.host, verdict, resolved=checked.address is None, url_name=checked.what
+            )
     return list(addresses)
 
 
@@ -502,13 +517,16 @@ async def resolve_checked(
         texts = await resolver(checked.host, checked.port)
     except (OSError, UnicodeError):
         raise ResolutionFailed(
-            f"callback_url host {_shown(checked.host)} could not be resolved"
+            f"{checked.what} host {_shown(checked.host)} could not be resolved"
         ) from None
     return check_resolved(checked, _parse_resolved(texts), allow_hosts)
 
 
 async def resolve_and_check(
-    url: str, allow_hosts: Collection[str] | AllowList, resolver: Resolver = system_resolver
+    url: str,
+    allow_hosts: Collection[str] | AllowList,
+    resolver: Resolver = system_resolver,
+    what: str = CALLBACK,
 ) -> list[IPAddress]:
     """Check the URL, resolve its host now, refuse if ANY address is forbidden.
 
@@ -517,7 +535,7 @@ async def resolve_and_check(
     address refusal) or ``ResolutionFailed``.
     """
     allow = as_allow_list(allow_hosts)
-    return await resolve_checked(check_url(url, allow), allow, resolver)
+    return await resolve_checked(check_url(url, allow, what), allow, resolver)
 
 
 def validate_allow_hosts(entries: Iterable[str]) -> None:

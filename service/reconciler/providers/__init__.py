@@ -8,6 +8,10 @@ the first validation failure into one line; ``secrets`` reads the variables a fi
 names;
 ``state_table`` classifies remote states; ``pointer`` resolves JSON pointers;
 ``adapter`` defines the adapter protocol, the typed call results and the pure
-readings of bodies; ``http_adapter`` is the declarative httpx implementation;
+readings of bodies; ``http_adapter`` is the declarative httpx implementation, its
+calls made by ``exchange`` (bodies decoded within a limit by ``decoding``) and its
+result files fetched by ``result_fetch`` (where a provider may send us);
+``result_check`` checks a result from the report of a streaming scan
+(``result_scan``, run off the event loop by ``scan_runner`` over a ``spool``);
 ``transport`` names the network failure behind an exception.
 """

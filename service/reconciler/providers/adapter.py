@@ -10,20 +10,17 @@ need no HTTP.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
-from reconciler.core.provider_calls import CallResult, ResultCheck
+from reconciler.core.provider_calls import CallResult
 from reconciler.core.vocabulary import RemoteCategory
-from reconciler.providers import jsonl
 from reconciler.providers.pointer import MISSING, Pointer
 from reconciler.providers.spec import DuplicateRule, LookupSpec, ProviderSpec, ResultSpec
 from reconciler.providers.state_table import state_word
 
 MAX_JOB_ID_CHARS = 300  # operations.remote_job_id
-_SHA256_HEX_CHARS = 64
 _ENDED_WITH_RESULT = (RemoteCategory.SUCCESS, RemoteCategory.PARTIAL)
 
 
@@ -226,16 +223,24 @@ def lookup_outcome(
     return LookupOutcome(call, LookupVerdict.FOUND, job_id)
 
 
-def next_cursor(lookup: LookupSpec, body: Any) -> str | None:
-    """The cursor of the next lookup page, or None: no cursor, or ``has_more`` is false."""
+def next_page(lookup: LookupSpec, body: Any) -> tuple[str | None, str | None]:
+    """(the cursor of the next lookup page, None), (None, None) at the end of the list, or
+    (None, why) when the list says it goes on but gives no cursor to follow.
+
+    The end: no paging is declared, ``has_more`` is not true, or (without ``has_more``)
+    there is no cursor. A cursor is a string or an integer, never empty.
+    """
     if lookup.next is None or lookup.next_param is None:
-        return None
-    if lookup.has_more is not None and lookup.has_more.resolve(body) is not True:
-        return None
+        return None, None
+    more = lookup.has_more.resolve(body) if lookup.has_more is not None else None
+    if lookup.has_more is not None and more is not True:
+        return None, None
     value = lookup.next.resolve(body)
     if isinstance(value, bool) or not isinstance(value, str | int) or str(value) == "":
-        return None
-    return str(value)
+        if more is True:
+            return None, f"the lookup answer says it has more but gives no cursor at {lookup.next}"
+        return None, None
+    return str(value), None
 
 
 def _missing_required(spec: ProviderSpec, body: Any, category: RemoteCategory) -> tuple[str, ...]:
@@ -283,115 +288,3 @@ def status_outcome(
 ) -> StatusOutcome:
     readable, _ = _json_body(call)
     return StatusOutcome(call, status_view(spec, call.body, job_id) if readable else None)
-
-
-def _media_type(content_type: str | None) -> str:
-    return (content_type or "").split(";", 1)[0].strip().lower()
-
-
-def _integrity_problems(
-    result: ResultSpec, data: bytes | None, status_body: Any
-) -> tuple[list[str], str | None, int | None]:
-    if data is None:
-        return [], None, None
-    digest, size = hashlib.sha256(data).hexdigest(), len(data)
-    problems: list[str] = []
-    if result.checksum is not None:
-        expected = result.checksum.resolve(status_body)
-        if not isinstance(expected, str) or len(expected) != _SHA256_HEX_CHARS:
-            problems.append(f"no SHA-256 hex checksum at {result.checksum} in the status")
-        elif expected.lower() != digest:
-            problems.append("the result's SHA-256 does not match the checksum in the status")
-    if result.size is not None:
-        expected_size = result.size.resolve(status_body)
-        if isinstance(expected_size, bool) or not isinstance(expected_size, int):
-            problems.append(f"no integer size at {result.size} in the status")
-        elif expected_size != size:
-            problems.append(f"the result has {size} bytes, the status says {expected_size}")
-    return problems, digest, size
-
-
-def _document(result: ResultSpec, call: CallResult) -> tuple[Any, list[str]]:
-    if result.from_status is None:
-        return call.body, []
-    value = result.from_status.resolve(call.body)
-    if value is MISSING:
-        return None, [f"the status has no result at {result.from_status}"]
-    return value, []
-
-
-def _fetch_problems(result: ResultSpec, call: CallResult) -> list[str]:
-    if call.refused:
-        return [f"not fetched: {call.refused}"]
-    if call.transport_error is not None:
-        return [f"not fetched: {call.transport_error.value}"]
-    if not call.ok:
-        return [f"the result fetch answered HTTP {call.http_status}"]
-    if call.too_large:
-        return [f"the result is larger than {result.max_bytes} bytes"]
-    if jsonl.is_jsonl(result.content_type):
-        # The file says what the bytes are: storage hosts serve JSONL under many types.
-        return []
-    expected = _media_type(result.content_type)
-    if expected and result.from_status is None and _media_type(call.content_type) != expected:
-        return [f"the result content type is {call.content_type!r}, expected {expected!r}"]
-    if call.parse_error:
-        return [call.parse_error]
-    return []
-
-
-def _jsonl_check(
-    result: ResultSpec, call: CallResult, errors: CallResult | None, status_body: Any
-) -> ResultCheck:
-    lines = jsonl.parse_lines(call.body_bytes or b"")
-    problems = list(lines.problems)
-    error_lines: tuple[Any, ...] = ()
-    if errors is not None:
-        fetched = _fetch_problems(result, errors)
-        parsed = jsonl.parse_lines(errors.body_bytes or b"", "the errors file")
-        problems.extend(f"errors file: {p}" for p in fetched or parsed.problems)
-        error_lines = parsed.values
-    integrity, digest, size = _integrity_problems(result, call.body_bytes, status_body)
-    problems.extend(integrity)
-    counts = jsonl.count_lines(lines.values, error_lines, result.failed_lines)
-    summary: dict[str, Any] = {"total_lines": counts.total, "failed_lines": counts.failed}
-    for name, pointer in result.summary:
-        value = pointer.resolve(list(lines.values), status_body)
-        summary[name] = None if value is MISSING else value
-    document = list(lines.values)
-    return ResultCheck(document, tuple(problems), summary, counts.failed_items, digest, size)
-
-
-def check_result(
-    spec: ProviderSpec, call: CallResult, status_body: Any, errors: CallResult | None = None
-) -> ResultCheck:
-    """Validate a fetched result against ``[result]`` and the final status body. Never raises.
-
-    ``errors``: the fetched errors file of a JSONL result (``errors_path``), if any.
-    """
-    result = spec.result or ResultSpec()
-    problems = _fetch_problems(result, call)
-    if problems:
-        return ResultCheck(None, tuple(problems))
-    if jsonl.is_jsonl(result.content_type) and result.from_status is None:
-        return _jsonl_check(result, call, errors, status_body)
-    document, problems = _document(result, call)
-    integrity, digest, size = _integrity_problems(
-        result, None if result.from_status else call.body_bytes, status_body
-    )
-    problems.extend(integrity)
-    for required in result.required:
-        if not _present(required.resolve(document, status_body)):
-            problems.append(f"required field {required} is missing")
-    summary = {}
-    for name, pointer in result.summary:
-        value = pointer.resolve(document, status_body)
-        summary[name] = None if value is MISSING else value
-    failed: tuple[Any, ...] = ()
-    if result.failed_items is not None:
-        items = result.failed_items.resolve(document, status_body)
-        if isinstance(items, list):
-            failed = tuple(items)
-        elif _present(items):
-            problems.append(f"failed items at {result.failed_items} is not a list")
-    return ResultCheck(document, tuple(problems), summary, failed, digest, size)

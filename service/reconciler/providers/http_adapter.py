@@ -1,46 +1,36 @@
 """The declarative adapter: a provider file turned into HTTP calls on one pooled httpx client.
 
-Credentials come from the injected environment when the adapter is built and
-live only in a ``Secret`` and in the outgoing header; they are not in reprs,
-results or error strings. Bodies are read streamed up to a cap, and the whole
-exchange (connect, send, read) is bounded by the section's ``timeout_seconds``,
-so a provider that trickles bytes cannot hold a worker.
+Each call goes out through ``providers.exchange`` (credentials to the provider's origin
+only, bodies read within a limit after decoding, the section's timeout over the whole
+exchange); result files through ``providers.result_fetch`` (where a provider may send
+the service for one, redirects followed by hand). ``[result].from_status`` re-reads the
+status instead.
 
-Result fetching: ``[result].from_status`` re-reads the status; ``[result].path``
-is rendered with ``{job_id}``/``{result_ref}``; otherwise ``result_ref`` itself is
-fetched when it is an http(s) URL (or a path on the provider's origin). The
-credential is sent only to the provider's own origin: a pre-signed URL on a
-storage host gets no ``Authorization``, and redirects are followed by hand (at
-most ``MAX_REDIRECTS``) with the same rule, because httpx drops only the
-``Authorization`` header on a cross-origin redirect, not an API-key header.
-The file's static ``headers`` follow the same rule and never replace the credential
-or the trace header. A ``[lookup]`` over a list is searched page by page, following
-its cursor, at most ``lookup.pages`` requests, counted as one lookup. Every answer's
-``Retry-After``, ``retry-after-ms`` and ``polling.rate_limit_reset`` header are folded
-into one ``Retry-After`` (``core.rate_limit``).
+A ``[lookup]`` over a list is searched page by page, following its cursor, at most
+``lookup.pages`` requests, counted as one lookup. Only the end of the list says the job
+was not made: a lookup that cannot read the list to its end (its pages run out, a
+cursor comes back, the list says it has more but gives no cursor, a later page is not
+a readable 2xx) knows nothing, and says so (``LookupVerdict.UNKNOWN``):
+docs/design.md#create_unknown.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import importlib
 import inspect
 import json
 import os
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
 from reconciler.config import Secret
 from reconciler.core.clock import Clock, SystemClock
-from reconciler.core.errors import ConfigError, InvalidRequest, UnsafePathValue
+from reconciler.core.errors import ConfigError, UnsafePathValue
 from reconciler.core.provider_calls import CallResult
-from reconciler.core.rate_limit import is_rate_limited, retry_after_value
-from reconciler.core.strict_json import parse_json
+from reconciler.core.strict_json import shown
 from reconciler.providers.adapter import (
     PROTOCOL_METHODS,
     CreateOutcome,
@@ -50,17 +40,15 @@ from reconciler.providers.adapter import (
     StatusOutcome,
     create_outcome,
     lookup_outcome,
-    next_cursor,
+    next_page,
     status_outcome,
 )
-from reconciler.providers.aiohttp_transport import AiohttpTransport
-from reconciler.providers.client import OutboundClient
 from reconciler.providers.create_set import fill
+from reconciler.providers.exchange import Exchange
+from reconciler.providers.paths import render_path
+from reconciler.providers.result_fetch import ResultFetcher, UrlGuard
 from reconciler.providers.spec import (
-    ERRORS_REF,
     IDEMPOTENCY_KEY,
-    JOB_ID,
-    RESULT_REF,
     AuthType,
     IdempotencyMode,
     ProviderSpec,
@@ -68,112 +56,17 @@ from reconciler.providers.spec import (
     auth_secret,
     template_fields,
 )
-from reconciler.providers.transport import classify_transport_error
-from reconciler.tracing import NO_TRACING, SpanName, Tracing
+from reconciler.tracing import NO_TRACING, Tracing
 
-USER_AGENT = "reconciler/0.1"
-MAX_REDIRECTS = 5
-MAX_DETAIL_CHARS = 200
-MAX_REQUEST_ID_CHARS = 200  # operations.last_provider_request_id
-REQUEST_ID_HEADERS = (
-    "x-request-id",
-    "request-id",
-    "x-amzn-requestid",
-    "x-amz-request-id",
-    "x-ms-request-id",
-    "x-goog-request-id",
-    "x-correlation-id",
-    "cf-ray",
-)
-_REDIRECTS = frozenset({301, 302, 303, 307, 308})
-
-
-def _segment(value: str, what: str) -> str:
-    if value in ("", ".", ".."):
-        raise UnsafePathValue(f"the {what} is empty or a '.'/'..' path segment")
-    return quote(value, safe="")
-
-
-def encode_path_value(value: str, what: str, *, keep_slashes: bool = False) -> str:
-    """Percent-encode ``value`` for a path; ``keep_slashes`` keeps ``/`` between segments."""
-    if not keep_slashes:
-        return _segment(value, what)
-    return "/".join(_segment(part, what) for part in value.split("/"))
-
-
-def render_path(
-    template: str,
-    *,
-    job_id: str | None = None,
-    idempotency_key: str | None = None,
-    result_ref: str | None = None,
-    errors_ref: str | None = None,
-    keep_slashes: bool = False,
-) -> str:
-    """Fill a validated path template; raises ``UnsafePathValue`` for a missing or unsafe value."""
-    given = {
-        JOB_ID: job_id,
-        IDEMPOTENCY_KEY: idempotency_key,
-        RESULT_REF: result_ref,
-        ERRORS_REF: errors_ref,
-    }
-    values: dict[str, str] = {}
-    for name in template_fields(template):
-        value = given.get(name)
-        if value is None:
-            raise UnsafePathValue(f"the path needs {{{name}}} and none was given")
-        values[name] = encode_path_value(value, name, keep_slashes=keep_slashes and name == JOB_ID)
-    return template.format(**values)
-
-
-def _detail(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-    return text[:MAX_DETAIL_CHARS]
-
-
-def _is_json(content_type: str | None) -> bool:
-    media = (content_type or "").split(";", 1)[0].strip().lower()
-    return media.endswith("/json") or media.endswith("+json")
-
-
-def _int_header(value: str | None) -> int | None:
-    if value is None or not (value.strip().isascii() and value.strip().isdigit()):
-        return None
-    if len(value.strip()) > 18:
-        return None
-    return int(value.strip())
-
-
-def _request_id(headers: httpx.Headers, configured: str | None) -> str | None:
-    names = ((configured,) if configured else ()) + REQUEST_ID_HEADERS
-    for name in names:
-        value = str(headers.get(name) or "")
-        if value and value.isprintable():
-            return value[:MAX_REQUEST_ID_CHARS]
-    return None
-
-
-def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
-    default = {"http": 80, "https": 443}.get(url.scheme)
-    return (url.scheme, url.host, url.port or default)
-
-
-async def _read_capped(response: httpx.Response, limit: int) -> tuple[bytes | None, bool]:
-    """The body, or (None, True) once it is larger than ``limit``; stops reading there."""
-    declared = _int_header(response.headers.get("content-length"))
-    if declared is not None and declared > limit:
-        return None, True
-    buffer = bytearray()
-    async for chunk in response.aiter_bytes():
-        if len(buffer) + len(chunk) > limit:
-            return None, True
-        buffer.extend(chunk)
-    return bytes(buffer), False
+__all__ = ["HttpAdapter", "build_adapter", "render_path"]
 
 
 class HttpAdapter:
-    """``ProviderAdapter`` for a provider file, over one pooled ``httpx.AsyncClient``."""
+    """``ProviderAdapter`` for a provider file, over one pooled ``httpx.AsyncClient``.
+
+    ``guard`` checks a result URL on another host (``providers.result_fetch``); without
+    one, results are fetched from the provider's own origin only.
+    """
 
     def __init__(
         self,
@@ -183,26 +76,17 @@ class HttpAdapter:
         *,
         clock: Clock | None = None,
         tracing: Tracing = NO_TRACING,
+        guard: UrlGuard | None = None,
     ) -> None:
         self._spec = spec
-        self._clock = clock or SystemClock()
-        self._tracing = tracing
         secret = auth_secret(spec, os.environ if environ is None else environ)
-        self._credential: tuple[str, Secret] | None = None
+        credential: tuple[str, Secret] | None = None
         if secret is not None and spec.auth.type is AuthType.BEARER:
-            self._credential = ("Authorization", Secret("Bearer " + secret.reveal()))
+            credential = ("Authorization", Secret("Bearer " + secret.reveal()))
         elif secret is not None and spec.auth.header_name:
-            self._credential = (spec.auth.header_name, secret)
-        self._base = httpx.URL(spec.base_url)
-        limits = httpx.Limits(
-            max_connections=spec.http.max_connections,
-            max_keepalive_connections=spec.http.max_keepalive_connections,
-            keepalive_expiry=spec.http.keepalive_expiry_seconds,
-        )
-        self._client = OutboundClient(
-            transport=transport or AiohttpTransport(limits=limits),
-            headers={"User-Agent": USER_AGENT},
-        )
+            credential = (spec.auth.header_name, secret)
+        self._exchange = Exchange(spec, credential, transport, clock or SystemClock(), tracing)
+        self._results = ResultFetcher(spec, self._exchange, guard)
 
     def __repr__(self) -> str:
         return f"HttpAdapter(provider={self._spec.name!r}, base_url={self._spec.base_url!r})"
@@ -212,137 +96,7 @@ class HttpAdapter:
         return self._spec
 
     async def aclose(self) -> None:
-        await self._client.aclose()
-
-    def _headers(self, trace_id: str, url: httpx.URL, accept: str) -> httpx.Headers:
-        # The file's static headers first: the trace header and the credential replace a
-        # header of the same name (compared case-insensitively), never the other way round.
-        # They go to the provider's origin only, as the credential does.
-        own = _origin(url) == _origin(self._base)
-        headers = httpx.Headers(list(self._spec.headers) if own else [])
-        headers["Accept"] = accept
-        headers[self._spec.trace_header] = trace_id
-        if self._credential is not None and own:
-            headers[self._credential[0]] = self._credential[1].reveal()
-        return headers
-
-    def _url(self, path: str) -> httpx.URL:
-        return httpx.URL(self._spec.base_url + path)
-
-    def _target(self, url: httpx.URL) -> str:
-        """What a result records as the request target: the path on the provider's origin; for
-        another origin the URL without its query, which on a pre-signed URL is a credential."""
-        if _origin(url) == _origin(self._base):
-            return url.raw_path.decode("ascii")
-        return str(url.copy_with(query=None, fragment=None))
-
-    def _refused(self, method: str, target: str, reason: str) -> CallResult:
-        return CallResult(
-            method, target, self._clock.now(), 0.0, refused=reason, maybe_delivered=False
-        )
-
-    async def _call(
-        self,
-        method: str,
-        url: httpx.URL,
-        trace_id: str,
-        *,
-        timeout: float,
-        limit: int,
-        json_expected: bool = True,
-        extra: Mapping[str, str] | None = None,
-        content: bytes | None = None,
-    ) -> CallResult:
-        target = self._target(url)
-        with self._tracing.call(SpanName.PROVIDER_CALL, method=method, path=_path_of(target)):
-            result = await self._send(
-                method, url, target, trace_id, timeout, limit, json_expected, extra, content
-            )
-            if result.http_status is not None:
-                self._tracing.note(http_status=result.http_status)
-            elif result.transport_error is not None:
-                self._tracing.failed(result.transport_error.value)
-            return result
-
-    async def _send(
-        self,
-        method: str,
-        url: httpx.URL,
-        target: str,
-        trace_id: str,
-        timeout: float,
-        limit: int,
-        json_expected: bool,
-        extra: Mapping[str, str] | None,
-        content: bytes | None,
-    ) -> CallResult:
-        headers = self._headers(trace_id, url, "application/json" if json_expected else "*/*")
-        for name, value in (extra or {}).items():
-            headers[name] = value
-        # W3C trace context beside the provider's own trace header: the client span's.
-        self._tracing.inject(headers)
-        sent_at, start = self._clock.now(), self._clock.monotonic()
-        try:
-            async with asyncio.timeout(timeout):
-                request = self._client.build_request(
-                    method, url, headers=headers, content=content, timeout=timeout
-                )
-                response = await self._client.send(request, stream=True)
-                try:
-                    data, too_large = await _read_capped(response, limit)
-                finally:
-                    await response.aclose()
-        except (httpx.HTTPError, httpx.InvalidURL, OSError, TimeoutError) as exc:
-            kind, delivered = classify_transport_error(exc)
-            elapsed = (self._clock.monotonic() - start) * 1000.0
-            return CallResult(
-                method,
-                target,
-                sent_at,
-                elapsed,
-                transport_error=kind,
-                transport_detail=_detail(exc),
-                maybe_delivered=delivered,
-            )
-        elapsed = (self._clock.monotonic() - start) * 1000.0
-        return self._answered(method, target, sent_at, elapsed, response, data, too_large)
-
-    def _answered(
-        self,
-        method: str,
-        target: str,
-        sent_at: datetime,
-        elapsed: float,
-        response: httpx.Response,
-        data: bytes | None,
-        too_large: bool,
-    ) -> CallResult:
-        content_type = response.headers.get("content-type")
-        body, parse_error = None, None
-        if data and not too_large and (content_type is None or _is_json(content_type)):
-            try:
-                body = parse_json(data, "the response body")
-            except InvalidRequest as exc:
-                parse_error = exc.message
-        return CallResult(
-            method,
-            target,
-            sent_at,
-            elapsed,
-            http_status=response.status_code,
-            retry_after=retry_after_value(
-                response.headers, self._clock.now(), self._spec.polling.rate_limit_reset
-            ),
-            rate_limited=is_rate_limited(response.status_code, response.headers),
-            location=response.headers.get("location"),
-            content_type=content_type,
-            content_length=_int_header(response.headers.get("content-length")),
-            provider_request_id=_request_id(response.headers, self._spec.http.request_id_header),
-            body=body,
-            body_bytes=data,
-            parse_error=parse_error,
-            too_large=too_large,
-        )
+        await self._exchange.aclose()
 
     def _not_json(self, call: CallResult) -> CallResult:
         """A JSON endpoint that answered with another content type: say so in parse_error."""
@@ -354,13 +108,11 @@ class HttpAdapter:
     async def create(
         self, request_body: Any, idempotency_token: str, trace_id: str
     ) -> CreateOutcome:
-        create = self._spec.create
+        create, ex = self._spec.create, self._exchange
         try:
             path = render_path(create.path, idempotency_key=idempotency_token)
         except UnsafePathValue as exc:
-            return create_outcome(
-                self._spec, self._refused(create.method, create.path, exc.message)
-            )
+            return create_outcome(self._spec, ex.refused(create.method, create.path, exc.message))
         extra = {"Content-Type": "application/json"}
         if create.idempotency is IdempotencyMode.HEADER and create.idempotency_header:
             extra[create.idempotency_header] = idempotency_token
@@ -369,11 +121,11 @@ class HttpAdapter:
             try:
                 content = json.dumps(request_body, separators=(",", ":"), allow_nan=False).encode()
             except (TypeError, ValueError):
-                refused = self._refused(create.method, path, "the request body is not JSON")
+                refused = ex.refused(create.method, path, "the request body is not JSON")
                 return create_outcome(self._spec, refused)
-        call = await self._call(
+        call = await ex.call(
             create.method,
-            self._url(path),
+            ex.url(path),
             trace_id,
             timeout=create.timeout_seconds,
             limit=self._spec.http.max_response_bytes,
@@ -387,16 +139,14 @@ class HttpAdapter:
     ) -> LookupOutcome:
         """Ask whether the token made a job; a list answer is searched page by page (at most
         ``lookup.pages``) for the item that ``lookup.match`` names."""
-        lookup, create = self._spec.lookup, self._spec.create
+        lookup, create, ex = self._spec.lookup, self._spec.create, self._exchange
         if lookup is None:
-            refused = self._refused("GET", "", "the provider file has no [lookup] table")
+            refused = ex.refused("GET", "", "the provider file has no [lookup] table")
             return lookup_outcome(self._spec, refused)
         try:
             path = render_path(lookup.path, idempotency_key=idempotency_token)
         except UnsafePathValue as exc:
-            return lookup_outcome(
-                self._spec, self._refused(lookup.method, lookup.path, exc.message)
-            )
+            return lookup_outcome(self._spec, ex.refused(lookup.method, lookup.path, exc.message))
         extra = {}
         # The token travels in the path when the template has it, else in the create header.
         if (
@@ -412,10 +162,11 @@ class HttpAdapter:
             "webhook_url": self._spec.webhook_url,
         }
         wanted = tuple((pointer, fill(text, values)) for pointer, text in lookup.match)
-        url = self._url(path)
-        for _ in range(lookup.pages):
+        url = ex.url(path)
+        cursors: set[str] = set()
+        for page in range(1, lookup.pages + 1):
             call = self._not_json(
-                await self._call(
+                await ex.call(
                     lookup.method,
                     url,
                     trace_id,
@@ -424,30 +175,37 @@ class HttpAdapter:
                     extra=extra,
                 )
             )
+            if page > 1 and not call.ok:
+                # The first page's 404 says "no such job"; a later page's says nothing.
+                return _unread(call, f"page {page} of the lookup answered {_answer(call)}")
             outcome = lookup_outcome(self._spec, call, wanted)
             if outcome.verdict is not LookupVerdict.NOT_FOUND or not call.ok:
                 return outcome
-            cursor = next_cursor(lookup, call.body)
-            if cursor is None or lookup.next_param is None:
-                return outcome
-            url = self._url(path).copy_merge_params({lookup.next_param: cursor})
+            cursor, problem = next_page(lookup, call.body)
+            if problem is not None:
+                return _unread(call, problem)
+            if cursor is None:
+                return outcome  # the end of the list: the job is not in it
+            if cursor in cursors:
+                return _unread(
+                    call, f"the lookup's cursor {shown(cursor, 40)!r} came back on page {page}"
+                )
+            cursors.add(cursor)
+            assert lookup.next_param is not None  # next_page gives a cursor only then
+            url = ex.url(path).copy_merge_params({lookup.next_param: cursor})
         # Every page allowed was read and the list still goes on: the job may be further
         # down, so "not made" is not known, and concluding it would resend a made job.
-        return LookupOutcome(
-            outcome.call,
-            LookupVerdict.UNKNOWN,
-            job_id_problem=f"no match in the {lookup.pages} lookup page(s) read, "
-            "and the list has more",
-        )
+        return _unread(call, f"no match in the {lookup.pages} lookup page(s) read")
 
     async def _job_call(
         self, method: str, template: str, job_id: str, trace_id: str, timeout: float, limit: int
     ) -> CallResult:
+        ex = self._exchange
         try:
             path = render_path(template, job_id=job_id, keep_slashes=self._spec.job_id_slashes)
         except UnsafePathValue as exc:
-            return self._refused(method, template, exc.message)
-        call = await self._call(method, self._url(path), trace_id, timeout=timeout, limit=limit)
+            return ex.refused(method, template, exc.message)
+        call = await ex.call(method, ex.url(path), trace_id, timeout=timeout, limit=limit)
         return self._not_json(call)
 
     async def status(self, job_id: str, trace_id: str) -> StatusOutcome:
@@ -465,7 +223,7 @@ class HttpAdapter:
     async def cancel(self, job_id: str, trace_id: str) -> CallResult:
         cancel = self._spec.cancel
         if cancel is None:
-            return self._refused("POST", "", "the provider file has no [cancel] table")
+            return self._exchange.refused("POST", "", "the provider file has no [cancel] table")
         return await self._job_call(
             cancel.method,
             cancel.path,
@@ -477,8 +235,8 @@ class HttpAdapter:
 
     async def fetch_result(self, job_id: str, result_ref: str | None, trace_id: str) -> CallResult:
         result = self._spec.result or ResultSpec()
-        status = self._spec.status
         if result.from_status is not None:
+            status = self._spec.status
             return await self._job_call(
                 status.method,
                 status.path,
@@ -487,74 +245,26 @@ class HttpAdapter:
                 result.timeout_seconds,
                 result.max_bytes,
             )
-        if result.path is not None:
-            try:
-                path = render_path(
-                    result.path,
-                    job_id=job_id,
-                    result_ref=result_ref,
-                    keep_slashes=self._spec.job_id_slashes,
-                )
-            except UnsafePathValue as exc:
-                return self._refused(result.method, result.path, exc.message)
-            return await self._follow(result, self._url(path), trace_id)
-        url = self._result_url(result_ref)
-        if url is None:
-            reason = "result_ref is not an http(s) URL or path and [result] has no path"
-            return self._refused(result.method, "", reason)
-        return await self._follow(result, url, trace_id)
+        return await self._results.fetch(job_id, result_ref, trace_id)
 
     async def fetch_errors(self, job_id: str, errors_ref: str, trace_id: str) -> CallResult:
         """The separate errors file of a JSONL result (``errors_path`` with ``{errors_ref}``)."""
-        result = self._spec.result or ResultSpec()
-        if result.errors_path is None:
-            return self._refused(result.method, "", "the provider file has no result.errors_path")
-        try:
-            path = render_path(
-                result.errors_path,
-                job_id=job_id,
-                errors_ref=errors_ref,
-                keep_slashes=self._spec.job_id_slashes,
-            )
-        except UnsafePathValue as exc:
-            return self._refused(result.method, result.errors_path, exc.message)
-        return await self._follow(result, self._url(path), trace_id)
-
-    def _result_url(self, result_ref: str | None) -> httpx.URL | None:
-        if not result_ref or not (result_ref.startswith("/") or "://" in result_ref):
-            return None
-        try:
-            url = self._base.join(result_ref)
-        except httpx.InvalidURL:
-            return None
-        return url if url.scheme in ("http", "https") and url.host else None
-
-    async def _follow(self, result: ResultSpec, url: httpx.URL, trace_id: str) -> CallResult:
-        method = result.method
-        for _ in range(MAX_REDIRECTS + 1):
-            call = await self._call(
-                method,
-                url,
-                trace_id,
-                timeout=result.timeout_seconds,
-                limit=result.max_bytes,
-                json_expected=False,
-            )
-            if call.http_status not in _REDIRECTS or not call.location:
-                return call
-            try:
-                url = url.join(call.location)
-            except httpx.InvalidURL:
-                return call
-            if url.scheme not in ("http", "https"):
-                return self._refused(method, self._target(url), "redirected to a non-http(s) URL")
-            method = "GET" if call.http_status == 303 else method
-        return self._refused(method, self._target(url), f"more than {MAX_REDIRECTS} redirects")
+        return await self._results.fetch_errors(job_id, errors_ref, trace_id)
 
 
-def _path_of(target: str) -> str:
-    """A call's target for a span: never its query (a signature, a token may ride there)."""
-    return target.split("?", 1)[0]
+def _answer(call: CallResult) -> str:
+    if call.http_status is not None:
+        return f"HTTP {call.http_status}"
+    if call.transport_error is not None:
+        return f"no answer ({call.transport_error.value})"
+    return f"nothing: {call.refused}"
+
+
+def _unread(call: CallResult, why: str) -> LookupOutcome:
+    """A lookup that could not read the list to its end: whether the job exists is unknown."""
+    return LookupOutcome(
+        call, LookupVerdict.UNKNOWN, job_id_problem=f"{why}; the list was not read to its end"
+    )
 
 
 def build_adapter(
@@ -564,12 +274,13 @@ def build_adapter(
     *,
     clock: Clock | None = None,
     tracing: Tracing = NO_TRACING,
+    guard: UrlGuard | None = None,
 ) -> ProviderAdapter:
     """The provider's adapter: ``HttpAdapter``, or ``adapter = "pkg.module:Class"`` built as
     ``Class(spec, environ)``. An import or protocol problem is a ``ConfigError``."""
     env = os.environ if environ is None else environ
     if spec.adapter is None:
-        return HttpAdapter(spec, env, transport, clock=clock, tracing=tracing)
+        return HttpAdapter(spec, env, transport, clock=clock, tracing=tracing, guard=guard)
     cls = _import_class(spec)
     try:
         adapter = cls(spec, env)

@@ -9,6 +9,7 @@ the delays in order); rules that span tables live in ``ProviderSpec``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any
@@ -232,6 +233,23 @@ class CancelSpec(FileTable):
     cancel_deadline_seconds: f.Seconds = DEFAULT_CANCEL_DEADLINE
 
 
+_HOST = re.compile(r"(\*\.)?[a-z0-9_:]([a-z0-9_.:-]*[a-z0-9_])?")
+
+
+def _hosts(value: Any) -> tuple[str, ...]:
+    """``[result] hosts``: where result URLs may point besides the provider's origin."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise problem('expected a list of host names, e.g. ["files.example.com", "*.s3.example"]')
+    hosts = tuple(v.strip().lower().rstrip(".") for v in value)
+    for host in hosts:
+        if not _HOST.fullmatch(host) or "*" in host[2:] or host in ("*.", "*"):
+            raise problem(
+                f"{host[:80]!r} is not a host name; write a name (files.example.com), "
+                "*.domain for every name under it, or an IP address, without scheme or port"
+            )
+    return hosts
+
+
 class ResultSpec(FileTable):
     path: Annotated[str, f.path_template(JOB_ID, RESULT_REF)] | None = None
     from_status: f.PointerText | None = None
@@ -246,6 +264,7 @@ class ResultSpec(FileTable):
     checksum: f.PointerText | None = None
     size: f.PointerText | None = None
     timeout_seconds: f.Seconds = 30.0
+    hosts: Annotated[tuple[str, ...], PlainValidator(_hosts)] = ()
 
     @model_validator(mode="after")
     def _one_source(self) -> ResultSpec:

@@ -29,7 +29,9 @@ Keys beyond the README's example file (each has a default or is optional):
 * ``[cancel]``: ``cancel_deadline_seconds`` (120).
 * ``[result]``: ``from_status``, ``failed_items``, ``content_type``
   (``application/jsonl``: line-delimited), ``failed_lines``, ``errors_path``,
-  ``max_bytes`` (16 MiB), ``checksum``, ``size``; ``status:`` points into the status.
+  ``max_bytes`` (16 MiB, after decoding), ``checksum``, ``size``; ``status:`` points into
+  the status; ``hosts`` (where a result URL may point besides ``base_url``: names or
+  ``*.domain``; see ``providers.result_fetch``).
 * ``[webhook]``: ``signature_header`` (hmac-sha256), ``event_id`` and
   ``event_type`` (defaults per scheme), ``types`` (the event types that are hints).
 * ``[polling]``: ``max_rate_limited`` (3), ``rate_limit_delay_seconds`` (60),

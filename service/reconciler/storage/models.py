@@ -195,10 +195,15 @@ class WebhookEvent(SQLModel, table=True):
     received_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
     remote_job_id: str | None = Field(default=None, max_length=300)
     operation_id: str | None = Field(default=None, max_length=40)
-    body_sha256: str = Field(max_length=64)
-    body: str | None = None
+    body_sha256: str = Field(max_length=64)  # of the whole body
+    body: str | None = None  # its first 4 KiB at most (storage.webhook_events)
     duplicates: int = 0
     conflicts: int = 0
+    event_type: str | None = Field(default=None, max_length=200)
+    body_size: int | None = None  # bytes, when the event was stored after 0009
+    # A verified event of a type [webhook] types does not list: it keeps its job id but
+    # neither hints nor attaches.
+    ignored: bool = Field(default=False, sa_column_kwargs={"server_default": sa.false()})
 
 
 class Escalation(SQLModel, table=True):

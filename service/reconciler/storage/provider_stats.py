@@ -35,14 +35,14 @@ READ_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
 )
 
 
-# An event stored without a job id (a type [webhook] types does not list) is for no job,
-# so it is not an orphan waiting for one.
+# An ignored event (a type [webhook] types does not list) or one without a job id waits
+# for no job, so it is not an orphan.
 _WEBHOOK_COUNTS = Sql(
     "webhook-counts",
     EVENTS,
     "SELECT provider, count(*), coalesce(sum(duplicates), 0), coalesce(sum(conflicts), 0), "
-    "count(CASE WHEN operation_id IS NULL AND remote_job_id IS NOT NULL THEN 1 END) "
-    "FROM webhook_events GROUP BY provider",
+    "count(CASE WHEN operation_id IS NULL AND remote_job_id IS NOT NULL AND NOT ignored "
+    "THEN 1 END) FROM webhook_events GROUP BY provider",
 )
 _STATUS_READS = Sql(
     "status-reads-per-operation",

@@ -168,8 +168,8 @@ def _first_webhook_sql(after: bool, until: bool) -> Sql:
     return Sql(
         "webhook-first-after",
         EVENTS,
-        "SELECT min(received_at) FROM webhook_events WHERE provider = ? AND remote_job_id = ?"
-        + window,
+        "SELECT min(received_at) FROM webhook_events "
+        "WHERE provider = ? AND remote_job_id = ? AND NOT ignored" + window,
         params=("provider", "remote_job_id", *(["received_at"] * (after + until))),
         returns=("received_at",),
     )

@@ -5,12 +5,16 @@ insert it (unique on provider + event id); a new event for a known job marks the
 operation hinted (hinted time, next status read brought forward, delay source
 ``webhook_hint``, a history entry); an event for an unknown job is kept as an
 orphan, attached when the job id is learned; a seen event id has no effect (a
-different body under a seen id is counted as a conflict). Hints coalesce: while
-one is pending (``hinted_at`` set, its read not yet made), further events for
-the operation are stored but add no history entry, and write the row only to
-move ``hinted_at`` when a read may be in flight (the lease is held), so its
-answer is known to predate them; a flood of signed events costs one entry per
-read, not one per event. Batching many requests into one commit is
+different body under a seen id is counted as a conflict); an event of a type the
+provider file does not list is kept flagged ``ignored`` and changes nothing. Every
+event keeps its id, type, job id, the digest and size of its body and at most
+``MAX_KEPT_BODY_BYTES`` of the body itself: a provider whose webhooks cover a whole
+account sends orphans in normal operation, and they must not grow the database by
+whatever size it chooses. Hints coalesce: while one is pending (``hinted_at``
+set, its read not yet made), further events for the operation are stored but add
+no history entry, and write the row only to move ``hinted_at`` when a read may be
+in flight (the lease is held), so its answer is known to predate them; a flood of
+signed events costs one entry per read, not one per event. Batching many requests into one commit is
 ``engine.group_commit``'s job.
 """
 
@@ -52,7 +56,7 @@ class Outcome(StrEnum):
     DUPLICATE = "duplicate"
     CONFLICT = "conflict"
     # A verified event of a type the provider file does not list ([webhook] types): stored
-    # without its job id, so it neither hints nor attaches as an orphan later.
+    # flagged, so it neither hints nor attaches as an orphan later.
     IGNORED = "ignored"
 
 
@@ -61,9 +65,12 @@ class IncomingEvent:
     provider: str
     event_id: str
     remote_job_id: str | None
-    body_sha256: str
-    body: str | None
+    body_sha256: str  # of the whole body
+    body: str | None  # what is kept of it: ``kept_body``
     received_at: datetime
+    event_type: str | None = None
+    body_size: int | None = None  # the whole body's bytes
+    ignored: bool = False  # a type [webhook] types does not list: no hint, never attached
 
 
 EVENT_COLUMNS = (
@@ -76,7 +83,25 @@ EVENT_COLUMNS = (
     "body",
     "duplicates",
     "conflicts",
+    "event_type",
+    "body_size",
+    "ignored",
 )
+# What an event keeps of its body: enough to read its ids and type by eye (an operator
+# settling a create_unknown), never a whole body a provider chose the size of.
+MAX_KEPT_BODY_BYTES = 4096
+
+
+def kept_body(body: bytes) -> str:
+    """The first ``MAX_KEPT_BODY_BYTES`` of a UTF-8 body, cut at a character boundary."""
+    return body[:MAX_KEPT_BODY_BYTES].decode("utf-8", "ignore")
+
+
+def _kept(text: str | None) -> str | None:
+    """``kept_body`` for a body already decoded (every writer keeps the bound)."""
+    if text is None or len(text) * 4 <= MAX_KEPT_BODY_BYTES:
+        return text
+    return kept_body(text.encode("utf-8", "surrogatepass"))
 
 
 _ONE_ROW = f"({', '.join(['?'] * len(EVENT_COLUMNS))})"
@@ -127,8 +152,8 @@ _LOCK_JOBS = Sql(
 _ATTACH_ORPHANS = Sql(
     "orphans-attach",
     EVENTS,
-    "UPDATE webhook_events SET operation_id = ? "
-    "WHERE provider = ? AND remote_job_id = ? AND operation_id IS NULL RETURNING event_id",
+    "UPDATE webhook_events SET operation_id = ? WHERE provider = ? AND remote_job_id = ? "
+    "AND operation_id IS NULL AND NOT ignored RETURNING event_id",
     params=("operation_id", "provider", "remote_job_id"),
 )
 
@@ -265,7 +290,7 @@ def _known_operations(
     by_provider: dict[str, set[str]] = defaultdict(set)
     for i in indexes:
         job = events[i].remote_job_id
-        if job is not None:
+        if job is not None and not events[i].ignored:
             by_provider[events[i].provider].add(job)
     lock_jobs(conn, [(p, j) for p, jobs in by_provider.items() for j in jobs])
     found: dict[tuple[str, str], _Head] = {}
@@ -287,7 +312,9 @@ def _hint_writes(
     for i in new:
         job = events[i].remote_job_id
         op = ops.get((events[i].provider, job)) if job is not None else None
-        if op is None:
+        if events[i].ignored:
+            outcomes[i] = Outcome.IGNORED
+        elif op is None:
             outcomes[i] = Outcome.ORPHAN
         else:
             by_op[op.id].append(i)
@@ -316,18 +343,22 @@ def write_batch(
     rows = []
     for i in firsts:
         e = events[i]
-        op = ops.get((e.provider, e.remote_job_id)) if e.remote_job_id is not None else None
+        job = e.remote_job_id
+        op = ops.get((e.provider, job)) if job is not None and not e.ignored else None
         rows.append(
             (
                 e.provider,
                 e.event_id,
                 e.received_at,
-                e.remote_job_id,
+                job,
                 op.id if op is not None else None,
                 e.body_sha256,
-                e.body,
+                _kept(e.body),
                 0,
                 0,
+                e.event_type,
+                e.body_size,
+                e.ignored,
             )
         )
     inserted = _insert(conn, rows)

@@ -1,11 +1,12 @@
 """Result collection, its own recorded action (``result_collecting``).
 
 Fetch through the provider file's result path or the result reference,
-validate (required fields; content type, size and checksum where given),
-keep small results inline and large ones as a reference with SHA-256 and
-size. Fetch failures are retried with backoff up to the provider's failure
-budget, then the operation ends ``result_unavailable``; a result that
-arrives but does not validate ends ``result_validation_failed``.
+validate (required fields; content type, size and checksum where given; the
+body is read off the event loop, ``providers.result_check``), keep small
+results inline and large ones as a reference with SHA-256 and size. Fetch
+failures are retried with backoff up to the provider's failure budget, then
+the operation ends ``result_unavailable``; a result that arrives but does not
+validate ends ``result_validation_failed``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from reconciler.core.vocabulary import HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Prep
 from reconciler.engine.steps.create import call_detail
-from reconciler.providers.adapter import check_result
+from reconciler.providers.result_check import check_off_loop, release
 from reconciler.storage.journal import Entry
 
 
@@ -95,7 +96,17 @@ class CollectStep:
         call = await ctx.call(
             op, "result", lambda: ctx.adapter(op).fetch_result(job_id, ref, op.trace_id)
         )
-        errors_call = await self._errors_file(op, job_id) if call.ok else None
+        errors_call = None
+        try:
+            errors_call = await self._errors_file(op, job_id) if call.ok else None
+            # The bodies are read where they cannot stall the service, and let go at once.
+            check = (
+                await check_off_loop(spec, call, op.status_body, errors_call)
+                if call.ok and not call.refused and (errors_call is None or errors_call.ok)
+                else None
+            )
+        finally:
+            release(call, errors_call)
         now = ctx.now()
         fetched = call_detail(call)
         if errors_call is not None:
@@ -108,11 +119,6 @@ class CollectStep:
         )
         if errors_call is not None and not errors_call.ok:
             call = errors_call  # the errors file decides: retry it, or it is unavailable
-        check = (
-            check_result(spec, call, op.status_body, errors_call)
-            if call.ok and not call.refused
-            else None
-        )
         decision = decide_collect(
             call,
             check,

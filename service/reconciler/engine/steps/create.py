@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection
 from reconciler.core.clock import isoformat
 from reconciler.core.create import (
     Ambiguous,
+    CreateDecision,
     CreateObservation,
     Rejected,
     before_create,
@@ -43,6 +44,7 @@ from reconciler.engine.steps.resend import (
     lookup_job,
     resend_allowed,
     template_values,
+    unsettled_lookup,
 )
 from reconciler.providers.adapter import CreateOutcome, LookupOutcome, LookupVerdict
 from reconciler.providers.create_set import apply_set
@@ -146,7 +148,7 @@ class CreateStep:
                 await self._accept(op, found.job_id, None, found.call, "lookup")
                 return
             if found.verdict is LookupVerdict.UNKNOWN:
-                await self._ambiguous_or_stop(op, found.call, None, "lookup")
+                await self._ambiguous_or_stop(op, found.call, None, "lookup", found.job_id_problem)
                 return
             # Not found: the create never landed, so resending with the same token is safe.
             # The lookup is recorded: it is the evidence behind the resend.
@@ -189,7 +191,12 @@ class CreateStep:
                     kind=HistoryKind.OBSERVATION,
                     actor=ctx.actor,
                     cause="lookup_response",
-                    detail={**call_detail(found.call), "job_id": None, "decision": "window_ended"},
+                    detail={
+                        **call_detail(found.call),
+                        "job_id": None,
+                        "job_id_problem": found.job_id_problem,
+                        "decision": "window_ended",
+                    },
                 )
             )
         if outage is not None:
@@ -358,21 +365,32 @@ class CreateStep:
             return load_request(conn, op_id)
 
     async def _ambiguous_or_stop(
-        self, op: OperationRecord, call: CallResult, outcome: CreateOutcome | None, via: str
+        self,
+        op: OperationRecord,
+        call: CallResult,
+        outcome: CreateOutcome | None,
+        via: str,
+        problem: str | None = None,
     ) -> None:
         ctx = self.ctx
         now = ctx.now()
-        decision = decide_create(
-            op.create_deadline_at,
-            max(op.create_attempts + op.create_lookups, 1),
-            _observation(call, None),
-            now,
-            ctx.deps.rng,
-            ctx.backoff(ctx.spec(op)),
-        )
+        calls = max(op.create_attempts + op.create_lookups, 1)
+        backoff = ctx.backoff(ctx.spec(op))
+        decision: CreateDecision
+        if via == "lookup":
+            # A lookup that could not answer (refused, unreadable, a list not read to its
+            # end) says nothing of the create: never a rejection, always "look again".
+            why = unsettled_lookup(call, problem)
+            decision = retry_create(
+                op.create_deadline_at, calls, why, now, ctx.deps.rng, backoff, call.retry_after
+            )
+        else:
+            decision = decide_create(
+                op.create_deadline_at, calls, _observation(call, None), now, ctx.deps.rng, backoff
+            )
         detail = {
             **call_detail(call),
-            "job_id_problem": outcome.job_id_problem if outcome else None,
+            "job_id_problem": outcome.job_id_problem if outcome else problem,
             "decision": type(decision).__name__.lower(),
         }
         spec = ctx.spec(op)

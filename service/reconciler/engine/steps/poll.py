@@ -68,6 +68,8 @@ def observation_of(outcome: StatusOutcome) -> decisions.Observation:
     parse_error = call.parse_error
     if call.refused:
         parse_error = call.refused
+    elif call.too_large:
+        parse_error = "the response body is larger than the limit (http.max_response_bytes)"
     return decisions.Observation(
         at=call.sent_at,
         http_status=call.http_status,

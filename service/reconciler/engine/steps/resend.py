@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.provider_calls import CallResult
 from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import DecisionAction, HistoryKind
 from reconciler.providers.adapter import LookupOutcome, ProviderAdapter
@@ -44,6 +45,19 @@ async def lookup_job(adapter: ProviderAdapter, op: OperationRecord) -> LookupOut
     if isinstance(adapter, HttpAdapter):
         return await adapter.lookup(op.idempotency_token, op.trace_id, operation_id=op.id)
     return await adapter.lookup(op.idempotency_token, op.trace_id)
+
+
+def unsettled_lookup(call: CallResult, problem: str | None) -> str:
+    """Why a lookup settled nothing (docs/design.md#create_unknown): it is looked up again."""
+    if problem:
+        why = problem
+    elif call.transport_error is not None:
+        why = f"no answer ({call.transport_error.value})"
+    elif call.refused:
+        why = f"not sent ({call.refused})"
+    else:
+        why = f"HTTP {call.http_status}"
+    return f"the lookup settled nothing: {why}"
 
 
 def _evidence(conn: Connection, op: OperationRecord, actor: str) -> Entry | None:
