@@ -7,7 +7,7 @@ filter is a condition on the row and a long-poll can tell from the record it
 holds. Existing rows take it from their escalation.
 
 Revision ID: 0011
-Revises: 0007
+Revises: 0009
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0011"
-down_revision = "0007"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
