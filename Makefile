@@ -8,7 +8,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 DEMO_ARGS ?=
 
 # Test processes: the suite waits on sockets and subprocesses as much as it computes, so
-# more workers than cores is fastest here (measured: see README, Tests).
+# more workers than cores is fastest here (measured: see docs/testing.md).
 WORKERS ?= 6
 # Bytecode is a cache the tests need: without it every xdist worker rewrites the asserts of
 # every test module again (about 6 s of CPU each) and every service subprocess compiles

@@ -1,25 +1,51 @@
-"""Service settings: typed, defaulted, loaded from TOML and the environment.
+"""Service settings: strict typed models, loaded from TOML and the environment.
 
 Precedence: defaults < ``reconciler.toml`` < ``RECONCILER_<KEY>`` variables
 (``RECONCILER_DATABASE_URL``; section keys as ``RECONCILER_SERVER_PORT``).
-Every problem is one ``ConfigError`` line naming the file, the key and what
-is wrong, so a bad deployment fails at start rather than at the first request.
+The models are checked the way provider files are (``core.file_values``): every
+number has its bound, an unknown key is refused naming the known ones, and every
+problem is one ``ConfigError`` line naming the file, or the variable when the value
+came from the environment, then the key and what is wrong, so a bad deployment
+fails at start rather than at the first request. A file's values are strict (a
+string where a number belongs is an error); a variable's text is converted once,
+in ``_from_env``, before the same models check it.
+
+A section is a ``SettingsTable`` and one field of ``Settings``: its variables, its
+messages and its place on the configuration page follow from that.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tomllib
-import types
 import typing
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar
 from urllib.parse import urlsplit
 
+from pydantic import BeforeValidator, PlainValidator, ValidationError, model_validator
+
 from reconciler.core.errors import ConfigError
+from reconciler.core.file_values import (
+    POSITIVE,
+    AnyText,
+    Bound,
+    Count,
+    CountOrZero,
+    Flag,
+    Seconds,
+    SecondsOrZero,
+    StrictTable,
+    Text,
+    any_text,
+    config_line,
+    first_problem,
+    integer,
+    number,
+    problem,
+    text_value,
+)
 
 ENV_PREFIX = "RECONCILER_"
 CONFIG_ENV = "RECONCILER_CONFIG"
@@ -27,6 +53,8 @@ AUDIT_KEY_ENV = "RECONCILER_AUDIT_KEY"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # Nobody has to create the default providers directory; a configured one must exist.
 DEFAULT_PROVIDERS_DIR = "providers"
+_PORTS = Bound(1, high=65535)
+_MISSING = {"target": "required: give 'pkg.module:function'"}
 
 
 class Secret:
@@ -52,154 +80,191 @@ class Secret:
         return hash(self._value)
 
 
-@dataclass(frozen=True)
-class ServerSettings:
-    host: str = "127.0.0.1"
-    port: int = 8080
-    max_body_bytes: int = 1_048_576
-    create_wait_seconds: float = 0.5  # how long POST /v1/operations waits for the job id
-    wait_max_seconds: float = 60.0  # cap on /wait long-polls
-    trust_proxy_headers: bool = False
+def _web_url(what: str) -> PlainValidator:
+    """An http(s) URL with a host, or empty for none."""
+
+    def check(value: Any) -> str:
+        text = any_text(value)
+        parts = urlsplit(text)
+        if text and not (parts.scheme in ("http", "https") and parts.netloc):
+            raise problem(f"must be an http:// or https:// URL{what}")
+        return text
+
+    return PlainValidator(check)
+
+
+def _log_level(value: Any) -> str:
+    if not isinstance(value, str) or value.upper() not in LOG_LEVELS:
+        raise problem(f"must be one of {', '.join(LOG_LEVELS)}")
+    return value.upper()
+
+
+def _name(value: Any) -> str:
+    if not text_value(value).strip():
+        raise problem("must not be blank")
+    return str(value)
+
+
+def _database_url(value: Any) -> str:
+    if not text_value(value).startswith(("sqlite", "postgresql")):
+        raise problem("must start with sqlite:// or postgresql+psycopg://")
+    return str(value)
+
+
+def _hook_list(value: Any) -> Any:
+    """A hook written as its target alone is a table with that target."""
+    if not isinstance(value, list | tuple):
+        raise problem("expected a list")
+    return tuple({"target": v} if isinstance(v, str) else v for v in value)
+
+
+def _tables(value: Any) -> Mapping[str, Any]:
+    # Validated by reconciler.providers.loader, which knows what a provider table holds.
+    if not isinstance(value, Mapping):
+        raise problem("expected a table of provider tables")
+    return value
+
+
+def _hosts(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise problem("expected a list of host names or CIDRs")
+    return tuple(value)
+
+
+Port = Annotated[int, PlainValidator(integer(_PORTS)), _PORTS]
+Hours = Annotated[float, PlainValidator(number(POSITIVE, "hours")), POSITIVE]
+Url = Annotated[str, _web_url("")]
+OtlpUrl = Annotated[str, _web_url(" of an OTLP/HTTP receiver (like http://collector:4318)")]
+Hosts = Annotated[tuple[str, ...], PlainValidator(_hosts)]
+Name = Annotated[str, PlainValidator(_name)]
+LogLevel = Annotated[str, PlainValidator(_log_level)]
+DatabaseUrl = Annotated[str, PlainValidator(_database_url)]
+
+
+class SettingsTable(StrictTable):
+    """A table of ``reconciler.toml``; every field is a key, and a ``RECONCILER_*`` variable."""
+
+
+class ServerSettings(SettingsTable):
+    host: Text = "127.0.0.1"
+    port: Port = 8080
+    max_body_bytes: Count = 1_048_576
+    create_wait_seconds: SecondsOrZero = 0.5  # how long POST /v1/operations waits for the job id
+    wait_max_seconds: Seconds = 60.0  # cap on /wait long-polls
+    trust_proxy_headers: Flag = False
     # The variable holding the bearer token /metrics asks for; empty: /metrics is open.
-    metrics_token_env: str = ""
+    metrics_token_env: AnyText = ""
     # Where operators reach the service ("https://reconciler.example"); empty means
     # http://host:port. An https URL makes the console's session cookie Secure.
-    public_url: str = ""
+    public_url: Url = ""
     # How long a request waits for the database to take its write before a 503.
-    write_wait_seconds: float = 5.0
+    write_wait_seconds: Seconds = 5.0
     # A provider's webhook delivery waits at most this long for its commit, then 503 with
     # Retry-After: below the providers' own client timeouts (5-10 s), so that they see a
     # refusal to retry, never a timeout they may count as a failed delivery.
-    webhook_wait_seconds: float = 2.0
+    webhook_wait_seconds: Seconds = 2.0
     # The front door (enforced by the server's protocol, before the app sees a request).
-    max_connections: int = 4096  # open connections; the excess is refused on accept
-    max_header_bytes: int = 65_536  # request line and headers together
-    max_headers: int = 100
-    header_timeout_seconds: float = 10.0  # to receive the request line and headers
-    body_timeout_seconds: float = 30.0  # to receive the body once the headers are in
-    keep_alive_seconds: float = 5.0  # an idle kept-alive connection is closed after this
+    max_connections: Count = 4096  # open connections; the excess is refused on accept
+    max_header_bytes: Count = 65_536  # request line and headers together
+    max_headers: Count = 100
+    header_timeout_seconds: Seconds = 10.0  # to receive the request line and headers
+    body_timeout_seconds: Seconds = 30.0  # to receive the body once the headers are in
+    keep_alive_seconds: Seconds = 5.0  # an idle kept-alive connection is closed after this
     # /mcp requests one token may have open at once (a wait_job holds one for its wait):
     # one agent never reaches max_connections through /mcp.
-    mcp_requests_per_agent: int = 16
+    mcp_requests_per_agent: Count = 16
 
 
-@dataclass(frozen=True)
-class SchedulerSettings:
-    tick_seconds: float = 1.0
-    lease_seconds: float = 30.0
-    batch_size: int = 100
-    provider_concurrency: int = 16  # status/create/cancel calls in flight per provider
-    enabled: bool = True
+class SchedulerSettings(SettingsTable):
+    tick_seconds: Seconds = 1.0
+    lease_seconds: Seconds = 30.0
+    batch_size: Count = 100
+    provider_concurrency: Count = 16  # status/create/cancel calls in flight per provider
+    enabled: Flag = True
     # Status reads overdue by more than this (a restart, a pause) are spread out, not burst.
-    catch_up_after_seconds: float = 5.0
+    catch_up_after_seconds: Seconds = 5.0
 
 
-@dataclass(frozen=True)
-class CallbackSettings:
-    signing_secret_env: str = "RECONCILER_CALLBACK_SECRET"
-    allow_hosts: tuple[str, ...] = ()
-    max_attempts: int = 8
-    timeout_seconds: float = 10.0
-    base_delay_seconds: float = 2.0
-    max_delay_seconds: float = 300.0
-    max_response_bytes: int = 65_536
-    concurrency: int = 32  # callback deliveries in flight, all receiver hosts together
+class CallbackSettings(SettingsTable):
+    signing_secret_env: Text = "RECONCILER_CALLBACK_SECRET"
+    allow_hosts: Hosts = ()
+    max_attempts: Count = 8
+    timeout_seconds: Seconds = 10.0
+    base_delay_seconds: Seconds = 2.0
+    max_delay_seconds: Seconds = 300.0
+    max_response_bytes: CountOrZero = 65_536  # 0: the receiver's answer is not read
+    concurrency: Count = 32  # callback deliveries in flight, all receiver hosts together
     # Deliveries in flight to one receiver host (at most half of ``concurrency``): a host
     # that hangs holds only these.
-    per_host_concurrency: int = 4
-    hook_concurrency: int = 16  # hooks in flight, a share apart from the callbacks
+    per_host_concurrency: Count = 4
+    hook_concurrency: Count = 16  # hooks in flight, a share apart from the callbacks
+
+    @model_validator(mode="after")
+    def _delays_in_order(self) -> CallbackSettings:
+        if self.max_delay_seconds < self.base_delay_seconds:
+            raise problem("must be at least base_delay_seconds", "max_delay_seconds")
+        return self
 
 
-@dataclass(frozen=True)
-class LimitSettings:
+class LimitSettings(SettingsTable):
     """Per-agent quotas; 0 switches a count limit off."""
 
-    min_deadline_seconds: float = 1.0  # shorter deadlines would only escalate at once
-    max_operations_in_flight: int = 10_000  # per agent: not yet in an end state
-    max_creates_per_minute: int = 1_200  # per agent, over a sliding minute
-    max_history_page: int = 1_000  # entries per /history page at most
+    min_deadline_seconds: Seconds = 1.0  # shorter deadlines would only escalate at once
+    max_operations_in_flight: CountOrZero = 10_000  # per agent: not yet in an end state
+    max_creates_per_minute: CountOrZero = 1_200  # per agent, over a sliding minute
+    max_history_page: Count = 1_000  # entries per /history page at most
 
 
-@dataclass(frozen=True)
-class ConsoleSettings:
+class ConsoleSettings(SettingsTable):
     # The key that signs console sessions; set it to the same value on every replica.
-    session_secret_env: str = "RECONCILER_CONSOLE_SECRET"
-    session_hours: float = 12.0
+    session_secret_env: Text = "RECONCILER_CONSOLE_SECRET"
+    session_hours: Hours = 12.0
 
 
-@dataclass(frozen=True)
-class TelemetrySettings:
+class TelemetrySettings(SettingsTable):
     # Where OpenTelemetry traces go over OTLP/HTTP ("http://collector:4318"; spans are sent
     # to its /v1/traces). Empty: the standard OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing.
-    otlp_endpoint: str = ""
-    service_name: str = "reconciler"
+    otlp_endpoint: OtlpUrl = ""
+    service_name: Name = "reconciler"
     # Finished spans are sent in batches this often (and the rest when the service stops).
-    export_interval_seconds: float = 5.0
+    export_interval_seconds: Seconds = 5.0
 
 
-@dataclass(frozen=True)
-class HookSpec:
+class HookSpec(SettingsTable):
     """One configured hook: ``"pkg.mod:fn"``, or ``{ target = "pkg.mod:fn", transactional =
     true }`` for a hook that writes its effects in the transaction recording its step."""
 
-    target: str
-    transactional: bool = False
+    NOT_A_TABLE: ClassVar[str] = (
+        "expected 'pkg.module:function' or a table { target = ..., transactional = ... }"
+    )
 
+    target: Text
+    transactional: Flag = False
 
-_HOOK_KEYS = frozenset(f.name for f in dataclasses.fields(HookSpec))
-
-
-def _hook_spec(value: Any, where: str) -> HookSpec:
-    if isinstance(value, str):
-        return HookSpec(value)
-    if not isinstance(value, dict):
-        raise ConfigError(
-            f"{where}: expected 'pkg.module:function' or a table "
-            f"{{ target = ..., transactional = ... }}, got {type(value).__name__}"
-        )
-    for key in value:
-        if key not in _HOOK_KEYS:
-            raise ConfigError(
-                f"{where}.{key}: unknown key (known: {', '.join(sorted(_HOOK_KEYS))})"
-            )
-    if "target" not in value:
-        raise ConfigError(f"{where}: target is missing; give 'pkg.module:function'")
-    target = value["target"]
-    if not isinstance(target, str):
-        raise ConfigError(f"{where}.target: expected a string, got {type(target).__name__}")
-    transactional = value.get("transactional", False)
-    if not isinstance(transactional, bool):
-        raise ConfigError(f"{where}.transactional: expected true or false, got {transactional!r}")
-    return HookSpec(target, transactional)
-
-
-def _hooks(value: Any, where: str) -> tuple[HookSpec, ...]:
-    if isinstance(value, str):  # RECONCILER_HOOKS: comma-separated targets
-        value = [v.strip() for v in value.split(",") if v.strip()]
-    if not isinstance(value, list | tuple):
-        raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
-    specs = tuple(_hook_spec(v, f"{where}[{i}]") for i, v in enumerate(value))
-    for i, spec in enumerate(specs):
-        module, sep, attr = spec.target.partition(":")
+    @model_validator(mode="after")
+    def _importable(self) -> HookSpec:
+        module, sep, attr = self.target.partition(":")
         if not sep or not module or not attr:
-            raise ConfigError(f"{where}[{i}]: {spec.target!r} must look like 'pkg.module:function'")
-    return specs
+            raise problem("must look like 'pkg.module:function'", "target")
+        return self
 
 
-@dataclass(frozen=True)
-class Settings:
-    database_url: str = "sqlite:///reconciler.db"
-    providers_dir: str = DEFAULT_PROVIDERS_DIR
-    hooks: tuple[str | HookSpec, ...] = ()  # read from a file: HookSpec only
-    log_level: str = "INFO"
-    server: ServerSettings = field(default_factory=ServerSettings)
-    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
-    callbacks: CallbackSettings = field(default_factory=CallbackSettings)
-    limits: LimitSettings = field(default_factory=LimitSettings)
-    console: ConsoleSettings = field(default_factory=ConsoleSettings)
-    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+class Settings(SettingsTable):
+    NOT_IN_FILE: ClassVar[frozenset[str]] = frozenset({"source", "base_dir"})
+
+    database_url: DatabaseUrl = "sqlite:///reconciler.db"
+    providers_dir: Text = DEFAULT_PROVIDERS_DIR
+    # "pkg.mod:fn" or a table; code may give the target alone, as a file may.
+    hooks: Annotated[tuple[HookSpec, ...], BeforeValidator(_hook_list)] = ()
+    log_level: LogLevel = "INFO"
+    server: ServerSettings = ServerSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
+    callbacks: CallbackSettings = CallbackSettings()
+    limits: LimitSettings = LimitSettings()
+    console: ConsoleSettings = ConsoleSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
     # Inline [providers.NAME] tables, validated by reconciler.providers.loader.
-    providers: Mapping[str, Any] = field(default_factory=dict)
+    providers: Annotated[Mapping[str, Any], PlainValidator(_tables)] = {}
     # Where the settings came from, for messages and for relative paths.
     source: str = "<defaults>"
     base_dir: str = "."
@@ -230,174 +295,60 @@ class Settings:
             return None
         value = (os.environ if environ is None else environ).get(variable)
         if not value:
-            raise ConfigError(
-                f"{self.source}: server.metrics_token_env: {variable} is not set; set it, or "
-                "leave metrics_token_env empty for an open /metrics"
+            raise config_line(
+                self.source,
+                "server.metrics_token_env",
+                f"{variable} is not set; set it, or leave metrics_token_env empty for an open "
+                "/metrics",
             )
         return Secret(value)
 
 
-_SECTIONS = {
-    "server": ServerSettings,
-    "scheduler": SchedulerSettings,
-    "callbacks": CallbackSettings,
-    "limits": LimitSettings,
-    "console": ConsoleSettings,
-    "telemetry": TelemetrySettings,
-}
-_TOP_LEVEL = {"database_url", "providers_dir", "hooks", "log_level"}
+# --- the settings as keys and variables ----------------------------------------------------
 
 
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp))
+def sections() -> dict[str, type[SettingsTable]]:
+    """The ``[section]`` tables of ``reconciler.toml``, by name."""
+    found = {}
+    for name, field in Settings.model_fields.items():
+        kind = field.annotation
+        if isinstance(kind, type) and issubclass(kind, SettingsTable):
+            found[name] = kind
+    return found
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+def setting_keys() -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Every setting a file or a variable may give: its key path and its field."""
+    tables = sections()
+    for name in Settings.file_keys():
+        if name in tables:
+            for key in tables[name].file_keys():
+                yield (name, key), tables[name].model_fields[key]
+        elif name != "providers":  # provider tables have their own files and no variables
+            yield (name,), Settings.model_fields[name]
 
 
-def _as_bool(value: Any, where: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
-        return value.lower() in _TRUE
-    raise ConfigError(f"{where}: expected true or false, got {value!r}")
+def env_name(key: tuple[str, ...]) -> str:
+    return ENV_PREFIX + "_".join(key).upper()
 
 
-def _as_number(value: Any, where: str, kind: type[int] | type[float]) -> Any:
-    noun = "an integer" if kind is int else "a number"
-    if isinstance(value, bool):
-        raise ConfigError(f"{where}: expected {noun}, got a boolean")
-    if isinstance(value, int) or (kind is float and isinstance(value, float)):
-        return kind(value)
-    if isinstance(value, str):
+_ENV_WORDS = {"1": True, "true": True, "yes": True, "on": True}
+_ENV_WORDS |= {"0": False, "false": False, "no": False, "off": False}
+
+
+def _from_env(text: str, kind: Any) -> Any:
+    """A variable's text as the value its setting holds; text that is not one stays text
+    (and the setting's own check then says what it expected)."""
+    if kind is bool:
+        return _ENV_WORDS.get(text.strip().lower(), text)
+    if kind is int or kind is float:
         try:
-            return kind(value)
+            return kind(text)
         except ValueError:
-            pass
-    raise ConfigError(f"{where}: expected {noun}, got {value!r}")
-
-
-def _as_str(value: Any, where: str) -> str:
-    if isinstance(value, str):
-        return value
-    raise ConfigError(f"{where}: expected a string, got {type(value).__name__}")
-
-
-def coerce(value: Any, tp: Any, where: str) -> Any:
-    """Check or convert one value against a simple type; ``where`` names file and key."""
-    origin = typing.get_origin(tp)
-    if origin is typing.Union or origin is types.UnionType:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return None if value is None else coerce(value, args[0], where)
-    if origin is tuple:
-        (item_type, _) = typing.get_args(tp)
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
-        return tuple(coerce(v, item_type, f"{where}[{i}]") for i, v in enumerate(value))
-    if tp is bool:
-        return _as_bool(value, where)
-    if tp is int or tp is float:
-        return _as_number(value, where, tp)
-    if tp is str:
-        return _as_str(value, where)
-    raise ConfigError(f"{where}: unsupported setting type {_type_name(tp)}")
-
-
-def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in known:
-            raise ConfigError(f"{where}.{key}: unknown key (known: {', '.join(sorted(known))})")
-    kwargs = {key: coerce(value, hints[key], f"{where}.{key}") for key, value in data.items()}
-    return cls(**kwargs)
-
-
-def _positive(settings: Settings) -> None:
-    checks: list[tuple[str, float]] = [
-        ("server.port", settings.server.port),
-        ("server.max_body_bytes", settings.server.max_body_bytes),
-        ("server.wait_max_seconds", settings.server.wait_max_seconds),
-        ("server.write_wait_seconds", settings.server.write_wait_seconds),
-        ("server.webhook_wait_seconds", settings.server.webhook_wait_seconds),
-        ("server.max_connections", settings.server.max_connections),
-        ("server.max_header_bytes", settings.server.max_header_bytes),
-        ("server.max_headers", settings.server.max_headers),
-        ("server.header_timeout_seconds", settings.server.header_timeout_seconds),
-        ("server.body_timeout_seconds", settings.server.body_timeout_seconds),
-        ("server.keep_alive_seconds", settings.server.keep_alive_seconds),
-        ("server.mcp_requests_per_agent", settings.server.mcp_requests_per_agent),
-        ("scheduler.tick_seconds", settings.scheduler.tick_seconds),
-        ("scheduler.lease_seconds", settings.scheduler.lease_seconds),
-        ("scheduler.batch_size", settings.scheduler.batch_size),
-        ("scheduler.provider_concurrency", settings.scheduler.provider_concurrency),
-        ("callbacks.max_attempts", settings.callbacks.max_attempts),
-        ("callbacks.timeout_seconds", settings.callbacks.timeout_seconds),
-        ("limits.min_deadline_seconds", settings.limits.min_deadline_seconds),
-        ("limits.max_history_page", settings.limits.max_history_page),
-        ("console.session_hours", settings.console.session_hours),
-        ("callbacks.concurrency", settings.callbacks.concurrency),
-        ("callbacks.per_host_concurrency", settings.callbacks.per_host_concurrency),
-        ("callbacks.hook_concurrency", settings.callbacks.hook_concurrency),
-        ("scheduler.catch_up_after_seconds", settings.scheduler.catch_up_after_seconds),
-        ("telemetry.export_interval_seconds", settings.telemetry.export_interval_seconds),
-    ]
-    for key, value in checks:
-        if value <= 0:
-            raise ConfigError(f"{settings.source}: {key}: must be greater than 0, got {value}")
-    for key, count in (
-        ("limits.max_operations_in_flight", settings.limits.max_operations_in_flight),
-        ("limits.max_creates_per_minute", settings.limits.max_creates_per_minute),
-    ):
-        if count < 0:
-            raise ConfigError(f"{settings.source}: {key}: must be 0 (no limit) or more")
-    if settings.server.port > 65535:
-        raise ConfigError(f"{settings.source}: server.port: must be at most 65535")
-    if settings.log_level.upper() not in LOG_LEVELS:
-        raise ConfigError(
-            f"{settings.source}: log_level: must be one of {', '.join(LOG_LEVELS)}, "
-            f"got {settings.log_level!r}"
-        )
-    public = urlsplit(settings.server.public_url)
-    if settings.server.public_url and not (public.scheme in ("http", "https") and public.netloc):
-        raise ConfigError(
-            f"{settings.source}: server.public_url: must be an http:// or https:// URL, "
-            f"got {settings.server.public_url!r}"
-        )
-    _check_endpoint(settings)
-    if not settings.database_url.startswith(("sqlite", "postgresql")):
-        raise ConfigError(
-            f"{settings.source}: database_url: must start with sqlite:// or postgresql+psycopg://"
-        )
-
-
-def _check_endpoint(settings: Settings) -> None:
-    endpoint = settings.telemetry.otlp_endpoint
-    parts = urlsplit(endpoint)
-    if endpoint and not (parts.scheme in ("http", "https") and parts.netloc):
-        raise ConfigError(
-            f"{settings.source}: telemetry.otlp_endpoint: must be an http:// or https:// URL "
-            f"of an OTLP/HTTP receiver (like http://collector:4318), got {endpoint!r}"
-        )
-    if not settings.telemetry.service_name.strip():
-        raise ConfigError(f"{settings.source}: telemetry.service_name: must not be empty")
-
-
-def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
-    layer: dict[str, Any] = {}
-    for key in _TOP_LEVEL:
-        env = ENV_PREFIX + key.upper()
-        if env in environ:
-            layer[key] = environ[env]
-    for section, cls in _SECTIONS.items():
-        for f in dataclasses.fields(cls):
-            env = f"{ENV_PREFIX}{section.upper()}_{f.name.upper()}"
-            if env in environ:
-                layer.setdefault(section, {})[f.name] = environ[env]
-    return layer
+            return text
+    if typing.get_origin(kind) is tuple:  # comma-separated: allow_hosts, hooks
+        return [item.strip() for item in text.split(",") if item.strip()]
+    return text
 
 
 def _read_file(file: Path) -> dict[str, Any]:
@@ -412,36 +363,21 @@ def _read_file(file: Path) -> dict[str, Any]:
         raise ConfigError(f"{file}: cannot read: {exc.strerror}") from None
 
 
-def _merge_env(data: dict[str, Any], environ: Mapping[str, str]) -> None:
-    for section, values in _env_layer(environ).items():
-        if isinstance(values, dict):
-            merged = dict(data.get(section) or {})
-            merged.update(values)
-            data[section] = merged
+def _apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, str]:
+    """Lay the variables over ``data``; the variable each key now comes from."""
+    from_env: dict[str, str] = {}
+    for key, field in setting_keys():
+        variable = env_name(key)
+        if variable not in environ:
+            continue
+        value = _from_env(environ[variable], field.annotation)
+        if len(key) == 1:
+            data[key[0]] = value
         else:
-            data[section] = values
-
-
-def _typed(data: Mapping[str, Any], where: str) -> dict[str, Any]:
-    top: dict[str, Any] = {}
-    hints = typing.get_type_hints(Settings)
-    for key, value in data.items():
-        if key in _SECTIONS:
-            if not isinstance(value, dict):
-                raise ConfigError(f"{where}: {key}: expected a table")
-            top[key] = _build(_SECTIONS[key], value, f"{where}: {key}")
-        elif key == "providers":
-            if not isinstance(value, dict):
-                raise ConfigError(f"{where}: providers: expected a table of provider tables")
-            top[key] = value
-        elif key == "hooks":
-            top[key] = _hooks(value, f"{where}: hooks")
-        elif key in _TOP_LEVEL:
-            top[key] = coerce(value, hints[key], f"{where}: {key}")
-        else:
-            known = sorted(_TOP_LEVEL | set(_SECTIONS) | {"providers"})
-            raise ConfigError(f"{where}: {key}: unknown key (known: {', '.join(known)})")
-    return top
+            table = data.get(key[0])
+            data[key[0]] = {**(table if isinstance(table, dict) else {}), key[1]: value}
+        from_env[".".join(key)] = variable
+    return from_env
 
 
 def load_settings(
@@ -456,7 +392,12 @@ def load_settings(
         file = Path(chosen)
         source, base_dir = str(file), str(file.parent)
         data = _read_file(file)
-    _merge_env(data, env)
-    settings = Settings(**_typed(data, source), source=source, base_dir=base_dir)
-    _positive(settings)
-    return settings
+    from_env = _apply_env(data, env)
+    try:
+        settings = Settings.model_validate(data, context={"source": source})
+    except ValidationError as exc:
+        found = first_problem(exc, _MISSING)
+        parts = [p for p in found.parts if isinstance(p, str)]
+        variable = from_env.get(".".join(parts[:2])) or from_env.get(".".join(parts[:1]))
+        raise found.error(f"env {variable}" if variable else source) from None
+    return settings.model_copy(update={"source": source, "base_dir": base_dir})

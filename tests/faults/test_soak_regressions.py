@@ -20,7 +20,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -307,9 +306,8 @@ def test_a_lapsed_lease_of_our_own_does_not_start_a_second_task_on_the_operation
     polling = {"base_delay_seconds": 0.2, "max_delay_seconds": 0.2}
     with stack_with(tmp_path, db_url, polling, hooks=(hooks.SLOW,)) as stack:
         rt = stack.runtime
-        rt.settings = dataclasses.replace(
-            rt.settings, scheduler=dataclasses.replace(rt.settings.scheduler, lease_seconds=1.0)
-        )
+        scheduler = rt.settings.scheduler.model_copy(update={"lease_seconds": 1.0})
+        rt.settings = rt.settings.model_copy(update={"scheduler": scheduler})
         op_id = stack.create({"scenario": "success", "duration": 0.2}).json()["id"]
         key = hooks.hook_key(op_id, hooks.SLOW)
         wait_until(lambda: hooks.completion_finished(rt.db, op_id), 30, "the completion")

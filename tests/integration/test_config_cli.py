@@ -19,5 +19,5 @@ def test_cli_reports_one_line_and_exit_2(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
-    assert f"{path}: server.port: must be greater than 0" in result.stderr
+    assert f"{path}: server.port: must be at least 1" in result.stderr
     assert "Traceback" not in result.stderr

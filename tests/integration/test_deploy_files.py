@@ -9,7 +9,6 @@ only referenced, the example configurations load, and the shell script parses.
 from __future__ import annotations
 
 import configparser
-import dataclasses
 import json
 import os
 import re
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from reconciler import config
 from reconciler.config import LOG_LEVELS, CallbackSettings, ConsoleSettings, Settings, load_settings
@@ -89,27 +89,27 @@ def _sample(default: Any, name: str = "") -> str | None:
 
 def _candidates() -> Iterator[tuple[str, str]]:
     defaults = Settings()
-    for f in dataclasses.fields(Settings):
-        value = getattr(defaults, f.name)
-        if dataclasses.is_dataclass(value):
-            for sub in dataclasses.fields(value):
-                sample = _sample(getattr(value, sub.name))
+    for name in Settings.model_fields:
+        value = getattr(defaults, name)
+        if isinstance(value, BaseModel):
+            for sub in type(value).model_fields:
+                sample = _sample(getattr(value, sub))
                 if sample is not None:
-                    yield f"{config.ENV_PREFIX}{f.name.upper()}_{sub.name.upper()}", sample
+                    yield f"{config.ENV_PREFIX}{name.upper()}_{sub.upper()}", sample
         else:
-            sample = _sample(value, f.name)
+            sample = _sample(value, name)
             if sample is not None:
-                yield f"{config.ENV_PREFIX}{f.name.upper()}", sample
+                yield f"{config.ENV_PREFIX}{name.upper()}", sample
 
 
 def settings_variables() -> set[str]:
-    """Names whose value changes the loaded settings: derived from the dataclasses, then
+    """Names whose value changes the loaded settings: derived from the models, then
     kept only if ``load_settings`` really honours them."""
-    base = dataclasses.asdict(load_settings(None, environ={}))
+    base = load_settings(None, environ={}).model_dump()
     return {
         name
         for name, sample in _candidates()
-        if dataclasses.asdict(load_settings(None, environ={name: sample})) != base
+        if load_settings(None, environ={name: sample}).model_dump() != base
     }
 
 
@@ -127,7 +127,7 @@ def test_the_variable_derivation_finds_real_settings_only() -> None:
     names = settings_variables()
     assert {"RECONCILER_DATABASE_URL", "RECONCILER_SERVER_HOST", "RECONCILER_SERVER_PORT"} <= names
     assert "RECONCILER_SCHEDULER_TICK_SECONDS" in names
-    # Metadata fields are dataclass fields but not settings.
+    # Metadata fields are model fields but not settings.
     assert not {"RECONCILER_SOURCE", "RECONCILER_BASE_DIR", "RECONCILER_PROVIDERS"} & names
 
 

@@ -8,7 +8,6 @@ waiter returns is measured from the ``done_at`` the service wrote.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,7 +43,7 @@ def replica(
     """Another service on the stack's database; ``background=False``: API only, no worker."""
     settings = stack.runtime.settings
     if server is not None:
-        settings = dataclasses.replace(settings, server=server)
+        settings = settings.model_copy(update={"server": server})
     runtime = Runtime.build(settings, environ=stack.runtime.environ)
     with serve_asgi(create_app(runtime, background=background)) as url:
         yield url, runtime

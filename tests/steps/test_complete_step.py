@@ -298,7 +298,7 @@ async def test_a_transactional_hook_writes_in_the_commit_that_records_its_step(
     tmp_path: Path, db_url: str, hook_log: Path
 ) -> None:
     """Its row and its step's ``done`` are one commit; a plain hook beside it keeps its key."""
-    specs = (HookSpec(hooks.EFFECT, transactional=True), hooks.RECORD)
+    specs = (HookSpec(target=hooks.EFFECT, transactional=True), hooks.RECORD)
     async with step_rig(tmp_path, db_url, hooks=specs) as rig:
         hooks.create_effects_table(rig.runtime.db)
         op_id = await finished(rig)
@@ -322,7 +322,7 @@ async def test_a_transactional_hook_writes_in_the_commit_that_records_its_step(
 async def test_a_failing_transactional_hook_leaves_nothing_and_is_retried(
     tmp_path: Path, db_url: str
 ) -> None:
-    specs = (HookSpec(hooks.FAILING_EFFECT, transactional=True),)
+    specs = (HookSpec(target=hooks.FAILING_EFFECT, transactional=True),)
     async with step_rig(tmp_path, db_url, hooks=specs, callbacks=CALLBACKS) as rig:
         hooks.create_effects_table(rig.runtime.db)
         op_id = await finished(rig)
@@ -341,9 +341,9 @@ async def test_a_failing_transactional_hook_leaves_nothing_and_is_retried(
 
 def test_a_transactional_hook_must_be_a_plain_function() -> None:
     with pytest.raises(ConfigError, match="is async; a transactional hook must be a plain"):
-        load_hooks([HookSpec(hooks.RECORD_ASYNC, transactional=True)], "reconciler.toml")
+        load_hooks([HookSpec(target=hooks.RECORD_ASYNC, transactional=True)], "reconciler.toml")
     with pytest.raises(ConfigError, match="listed twice"):
-        load_hooks([hooks.RECORD, HookSpec(hooks.RECORD)], "reconciler.toml")
+        load_hooks([hooks.RECORD, HookSpec(target=hooks.RECORD)], "reconciler.toml")
 
 
 async def test_the_write_that_records_the_last_hook_starts_the_callback(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -56,7 +55,7 @@ def test_the_session_key_comes_from_the_environment_or_the_process() -> None:
     with pytest.raises(ConfigError, match="at least 32 characters") as caught:
         key_from(settings, {"RECONCILER_CONSOLE_SECRET": "short-secret"})
     assert "short-secret" not in str(caught.value)
-    renamed = dataclasses.replace(settings, console=ConsoleSettings(session_secret_env="MINE"))
+    renamed = settings.model_copy(update={"console": ConsoleSettings(session_secret_env="MINE")})
     assert key_from(renamed, {"MINE": "m" * 40}) != key_from(settings, shared)
 
 

@@ -1,10 +1,13 @@
 """The repository explains itself: no text cites a document it does not hold.
 
-Comments and docs point to ``docs/design.md#<anchor>`` or the README. Two rules:
-nothing in the tree cites the outside notes the project began from (the numbered
-source documents, or the product specification by its short name), and every
-``docs/design.md#<anchor>`` reference resolves to a heading of ``docs/design.md``,
-so renaming a heading cannot leave a comment pointing nowhere.
+Comments and docs point to ``docs/<page>.md#<anchor>``, the README or SECURITY.md.
+Three rules: nothing in the tree cites the outside notes the project began from (the
+numbered source documents, or the product specification by its short name); every
+``docs/<page>.md#<anchor>`` (or ``README.md#``, ``SECURITY.md#``) reference anywhere in
+the tree resolves to a heading of that page; and every relative link of the Markdown
+pages (README.md, SECURITY.md, docs/*.md, deploy/README.md) resolves to a file, and its
+``#anchor`` to a heading there, so moving a section or renaming a heading cannot leave
+a link or a comment pointing nowhere.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ SKIPPED_DIRS = frozenset(
 # The character classes keep these patterns from matching their own source text.
 NUMBERED_NOTE = re.compile(r"seed[-_ ]?0{2}\d|spec\s+section", re.IGNORECASE)
 SHORT_NAME = re.compile(r"(?<![A-Za-z0-9_])S[P]EC(?![A-Za-z0-9_])")
-REFERENCE = re.compile(r"docs/design\.md#([A-Za-z0-9_-]+)")
-LOCAL_LINK = re.compile(r"\]\(#([A-Za-z0-9_-]+)\)")
+REFERENCE = re.compile(r"((?<![\w/.-])(?:docs/[a-z_-]+|README|SECURITY)\.md)#([A-Za-z0-9_-]+)")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+PAGES = ("README.md", "SECURITY.md", "docs/*.md", "deploy/README.md")
 HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 
 
@@ -122,15 +126,81 @@ def test_no_file_cites_a_document_outside_the_repository(texts: dict[Path, str])
     )
 
 
-def test_every_design_reference_resolves_to_a_heading(texts: dict[Path, str]) -> None:
-    known = anchors(DESIGN.read_text(encoding="utf-8"))
+def test_every_page_reference_resolves_to_a_heading(texts: dict[Path, str]) -> None:
     references = [
-        (path, anchor) for path, text in texts.items() for anchor in REFERENCE.findall(text)
+        (path, page, anchor)
+        for path, text in texts.items()
+        for page, anchor in REFERENCE.findall(text)
     ]
-    references += [(DESIGN.relative_to(ROOT), a) for a in LOCAL_LINK.findall(DESIGN.read_text())]
     assert len(references) >= 20, "the code points to docs/design.md; the scan found no pointers"
-    dangling = sorted({f"{path}: #{anchor}" for path, anchor in references if anchor not in known})
-    assert not dangling, "no heading in docs/design.md has these anchors:\n" + "\n".join(dangling)
+    dangling = sorted(
+        {
+            f"{path}: {page}#{anchor}"
+            for path, page, anchor in references
+            if not (ROOT / page).is_file()
+            or anchor not in anchors((ROOT / page).read_text(encoding="utf-8"))
+        }
+    )
+    assert not dangling, "no such page or heading:\n" + "\n".join(dangling)
+
+
+def links(markdown: str) -> list[str]:
+    """The targets of every link and image outside code fences."""
+    found: list[str] = []
+    fenced = False
+    for line in markdown.splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced:
+            found += LINK.findall(line)
+    return found
+
+
+def broken_links(page: Path) -> list[str]:
+    """The relative links of ``page`` that lead to no file, or to no heading there."""
+    broken = []
+    for target in links(page.read_text(encoding="utf-8")):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto: are not ours to check
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and (file.suffix != ".md" or anchor not in anchors(file.read_text())):
+            broken.append(f"{target}: no such heading")
+    return broken
+
+
+def test_every_link_of_the_pages_resolves() -> None:
+    pages = sorted({p for pattern in PAGES for p in ROOT.glob(pattern)})
+    assert {ROOT / "README.md", ROOT / "docs" / "agents.md", DESIGN} <= set(pages)
+    found = {str(p.relative_to(ROOT)): links(p.read_text(encoding="utf-8")) for p in pages}
+    assert sum(map(len, found.values())) >= 30, "the pages link to each other; none was found"
+    broken = [f"{p.relative_to(ROOT)}: {b}" for p in pages for b in broken_links(p)]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_readme_routes_to_every_page() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    pages = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))
+    assert len(pages) >= 6
+    unlinked = [page for page in pages if f"]({page}" not in readme]
+    assert not unlinked, f"the README links to no {unlinked}"
+
+
+def test_a_broken_link_is_found(tmp_path: Path) -> None:
+    (tmp_path / "other.md").write_text("# Other\n\n## A heading\n")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Page\n[ok](other.md#a-heading) [ok](#page) [web](https://example.com/x#y)\n"
+        "[gone](missing.md) [wrong](other.md#nothing) [here](#nowhere)\n"
+        "```\n[in code](not-checked.md)\n```\n"
+    )
+    assert broken_links(page) == [
+        "missing.md: no such file",
+        "other.md#nothing: no such heading",
+        "#nowhere: no such heading",
+    ]
 
 
 # Built from parts, so that this file itself cites nothing.

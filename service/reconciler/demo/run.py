@@ -432,21 +432,22 @@ def demo_settings(base: Settings, workdir: Path, sim_urls: dict[str, str]) -> Se
         table["base_url"] = url
         table["polling"] = {**table.get("polling", {}), **DEMO_POLLING}
         providers[name] = table
-    return dataclasses.replace(
-        base,
-        database_url=f"sqlite:///{workdir / 'reconciler.db'}",
-        providers_dir=str(workdir / "providers"),
-        providers=providers,
-        hooks=(),
-        server=ServerSettings(wait_max_seconds=30.0),
-        scheduler=SchedulerSettings(tick_seconds=0.5, lease_seconds=10.0),
-        callbacks=CallbackSettings(
-            allow_hosts=(HOST,),
-            max_attempts=5,
-            timeout_seconds=5.0,
-            base_delay_seconds=0.5,
-            max_delay_seconds=5.0,
-        ),
+    return base.model_copy(
+        update={
+            "database_url": f"sqlite:///{workdir / 'reconciler.db'}",
+            "providers_dir": str(workdir / "providers"),
+            "providers": providers,
+            "hooks": (),
+            "server": ServerSettings(wait_max_seconds=30.0),
+            "scheduler": SchedulerSettings(tick_seconds=0.5, lease_seconds=10.0),
+            "callbacks": CallbackSettings(
+                allow_hosts=(HOST,),
+                max_attempts=5,
+                timeout_seconds=5.0,
+                base_delay_seconds=0.5,
+                max_delay_seconds=5.0,
+            ),
+        }
     )
 
 

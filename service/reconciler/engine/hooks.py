@@ -34,8 +34,8 @@ class Hook:
 
 
 def load_hook(spec: str | HookSpec, where: str) -> Hook:
-    hook = spec if isinstance(spec, HookSpec) else HookSpec(spec)
-    target = hook.target
+    target = spec.target if isinstance(spec, HookSpec) else spec
+    transactional = isinstance(spec, HookSpec) and spec.transactional
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"{where}: hooks: {target!r} must look like 'pkg.module:function'")
@@ -46,12 +46,12 @@ def load_hook(spec: str | HookSpec, where: str) -> Hook:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"{where}: hooks: {target!r} is not a callable in {module_name!r}")
-    if hook.transactional and inspect.iscoroutinefunction(fn):
+    if transactional and inspect.iscoroutinefunction(fn):
         raise ConfigError(
             f"{where}: hooks: {target!r} is async; a transactional hook must be a plain "
             "function (it runs inside the step's database transaction)"
         )
-    return Hook(target, fn, hook.transactional)
+    return Hook(target, fn, transactional)
 
 
 def load_hooks(specs: Sequence[str | HookSpec], where: str) -> tuple[Hook, ...]:

@@ -8,12 +8,11 @@ key is refused naming the keys the table does know.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
-from reconciler.providers.fields import SECRET, problem
+from reconciler.core.file_values import SECRET, StrictTable
 
 # Keys that would hold a secret value; the message points at the *_env key to use instead.
 SECRET_KEYS = {
@@ -28,30 +27,19 @@ SECRET_KEYS = {
 }
 
 
-class FileTable(BaseModel):
+class FileTable(StrictTable):
     """One table of a provider file: strict, frozen, and every key it may hold is a field.
 
     Before its fields are read, a table refuses a pasted secret (first, so the
     message is about the secret even when other keys are wrong too) and any key it
-    does not know, naming the keys it does.
+    does not know, naming the keys it does (``core.file_values.StrictTable``).
     """
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, validate_by_name=False)
+    # Filled in by the loader, never written in a file.
+    NOT_IN_FILE: ClassVar[frozenset[str]] = frozenset({"name", "source", "webhook_url"})
 
     @classmethod
-    def file_keys(cls) -> tuple[str, ...]:
-        """The keys a file may write in this table (aliases where a field has one)."""
-        return tuple(
-            f.alias or name for name, f in cls.model_fields.items() if name not in NOT_IN_FILE
-        )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_keys(cls, data: Any, info: ValidationInfo) -> Any:
-        if isinstance(data, BaseModel):
-            return data
-        if not isinstance(data, dict):
-            raise problem("expected a table")
+    def refuse(cls, data: Mapping[str, Any]) -> None:
         for key in data:
             if key in SECRET_KEYS:
                 raise PydanticCustomError(
@@ -64,18 +52,3 @@ class FileTable(BaseModel):
                         f"{SECRET_KEYS[key]}",
                     },
                 )
-        known = cls.file_keys()
-        from_code = info.context is None  # a file is always read with the loader's context
-        for key in data:
-            if key not in known and not (from_code and key in cls.model_fields):
-                raise problem(f"unknown key (known here: {', '.join(sorted(known))})", key)
-        return cls.complete(dict(data), info.context or {})
-
-    @classmethod
-    def complete(cls, data: dict[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
-        """Defaults that depend on other keys of the table, filled in before validation."""
-        return data
-
-
-# Filled in by the loader, never written in a file.
-NOT_IN_FILE = frozenset({"name", "source", "webhook_url"})

@@ -4,29 +4,37 @@ Guarantee: every value a provider file may hold is checked by exactly one of the
 types, and a bad value fails with a problem that says what to write instead, never
 echoing a value that could be a pasted secret. ``loader.config_error`` turns the
 first failure into ``<file>: providers.<name>.<key>: <problem>``; a failure found
-for a sub-key (a summary entry, a header) carries that sub-key in ``key``.
+for a sub-key (a summary entry, a header) carries that sub-key in ``key``. The types
+a provider file shares with the settings (text, flags, bounded numbers) and the
+problem they raise are ``core.file_values``'s, re-exported here.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, PlainSerializer, PlainValidator
-from pydantic_core import PydanticCustomError
 
 from reconciler.core.errors import PointerSyntaxError
+from reconciler.core.file_values import LINE as LINE
+from reconciler.core.file_values import PROBLEM as PROBLEM
+from reconciler.core.file_values import SECRET as SECRET
+from reconciler.core.file_values import Count as Count
+from reconciler.core.file_values import CountOrZero as CountOrZero
+from reconciler.core.file_values import Flag as Flag
+from reconciler.core.file_values import Seconds as Seconds
+from reconciler.core.file_values import SecondsOrZero as SecondsOrZero
+from reconciler.core.file_values import Text as Text
+from reconciler.core.file_values import problem as problem
+from reconciler.core.file_values import text_value as text_value
 from reconciler.providers.pointer import MISSING, Pointer
 
-PROBLEM = "provider_file"  # error type: ctx problem (and key, a sub-key of the failing one)
-SECRET = "secret_in_file"  # reported before any other problem of the same provider
-LINE = "config_line"  # ctx line: a complete message already naming file and key
 STATUS_PREFIX = "status:"
 HEADER_PREFIX = "header:"
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
@@ -37,45 +45,6 @@ IMPORT_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 MAX_DESCRIPTION = 2000
 
 E = TypeVar("E", bound=StrEnum)
-
-
-def problem(text: str, key: str | None = None) -> PydanticCustomError:
-    """A load problem; ``key`` (dotted, may hold ``[i]``) names a part of the failing key."""
-    return PydanticCustomError(PROBLEM, "{problem}", {"problem": text, "key": key or ""})
-
-
-def text_value(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise problem("expected a non-empty string")
-    return value
-
-
-def _seconds(zero_ok: bool) -> Callable[[Any], float]:
-    def check(value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise problem("expected a number of seconds")
-        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
-            raise problem("must be 0 or more" if zero_ok else "must be greater than 0")
-        return float(value)
-
-    return check
-
-
-def _integer(minimum: int) -> Callable[[Any], int]:
-    def check(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise problem("expected an integer")
-        if value < minimum:
-            raise problem(f"must be at least {minimum}")
-        return value
-
-    return check
-
-
-def _flag(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise problem("expected true or false")
-    return value
 
 
 def _fraction(value: Any) -> float:
@@ -185,12 +154,6 @@ def as_str(value: Any) -> str:
 
 _AS_TEXT = PlainSerializer(as_str, return_type=str)
 
-Text = Annotated[str, PlainValidator(text_value)]
-Seconds = Annotated[float, PlainValidator(_seconds(False))]
-SecondsOrZero = Annotated[float, PlainValidator(_seconds(True))]
-Count = Annotated[int, PlainValidator(_integer(1))]
-CountOrZero = Annotated[int, PlainValidator(_integer(0))]
-Flag = Annotated[bool, PlainValidator(_flag)]
 Fraction = Annotated[float, PlainValidator(_fraction)]
 PointerText = Annotated[Pointer, PlainValidator(parse_pointer), _AS_TEXT]
 # "" is the whole document: an answer that is itself the array of candidates.

@@ -3,7 +3,8 @@
 Every problem is one ``ConfigError`` line, ``<file>: providers.<name>.<key>: <problem>``,
 raised at load time so a bad file stops the service before the first call. The
 models of ``providers.spec`` do the checking; ``config_error`` is the one place a
-validation failure becomes that line. Unknown keys are errors (a typo must not pass
+validation failure becomes that line, through ``core.file_values`` (which words the
+settings' errors too). Unknown keys are errors (a typo must not pass
 silently) and secrets written into a file are refused.
 
 Presets: ``preset = "NAME"`` in a provider table reads ``presets/NAME.toml`` (shipped
@@ -23,10 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from pydantic_core import ErrorDetails
 
 from reconciler.core.errors import ConfigError
-from reconciler.providers.fields import LINE, SECRET
+from reconciler.core.file_values import first_problem
 from reconciler.providers.spec import INLINE_SOURCE, ProviderSpec, auth_secret, webhook_secrets
 
 PRESETS_DIR = Path(__file__).with_name("presets")
@@ -57,19 +57,6 @@ class ProviderTable:
     preset: str | None = None
 
 
-def _dotted(loc: tuple[int | str, ...]) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else ("." if text else "") + str(part)
-    return text
-
-
-def _key_parts(key: str) -> tuple[str, ...]:
-    """The parts of a dotted key whose parts may be quoted (``set."/a.b"``)."""
-    parts = re.findall(r'"((?:[^"\\]|\\.)*)"|([^.]+)', key)
-    return tuple(q.replace('\\"', '"').replace("\\\\", "\\") if q else bare for q, bare in parts)
-
-
 def _written(table: Mapping[str, Any], loc: tuple[int | str, ...]) -> bool:
     node: Any = table
     for part in loc:
@@ -82,42 +69,19 @@ def _written(table: Mapping[str, Any], loc: tuple[int | str, ...]) -> bool:
     return True
 
 
-def _problem(error: ErrorDetails) -> str:
-    ctx = error.get("ctx") or {}
-    if "problem" in ctx:
-        return str(ctx["problem"])
-    kind, loc = error["type"], error["loc"]
-    if kind == "missing":
-        return _MISSING.get(str(loc[-1]), "required") if loc else "required"
-    if kind in ("model_type", "dict_type", "model_attributes_type"):
-        return "expected a table"
-    if kind == "extra_forbidden":
-        return "unknown key"
-    return str(error["msg"])
-
-
 def config_error(exc: ValidationError, table: ProviderTable) -> ConfigError:
     """The first problem of a failed validation as one line naming file, key and problem.
 
     A pasted secret is reported before anything else wrong in the same table set.
     """
-    errors = exc.errors(include_url=False)
-    first = next((e for e in errors if e["type"] == SECRET), errors[0])
-    ctx = first.get("ctx") or {}
-    if first["type"] == LINE:
-        return ConfigError(str(ctx["line"]))
-    loc = tuple(first["loc"])
-    sub = str(ctx.get("key") or "")
-    loc_with_key = loc + _key_parts(sub)
-    dotted = ".".join(p for p in (_dotted(loc), sub) if p)
-    text = _problem(first)
+    found = first_problem(exc, _MISSING)
+    note = ""
     if table.preset is not None:
-        if text.startswith("unknown key") and _written(table.own, loc_with_key):
-            text += f"; preset '{table.preset}' has no such key either"
-        elif not _written(table.own, loc_with_key) and _written(table.merged, loc_with_key):
-            text += f" (the value comes from preset '{table.preset}')"
-    key = f"providers.{table.name}" + (f".{dotted}" if dotted else "")
-    return ConfigError(f"{table.source}: {key}: {text}")
+        if found.text.startswith("unknown key") and _written(table.own, found.parts):
+            note = f"; preset '{table.preset}' has no such key either"
+        elif not _written(table.own, found.parts) and _written(table.merged, found.parts):
+            note = f" (the value comes from preset '{table.preset}')"
+    return found.error(table.source, f"providers.{table.name}", note)
 
 
 # --- presets -----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ the model that holds them. Secrets are never in the file, only the names of the
 environment variables that hold them (``providers.secrets`` reads them). Reading
 files, presets and the message format are ``providers.loader``'s job.
 
-Keys beyond the README's example file (each has a default or is optional):
+Keys beyond the example file of docs/providers.md (each has a default or is optional):
 
 * top level: ``description``, ``request_schema`` (checked at load, see
   ``providers.request_schema``), ``adapter = "pkg.module:Class"``,
