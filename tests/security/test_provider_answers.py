@@ -130,7 +130,7 @@ async def test_a_json_document_larger_than_can_be_checked_whole_is_refused_namin
         )
         rig.provider.script("result", response)
         await rig.run(op_id, ["result_validation_failed"])
-        problems = rig.view(op_id)["error"]["problems"]
+        problems = rig.view(op_id)["error"]["detail"]["problems"]
     assert any("one document is checked whole" in p and "JSON Lines" in p for p in problems)
 
 
@@ -166,7 +166,7 @@ async def test_a_gzip_bomb_result_is_refused_once_it_expands_past_max_bytes(
         op_id, _ = await finished_job(rig)
         rig.provider.script("result", gzipped(b"{}\n" * (24 * MIB), "application/jsonl"))
         peak = await peak_while(rig, op_id, ["result_validation_failed"])
-        problems = rig.view(op_id)["error"]["problems"]
+        problems = rig.view(op_id)["error"]["detail"]["problems"]
     assert problems == [f"the result is larger than {8 * MIB} bytes"]
     assert peak < 3 * MEMORY_BYTES, f"{peak} bytes held for one result fetch"
 
@@ -195,7 +195,7 @@ async def test_a_body_in_an_encoding_not_asked_for_is_not_read(tmp_path: Path, d
         [sent, *_] = rig.provider.sent("result")
         error = rig.view(op_id)["error"]
     assert sent.headers["accept-encoding"] == "gzip, deflate"
-    assert error["detail"]["transport_error"] == "other"
+    assert error["detail"]["detail"]["transport_error"] == "other"
 
 
 # --- URLs a provider hands us -----------------------------------------------------------
@@ -204,7 +204,7 @@ async def test_a_body_in_an_encoding_not_asked_for_is_not_read(tmp_path: Path, d
 def unavailable_because(rig: StepRig, op_id: str) -> str:
     error = rig.view(op_id)["error"]
     assert error["code"] == "result_unavailable", error
-    refused: str = error["detail"]["refused"]
+    refused: str = error["detail"]["detail"]["refused"]
     return refused
 
 
