@@ -46,6 +46,9 @@ from reconciler.telemetry import OFF, Telemetry
 from reconciler.telemetry import build as build_telemetry
 from reconciler.tracing import Tracing
 
+# How often an open request's token is checked again (a cache hit, except once per window).
+TOKEN_RECHECK_SECONDS = 1.0
+
 
 @dataclass
 class Runtime:
@@ -68,6 +71,8 @@ class Runtime:
     metrics: Metrics = field(default_factory=Metrics)
     # Authenticated principals by digest of the Authorization header, with their expiry.
     token_cache: dict[str, tuple[Principal, float]] = field(default_factory=dict)
+    # How often an open request (/wait, /mcp) checks its token again (``api.auth``).
+    token_recheck_seconds: float = TOKEN_RECHECK_SECONDS
     # The bearer token /metrics asks for ([server] metrics_token_env); None: /metrics is open.
     metrics_token: Secret | None = None
     # Traces (``[telemetry]``): chosen once here; off, every span call is a no-op.
