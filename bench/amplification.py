@@ -1,7 +1,7 @@
 """Disk written per status read, the WAL under a flood of 1 MB requests, lookups with the
 provider down.
 
-    python bench/amplification.py [--operations 20] [--seconds 20] [--dir /tmp]
+    python bench/amplification.py [--operations 20] [--seconds 20] [--dir /tmp] [--smoke]
 
 Three runs of the whole system in this process (the simulated provider and the
 service on loopback, SQLite in ``--dir``, which must be a real disk: tmpfs does
@@ -34,6 +34,7 @@ if __package__ in (None, ""):
     _ROOT = Path(__file__).resolve().parents[1]
     sys.path[:0] = [str(_ROOT), str(_ROOT / "service")]
 
+from bench.support import SMOKE_HELP, smoke
 from tests.support.stack import running_stack
 
 from reconciler.core.backoff import BackoffPolicy
@@ -146,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--operations", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--dir", default="/tmp", help="a directory on a real disk")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
+    smoke(args, operations=2, seconds=1.0)
     results = []
     for size in (SMALL_REQUEST, MEGABYTE_REQUEST):
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

@@ -1,7 +1,7 @@
 """Hint-to-completion lag: from a webhook's arrival to the completion handler's start.
 
     python bench/lag.py [--operations 300] [--rate 5] [--duration 1] [--rounds 2]
-        [--tick 5] [--postgres ADMIN_URL] [--trace] [--profile] [--keep]
+        [--tick 5] [--postgres ADMIN_URL] [--trace] [--profile] [--keep] [--smoke]
 
 Per round: a fresh database (SQLite WAL file; PostgreSQL with ``--postgres``, a throw-away
 database), the simulated provider (``python -m reconciler.demo.sim``) and the service
@@ -57,8 +57,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-# Run as a script, bench/ comes first on sys.path, and bench/mcp.py would then shadow the
-# mcp package the service imports: leave only the repository's roots.
+# Run as a script, bench/ comes first on sys.path; its modules are imported as bench.*:
+# leave only the repository's roots.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 for _path in (str(ROOT / "service"), str(ROOT)):
     if _path not in sys.path:
@@ -66,7 +66,7 @@ for _path in (str(ROOT / "service"), str(ROOT)):
 
 import httpx  # noqa: E402
 from bench.poller import cpu_seconds, spawn, stop  # noqa: E402
-from bench.support import free_port, percentile, wait_ready  # noqa: E402
+from bench.support import SMOKE_HELP, free_port, percentile, smoke, wait_ready  # noqa: E402
 from tests.support import loopback  # noqa: E402
 
 from reconciler.core import states  # noqa: E402
@@ -812,7 +812,9 @@ def main() -> int:
     parser.add_argument("--trace", action="store_true", help="mark each stage in the service")
     parser.add_argument("--profile", action="store_true", help="CPU-profile the service")
     parser.add_argument("--keep", action="store_true", help="keep each round's files")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    smoke(args, operations=6, rate=20.0, rounds=1, tick=1.0, postgres=None)
     if args.command == "serve":
         serve(args.db, args.port, args.sim_url, args.tick, args.work, args.trace, args.profile)
         return 0

@@ -1,6 +1,7 @@
 """The baseline of ``bench/poller.py`` part (b): a fixed-interval status poller, and the job mix.
 
     python bench/naive.py [--jobs 1000] [--seed 7] [--interval 2] [--low 10] [--high 600]
+        [--smoke]
 
 Pure and fast: job durations are drawn log-uniformly from a seeded ``random.Random`` and
 the naive poller's reads follow from a duration in closed form (no clock, no sleeping).
@@ -59,7 +60,10 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=2.0)
     parser.add_argument("--low", type=float, default=10.0)
     parser.add_argument("--high", type=float, default=600.0)
+    parser.add_argument("--smoke", action="store_true", help="100 jobs: proves it still runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.jobs = 100
     durations = log_uniform_durations(args.jobs, args.low, args.high, random.Random(args.seed))
     reads = summary([naive_reads(d, args.interval) for d in durations])
     delay = summary([naive_detection_delay(d, args.interval) for d in durations])

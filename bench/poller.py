@@ -1,13 +1,16 @@
 """Fallback poller costs: tick cost against operations in flight, RSS, and status reads per
 completed operation against a naive fixed-interval poller.
 
-    python bench/poller.py [--sizes 10000,100000] [--due 100] [--rounds 7]
+    python bench/poller.py [--sizes 10000,100000] [--due N] [--rounds 7]
         [--rss-seconds 20] [--postgres URL] [--jobs 1000] [--seed 7] [--only ticks|rss|reads]
+        [--smoke]
 
 (a) Tick cost. A migrated database (SQLite WAL; PostgreSQL with ``--postgres ADMIN_URL``,
 in throw-away databases) is filled with N operations in ``observing`` with valid rows and
 history heads (bulk INSERTs of the rows ``Journal.insert`` writes; the migrated indexes
 are in place while inserting), of which ``--due`` are due now and the rest due in 1-2 h.
+``--due`` defaults to what one tick claims of one provider (``scheduler.provider_concurrency``,
+16): a tick claims at most that many, so a larger due set is not one tick's work.
 Figures per size, from ``--rounds`` rounds that alternate between the sizes:
 
 * claim step: ``store.claim_records`` (batch_size 100) in one write transaction plus
@@ -72,8 +75,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-# Run as a script, bench/ comes first on sys.path, and bench/mcp.py would then shadow the
-# mcp package the service imports: leave only the repository's roots.
+# Run as a script, bench/ comes first on sys.path; its modules are imported as bench.*:
+# leave only the repository's roots.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 for _path in (str(ROOT / "service"), str(ROOT)):
     if _path not in sys.path:
@@ -86,9 +89,10 @@ from bench.naive import (  # noqa: E402
     naive_reads,
     summary,
 )
-from bench.support import free_port, stop, wait_ready  # noqa: E402
+from bench.support import SMOKE_HELP, free_port, smoke, stop, wait_ready  # noqa: E402
 from tests.support import loopback  # noqa: E402
 
+from reconciler.config import SchedulerSettings  # noqa: E402
 from reconciler.core import poll as decisions  # noqa: E402
 from reconciler.core.backoff import BackoffPolicy  # noqa: E402
 from reconciler.core.clock import ManualClock  # noqa: E402
@@ -357,6 +361,12 @@ class TickRig:
         runtime.notifier.bind(asyncio.get_running_loop())
         return cls(runtime, Background(runtime, run_scheduler=False), clock, provider, due_ids)
 
+    @property
+    def claim_cap(self) -> int:
+        """The most one tick claims of the one provider (its share of calls in flight)."""
+        cap: int = self.runtime.settings.scheduler.provider_concurrency
+        return cap
+
     async def tick(self) -> tuple[float, float, int]:
         """Make the due set due, then time one tick until its steps finished.
 
@@ -414,7 +424,7 @@ def databases(
             ids = seed(url, size, due, now)
             took = time.perf_counter() - started
             print(f"  seeded {size:>7} operations on {backend} in {took:.1f} s")
-            made.append(BenchDb(f"{size // 1000} k", size, url, ids))
+            made.append(BenchDb(f"{size // 1000} k" if size >= 1000 else str(size), size, url, ids))
         yield made, empty
     finally:
         if factory is not None:
@@ -460,7 +470,7 @@ async def measure_ticks(
                     assert got == 0
                     idle[d.size].append(seconds)
                 seconds, used, got = await rigs[d.size].tick()
-                assert got == len(d.due_ids), got
+                assert got == min(len(d.due_ids), rigs[d.size].claim_cap), got
                 ticks[d.size].append(seconds)
                 cpu[d.size].append(used)
     finally:
@@ -870,7 +880,12 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--work", type=Path, required=True)
     parser.add_argument("--only", choices=["ticks", "rss", "reads", "trust"], action="append")
     parser.add_argument("--sizes", default="10000,100000")
-    parser.add_argument("--due", type=int, default=100)
+    parser.add_argument(
+        "--due",
+        type=int,
+        default=SchedulerSettings().provider_concurrency,
+        help="operations due at each tick (default: what one tick claims of a provider)",
+    )
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--claim-repeats", type=int, default=5)
     parser.add_argument("--rss-seconds", type=float, default=20.0)
@@ -890,6 +905,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--grace", type=float, default=30.0)
     parser.add_argument("--outage-from", type=float, default=3000.0)
     parser.add_argument("--outage-until", type=float, default=5000.0)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; no RSS part")
     return parser
 
 
@@ -917,6 +933,15 @@ def main() -> int:
     if args.command == "serve":
         serve_service(args.db, args.port, args.provider_url, args.work)
         return 0
+    smoke(
+        args,
+        only=["ticks", "reads", "trust"],
+        sizes="200,1000",
+        rounds=1,
+        claim_repeats=1,
+        jobs=100,
+        postgres=None,
+    )
     parts = set(args.only or ["ticks", "rss", "reads", "trust"])
     if "reads" in parts:
         print("(b) status reads per completed operation (virtual clock, real decision core)")

@@ -1,6 +1,6 @@
 """Completed operations per second with one replica and with two, on one PostgreSQL.
 
-    python bench/replicas.py [--operations 500] [--rounds 2] [--postgres-url URL]
+    python bench/replicas.py [--operations 500] [--rounds 2] [--postgres-url URL] [--smoke]
 
 The topology of tests/integration/test_two_replicas.py: ``reconciler serve``
 processes on one PostgreSQL, the simulated provider (in this process, its status
@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Run as a script, bench/ comes first on sys.path, and bench/mcp.py would then shadow the
-# mcp package the service imports: leave only the repository's roots.
+# Run as a script, bench/ comes first on sys.path; its modules are imported as bench.*:
+# leave only the repository's roots.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path[:0] = [str(ROOT), str(ROOT / "service")]
 
-from bench.support import free_port  # noqa: E402
+from bench.support import SMOKE_HELP, free_port, smoke  # noqa: E402
 from tests.integration import test_two_replicas as topology  # noqa: E402
 from tests.support import hooks  # noqa: E402
 from tests.support.databases import PostgresFactory  # noqa: E402
@@ -257,7 +257,9 @@ def main() -> int:
     parser.add_argument("--operations", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--postgres-url", help="an admin URL (CREATE DATABASE allowed)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    smoke(args, operations=10, rounds=1)
     load_start = _load()
     runs: dict[int, list[Run]] = {1: [], 2: []}
     with contextlib.ExitStack() as stack:

@@ -2,7 +2,7 @@
 
     python bench/soak.py [--operations 300] [--kills 3] [--seed S] [--rate 10]
         [--replicas 1] [--postgres [--postgres-url URL] | --database-url URL]
-        [--max-active 150] [--time-limit SECONDS] [--lease-seconds 8] [--keep]
+        [--max-active 150] [--time-limit SECONDS] [--lease-seconds 8] [--keep] [--smoke]
 
 Runs ``reconciler serve`` (one or more replicas on one database: SQLite by default,
 PostgreSQL with ``--postgres``: a throw-away cluster, or a new database on
@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-# Run as a script, bench/ comes first on sys.path, and bench/mcp.py would then shadow the
-# mcp package the service imports: leave only the repository's roots.
+# Run as a script, bench/ comes first on sys.path; its modules are imported as bench.*:
+# leave only the repository's roots.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 for _path in (str(ROOT), str(ROOT / "service")):
     if _path not in sys.path:
@@ -66,6 +66,7 @@ from bench.soak_infra import (  # noqa: E402
     upgrade,
 )
 from bench.soak_load import Agent, OpRecord, plan_operations  # noqa: E402
+from bench.support import SMOKE_HELP, smoke  # noqa: E402
 from tests.support import hooks  # noqa: E402
 from tests.support.servers import serve_asgi, unused_port  # noqa: E402
 
@@ -553,6 +554,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-seconds", type=float, default=ServiceSettings.lease_seconds)
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; its invariants are checked")
     return p
 
 
@@ -564,6 +566,7 @@ def _stop_on_term(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop_on_term)
     args = _parser().parse_args(argv)
+    smoke(args, operations=6, kills=1, rate=50.0, lease_seconds=2.0, seed=args.seed or 7)
     cfg = SoakConfig(
         operations=args.operations,
         kills=args.kills,

@@ -14,11 +14,25 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from tests.support import loopback
 
 ROOT = Path(__file__).resolve().parents[1]
+# Every bench takes ``--smoke`` (tests/integration/test_bench_smoke.py runs each so): a run
+# of a few seconds that only proves the bench still works.
+SMOKE_HELP = (
+    "a run of a few seconds that proves the bench still works: tiny sizes, figures printed "
+    "but no target judged (the exit status says only whether the run itself went wrong)"
+)
+
+
+def smoke(args: Any, **small: Any) -> None:
+    """With ``--smoke``, set ``small`` over the parsed arguments."""
+    if args.smoke:
+        for name, value in small.items():
+            setattr(args, name, value)
 
 
 def free_port() -> int:

@@ -1,7 +1,7 @@
 """Webhook ingest throughput and latency against a bare Starlette route, in one run.
 
     python bench/webhooks.py [--seconds 6] [--connections 16] [--rounds 3] [--baseline TREE]
-        [--hints] [--py-spy DIR]
+        [--hints] [--py-spy DIR] [--smoke]
 
 Every server is one uvicorn process (uvloop, httptools, no access log) on 127.0.0.1:
 
@@ -47,11 +47,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if __name__ == "__main__":
-    # bench/ itself off the path: its mcp.py would hide the MCP SDK from the service.
+    # bench/ itself off the path: its modules are imported as bench.*.
     sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
 from bench.poller import cpu_seconds  # noqa: E402
-from bench.support import free_port, percentile, sampled, stop, wait_ready  # noqa: E402
+from bench.support import (  # noqa: E402
+    SMOKE_HELP,
+    free_port,
+    percentile,
+    sampled,
+    smoke,
+    stop,
+    wait_ready,
+)
 
 SECRET = "whsec_" + base64.b64encode(b"bench-webhook-secret-0123456789a").decode()
 OPERATIONS = 1000
@@ -374,7 +382,9 @@ def main() -> int:
     parser.add_argument("--no-ceiling", action="store_true", help="skip the client's ceiling")
     parser.add_argument("--max-rate", type=int, default=15_000, help="deliveries per second")
     parser.add_argument("--py-spy", type=Path, default=None, help="sample each service into DIR")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    smoke(args, seconds=1, rounds=1, no_ceiling=True, baseline=[])
     if args.py_spy is not None:
         args.py_spy.mkdir(parents=True, exist_ok=True)
     runs: list[tuple[str, Path | None]] = [("ours", ROOT)]

@@ -7,6 +7,7 @@ stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
+import gc
 import getpass
 import json
 import os
@@ -67,7 +68,14 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
         directory=Path(args.dir),
         keep_serving=args.keep_serving,
     )
-    return run_demo(options, settings)
+    try:
+        return run_demo(options, settings)
+    finally:
+        # The process ends next, and nothing of the run needs collecting: out of the
+        # collector's view, the interpreter's last full collections cost nothing. They
+        # walked the whole heap: measured under load (14 busy processes on 2 cores), 13
+        # of the 14 s from Ctrl-C to exit.
+        gc.freeze()
 
 
 def _mcp(args: argparse.Namespace, settings: Settings) -> int:

@@ -8,6 +8,7 @@ instead of the defaults.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
@@ -29,6 +30,7 @@ from reconciler.core.signatures import Verifier, build_verifier, decode_whsec
 from reconciler.core.trust import TrustView
 from reconciler.engine.group_commit import GroupCommitter
 from reconciler.engine.wakeups import Notifier
+from reconciler.logs import OutageLog
 from reconciler.metrics import Metrics
 from reconciler.outbound import ssrf
 from reconciler.outbound.callbacks import receiver_host
@@ -46,6 +48,9 @@ from reconciler.storage.views import ViewBatcher
 from reconciler.telemetry import OFF, Telemetry
 from reconciler.telemetry import build as build_telemetry
 from reconciler.tracing import Tracing
+
+# How often an open request's token is checked again (a cache hit, except once per window).
+TOKEN_RECHECK_SECONDS = 1.0
 
 
 @dataclass
@@ -70,10 +75,15 @@ class Runtime:
     metrics: Metrics = field(default_factory=Metrics)
     # Authenticated principals by digest of the Authorization header, with their expiry.
     token_cache: dict[str, tuple[Principal, float]] = field(default_factory=dict)
+    # How often an open request (/wait, /mcp) checks its token again (``api.auth``).
+    token_recheck_seconds: float = TOKEN_RECHECK_SECONDS
     # The bearer token /metrics asks for ([server] metrics_token_env); None: /metrics is open.
     metrics_token: Secret | None = None
     # Traces (``[telemetry]``): chosen once here; off, every span call is a no-op.
     telemetry: Telemetry = field(default_factory=lambda: OFF)
+    # The doors' 5xx answers: in an outage every request fails alike, so they are logged as
+    # one outage (``logs.OutageLog``), which ends when the database's writes succeed again.
+    request_failures: OutageLog = field(init=False)
 
     @property
     def tracing(self) -> Tracing:
@@ -86,8 +96,13 @@ class Runtime:
             self.clock.now,
             on_hint=self.notifier.wake,
             wait_seconds=self.settings.server.webhook_wait_seconds,
+            monotonic=self.clock.monotonic,
         )
         self.views = ViewBatcher(self.db, self.clock.now)
+        self.request_failures = OutageLog(
+            logging.getLogger("reconciler.http"), "API requests", self.clock.monotonic
+        )
+        self.db.availability.on_recovery(self.request_failures.succeeded)
         self.metrics.watch_states(self._state_counts)
         self.metrics.watch_trust(self.trust_views)
         self.metrics.watch_writes(lambda: self.db.write_transactions)

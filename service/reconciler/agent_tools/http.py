@@ -22,7 +22,8 @@ The door keeps the service's limits, before the SDK reads a byte:
 * one token has at most ``server.mcp_requests_per_agent`` requests open at once
   (429 with ``Retry-After``), so one agent's waits never reach ``max_connections``;
 * a request still open when its token is revoked or expires is ended within the
-  token cache's window plus a second: its stream is closed, cleanly.
+  token cache's window plus one re-check (``api.auth.until_refused``, as the API's
+  ``/wait``): its stream is closed, cleanly.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from starlette.types import Message, Receive, Scope, Send
 from reconciler.agent_tools.backends import LocalBackend
 from reconciler.agent_tools.definitions import build_tools
 from reconciler.agent_tools.server import build_server
-from reconciler.api.auth import principal_for
+from reconciler.api.auth import principal_for, until_refused
 from reconciler.api.bodies import read_limited, require_json_type
 from reconciler.api.errors import error_response, status_for
 from reconciler.core.errors import (
@@ -64,9 +65,6 @@ log = logging.getLogger("reconciler.mcp")
 
 PATH = "/mcp"
 PRINCIPAL = "reconciler.principal"  # the scope key the authenticated principal travels in
-# How often an open request's token is checked again (each check is a cache hit, except
-# once per cache window): a revoked token's request ends within that window plus this.
-TOKEN_RECHECK_SECONDS = 1.0
 OVER_CAP = -32000  # JSON-RPC's implementation-defined server error range
 
 
@@ -198,16 +196,8 @@ class McpEndpoint:
         async with anyio.create_task_group() as tg:
 
             async def watch_token() -> None:
-                while True:
-                    await anyio.sleep(TOKEN_RECHECK_SECONDS)
-                    try:
-                        await principal_for(self.runtime, authorization)
-                    except AuthenticationFailed as exc:
-                        revoked.append(exc.message)
-                        tg.cancel_scope.cancel()
-                        return
-                    except ReconcilerError:
-                        continue  # storage trouble: the token is not known to be bad
+                revoked.append(await until_refused(self.runtime, authorization))
+                tg.cancel_scope.cancel()
 
             tg.start_soon(watch_token)
             await self.manager.handle_request(scope, _Replay(body, receive), answer)

@@ -10,18 +10,23 @@ token row in the same cache, with the same window.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
+import anyio
 from sqlalchemy.engine import Connection
 from starlette.requests import Request
 
-from reconciler.core.errors import AuthenticationFailed
+from reconciler.core.errors import AuthenticationFailed, ReconcilerError
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import Principal, authenticate, digest
 
 CACHE_SECONDS = 5.0
 CACHE_LIMIT = 10_000
+
+T = TypeVar("T")
 
 
 async def cached_principal(
@@ -62,3 +67,34 @@ async def principal_for(runtime: Runtime, header: str | None) -> Principal:
     key = digest(header) if header else None
     now = runtime.clock.now()
     return await cached_principal(runtime, key, lambda conn: authenticate(conn, header, now))
+
+
+async def until_refused(runtime: Runtime, header: str | None) -> str:
+    """Returns, with the reason, once the token in ``header`` stops working (revoked, expired).
+
+    Storage trouble proves nothing about the token: the check is tried again next time.
+    """
+    while True:
+        await anyio.sleep(runtime.token_recheck_seconds)
+        try:
+            await principal_for(runtime, header)
+        except AuthenticationFailed as exc:
+            return exc.message
+        except ReconcilerError:
+            continue
+
+
+async def while_authorized(runtime: Runtime, header: str | None, work: Awaitable[T]) -> T:
+    """``work``'s answer, unless its token stops working first: then ``work`` is cancelled
+    and ``AuthenticationFailed`` (401) says why. ``work``'s own errors pass unchanged."""
+    job = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(until_refused(runtime, header))
+    try:
+        await asyncio.wait((job, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (job, watcher):
+            task.cancel()
+        await asyncio.gather(job, watcher, return_exceptions=True)
+    if job.done() and not job.cancelled():
+        return job.result()
+    raise AuthenticationFailed(f"{watcher.result()}; the request was ended while it waited")

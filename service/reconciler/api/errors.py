@@ -78,7 +78,13 @@ async def on_domain_error(request: Request, exc: Exception) -> Response:
             runtime.metrics.client_disconnects.labels(family).inc()
         return error_response(status, exc.code, exc.message)
     if status >= 500:
-        log.warning("request failed: %s", exc.message, extra={"path": request.url.path})
+        runtime = getattr(request.app.state, "runtime", None)
+        if runtime is not None:  # one outage, not a line per request
+            runtime.request_failures.failed(
+                "request failed: %s", exc.message, path=request.url.path
+            )
+        else:
+            log.warning("request failed: %s", exc.message, extra={"path": request.url.path})
     headers = None
     if status == 401 and not isinstance(exc, errors.SignatureRejected):
         headers = {"WWW-Authenticate": "Bearer"}

@@ -10,6 +10,7 @@ from starlette.routing import Route
 
 from reconciler.api import actions
 from reconciler.api.auth import principal as authenticate
+from reconciler.api.auth import while_authorized
 from reconciler.api.bodies import read_json
 from reconciler.api.validation import parse_history_params, parse_list_params
 from reconciler.commands.decide import decide as commands_decide
@@ -60,7 +61,12 @@ async def wait(request: Request) -> Response:
     who = await authenticate(request)
     cap = rt.settings.server.wait_max_seconds
     timeout = _query_number(request, "timeout_seconds", min(30.0, cap), cap)
-    op = await actions.wait_until(rt, request.path_params["op_id"], who, arrived + timeout)
+    # A token revoked (or expiring) while it waits ends the wait with a 401, as on /mcp.
+    op = await while_authorized(
+        rt,
+        request.headers.get("authorization"),
+        actions.wait_until(rt, request.path_params["op_id"], who, arrived + timeout),
+    )
     return JSONResponse(await actions.render(rt, op))
 
 

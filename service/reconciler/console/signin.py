@@ -4,15 +4,16 @@ Guarantee: only a valid, unrevoked operator token gets a session; an agent
 token, a revoked token and an unknown one are refused with a message that says
 which, and get no cookie. The token itself is read once, looked up by its
 digest and forgotten: it is never stored in the session, echoed or logged.
+After sign-in the operator goes to ``next`` only when it resolves to a console page
+(``console.return_to``), else to the inbox.
 """
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from reconciler.console.return_to import return_to
 from reconciler.console.session import SESSION_COOKIE, SIGNIN_COOKIE
 from reconciler.console.web import (
     PREFIX,
@@ -34,18 +35,6 @@ NOTICES = {
     "revoked": "Your session has ended: its operator token was revoked. Sign in with a valid one.",
     "signed_out": "You are signed out.",
 }
-
-
-def _next_of(raw: str | None) -> str:
-    """Where to go after signing in: a console path on this site, nothing else."""
-    if not raw:
-        return PREFIX
-    parts = urlsplit(raw)
-    if parts.scheme or parts.netloc or not raw.startswith(PREFIX) or raw.startswith("//"):
-        return PREFIX
-    if "\\" in raw or any(not c.isprintable() for c in raw):
-        return PREFIX
-    return raw
 
 
 def _form(request: Request, status: int, notice: str, error: str, next_url: str) -> Response:
@@ -81,7 +70,7 @@ async def sign_in_form(request: Request) -> Response:
     why = params.get("why", "none")
     if why not in NOTICES:
         raise errors.InvalidRequest(f"'why' must be one of: {', '.join(NOTICES)}")
-    next_url = _next_of(params.get("next"))
+    next_url = return_to(params.get("next"))
     try:
         await operator(request)
     except SignInNeeded:
@@ -107,7 +96,7 @@ async def sign_in(request: Request) -> Response:
     rt, console = runtime_of(request), state_of(request)
     form = await read_form(request)
     now = rt.clock.now()
-    next_url = _next_of(form.get("next"))
+    next_url = return_to(form.get("next"))
     nonce = console.signer.signin_nonce_of(request.cookies.get(SIGNIN_COOKIE), now)
     if not console.signer.csrf_ok(nonce, form.get("csrf")):
         raise errors.PermissionDenied(

@@ -24,9 +24,7 @@ import os
 import random
 import secrets
 import shutil
-import socket
-import subprocess
-import sys
+import signal
 import threading
 import time
 import tomllib
@@ -39,22 +37,23 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from reconciler import logs
 from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.core.callback_secrets import agent_key, as_whsec
-from reconciler.core.clock import SystemClock
-from reconciler.core.errors import DemoFailed, SignatureRejected
-from reconciler.core.signatures import StandardWebhooksVerifier
+from reconciler.core.errors import DemoFailed
 from reconciler.core.trust import TrustView
 from reconciler.core.vocabulary import Scope
 from reconciler.demo.mcp_walk import McpWalk, walk
+from reconciler.demo.processes import (
+    HOST,
+    CallbackReceiver,
+    bound_socket,
+    run_sim,
+    serve_in_thread,
+    url_of,
+)
 from reconciler.demo.report import (
     OpOutcome,
     ProgressView,
@@ -70,7 +69,6 @@ from reconciler.storage import audit, migrate
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import callback_salt, create_token
 
-HOST = "127.0.0.1"
 # Two simulated providers, each its own process and its own webhook trust: one announces
 # its jobs' ends by webhook (it earns trust, and its jobs cost one read each), the other
 # loses or lies about them (its misses distrust it, and its jobs are polled normally).
@@ -81,7 +79,6 @@ LOSSY_PROVIDER = "sim-lossy"
 PROVIDERS = (PROVIDER, LOSSY_PROVIDER)
 MARKER = ".reconciler-demo"
 WATCH_INTERVAL = 0.5
-START_TIMEOUT = 15.0
 # The demo's own polling values: short enough for a one-minute run, long enough that
 # webhooks (not the fallback poller) bring most answers.
 DEMO_POLLING = {
@@ -293,129 +290,6 @@ def prepare_directory(path: Path) -> Path:
 
 def _whsec() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-# --- servers ---------------------------------------------------------------------------
-
-
-def bound_socket() -> socket.socket:
-    """A socket bound to a free loopback port; uvicorn listens on it when it starts."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((HOST, 0))
-    return sock
-
-
-def url_of(sock: socket.socket) -> str:
-    return f"http://{HOST}:{sock.getsockname()[1]}"
-
-
-@contextmanager
-def serve_in_thread(app: Any, name: str, sock: socket.socket | None = None) -> Iterator[str]:
-    """Run ``app`` on uvicorn in a thread (no signal handlers there); yields its base URL."""
-    sock = sock or bound_socket()
-    config = uvicorn.Config(
-        app, log_config=None, access_log=False, ws="none", timeout_graceful_shutdown=2
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=name)
-    thread.daemon = True
-    thread.start()
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise DemoFailed(f"the {name} did not start; see service.log")
-            time.sleep(0.02)
-        yield url_of(sock)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
-
-
-@contextmanager
-def run_sim(log_path: Path, env: dict[str, str], webhook_url: str) -> Iterator[str]:
-    """Start the simulated provider as a subprocess; stop it by its PID on the way out."""
-    with log_path.open("ab") as log:
-        for _ in range(3):
-            port = _free_port()
-            command = [sys.executable, "-m", "reconciler.demo.sim", "--host", HOST]
-            command += ["--port", str(port), "--webhook-url", webhook_url]
-            # Token and webhook secret go through the environment, not argv (visible in ps).
-            # The demo directory as cwd: `-m` puts it first on sys.path, and nothing there
-            # can stand in for the installed package.
-            proc = subprocess.Popen(command, cwd=log_path.parent, env=env, stdout=log, stderr=log)
-            try:
-                url = f"http://{HOST}:{port}"
-                if _wait_for_sim(proc, url):
-                    yield url
-                    return
-            finally:
-                _stop(proc)
-    raise DemoFailed(f"the simulated provider did not start; see {log_path}")
-
-
-def _wait_for_sim(proc: subprocess.Popen[bytes], url: str) -> bool:
-    deadline = time.monotonic() + START_TIMEOUT
-    # One client for every try: each new one would load the TLS roots again (~45 ms).
-    with httpx.Client(timeout=1.0, trust_env=False) as client:
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if client.get(f"{url}/_sim/stats").status_code == 200:
-                    return True
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-    return False
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-
-class CallbackReceiver:
-    """The agent's side: verifies each callback's signature and counts it per webhook-id."""
-
-    def __init__(self, secret: str) -> None:
-        self.trust(secret)
-        self._lock = threading.Lock()
-        self._counts: Counter[str] = Counter()
-        self._rejected = 0
-        self.app = Starlette(routes=[Route("/callbacks", self._receive, methods=["POST"])])
-
-    async def _receive(self, request: Request) -> Response:
-        body = await request.body()
-        try:
-            verified = self._verifier.verify(request.headers, body)
-        except SignatureRejected:
-            with self._lock:
-                self._rejected += 1
-            return Response(status_code=401)
-        with self._lock:
-            self._counts[verified.event_id or ""] += 1
-        return Response(status_code=204)
-
-    def trust(self, secret: str) -> None:
-        """Verify with ``secret`` from now on: the agent's own, once its token exists."""
-        self._verifier = StandardWebhooksVerifier([secret], clock=SystemClock())
-
-    def counts(self) -> tuple[Counter[str], int]:
-        with self._lock:
-            return Counter(self._counts), self._rejected
 
 
 # --- the service -----------------------------------------------------------------------
@@ -856,7 +730,9 @@ def _run(options: DemoOptions, base: Settings, workdir: Path, started: float) ->
         *tokens, agent_secret = _make_tokens(runtime)
         receiver.trust(agent_secret)
         service_url = stack.enter_context(
-            serve_in_thread(create_app(runtime), "service", service_sock)
+            serve_in_thread(
+                create_app(runtime), "service", service_sock, runtime.notifier.close_waits
+            )
         )
         sims_text = ", ".join(f"{name} {url}" for name, url in sim_urls.items())
         print(f"service {service_url}, simulated providers {sims_text}, callbacks {receiver_url}")
@@ -921,12 +797,18 @@ def serve_until_interrupted(console_url: str, operator_token: str) -> None:
         print("stopping the demo's service and simulated provider", flush=True)
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def run_demo(options: DemoOptions, base: Settings) -> int:
     """Run the demo end to end; 0 only when the run met every check (see the module doc)."""
     if options.operations < 1 or options.timeout <= 0:
         raise DemoFailed("--operations must be at least 1 and --timeout greater than 0")
     started = time.monotonic()
     workdir = prepare_directory(options.directory)
+    # SIGTERM stops the demo as Ctrl-C does: the service, then its providers, in order.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         report = _run(options, base, workdir, started)
     except DemoFailed as exc:
@@ -934,6 +816,8 @@ def run_demo(options: DemoOptions, base: Settings) -> int:
     except KeyboardInterrupt:
         print(f"interrupted; the simulated provider is stopped, files kept in {workdir}")
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     failed = bool(report.failures())
     if failed or options.keep:
         print(f"demo files kept in {workdir} (service.log, sim.log, sim-lossy.log, reconciler.db)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,6 +24,7 @@ from datetime import datetime
 from sqlalchemy.engine import Connection
 
 from reconciler.core.errors import ReconcilerError, StorageUnavailable
+from reconciler.logs import OutageLog
 from reconciler.storage.availability import explain
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
@@ -63,6 +65,7 @@ class GroupCommitter:
         on_hint: Callable[[], None],
         *,
         wait_seconds: float | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.db = db
         # The longest a delivery waits for its commit (``server.webhook_wait_seconds``).
@@ -74,6 +77,8 @@ class GroupCommitter:
         self._flushing = False
         self._flusher: asyncio.Task[None] | None = None
         self.batches = 0
+        # Every delivery in an outage fails: said when it starts, each minute, and at its end.
+        self._outage = OutageLog(log, "webhook batches", monotonic)
 
     async def submit(self, event: IncomingEvent) -> Outcome:
         loop = asyncio.get_running_loop()
@@ -105,6 +110,7 @@ class GroupCommitter:
                 except Exception as exc:
                     self._fail(batch, exc)
                     continue
+                self._outage.succeeded()
                 hinted = False
                 for pending, outcome in zip(batch, outcomes, strict=True):
                     if isinstance(outcome, Exception):
@@ -124,7 +130,7 @@ class GroupCommitter:
     def _fail(self, batch: list[_Pending], exc: Exception) -> None:
         if isinstance(exc, StorageUnavailable):
             # Expected of a database (locked, down, full): each sender is told to retry.
-            log.warning(
+            self._outage.failed(
                 "webhook batch of %d not stored (%s); answered 503 with Retry-After",
                 len(batch),
                 explain(exc),

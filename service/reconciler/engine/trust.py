@@ -35,7 +35,9 @@ from reconciler.core.trust import Change, Health, TrustPolicy, TrustState, Verdi
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.engine.steps.poll import record_of
+from reconciler.logs import OutageLog
 from reconciler.storage import trust as store
+from reconciler.storage.availability import explain
 from reconciler.storage.database import retry_stale
 from reconciler.storage.history import last_read_before
 from reconciler.storage.journal import Entry
@@ -61,6 +63,7 @@ class TrustKeeper:
     def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
         self.deps = ctx.deps
+        self._outage = OutageLog(log, "webhook trust sweeps", self.deps.clock.monotonic)
 
     def policy(self, provider: str) -> TrustPolicy:
         spec = self.deps.providers.get(provider)
@@ -73,9 +76,10 @@ class TrustKeeper:
         try:
             await db.run_write(lambda: retry_stale(lambda: self._settle(result)))
             await db.run_write(lambda: retry_stale(lambda: self._restore(result)))
-        except StorageUnavailable:
-            log.warning("webhook trust sweep skipped: database unavailable")
+        except StorageUnavailable as exc:
+            self._outage.failed("webhook trust sweep skipped: %s", explain(exc))
             return result
+        self._outage.succeeded()
         for provider, change in result.changes:
             log.warning(
                 "webhooks of provider %s: %s -> %s after a %s on %s",

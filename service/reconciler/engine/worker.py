@@ -35,7 +35,7 @@ from reconciler.engine.catch_up import spread_overdue
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Flow, Prep, Preparer, flow_var
 from reconciler.engine.shares import CALLBACKS, HOOKS, Shares, share_of
-from reconciler.logs import operation_id_var, trace_id_var
+from reconciler.logs import OutageLog, operation_id_var, trace_id_var
 from reconciler.storage import operations as store
 from reconciler.storage.availability import explain
 from reconciler.tracing import SpanName
@@ -127,6 +127,8 @@ class Worker:
         self.completion = steps.complete
         self.max_in_flight = max_in_flight
         self.on_next_due = on_next_due
+        # An outage fails every tick's claim: said when it starts, each minute, and at its end.
+        self._claim_log = OutageLog(log, "claims", self.deps.clock.monotonic)
         settings = self.deps.settings
         capacities = dict.fromkeys(self.deps.providers, settings.scheduler.provider_concurrency)
         capacities[HOOKS] = settings.callbacks.hook_concurrency
@@ -295,10 +297,11 @@ class Worker:
                 log.error("preparing a claimed step failed", exc_info=failed.__cause__)
                 claims = await rt.db.run_joined(claim, False)
         except StorageUnavailable as exc:
-            log.warning("claim failed: %s", explain(exc))
+            self._claim_log.failed("claim failed: %s", explain(exc))
             return {}
         finally:
             self.shares.claiming = False
+        self._claim_log.succeeded()
         for c in (c for batch in claims.values() for c in batch):
             if c.previous is not None and c.previous != self.owner:
                 rt.metrics.lease_takeovers.inc()

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, PlainValidator, model_validator
 
+from reconciler.core.credentials import credential_like_value, secret_like_name
 from reconciler.core.errors import PointerSyntaxError
 from reconciler.providers.base import FileTable
 from reconciler.providers.fields import (
@@ -33,22 +34,6 @@ OPERATION_ID = "operation_id"
 TRACE_ID = "trace_id"
 WEBHOOK_URL = "webhook_url"
 REQUEST_FIELDS = frozenset({IDEMPOTENCY_KEY, OPERATION_ID, TRACE_ID, WEBHOOK_URL})
-
-# Headers that carry credentials or session state; their values come from [auth] only.
-_FORBIDDEN_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
-_SECRET_WORDS = (
-    "key",
-    "token",
-    "secret",
-    "auth",
-    "password",
-    "passwd",
-    "credential",
-    "session",
-    "cookie",
-    "signature",
-    "bearer",
-)
 
 
 def quoted(key: str) -> str:
@@ -142,11 +127,6 @@ def _match(value: Any) -> tuple[tuple[Pointer, str], ...]:
     return tuple(pairs)
 
 
-def _secret_like(name: str) -> bool:
-    lower = name.lower()
-    return lower in _FORBIDDEN_HEADERS or any(word in lower for word in _SECRET_WORDS)
-
-
 def _headers(value: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, dict):
         raise problem('expected a table of header = value, e.g. { "anthropic-version" = "..." }')
@@ -161,7 +141,7 @@ def _headers(value: Any) -> tuple[tuple[str, str], ...]:
             or not all(ch.isalnum() or ch in "!#$%&'*+.^_`|~-" for ch in name)
         ):
             raise problem("is not a valid HTTP header name", key)
-        if _secret_like(name):
+        if secret_like_name(name):
             # The value is not echoed: it may be the credential itself.
             raise problem(
                 "static headers are never secrets; a credential header comes from [auth] "
@@ -172,8 +152,14 @@ def _headers(value: Any) -> tuple[tuple[str, str], ...]:
             raise problem("given twice (header names ignore case)", key)
         if not isinstance(text, str) or any(not ch.isprintable() for ch in text):
             raise problem("expected a string of printable characters", key)
-        if text.lower().startswith(("bearer ", "basic ")):
-            raise problem("static headers are never credentials; use [auth]", key)
+        why = credential_like_value(text, name)
+        if why is not None:
+            # Nor is it echoed here.
+            raise problem(
+                f"static headers are never credentials, and this value {why}; "
+                "a credential comes from [auth] and the environment",
+                key,
+            )
         seen.add(name.lower())
         pairs.append((name, text))
     return tuple(pairs)

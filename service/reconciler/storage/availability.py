@@ -100,6 +100,11 @@ class Availability:
         self._failing_since: datetime | None = None
         self._last_failure: tuple[datetime, WriteFailure] | None = None
         self._outages: deque[Outage] = deque(maxlen=KEPT_OUTAGES)
+        self._on_recovery: list[Callable[[], None]] = []
+
+    def on_recovery(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the writer's thread) each time writes succeed after failing."""
+        self._on_recovery.append(callback)
 
     def failed(self, failure: WriteFailure) -> None:
         now = self._now()
@@ -134,6 +139,8 @@ class Availability:
             outage.failure.value,
             extra={"failure": outage.failure.value},
         )
+        for callback in self._on_recovery:
+            callback()
 
     def readiness(self) -> tuple[bool, str]:
         with self._lock:

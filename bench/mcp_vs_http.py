@@ -1,6 +1,7 @@
 """The agent tools over MCP against the HTTP API: the same jobs, the same service, one run.
 
-    python bench/mcp.py [--jobs 200] [--concurrency 8] [--rounds 4] [--reads 200]
+    python bench/mcp_vs_http.py [--jobs 200] [--concurrency 8] [--rounds 4] [--reads 200]
+        [--smoke]
 
 The service (uvicorn, one process, SQLite) and the simulated provider run as
 subprocesses on 127.0.0.1; this process is the agent. Each job is started and
@@ -29,15 +30,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Run as a script, this file's folder comes first on sys.path, and this file is named like
-# the MCP SDK: drop the folder so that `import mcp` finds the SDK.
+# Run as a script, this file's folder comes first on sys.path; its modules are imported as
+# bench.*: leave only the repository's roots.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path[:0] = [
     str(Path(__file__).resolve().parents[1]),
     str(Path(__file__).resolve().parents[1] / "service"),
 ]
 
-from bench.support import ROOT, free_port, percentile, stop, wait_ready  # noqa: E402
+from bench.support import (  # noqa: E402
+    ROOT,
+    SMOKE_HELP,
+    free_port,
+    percentile,
+    smoke,
+    stop,
+    wait_ready,
+)
 
 SIM_TOKEN = "bench-sim-token"
 WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"bench-mcp-webhook-secret-012345").decode()
@@ -304,7 +313,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--reads", type=int, default=200)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    smoke(args, jobs=4, concurrency=2, rounds=2, reads=5)
     if args.command == "serve":
         serve(args.db, args.port, args.sim_url)
         return 0
@@ -357,7 +368,7 @@ def main() -> int:
         f"{_ms(mcp_reads, 99):.1f} ms; added by MCP p50 "
         f"{_ms(mcp_reads, 50) - _ms(http_reads, 50):+.1f} ms"
     )
-    return 0 if ok else 1
+    return 0 if ok or args.smoke else 1
 
 
 if __name__ == "__main__":
