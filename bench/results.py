@@ -346,7 +346,12 @@ def main() -> int:
         "--baseline", help="a git revision (e.g. ccade1c) or a checkout to compare with"
     )
     parser.add_argument("--baseline-mib", type=float, default=16.0)
+    parser.add_argument(
+        "--smoke", action="store_true", help="a 1 MiB file, no baseline: proves the bench runs"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.mib, args.baseline = 1.0, None
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="bench-results-") as tmp:
         work = Path(tmp)

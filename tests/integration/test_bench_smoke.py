@@ -41,6 +41,7 @@ BENCHES = {
     "naive": "status reads per operation",
     "poller": "full tick at 1 k",
     "replicas": "median completed operations/s",
+    "results": '{"ok": true}',
     "soak": "RESULT: OK",
     "throughput": "medians over rounds",
     "webhooks": "ratio ours/bare",
