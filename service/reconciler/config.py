@@ -92,6 +92,12 @@ class SchedulerSettings:
     enabled: bool = True
     # Status reads overdue by more than this (a restart, a pause) are spread out, not burst.
     catch_up_after_seconds: float = 5.0
+    # A step that fails in a way nothing foresaw is tried again after about
+    # step_retry_base_seconds, doubling up to step_retry_max_seconds; its
+    # step_retry_attempts-th failure in a row escalates internal_error.
+    step_retry_base_seconds: float = 1.0
+    step_retry_max_seconds: float = 60.0
+    step_retry_attempts: int = 5
 
 
 @dataclass(frozen=True)
@@ -343,6 +349,9 @@ def _positive(settings: Settings) -> None:
         ("callbacks.per_host_concurrency", settings.callbacks.per_host_concurrency),
         ("callbacks.hook_concurrency", settings.callbacks.hook_concurrency),
         ("scheduler.catch_up_after_seconds", settings.scheduler.catch_up_after_seconds),
+        ("scheduler.step_retry_base_seconds", settings.scheduler.step_retry_base_seconds),
+        ("scheduler.step_retry_max_seconds", settings.scheduler.step_retry_max_seconds),
+        ("scheduler.step_retry_attempts", settings.scheduler.step_retry_attempts),
         ("telemetry.export_interval_seconds", settings.telemetry.export_interval_seconds),
     ]
     for key, value in checks:
