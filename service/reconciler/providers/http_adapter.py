@@ -38,7 +38,7 @@ import httpx
 from reconciler.config import Secret
 from reconciler.core.clock import Clock, SystemClock
 from reconciler.core.errors import ConfigError, InvalidRequest, UnsafePathValue
-from reconciler.core.provider_calls import CallResult
+from reconciler.core.provider_calls import CallResult, unstorable_in
 from reconciler.core.rate_limit import is_rate_limited, retry_after_value
 from reconciler.core.strict_json import parse_json
 from reconciler.providers.adapter import (
@@ -234,7 +234,7 @@ class HttpAdapter:
         another origin the URL without its query, which on a pre-signed URL is a credential."""
         if _origin(url) == _origin(self._base):
             return url.raw_path.decode("ascii")
-        return str(url.copy_with(query=None, fragment=None))
+        return str(url.copy_with(query=None, fragment=None, userinfo=b""))
 
     def _refused(self, method: str, target: str, reason: str) -> CallResult:
         return CallResult(
@@ -427,6 +427,8 @@ class HttpAdapter:
             outcome = lookup_outcome(self._spec, call, wanted)
             if outcome.verdict is not LookupVerdict.NOT_FOUND or not call.ok:
                 return outcome
+            if unstorable_in(call) is not None:
+                return outcome  # the step refuses the answer (``StepContext.call``): no more pages
             cursor = next_cursor(lookup, call.body)
             if cursor is None or lookup.next_param is None:
                 return outcome
@@ -532,6 +534,10 @@ class HttpAdapter:
     async def _follow(self, result: ResultSpec, url: httpx.URL, trace_id: str) -> CallResult:
         method = result.method
         for _ in range(MAX_REDIRECTS + 1):
+            if url.userinfo:
+                # A password in a URL the provider handed us is no credential of ours to send
+                # (and the client would refuse to combine it with a header of its own).
+                return self._refused(method, self._target(url), "the URL carries user info")
             call = await self._call(
                 method,
                 url,
