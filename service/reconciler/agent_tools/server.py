@@ -34,7 +34,7 @@ from reconciler.agent_tools.definitions import ToolName, ToolSet
 from reconciler.agent_tools.tasks import TASKS_EXTENSION, task_view
 from reconciler.api.actions import operation_id
 from reconciler.core import errors
-from reconciler.core.strict_json import require_text
+from reconciler.core.strict_json import require_text, visible
 from reconciler.core.views import WAIT_HINT
 from reconciler.wire import JobId, OperationFilter, StartJob, WaitJob
 
@@ -63,6 +63,7 @@ def tool_message(view: Mapping[str, Any]) -> str:
 
 
 def operation_result(view: Mapping[str, Any]) -> types.CallToolResult:
+    view = visible(view)  # stored text no encoder can write is shown escaped, never an error
     text = tool_message(view)
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=text)],
@@ -71,6 +72,7 @@ def operation_result(view: Mapping[str, Any]) -> types.CallToolResult:
 
 
 def _page_result(page: View, done: bool | None) -> types.CallToolResult:
+    page = visible(page)
     ops = [{**op, "message": tool_message(op)} for op in page["operations"]]
     scope = " that are not done" if done is False else (" that are done" if done else "")
     if not ops:
