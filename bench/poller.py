@@ -248,6 +248,7 @@ def _rows(index: int, now: datetime, due: bool, rng: random.Random) -> tuple[dic
         completion_round=0,
         completion_pending=False,
         create_lookups=0,
+        step_failures=0,
         version=1,
         history_seq=1,
         history_head=digest,
