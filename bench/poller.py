@@ -253,6 +253,7 @@ def _rows(index: int, now: datetime, due: bool, rng: random.Random) -> tuple[dic
         completion_pending=False,
         escalation_open=False,
         create_lookups=0,
+        step_failures=0,
         version=1,
         history_seq=1,
         history_head=digest,

@@ -25,7 +25,7 @@ from reconciler.core.clock import SystemClock, isoformat
 from reconciler.core.errors import ConfigError, InvalidRequest, ReconcilerError
 from reconciler.core.signatures import decode_whsec
 from reconciler.core.states import State
-from reconciler.core.strict_json import require_field_text, shown
+from reconciler.core.strict_json import require_field_text, shown, visible
 from reconciler.core.vocabulary import DecisionAction, Scope
 from reconciler.providers.loader import load_providers, provider_tables
 from reconciler.storage import audit, migrate
@@ -297,8 +297,10 @@ def _ops(args: argparse.Namespace, settings: Settings) -> int:
                 )
             for op in page.items:
                 print(
-                    f"{op.id}  {op.provider:<12} {op.state:<26} "
-                    f"{op.remote_job_id or '-':<24} {isoformat(op.updated_at)}"
+                    visible(
+                        f"{op.id}  {op.provider:<12} {op.state:<26} "
+                        f"{op.remote_job_id or '-':<24} {isoformat(op.updated_at)}"
+                    )
                 )
             if not page.items:
                 print("no operations", file=sys.stderr)
@@ -308,9 +310,10 @@ def _ops(args: argparse.Namespace, settings: Settings) -> int:
             with db.read() as conn:
                 op = store.load_operation(conn, args.operation)
                 entries = history_of(conn, args.operation)
-            print(story.header(op))
+            # Stored text no encoder can write is shown as a visible escape.
+            print(visible(story.header(op)))
             for text in story.tell(entries):
-                print(text)
+                print(visible(text))
     finally:
         db.dispose()
     return 0

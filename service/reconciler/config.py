@@ -183,6 +183,18 @@ class SchedulerSettings(SettingsTable):
     enabled: Flag = True
     # Status reads overdue by more than this (a restart, a pause) are spread out, not burst.
     catch_up_after_seconds: Seconds = 5.0
+    # A step that fails in a way nothing foresaw is tried again after about
+    # step_retry_base_seconds, doubling up to step_retry_max_seconds; its
+    # step_retry_attempts-th failure in a row escalates internal_error.
+    step_retry_base_seconds: Seconds = 1.0
+    step_retry_max_seconds: Seconds = 60.0
+    step_retry_attempts: Count = 5
+
+    @model_validator(mode="after")
+    def _retry_delays_in_order(self) -> SchedulerSettings:
+        if self.step_retry_max_seconds < self.step_retry_base_seconds:
+            raise problem("must be at least step_retry_base_seconds", "step_retry_max_seconds")
+        return self
 
 
 class CallbackSettings(SettingsTable):

@@ -727,3 +727,19 @@ def test_build_adapter_errors(ref: str, fragment: str) -> None:
         build_adapter(_spec("http://127.0.0.1:9", adapter=ref), ENV)
     assert caught.value.message.startswith("test: providers.acme.adapter: ")
     assert fragment in caught.value.message
+
+
+@pytest.mark.parametrize("handed", ["result_ref", "redirect"])
+def test_a_url_with_user_info_is_refused_not_raised(
+    provider: tuple[str, Recorder], storage: tuple[str, Recorder], handed: str
+) -> None:
+    # Before: the client combined the URL's user info with a header of its own and raised
+    # before sending; the step failed and was claimed again at once, for ever.
+    url, _ = provider
+    storage_url, storage_seen = storage
+    with_password = storage_url.replace("http://", "http://user:pw-secret@") + "/files/out.csv"
+    ref = with_password if handed == "result_ref" else f"{url}/redirect?to={with_password}"
+    call: CallResult = _run(lambda a: a.fetch_result("done", ref, "t"), _spec(url, result=None))
+    assert call.refused == "the URL carries user info" and call.http_status is None
+    assert "pw-secret" not in call.target
+    assert not storage_seen.requests

@@ -18,7 +18,8 @@ from reconciler.core.clock import ManualClock
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.engine.context import StepContext
-from reconciler.engine.worker import Steps, Worker
+from reconciler.engine.step_table import Steps
+from reconciler.engine.worker import Worker
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from tests.support.factories import insert_operation

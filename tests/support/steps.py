@@ -34,12 +34,13 @@ from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import Scope
 from reconciler.engine.context import StepContext
 from reconciler.engine.hooks import load_hooks
+from reconciler.engine.step_table import Step, Steps, step_table
 from reconciler.engine.steps.cancel import CancelStep
 from reconciler.engine.steps.collect import CollectStep
 from reconciler.engine.steps.complete import CompleteStep
 from reconciler.engine.steps.create import CreateStep
 from reconciler.engine.steps.poll import PollStep
-from reconciler.engine.worker import Step, Steps, Worker, step_table
+from reconciler.engine.worker import Worker
 from reconciler.outbound.callbacks import CallbackClient
 from reconciler.outbound.ssrf import Resolver
 from reconciler.providers.http_adapter import build_adapter

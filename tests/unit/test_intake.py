@@ -309,7 +309,7 @@ DECISION_ERRORS: list[tuple[Any, str]] = [
     ({}, "'action' is required"),
     ({"action": 1}, "'action' must be a string, got a number"),
     ({"action": ""}, "'action' must not be empty"),
-    ({"action": "retry"}, "'action' must be one of: extend, cancel, abandon"),
+    ({"action": "again"}, "'action' must be one of: extend, cancel, abandon, resend, retry"),
     ({"action": "cancel", "why": "x"}, "unknown field(s): why; allowed: action, extra_seconds"),
     ({"action": "extend", "extra_seconds": -1}, "'extra_seconds' must be greater than 0"),
     ({"action": "extend", "extra_seconds": "60"}, "'extra_seconds' must be a number, got a string"),

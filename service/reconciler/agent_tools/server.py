@@ -35,7 +35,7 @@ from reconciler.agent_tools.request_summary import request_summary
 from reconciler.agent_tools.tasks import TASKS_EXTENSION, task_view
 from reconciler.api.actions import operation_id
 from reconciler.core import errors
-from reconciler.core.strict_json import require_text
+from reconciler.core.strict_json import require_text, visible
 from reconciler.core.views import DECISION_HINT, WAIT_HINT, as_replayed
 from reconciler.wire import JobId, OperationFilter, StartJob, WaitJob
 
@@ -68,6 +68,7 @@ def tool_message(view: Mapping[str, Any]) -> str:
 
 
 def operation_result(view: Mapping[str, Any]) -> types.CallToolResult:
+    view = visible(view)  # stored text no encoder can write is shown escaped, never an error
     text = tool_message(view)
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=text)],
@@ -91,6 +92,7 @@ def _line(op: Mapping[str, Any]) -> str:
 
 
 def _page_result(page: View, query: OperationFilter) -> types.CallToolResult:
+    page = visible(page)
     ops = [{**op, "message": tool_message(op)} for op in page["operations"]]
     scope = _scope(query)
     if not ops:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from reconciler.api import actions
 from reconciler.api.auth import principal as authenticate
 from reconciler.api.auth import while_authorized
 from reconciler.api.bodies import read_json
+from reconciler.api.responses import JSONResponse
 from reconciler.api.validation import parse_history_params, parse_list_params
 from reconciler.commands.decide import decide as commands_decide
 from reconciler.core.errors import InvalidRequest

@@ -27,7 +27,7 @@ from reconciler.api.errors import status_for
 from reconciler.console import formatting
 from reconciler.console.session import SESSION_COOKIE, Session, Signer, key_from
 from reconciler.core import errors
-from reconciler.core.strict_json import require_field_text
+from reconciler.core.strict_json import require_field_text, visible
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import Principal, principal_by_id
 
@@ -48,12 +48,15 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 
+# Every value a template writes passes ``finalize``: stored text no encoder can write (a
+# lone surrogate a provider sent) is shown as a visible escape rather than failing the page.
 _env = jinja2.Environment(
     loader=jinja2.PackageLoader("reconciler.console", "templates"),
     autoescape=True,
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,
+    finalize=lambda value: visible(value) if type(value) is str else value,
 )
 formatting.install(_env)
 TEMPLATES = Jinja2Templates(env=_env)

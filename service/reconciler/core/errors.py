@@ -21,7 +21,9 @@ ReconcilerError                    root; ``code`` is the stable machine-readable
 ├── QuotaExceeded                  an agent's operations in flight or create rate     (429)
 ├── ClientDisconnected             the client went away before its body arrived (logged at info)
 ├── RemoteError                    a provider or an agent's receiver gave no usable answer
-│   └── ResolutionFailed           a callback host did not resolve (a later try may work)
+│   ├── ResolutionFailed           a callback host did not resolve (a later try may work)
+│   └── UnstorableAnswer           a provider's answer holds text no database can store: the
+│                                  operation escalates contract_violation
 ├── ServiceError                   reconciler.client: the service answered 5xx or was unreachable
 ├── StorageError                   the database, not the caller                      (503)
 │   ├── StorageUnavailable         unreachable, busy past the bound, disk full, read-only
@@ -179,6 +181,27 @@ class ResolutionFailed(RemoteError):
     """The callback host could not be resolved now; a later attempt may succeed."""
 
     code = "callback_host_unresolved"
+
+
+class UnstorableAnswer(RemoteError):
+    """A provider's answer holds text no database can store (a NUL, a lone surrogate).
+
+    Raised where a step receives the answer (``StepContext.call``), before any of it is
+    kept; the worker escalates ``contract_violation`` with ``where`` and ``shown`` (the
+    value escaped) and ``call`` (the request's ``CallResult``) as evidence.
+    """
+
+    code = "provider_answer_unstorable"
+
+    def __init__(self, call_name: str, where: str, shown: str, call: Any) -> None:
+        super().__init__(
+            f"the provider's {call_name} answer holds text no database can store "
+            f'({where}: "{shown}")'
+        )
+        self.call_name = call_name
+        self.where = where
+        self.shown = shown
+        self.call = call
 
 
 class ServiceError(ReconcilerError):

@@ -13,7 +13,7 @@ from typing import Any
 from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.clock import utc
 from reconciler.core.records import OperationRecord
-from reconciler.core.states import State
+from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import DecisionAction, EscalationReason, TransportError
 
 A = DecisionAction
@@ -53,6 +53,9 @@ _ALL = (A.EXTEND, A.CANCEL, A.ABANDON)
 # - create_unknown: a create that may have made a job, at a provider that takes no
 #   idempotency key and cannot be asked: waiting finds nothing out, and a resend may
 #   make a second job, so the person chooses between that risk and stopping.
+# - internal_error: a step kept failing in a way nothing foresaw (core.step_retry). More
+#   time cures nothing, but a fix (a new release, a provider back to its contract) may:
+#   the person may run the step again with a fresh count, stop, or cancel the job.
 OPTIONS: dict[EscalationReason, tuple[DecisionAction, ...]] = {
     R.DEADLINE_EXCEEDED: _ALL,
     R.REQUEST_BUDGET_EXHAUSTED: _ALL,
@@ -65,6 +68,7 @@ OPTIONS: dict[EscalationReason, tuple[DecisionAction, ...]] = {
     R.CANCELLATION_UNCONFIRMED: (A.EXTEND, A.ABANDON),
     R.CALLBACK_UNDELIVERABLE: (A.EXTEND, A.ABANDON),
     R.CREATE_UNKNOWN: (A.ABANDON, A.RESEND),
+    R.INTERNAL_ERROR: (A.RETRY, A.CANCEL, A.ABANDON),
 }
 
 _TIMED_OUT = frozenset({R.DEADLINE_EXCEEDED, R.REQUEST_BUDGET_EXHAUSTED, R.RATE_LIMITED})
@@ -76,11 +80,22 @@ _FIELD_LIMIT = 120
 
 
 def options_for(
-    reason: EscalationReason, *, provider_can_cancel: bool, job_id_known: bool
+    reason: EscalationReason,
+    *,
+    provider_can_cancel: bool,
+    job_id_known: bool,
+    job_may_run: bool = True,
 ) -> tuple[DecisionAction, ...]:
-    """The bounded options for ``reason``; ``cancel`` needs a cancel action and a job id."""
-    cancellable = provider_can_cancel and job_id_known
+    """The bounded options for ``reason``; ``cancel`` needs a cancel action, a job id, and a
+    job that may still run (not one the provider reported finished)."""
+    cancellable = provider_can_cancel and job_id_known and job_may_run
     return tuple(a for a in OPTIONS[reason] if a is not A.CANCEL or cancellable)
+
+
+def job_may_run(state: State) -> bool:
+    """Whether the remote job may still be running: not once the provider reported its end
+    (``result_collecting``, an end state), when cancelling it would be moot."""
+    return state is not State.RESULT_COLLECTING and state not in END_STATES
 
 
 def abandon_state(reason: EscalationReason) -> State:
@@ -145,6 +160,11 @@ def describe_option(facts: EscalationFacts, action: DecisionAction) -> str:
     """One option with its cost, as the operator reads it."""
     if action is A.CANCEL:
         return "cancel at provider (stops future work; finished work is not undone)"
+    if action is A.RETRY:
+        return (
+            "retry the step that failed, with its failure count started afresh (if it keeps "
+            "failing the same way it stops and asks again)"
+        )
     if action is A.RESEND:
         return (
             "resend the create once with the same request (the provider takes no "
@@ -245,10 +265,13 @@ _STOP_STATES = {
 
 
 def resume_state(op: OperationRecord, reason: EscalationReason) -> State:
-    """Where an operator's ``extend`` takes the operation back to."""
+    """Where an operator's ``extend`` (or an ``internal_error``'s ``retry``) takes the
+    operation back to."""
     state = State(op.state)
     if op.remote_job_id is None:
         return State.CREATE_UNKNOWN
+    if reason is EscalationReason.INTERNAL_ERROR and state is State.RESULT_COLLECTING:
+        return State.RESULT_COLLECTING  # a retry runs the collection again, not a status read
     if reason is EscalationReason.CANCELLATION_UNCONFIRMED or state in (
         State.CANCELLING,
         State.CANCELLATION_UNCONFIRMED,

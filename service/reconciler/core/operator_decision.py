@@ -153,6 +153,31 @@ def plan_resend(
     )
 
 
+def plan_retry(
+    op: OperationRecord, esc: EscalationRecord, now: datetime, changes: dict[str, Any]
+) -> State | None:
+    """An ``internal_error``'s step run again, with its failure count started afresh.
+
+    Not an extension: the deadline and the budgets stay as they are (a retry past the
+    deadline stops at it, as any step would). The operation goes back to the state whose
+    step failed (``resume_state``); a completion that failed in an end state runs again.
+    """
+    changes.update(step_failures=0, failed_step=None, next_poll_at=now, delay_source=None)
+    if State(op.state) in END_STATES:
+        changes["completion_pending"] = True
+        return None
+    return State(esc.resume_state or State.OBSERVING.value)
+
+
+def _plan_abandon(state: State, reason: EscalationReason, changes: dict[str, Any]) -> State | None:
+    """Where ``abandon`` leads; an end state stands (a completion that kept failing stops)."""
+    if state not in END_STATES:
+        return escalation.abandon_state(reason)
+    if reason is EscalationReason.INTERNAL_ERROR:
+        changes.update(completion_pending=False, next_poll_at=None)
+    return None
+
+
 def plan_decision(
     op: OperationRecord,
     esc: EscalationRecord | None,
@@ -191,11 +216,13 @@ def plan_decision(
     elif action is DecisionAction.RESEND:
         plan_resend(op, now, record, changes)
         target = State.CREATE_UNKNOWN
+    elif action is DecisionAction.RETRY:
+        target = plan_retry(op, esc, now, changes)
     elif action is DecisionAction.CANCEL:
         changes.update(_cancel_changes(op, offered, reason, who, now, cancel_deadline_seconds))
         target = State.CANCEL_REQUESTED
-    elif state not in END_STATES:  # abandon
-        target = escalation.abandon_state(reason)
+    else:
+        target = _plan_abandon(state, reason, changes)
     if target is state:
         target = None
     if target is not None and not allowed(state, target):

@@ -2,15 +2,33 @@
 
 Values the adapters (``providers``) produce and the pure decisions (``core.collect``,
 ``core.poll``) read, so they live here and the decisions need nothing of the adapters.
+
+``unstorable_in`` is the intake check of every answer a step receives
+(docs/design.md#provider-text): a string no database can store (a NUL, a lone
+surrogate) anywhere in what the answer says (its JSON body, JSON Lines, the headers the
+service records, the values an adapter read out of it) makes the whole answer a
+contract violation, found the same way whatever the backend.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, BinaryIO
 
+from reconciler.core.errors import InvalidRequest
+from reconciler.core.strict_json import escaped, first_unstorable, is_storable, parse_json
 from reconciler.core.vocabulary import TransportError
+
+# In JSON text a NUL or a surrogate can only be written as an escape (a raw NUL is no
+# valid JSON, and no valid UTF-8 encodes a surrogate): a body without one of these is
+# clean, which spares walking a large result. A hit (a surrogate pair, "\\u0000") is
+# looked at exactly.
+_SUSPECT = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
+# What a call keeps of the answer's head (the rest of CallResult is ours).
+_RECORDED_HEADERS = ("retry_after", "location", "content_type", "provider_request_id")
 
 
 @dataclass(frozen=True)
@@ -72,3 +90,77 @@ class ResultCheck:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+@dataclass(frozen=True)
+class Unstorable:
+    """Where an answer holds text no database can store, and that text, escaped."""
+
+    where: str
+    shown: str
+
+    def describe(self) -> str:
+        return f'{self.where}: "{self.shown}"'
+
+
+def unstorable_in(answer: Any) -> Unstorable | None:
+    """The first value of a provider's answer no database can store, or None.
+
+    ``answer`` is what an adapter returned: a ``CallResult``, or an outcome (a dataclass)
+    holding one as ``call`` beside the values read from it.
+    """
+    if isinstance(answer, CallResult):
+        return _in_call(answer)
+    if not dataclasses.is_dataclass(answer) or isinstance(answer, type):
+        return None
+    for item in dataclasses.fields(answer):
+        found = _in_field(item.name, getattr(answer, item.name))
+        if found is not None:
+            return found
+    return None
+
+
+def _in_field(name: str, value: Any) -> Unstorable | None:
+    if isinstance(value, CallResult):
+        return _in_call(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        inner = unstorable_in(value)
+        return None if inner is None else Unstorable(f"{name}.{inner.where}", inner.shown)
+    if not isinstance(value, str | dict | list | tuple):
+        return None
+    hit = first_unstorable(value)
+    if hit is None:
+        return None
+    pointer, shown = hit
+    return Unstorable(name if pointer == "/" else f"{name} at {pointer}", shown)
+
+
+def _in_call(call: CallResult) -> Unstorable | None:
+    for name in _RECORDED_HEADERS:
+        value = getattr(call, name)
+        if isinstance(value, str) and not is_storable(value):
+            return Unstorable(f"the {name.replace('_', '-')} header", escaped(value))
+    data = call.body_bytes
+    if data is not None and _SUSPECT.search(data) is None:
+        return None  # the body (or its lines) was parsed from these bytes: nothing to find
+    if call.body is not None:
+        hit = first_unstorable(call.body)
+        return Unstorable(f"the body at {hit[0]}", hit[1]) if hit is not None else None
+    if data is not None:
+        return _in_lines(data)
+    return None
+
+
+def _in_lines(data: bytes) -> Unstorable | None:
+    """A body read as JSON Lines (a result file): the first line holding such text."""
+    for number, raw in enumerate(data.splitlines(), start=1):
+        if _SUSPECT.search(raw) is None:
+            continue
+        try:
+            value = parse_json(raw, f"line {number}")
+        except InvalidRequest:
+            continue  # not JSON: the result's own check reports it, nothing is kept of it
+        hit = first_unstorable(value)
+        if hit is not None:
+            return Unstorable(f"line {number} at {hit[0]}", hit[1])
+    return None

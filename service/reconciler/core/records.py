@@ -6,7 +6,7 @@ operations table's columns plus the payload names). Nothing here is changed in
 place: a write returns a new record (``with_changes``).
 
 The worker, the claims and the webhook batch read many operation rows, and a
-frozen dataclass's generated ``__init__`` sets each of its 58 fields through
+frozen dataclass's generated ``__init__`` sets each of its 60 fields through
 ``object.__setattr__`` (about ten times the cost of a plain slotted one). Records
 read from the database are therefore built by a mutable twin with the same
 slots and then given the frozen class (``build_operation``): the same object
@@ -86,6 +86,8 @@ class OperationRecord:
     history_seq: int
     history_head: str
     traceparent: str | None
+    step_failures: int
+    failed_step: str | None
     escalation_open: bool
     request: Any = None
     meta: Any = None
@@ -173,6 +175,8 @@ DEFAULTS: Mapping[str, Any] = {
     "history_seq": 0,
     "history_head": "",
     "traceparent": None,
+    "step_failures": 0,
+    "failed_step": None,
     "escalation_open": False,
 }
 

@@ -88,11 +88,13 @@ TRANSITIONS: dict[State, frozenset[State]] = {
             S.RESULT_UNAVAILABLE,
             S.RESULT_VALIDATION_FAILED,
             S.FAILED,
+            S.ESCALATED,
         }
     ),
     S.ESCALATED: frozenset(
         {
             S.OBSERVING,
+            S.RESULT_COLLECTING,
             S.CREATE_UNKNOWN,
             S.CANCEL_REQUESTED,
             S.CANCELLING,

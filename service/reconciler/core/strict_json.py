@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from itertools import accumulate
 from typing import Any
@@ -199,6 +200,66 @@ def _strings(value: Any) -> Iterator[tuple[str, str, bool]]:
                 stack.append((child, where))
         elif isinstance(item, list):
             stack.extend((child, f"{path}/{i}") for i, child in enumerate(item))
+
+
+def escaped(text: str, limit: int = MAX_SHOWN) -> str:
+    """``text`` with every character no database can store, and every other control
+    character, written as a visible escape (``\\u0000``, ``\\ud800``); cut to about
+    ``limit`` characters around the first such escape."""
+    first = next((i for i, ch in enumerate(text) if not _plain(ch)), 0)
+    start = max(0, first - limit // 2)
+    window = text[start : start + limit]
+    shown = "".join(ch if _plain(ch) else f"\\u{ord(ch):04x}" for ch in window)
+    return ("…" if start else "") + shown + ("…" if start + limit < len(text) else "")
+
+
+def _plain(ch: str) -> bool:
+    code = ord(ch)
+    return code >= 0x20 and code != 0x7F and not 0xD800 <= code <= 0xDFFF
+
+
+# What no encoder can write (a lone surrogate) or no database can store (NUL); in JSON text
+# written with ensure_ascii=False a NUL is the escape ``\\u0000``.
+_UNSHOWABLE = re.compile("[\x00\ud800-\udfff]")
+_UNSHOWABLE_JSON = re.compile(r"[\ud800-\udfff]|\\u0000")
+
+
+def visible(value: Any) -> Any:
+    """``value`` with each NUL and lone surrogate in its strings (member names too) written
+    as a visible escape (``\\u0000``, ``\\ud800``): what every door shows of stored text, so
+    no answer fails to encode. The same object when there is none (the common case, found
+    by one encoding of the value rather than a walk)."""
+    if isinstance(value, str):
+        return _UNSHOWABLE.sub(_escape_match, value) if _UNSHOWABLE.search(value) else value
+    if not isinstance(value, dict | list | tuple):
+        return value
+    text = json.dumps(value, ensure_ascii=False, default=str, check_circular=False)
+    if _UNSHOWABLE_JSON.search(text) is None:
+        return value
+    return _rebuilt(value)
+
+
+def _rebuilt(value: Any) -> Any:
+    if isinstance(value, str):
+        return _UNSHOWABLE.sub(_escape_match, value)
+    if isinstance(value, dict):
+        return {_rebuilt(k) if isinstance(k, str) else k: _rebuilt(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_rebuilt(v) for v in value]
+    return value
+
+
+def _escape_match(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def first_unstorable(value: Any) -> tuple[str, str] | None:
+    """The first string (member names too) no database can store, as (its JSON pointer,
+    the string escaped); None when every string can be stored."""
+    for path, text, _ in _strings(value):
+        if not is_storable(text):
+            return path or "/", escaped(text)
+    return None
 
 
 def require_text(body: Any) -> None:

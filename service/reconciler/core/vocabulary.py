@@ -16,6 +16,7 @@ class DelaySource(StrEnum):
     WEBHOOK_HINT = "webhook_hint"
     WEBHOOK_TRUST = "webhook_trust"
     CATCH_UP = "catch_up"  # overdue after a restart or pause: spread out, not burst
+    STEP_RETRY = "step_retry"  # a step failed in a way nothing foresaw: tried again later
 
 
 class EscalationReason(StrEnum):
@@ -32,6 +33,9 @@ class EscalationReason(StrEnum):
     # A create that may have made a job at a provider that takes no idempotency key and
     # offers no lookup: only a person may resend it.
     CREATE_UNKNOWN = "create_unknown"
+    # A step kept failing in a way nothing foresaw (a defect, a library's error): its
+    # bounded retries are spent (``core.step_retry``).
+    INTERNAL_ERROR = "internal_error"
 
 
 class DecisionAction(StrEnum):
@@ -39,6 +43,17 @@ class DecisionAction(StrEnum):
     CANCEL = "cancel"
     ABANDON = "abandon"
     RESEND = "resend"  # a create_unknown's create sent once more, with the same request
+    RETRY = "retry"  # an internal_error's step run again, its failure count started afresh
+
+
+class StepName(StrEnum):
+    """The steps a worker runs on an operation, as its failures are counted and named."""
+
+    CREATE = "create"
+    STATUS_READ = "status_read"
+    CANCEL = "cancel"
+    COLLECT = "result_collection"
+    COMPLETE = "completion"
 
 
 class Scope(StrEnum):

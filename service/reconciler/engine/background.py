@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from reconciler.engine.context import StepContext
 from reconciler.engine.deps import EngineDeps
 from reconciler.engine.hooks import load_hooks
+from reconciler.engine.step_table import Steps
 from reconciler.engine.steps.cancel import CancelStep
 from reconciler.engine.steps.collect import CollectStep
 from reconciler.engine.steps.complete import CompleteStep
@@ -16,7 +17,7 @@ from reconciler.engine.steps.create import CreateStep
 from reconciler.engine.steps.poll import PollStep
 from reconciler.engine.ticker import Scheduler
 from reconciler.engine.trust import TrustKeeper
-from reconciler.engine.worker import Steps, Worker
+from reconciler.engine.worker import Worker
 from reconciler.outbound.callbacks import CallbackClient
 
 log = logging.getLogger("reconciler.engine.background")

@@ -12,7 +12,7 @@ the next step or gives the lease back in the same transaction (``engine.flow``).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -20,10 +20,10 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.clock import isoformat
-from reconciler.core.errors import StaleWrite
+from reconciler.core.errors import StaleWrite, UnstorableAnswer
 from reconciler.core.escalation import UNKNOWN_PROVIDER, ProviderTerms
 from reconciler.core.poll import PollPolicy
-from reconciler.core.provider_calls import CallResult
+from reconciler.core.provider_calls import CallResult, unstorable_in
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.trust import TrustPolicy
@@ -150,11 +150,18 @@ class StepContext:
     async def call(self, op: OperationRecord, name: str, fn: Callable[[], Awaitable[T]]) -> T:
         """One provider call, counted. Its bound is the provider's share of the worker
         (``engine.shares``): the claim takes no more of a provider's operations than its
-        share has slots, so a call never queues behind another provider's."""
+        share has slots, so a call never queues behind another provider's.
+
+        Every answer a step receives passes here, and is checked before any of it is kept:
+        text no database can store raises ``UnstorableAnswer`` (the worker escalates
+        ``contract_violation``; docs/design.md#provider-text)."""
         result = await fn()
         call = getattr(result, "call", result)
         if isinstance(call, CallResult):
             self.count_call(op, name, call)
+        found = unstorable_in(result)
+        if found is not None:
+            raise UnstorableAnswer(name, found.where, found.shown, call)
         return result
 
     async def write(
@@ -203,7 +210,11 @@ class StepContext:
         final: bool,
         *,
         retry: bool,
+        ends_step: bool = True,
     ) -> Prep:
+        """``ends_step``: a final write ends the step as done, so a count of its earlier
+        failures (``core.step_retry``) is cleared in the same transaction; the write that
+        records a failure is final without ending the step that way."""
         rt = self.deps
         flow = flow_var.get()
         tries = [0]
@@ -215,6 +226,8 @@ class StepContext:
             current = op if tries[0] == 1 else self.fresh(conn, op.id)
             built = build(conn, current)
             done = built if isinstance(built, Prep) else Prep(built)
+            if ends_step and (final or done.final) and done.op.step_failures:
+                done = replace(done, op=self._clear_failures(conn, done.op))
             nxt, released = (None, False)
             if flow is not None:
                 nxt, released = flow.after_write(conn, done.op, self.now(), final or done.final)
@@ -226,6 +239,17 @@ class StepContext:
             flow.wrote(done.op, nxt, released)
         await self._changed(op, nxt.op if nxt is not None else done.op)
         return done
+
+    def _clear_failures(self, conn: Connection, op: OperationRecord) -> OperationRecord:
+        changes = {"step_failures": 0, "failed_step": None}
+        return self.deps.journal.write(conn, op, now=self.now(), lease=self.lease, changes=changes)
+
+    async def record_failure(
+        self, op: OperationRecord, build: Callable[[Connection, OperationRecord], OperationRecord]
+    ) -> OperationRecord:
+        """``apply`` for the write that records a step's failure: final (it decides when the
+        step runs next), without clearing the count it writes."""
+        return (await self._commit(op, build, True, retry=True, ends_step=False)).op
 
     async def _changed(self, op: OperationRecord, after: OperationRecord) -> None:
         rt = self.deps

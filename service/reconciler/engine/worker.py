@@ -21,68 +21,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NamedTuple
 
 from sqlalchemy.engine import Connection
 
 from reconciler.core.completion_lanes import choose, is_callback_lane, lane_or_hooks
-from reconciler.core.errors import Bug, ReconcilerError, StaleWrite, StorageUnavailable
+from reconciler.core.errors import (
+    Bug,
+    ReconcilerError,
+    StaleWrite,
+    StorageError,
+    StorageUnavailable,
+)
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
+from reconciler.core.step_retry import step_of
 from reconciler.engine.catch_up import spread_overdue
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Flow, Prep, Preparer, flow_var
 from reconciler.engine.shares import CALLBACKS, HOOKS, Shares, share_of
+from reconciler.engine.step_failures import StepFailures, step_retry_policy
+from reconciler.engine.step_table import SPAN_OF_STATE, STATUS_READ_STATES, Step, Steps, step_table
 from reconciler.logs import OutageLog, operation_id_var, trace_id_var
 from reconciler.storage import operations as store
 from reconciler.storage.availability import explain
 from reconciler.tracing import SpanName
 
 log = logging.getLogger("reconciler.engine.worker")
-
-# A step does one unit of work on a leased, freshly loaded operation and writes its outcome.
-# A step with a ``prepare`` method may be handed its first write done (``Prep``) as a
-# second argument.
-Step = Callable[..., Awaitable[None]]
-STATUS_READ_STATES = frozenset({State.OBSERVING, State.CANCELLING})
-# What a step's span is called, by the state it runs in (a completion is ``COMPLETION``).
-SPAN_OF_STATE: dict[State, SpanName] = {
-    State.CREATE_PENDING: SpanName.CREATE,
-    State.CREATE_UNKNOWN: SpanName.CREATE,
-    State.OBSERVING: SpanName.STATUS_READ,
-    State.CANCELLING: SpanName.STATUS_READ,
-    State.CANCEL_REQUESTED: SpanName.CANCEL,
-    State.RESULT_COLLECTING: SpanName.COLLECT,
-}
-
-
-class Steps(NamedTuple):
-    """The steps a worker runs; which one runs is decided by ``step_table``."""
-
-    create: Step
-    poll: Step
-    cancel: Step
-    collect: Step
-    complete: Step | None
-
-
-def step_table(steps: Steps) -> dict[State, Step]:
-    """The state-to-step table: what a worker does with an operation in each local state.
-
-    States without a step (``accepted`` only passes by, ``escalated`` waits for a person,
-    the end states are only completed) are parked until something changes them.
-    """
-    return {
-        State.CREATE_PENDING: steps.create,
-        State.CREATE_UNKNOWN: steps.create,
-        State.OBSERVING: steps.poll,
-        State.CANCELLING: steps.poll,
-        State.CANCEL_REQUESTED: steps.cancel,
-        State.RESULT_COLLECTING: steps.collect,
-    }
-
 
 # Steps per claim: enough to go from a confirmed success through result collection to the
 # completion handler without waiting for another tick, few enough that one operation cannot
@@ -123,6 +90,7 @@ class Worker:
     ) -> None:
         self.ctx = ctx
         self.deps = ctx.deps
+        self.failures = StepFailures(ctx, step_retry_policy(ctx.deps.settings.scheduler))
         self.steps = step_table(steps)
         self.completion = steps.complete
         self.max_in_flight = max_in_flight
@@ -434,7 +402,7 @@ class Worker:
                     self._spawn(again[0], again[1])
                 elif task.flow.released:
                     self._due_at(task.last)  # the step's last write gave the lease back
-                else:
+                elif not task.keep_lease:
                     await self._release(op_id, task.last)
             finally:
                 self._give(task.share)
@@ -515,6 +483,7 @@ class _Task:
         self.sent_status_read = False
         self.completion_slot: str | None = None  # a completion share held while collecting
         self.last: OperationRecord | None = None
+        self.keep_lease = False  # a failure that could not be recorded: the lease runs out
         # The shares that were full when the current step began (``Shares.full_now``).
         self.full_shares: frozenset[str] = frozenset()
         self.flow = Flow(
@@ -588,25 +557,46 @@ class _Task:
             await self._reserve_completion(op)
             self.full_shares = worker.shares.full_now()
             self.flow.begin_step()
-            name = SPAN_OF_STATE.get(State(op.state), SpanName.COMPLETION)
-            if step is worker.completion:
-                name = SpanName.COMPLETION
             try:
-                with rt.tracing.about(op, name, state=op.state, delay_source=op.delay_source):
-                    await (step(op, prep) if prep is not None else step(op))
-            except StaleWrite:
-                # Someone else wrote first (an agent's cancel, a webhook hint, an operator):
-                # reload and look again rather than act on an old picture.
-                op, prep = None, None
-                continue
+                ran = await self._step(step, op, prep)
             finally:
                 self._settle_completion()
+            if ran is None:  # a lost race: reload and look again
+                op, prep = None, None
+                continue
+            if not ran:
+                return
             if self.flow.released:
                 self.last = self.flow.last
                 return
             # What our own writes left (the lease guarantees nobody else wrote since);
             # a step that wrote nothing is looked at again.
             op, prep = (self.flow.last, self.flow.prepared) if self.flow.changed else (None, None)
+
+    async def _step(self, step: Step, op: OperationRecord, prep: Prep | None) -> bool | None:
+        """Run one step: True when it ran, None when it lost a race, False when it failed."""
+        worker = self.worker
+        rt = worker.deps
+        name = SPAN_OF_STATE.get(State(op.state), SpanName.COMPLETION)
+        if step is worker.completion:
+            name = SpanName.COMPLETION
+        try:
+            with rt.tracing.about(op, name, state=op.state, delay_source=op.delay_source):
+                await (step(op, prep) if prep is not None else step(op))
+        except StaleWrite:
+            # Someone else wrote first (an agent's cancel, a webhook hint, an operator):
+            # look again rather than act on an old picture.
+            return None
+        except StorageError:
+            raise  # the database, not the step: our own outage (``_process``)
+        except Exception as exc:
+            # Nothing foresaw it: counted, tried again later, in the end a person.
+            held = self.flow.last if self.flow.changed and self.flow.last else op
+            step_name = step_of(State(op.state))
+            self.keep_lease = not await worker.failures.record(held, step_name, exc)
+            self.last = self.flow.last if self.flow.released else held
+            return False
+        return True
 
     async def _reserve_completion(self, op: OperationRecord) -> None:
         """Hold a slot of the share the completion will start in while collecting a result,

@@ -44,6 +44,7 @@ from reconciler.core.clock import Clock
 from reconciler.core.errors import InvalidRequest, ResolutionFailed
 from reconciler.core.rate_limit import retry_after_value
 from reconciler.core.signatures import sign_standard_webhook
+from reconciler.core.strict_json import visible
 from reconciler.core.vocabulary import RETRYABLE_4XX, TransportError
 from reconciler.outbound import ssrf
 from reconciler.providers.aiohttp_transport import AiohttpTransport
@@ -107,6 +108,15 @@ def _status_error(status: int, excerpt: str) -> str | None:
     if 300 <= status < 400:
         text += "; redirects are not followed, configure the final URL"
     return f"{text}: {excerpt}" if excerpt else text
+
+
+def _body(event: Mapping[str, Any]) -> bytes:
+    """The event as UTF-8 JSON; stored text UTF-8 cannot encode (a lone surrogate a
+    provider sent before such answers were refused) is sent as a visible escape."""
+    try:
+        return canonical_json(event).encode("utf-8")
+    except UnicodeEncodeError:
+        return canonical_json(visible(event)).encode("utf-8")
 
 
 def _excerpt(body: bytes) -> str:
@@ -265,7 +275,7 @@ class CallbackClient:
         """
         _check_webhook_id(webhook_id)
         keys = tuple(signing_keys) if signing_keys else (self._key,)
-        body = canonical_json(event).encode("utf-8")
+        body = _body(event)
         started = self._clock.monotonic()
         progress = _Progress()
         try:

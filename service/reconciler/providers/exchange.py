@@ -169,7 +169,7 @@ class Exchange:
         another origin the URL without its query, which on a pre-signed URL is a credential."""
         if self.own(url):
             return url.raw_path.decode("ascii")
-        return str(url.copy_with(query=None, fragment=None))
+        return str(url.copy_with(query=None, fragment=None, userinfo=b""))
 
     def refused(self, method: str, target: str, reason: str) -> CallResult:
         return CallResult(

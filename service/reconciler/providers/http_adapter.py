@@ -29,7 +29,7 @@ import httpx
 from reconciler.config import Secret
 from reconciler.core.clock import Clock, SystemClock
 from reconciler.core.errors import ConfigError, UnsafePathValue
-from reconciler.core.provider_calls import CallResult
+from reconciler.core.provider_calls import CallResult, unstorable_in
 from reconciler.core.strict_json import shown
 from reconciler.providers.adapter import (
     PROTOCOL_METHODS,
@@ -181,6 +181,8 @@ class HttpAdapter:
             outcome = lookup_outcome(self._spec, call, wanted)
             if outcome.verdict is not LookupVerdict.NOT_FOUND or not call.ok:
                 return outcome
+            if unstorable_in(call) is not None:
+                return outcome  # the step refuses the answer (``StepContext.call``): no more pages
             cursor, problem = next_page(lookup, call.body)
             if problem is not None:
                 return _unread(call, problem)

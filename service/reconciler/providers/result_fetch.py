@@ -132,6 +132,11 @@ class ResultFetcher:
     async def _follow(self, result: ResultSpec, url: httpx.URL, trace_id: str) -> CallResult:
         method = result.method
         for _ in range(MAX_REDIRECTS + 1):
+            if url.userinfo:
+                # A password in a URL the provider handed us is no credential of ours to send
+                # (and the client would refuse to combine it with a header of its own).
+                target = self._exchange.target(url)
+                return self._exchange.refused(method, target, "the URL carries user info")
             call = await self._fetch_once(result, method, url, trace_id)
             if call.http_status not in _REDIRECTS or not call.location:
                 return call

@@ -35,6 +35,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from reconciler.core.errors import Conflict, StaleWrite, StorageUnavailable
+from reconciler.storage import after_commit as committed
 from reconciler.storage.availability import Availability, WriteFailure, classify
 from reconciler.storage.fastsql import run
 from reconciler.storage.writer import JOIN_LIMIT, Writer
@@ -166,9 +167,11 @@ def savepoint(conn: Connection, name: str) -> Iterator[None]:
     back to raises ``StorageUnavailable``: the transaction is then lost as a whole."""
     with translate_errors():
         run(conn, f"SAVEPOINT {name}")
+    queued = committed.mark(conn)
     try:
         yield
     except BaseException:
+        committed.undo(conn, queued)
         with translate_errors():
             run(conn, f"ROLLBACK TO {name}")
             run(conn, f"RELEASE {name}")
@@ -273,9 +276,11 @@ class Database:
             raise StorageUnavailable("the database is busy; retry later")
         try:
             with translate_errors(), self.engine.begin() as conn:
+                committed.begin(conn)
                 before = _changes(conn)
                 yield conn
                 changed = before is None or _changes(conn) != before
+                pending = committed.take(conn)
         except StorageUnavailable as exc:
             self.availability.failed(classify(exc))
             raise
@@ -283,6 +288,7 @@ class Database:
             if lock is not None:
                 lock.release()
         self.availability.succeeded(changed=changed)
+        committed.run(pending)
 
     def write_together(
         self, writes: Sequence[tuple[Callable[[Connection], Any], int]]

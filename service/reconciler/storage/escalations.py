@@ -17,6 +17,7 @@ from reconciler.core import escalation
 from reconciler.core.records import EscalationRecord, OperationRecord, with_changes
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import EscalationReason, HistoryKind, TransportError
+from reconciler.storage.after_commit import after_commit
 from reconciler.storage.fastsql import Sql
 from reconciler.storage.journal import Entry, Journal, Lease
 from reconciler.storage.models import Escalation
@@ -80,23 +81,14 @@ def escalate(
     """Stop automatic work on ``op`` and ask a person, with bounded options."""
     seen = with_changes(op, changes or {})  # the facts include what this very write records
     facts = escalation.facts_for(seen, terms.backoff, reason, detail, now, transport_error)
+    state = State(op.state)
     options = escalation.options_for(
         reason,
         provider_can_cancel=terms.can_cancel,
         job_id_known=op.remote_job_id is not None,
+        job_may_run=escalation.job_may_run(state),
     )
     message = escalation.render_message(facts, options)
-    log.warning(
-        "operation %s escalated: %s",
-        op.id,
-        reason.value,
-        extra={
-            "operation_id": op.id,
-            "reason": reason.value,
-            "detail": detail,
-            "options": [o.value for o in options],
-        },
-    )
     escalation_id = _INSERT.value(
         conn,
         op.id,
@@ -122,7 +114,21 @@ def escalate(
         "escalation_open": True,
         **(changes or {}),
     }
-    state = State(op.state)
+    # Said once the escalation is committed, never for a write that rolled back.
+    after_commit(
+        conn,
+        lambda: log.warning(
+            "operation %s escalated: %s",
+            op.id,
+            reason.value,
+            extra={
+                "operation_id": op.id,
+                "reason": reason.value,
+                "detail": detail,
+                "options": [o.value for o in options],
+            },
+        ),
+    )
     if state in END_STATES:
         # The outcome stands (e.g. a callback that cannot be delivered); only a person is asked.
         return journal.write(

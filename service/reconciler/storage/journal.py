@@ -31,6 +31,7 @@ from reconciler.core.records import PAYLOADS, OperationRecord, with_changes
 from reconciler.core.states import END_STATES, State, check_transition
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.storage import payloads
+from reconciler.storage.after_commit import after_commit
 from reconciler.storage.fastsql import Sql
 from reconciler.storage.models import HistoryEntry, Operation
 from reconciler.storage.notify import CHANGE_CHANNEL, notify_in_transaction
@@ -165,11 +166,14 @@ class Journal:
         _INSERT_OPERATION.run(conn, *[getattr(op, c) for c in OPS_COLUMNS])
         payloads.store(conn, op.id, {name: getattr(op, name) for name in PAYLOADS})
         _APPEND_HISTORY.run(conn, *_history_row({**fields, "prev_hash": "", "hash": digest}))
-        log.info(
-            "operation %s created for provider %s",
-            op.id,
-            op.provider,
-            extra={"operation_id": op.id, "provider": op.provider, "trace_id": op.trace_id},
+        after_commit(
+            conn,
+            lambda: log.info(
+                "operation %s created for provider %s",
+                op.id,
+                op.provider,
+                extra={"operation_id": op.id, "provider": op.provider, "trace_id": op.trace_id},
+            ),
         )
         return op
 
@@ -318,19 +322,23 @@ class Journal:
         after = self.write(
             conn, op, now=now, changes=all_changes, entries=[*before, entry, *entries], lease=lease
         )
-        log.info(
-            "operation %s: %s -> %s (%s)",
-            op.id,
-            frm.value,
-            to.value,
-            cause,
-            extra={
-                "operation_id": op.id,
-                "from_state": frm.value,
-                "to_state": to.value,
-                "actor": actor,
-                "cause": cause,
-            },
+        # Said once the move is committed: a rolled-back move is no move.
+        after_commit(
+            conn,
+            lambda: log.info(
+                "operation %s: %s -> %s (%s)",
+                op.id,
+                frm.value,
+                to.value,
+                cause,
+                extra={
+                    "operation_id": op.id,
+                    "from_state": frm.value,
+                    "to_state": to.value,
+                    "actor": actor,
+                    "cause": cause,
+                },
+            ),
         )
         # Waiters on other replicas learn of the change when (and only if) it commits.
         notify_in_transaction(conn, CHANGE_CHANNEL, op.id)

@@ -131,6 +131,9 @@ class Operation(SQLModel, table=True):
     # The W3C trace context of the agent's request that made the operation: every span about
     # it, on any replica and after any restart, joins that trace (``reconciler.tracing``).
     traceparent: str | None = Field(default=None, max_length=64)
+    # Failures in a row of one step that nothing foresaw, and which step (``core.step_retry``).
+    step_failures: int = 0
+    failed_step: str | None = Field(default=None, max_length=40)
     # Whether the escalation ``escalation_id`` names still awaits its decision: written with
     # the escalation and with the decision, so whether an operation is done (an end state
     # that decision may reopen is not) is a column's value to the list's filter and a wait.

@@ -9,7 +9,7 @@ it neither hints nor attaches when the job is learned. Existing rows keep their
 bodies; they are not ignored.
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0008
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0009"
-down_revision = "0007"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
