@@ -92,8 +92,8 @@ def test_the_api_shows_stored_text_escaped_at_every_door(stack: Stack, poisoned:
         headers = stack.headers(operator)
         got = stack.client.get(f"/v1/operations/{poisoned}", headers=headers)
         assert got.status_code == 200, got.text
-        assert got.json()["error"]["provider_error"]["message"] == SHOWN
-        assert got.json()["progress"] == {"note": SHOWN, f"k{SHOWN}": 1}
+        assert got.json()["error"]["detail"]["provider_error"]["message"] == SHOWN
+        assert got.json()["progress"]["detail"] == {"note": SHOWN, f"k{SHOWN}": 1}
         assert got.json()["result"]["data"] == {"rows": [SHOWN]}
         waited = stack.client.get(
             f"/v1/operations/{poisoned}/wait", params={"timeout_seconds": 0.1}, headers=headers
@@ -165,4 +165,4 @@ def test_the_callback_body_shows_stored_text_escaped(stack: Stack, poisoned: str
         assert anyio.run(deliver, url) == 204
         [delivery] = receiver.deliveries("agent")
     body = json.loads(delivery.body)
-    assert body["operation"]["error"]["provider_error"]["message"] == SHOWN
+    assert body["operation"]["error"]["detail"]["provider_error"]["message"] == SHOWN

@@ -209,4 +209,4 @@ async def test_clean_text_beyond_ascii_passes(tmp_path: Path, db_url: str) -> No
         op = rig.row(op_id)
         assert op.state == "failed"
         assert op.error["provider_error"] == {"message": "\U0001f600 é"}
-        assert rig.view(op_id)["error"]["provider_error"]["message"] == "\U0001f600 é"
+        assert rig.view(op_id)["error"]["detail"]["provider_error"]["message"] == "\U0001f600 é"

@@ -147,7 +147,14 @@ def _in_call(call: CallResult) -> Unstorable | None:
         hit = first_unstorable(call.body)
         return Unstorable(f"the body at {hit[0]}", hit[1]) if hit is not None else None
     if data is not None:
-        return _in_lines(data)
+        # A result's bytes are scanned apart from the call (``providers.result_scan``): one
+        # JSON document (pretty-printed or not), else JSON Lines.
+        try:
+            whole = parse_json(data, "the body")
+        except InvalidRequest:
+            return _in_lines(data)
+        hit = first_unstorable(whole)
+        return Unstorable(f"the body at {hit[0]}", hit[1]) if hit is not None else None
     return None
 
 
