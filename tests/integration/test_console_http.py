@@ -25,7 +25,7 @@ from reconciler.console.session import SESSION_COOKIE
 from reconciler.core.errors import RejectReason
 from reconciler.core.states import State
 from reconciler.core.trust import Verdict
-from reconciler.storage.journal import HISTORY
+from reconciler.storage.tables import HISTORY
 from reconciler.storage.tokens import create_token, revoke_token
 from tests.support import loopback
 from tests.support.chart_data import VERDICTS, completed_hours, long_story

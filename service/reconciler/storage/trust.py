@@ -29,12 +29,10 @@ from reconciler.core.trust import count as count_verdict
 from reconciler.core.trust import view as trust_view_of
 from reconciler.core.vocabulary import DelaySource
 from reconciler.storage.fastsql import AS_IS, Sql
-from reconciler.storage.journal import OPS, OPS_COLUMNS
-from reconciler.storage.models import ProviderHealth, WebhookEvent, WebhookVerdict, record_of_values
+from reconciler.storage.journal import OPS_COLUMNS
+from reconciler.storage.models import record_of_values
+from reconciler.storage.tables import EVENTS, HEALTH, OPS, VERDICTS
 
-HEALTH = ProviderHealth.__table__  # type: ignore[attr-defined]
-VERDICTS = WebhookVerdict.__table__  # type: ignore[attr-defined]
-EVENTS = WebhookEvent.__table__  # type: ignore[attr-defined]
 VERDICT_COLUMNS = (
     "operation_id",
     "provider",
