@@ -75,7 +75,7 @@ class Runtime:
     metrics: Metrics = field(default_factory=Metrics)
     # Authenticated principals by digest of the Authorization header, with their expiry.
     token_cache: dict[str, tuple[Principal, float]] = field(default_factory=dict)
-    # How often an open request (/wait, /mcp) checks its token again (``api.auth``).
+    # How often an open request (/wait, /mcp) checks its token again (``inbound.auth``).
     token_recheck_seconds: float = TOKEN_RECHECK_SECONDS
     # The bearer token /metrics asks for ([server] metrics_token_env); None: /metrics is open.
     metrics_token: Secret | None = None

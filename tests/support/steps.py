@@ -22,10 +22,10 @@ from typing import Any
 
 import httpx
 
-from reconciler.api.validation import parse_create
 from reconciler.commands.cancel import cancel as cancel_command
 from reconciler.commands.create import create_operation
 from reconciler.commands.decide import decide as decide_command
+from reconciler.commands.validation import parse_create
 from reconciler.config import CallbackSettings, HookSpec, SchedulerSettings, Settings
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import ManualClock

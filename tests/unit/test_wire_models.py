@@ -16,12 +16,12 @@ from pydantic import BaseModel
 
 from reconciler.agent_tools.definitions import ANSWERS, ARGUMENTS, ToolName, build_tools
 from reconciler.api import openapi
-from reconciler.api.errors import error_response
 from reconciler.client import model as client
 from reconciler.core.clock import utc
 from reconciler.core.states import END_STATES, State, awaits_decision, is_done
 from reconciler.core.strict_json import parse_json
 from reconciler.core.views import operation_view
+from reconciler.inbound.errors import error_response
 from reconciler.storage import operations as store
 from reconciler.storage.models import Escalation as EscalationRow
 from reconciler.wire import (

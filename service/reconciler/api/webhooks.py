@@ -22,7 +22,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from reconciler.api.bodies import read_limited
 from reconciler.core.errors import (
     ClientDisconnected,
     InvalidRequest,
@@ -35,6 +34,7 @@ from reconciler.core.errors import (
 )
 from reconciler.core.signatures import Verifier
 from reconciler.core.strict_json import is_storable, is_text, parse_json
+from reconciler.inbound.bodies import read_limited
 from reconciler.providers.pointer import MISSING
 from reconciler.providers.spec import WebhookSpec
 from reconciler.runtime import Runtime

@@ -25,23 +25,11 @@ from reconciler.metrics import totals
 from reconciler.runtime import Runtime
 from reconciler.storage import provider_stats
 from reconciler.storage.inbox import providers_seen
-from reconciler.storage.trust import trust_view
+from reconciler.storage.trust import provider_trust
 from reconciler.storage.webhook_events import Outcome
 
 # Webhook results in the metrics that are not a stored event's outcome.
 _NOT_REJECTED = {o.value for o in Outcome}
-
-
-def webhook_trust(runtime: Runtime, provider: str) -> dict[str, Any] | None:
-    """The provider's webhook trust (``storage.trust.trust_view``), for the page and the API.
-
-    None for a provider that is no longer configured (its trust keys are unknown).
-    """
-    spec = runtime.providers.get(provider)
-    if spec is None:
-        return None
-    with runtime.db.read() as conn:
-        return trust_view(conn, provider, spec.polling.trust()).as_dict()
 
 
 @dataclass
@@ -116,7 +104,7 @@ async def providers_page(request: Request) -> Response:
             configured=name in rt.providers,
             webhooks=webhooks.get(name, provider_stats.WebhookCounts()),
             reads=reads.get(name, provider_stats.ReadCounts()),
-            trust=webhook_trust(rt, name),
+            trust=provider_trust(rt.db, name, _policy(rt, name)),
             rejected=rejected.get(name, {}),
             statuses=dict(sorted(statuses.get(name, {}).items())),
             calls={k: dict(sorted(v.items())) for k, v in sorted(calls.get(name, {}).items())},
