@@ -79,23 +79,26 @@ async def providers_page(request: Request) -> Response:
 
     window = provider_charts.Window.ending_at(rt.clock.now())
 
-    def load() -> tuple[Any, Any, list[str], dict[str, Any], dict[str, Any]]:
+    def load() -> tuple[Any, Any, list[str], dict[str, Any], dict[str, Any], dict[str, Any]]:
         with rt.db.read() as conn:
             webhooks = provider_stats.webhook_counts(conn)
             seen = providers_seen(conn)
+            named = set(rt.providers) | set(seen) | set(webhooks)
             markers = {
                 name: provider_charts.markers_of(conn, name, _policy(rt, name), window.starts[0])
-                for name in set(rt.providers) | set(seen) | set(webhooks)
+                for name in named
             }
+            trust = {name: provider_trust(conn, name, _policy(rt, name)) for name in named}
             return (
                 webhooks,
                 provider_stats.status_reads(conn),
                 seen,
                 provider_stats.hourly(conn, window.starts, window.end),
                 markers,
+                trust,
             )
 
-    webhooks, reads, seen, hours, markers = await rt.db.run(load)
+    webhooks, reads, seen, hours, markers, trust = await rt.db.run(load)
     rejected, statuses, calls = _process_figures(rt)
     names = sorted(set(rt.providers) | set(seen) | set(webhooks))
     figures = [
@@ -104,7 +107,7 @@ async def providers_page(request: Request) -> Response:
             configured=name in rt.providers,
             webhooks=webhooks.get(name, provider_stats.WebhookCounts()),
             reads=reads.get(name, provider_stats.ReadCounts()),
-            trust=provider_trust(rt.db, name, _policy(rt, name)),
+            trust=trust.get(name),
             rejected=rejected.get(name, {}),
             statuses=dict(sorted(statuses.get(name, {}).items())),
             calls={k: dict(sorted(v.items())) for k, v in sorted(calls.get(name, {}).items())},

@@ -28,7 +28,6 @@ from reconciler.core.trust import Change, Health, TrustPolicy, TrustState, Trust
 from reconciler.core.trust import count as count_verdict
 from reconciler.core.trust import view as trust_view_of
 from reconciler.core.vocabulary import DelaySource
-from reconciler.storage.database import Database
 from reconciler.storage.fastsql import AS_IS, Sql
 from reconciler.storage.journal import OPS_COLUMNS
 from reconciler.storage.models import record_of_values
@@ -365,15 +364,14 @@ def trust_view(conn: Connection, provider: str, policy: TrustPolicy) -> TrustVie
 
 
 def provider_trust(
-    db: Database, provider: str, policy: TrustPolicy | None
+    conn: Connection, provider: str, policy: TrustPolicy | None
 ) -> dict[str, Any] | None:
     """One provider's webhook trust as ``GET /v1/providers`` and the console's providers page
     show it (one read, the same words); None for a provider that is no longer configured
     (``policy`` None: its trust keys are unknown)."""
     if policy is None:
         return None
-    with db.read() as conn:
-        return trust_view(conn, provider, policy).as_dict()
+    return trust_view(conn, provider, policy).as_dict()
 
 
 def trust_views(conn: Connection, policies: Mapping[str, TrustPolicy]) -> dict[str, TrustView]:
