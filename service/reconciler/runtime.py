@@ -33,6 +33,7 @@ from reconciler.engine.wakeups import Notifier
 from reconciler.logs import OutageLog
 from reconciler.metrics import Metrics
 from reconciler.outbound import ssrf
+from reconciler.outbound.address_classes import IPAddress
 from reconciler.outbound.callbacks import receiver_host
 from reconciler.providers.adapter import ProviderAdapter
 from reconciler.providers.http_adapter import build_adapter
@@ -207,7 +208,7 @@ class Runtime:
             quota=Quota(limits.max_operations_in_flight, limits.max_creates_per_minute),
         )
 
-    async def provider_url_guard(self, url: str) -> list[ssrf.IPAddress]:
+    async def provider_url_guard(self, url: str) -> list[IPAddress]:
         """A URL a provider handed us, on a host its file lists: the callback guard's rules
         (``callbacks.allow_hosts`` exempts), resolved now; the addresses to fetch it from."""
         return await ssrf.resolve_and_check(url, self.allow_hosts, self.resolver, URL_NAME)

@@ -95,7 +95,7 @@ class ForbiddenAddress(InvalidRequest):
 
     def __init__(self, message: str, verdict: Any) -> None:
         super().__init__(message)
-        self.verdict = verdict  # an ``outbound.ssrf.Verdict``: which address, and why
+        self.verdict = verdict  # an ``outbound.address_classes.Verdict``: which address, and why
 
 
 class UnstorableContent(InvalidRequest):
