@@ -305,7 +305,7 @@ def test_relative_and_from_package_imports_are_resolved(tmp_path: Path) -> None:
         ("reconciler.api.actions", "reconciler.console.providers"),
         ("reconciler.console.web", "reconciler.api.auth"),
         ("reconciler.agent_tools.http", "reconciler.api.errors"),
-        ("reconciler.cli", "reconciler.agent_tools.backends"),
+        ("reconciler.cli.operations", "reconciler.agent_tools.backends"),
         ("reconciler.demo.run", "reconciler.api.operations"),
     ],
 )
