@@ -1,14 +1,16 @@
 """What the database refuses reaches callers as an error of ``core.errors``, on both backends.
 
 ``storage.database.translate_errors`` is the one place a driver's error becomes the
-package's: a value refused by its content (text the driver cannot encode, a NUL in
-PostgreSQL text) is ``UnstorableContent``, so a door answers 400 and never has to know
-SQLAlchemy; and the readiness probe's ``SELECT 1`` is ``Database.ping``.
+package's: a value the database refuses by its content (``DataError``: a NUL in
+PostgreSQL text, a string past SQLite's length limit) is ``UnstorableContent``, so a door
+answers 400 and never has to know SQLAlchemy; and the readiness probe's ``SELECT 1`` is
+``Database.ping``.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -40,12 +42,20 @@ def _remote_state(db: Database, op_id: str) -> str | None:
     return None if found is None else str(found)
 
 
-def test_text_the_driver_cannot_encode_is_unstorable_content(db: Database) -> None:
+def test_a_value_sqlite_refuses_is_unstorable_content(db: Database) -> None:
+    if not db.sqlite:
+        pytest.skip("SQLite's length limit")
     op = insert_operation(db, Journal(), NOW, remote_state="queued")
-    with pytest.raises(UnstorableContent) as refused:
-        _set_remote_state(db, op.id, "queued\ud800")
+    with pytest.raises(UnstorableContent) as refused, db.write() as conn:
+        raw = conn.connection.dbapi_connection
+        assert isinstance(raw, sqlite3.Connection)
+        before = raw.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1000)
+        try:
+            conn.execute(sa.update(OPS).where(OPS.c.id == op.id).values(remote_state="q" * 5000))
+        finally:
+            raw.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, before)
     assert refused.value.code == "content_unstorable"
-    assert isinstance(refused.value.__cause__, UnicodeEncodeError)
+    assert isinstance(refused.value.__cause__, sa.exc.DataError)
     assert _remote_state(db, op.id) == "queued"  # the transaction wrote nothing
 
 
@@ -55,6 +65,7 @@ def test_a_value_postgres_refuses_is_unstorable_content(db: Database) -> None:
     op = insert_operation(db, Journal(), NOW, remote_state="queued")
     with pytest.raises(UnstorableContent) as refused:
         _set_remote_state(db, op.id, "queued\x00")
+    assert refused.value.code == "content_unstorable"
     assert isinstance(refused.value.__cause__, sa.exc.DataError)
     assert _remote_state(db, op.id) == "queued"
 
@@ -79,12 +90,15 @@ def test_a_webhook_the_database_refuses_is_400_unstorable_and_nothing_is_stored(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # The route's own check refuses such a job id first; with it out of the way the
-    # database's refusal is what answers, and it must be the same 400, never a 503.
-    monkeypatch.setattr(webhooks, "is_text", lambda text: True)
+    # database's refusal is what answers, and it must be the same 400, never a 503:
+    # PostgreSQL refuses a NUL (a DataError, mapped in storage), and no driver can encode
+    # a lone surrogate.
+    monkeypatch.setattr(webhooks, "_text", lambda value, what: str(value))
     caplog.set_level(logging.WARNING, logger="reconciler.webhooks")
     with open_endpoint(tmp_path, db_url, ManualClock(NOW)) as ep:
         before = ep.snapshot()
-        body = event_body("evt_refused", job_id="job\ud800")
+        job = "job\ud800" if ep.runtime.db.sqlite else "job\x00"
+        body = event_body("evt_refused", job_id=job)
         response = ep.deliver(body, "evt_refused")
         assert response.status_code == 400, response.text
         assert "retry-after" not in response.headers

@@ -150,14 +150,14 @@ def translate_errors() -> Iterator[None]:
     """Map driver errors to the package's errors; constraint names decide the family.
 
     A value the database refuses by its content (``DataError``: a NUL in PostgreSQL text,
-    a number out of range; or text the driver cannot encode) is ``UnstorableContent``:
+    a number out of range, a string past SQLite's length limit) is ``UnstorableContent``:
     the same value will always be refused, so a caller that retries gains nothing.
     """
     try:
         yield
     except sa.exc.IntegrityError as exc:
         raise Conflict(f"the write conflicts with a stored record ({_constraint(exc)})") from exc
-    except (sa.exc.DataError, UnicodeEncodeError) as exc:
+    except sa.exc.DataError as exc:
         raise UnstorableContent(
             "the content cannot be stored; retrying the same content will not help"
         ) from exc
