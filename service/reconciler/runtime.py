@@ -44,8 +44,8 @@ from reconciler.storage import operations as store
 from reconciler.storage import trust
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
+from reconciler.storage.operation_reads import ViewBatcher
 from reconciler.storage.tokens import Principal
-from reconciler.storage.views import ViewBatcher
 from reconciler.telemetry import OFF, Telemetry
 from reconciler.telemetry import build as build_telemetry
 from reconciler.tracing import Tracing

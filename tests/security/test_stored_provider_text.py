@@ -24,8 +24,8 @@ import sqlalchemy as sa
 from reconciler.core.clock import SystemClock
 from reconciler.outbound.callbacks import CallbackClient
 from reconciler.storage import operations as store
+from reconciler.storage.operation_reads import view_of
 from reconciler.storage.tables import HISTORY, OPS, PAYLOAD_TABLE
-from reconciler.storage.views import view_of
 from tests.support import loopback
 from tests.support.console import operator_client
 from tests.support.hooks import serve_receiver

@@ -22,8 +22,8 @@ from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
 from reconciler.storage.journal import Journal
+from reconciler.storage.operation_reads import view_of
 from reconciler.storage.tokens import Principal
-from reconciler.storage.views import view_of
 from reconciler.wire import parse_decision
 
 

@@ -3,7 +3,7 @@
 Each takes the runtime, the authenticated principal and JSON-typed input, validates
 it with ``commands.validation``, writes through the write actions beside it
 (``commands.create``, ``commands.cancel``) and answers with Operation
-views from the one builder (``storage.views``). Guarantee: bad input raises
+views from the one builder (``storage.operation_reads``). Guarantee: bad input raises
 ``InvalidRequest`` before anything is stored; an agent only ever reaches its own
 operations (another's id is ``NotFound``).
 """
@@ -26,17 +26,17 @@ from reconciler.commands.validation import (
 )
 from reconciler.core import states
 from reconciler.core.errors import InvalidRequest, NotFound
+from reconciler.core.operation_view import as_replayed, history_entry_view
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.strict_json import require_field_text, shown
-from reconciler.core.views import as_replayed, history_entry_view
-from reconciler.providers.views import provider_view
+from reconciler.providers.provider_view import provider_view
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.history import history_page
+from reconciler.storage.operation_reads import operation_views
 from reconciler.storage.tokens import Principal
 from reconciler.storage.trust import provider_trust
-from reconciler.storage.views import operation_views
 from reconciler.tracing import SpanName, operation_context
 from reconciler.wire import CreateOperation, OperationFilter
 
