@@ -402,9 +402,8 @@ def lag_of(operation_id: str, entries: Sequence[Mapping[str, Any]], step_at: Any
 def load_lags(db_url: str) -> list[Lag]:
     import sqlalchemy as sa
 
-    from reconciler.storage.completion_steps import STEPS
     from reconciler.storage.database import Database
-    from reconciler.storage.journal import HISTORY, OPS
+    from reconciler.storage.tables import HISTORY, OPS, STEPS
 
     db = Database(db_url)
     try:
@@ -640,7 +639,7 @@ def finished(db_url: str) -> int:
     import sqlalchemy as sa
 
     from reconciler.storage.database import Database
-    from reconciler.storage.journal import OPS
+    from reconciler.storage.tables import OPS
 
     db = Database(db_url)
     try:

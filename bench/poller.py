@@ -205,7 +205,7 @@ def _rows(index: int, now: datetime, due: bool, rng: random.Random) -> tuple[dic
     from reconciler.core import ids
     from reconciler.core.canonical import request_fingerprint
     from reconciler.core.chain import entry_hash
-    from reconciler.storage.journal import OPS
+    from reconciler.storage.tables import OPS
 
     op_id = ids.operation_id(now)
     request = {"bench": index}
@@ -267,7 +267,7 @@ def seed(db_url: str, total: int, due: int, now: datetime, seed_value: int = 7) 
 
     from reconciler.storage import migrate
     from reconciler.storage.database import Database
-    from reconciler.storage.journal import HISTORY, OPS
+    from reconciler.storage.tables import HISTORY, OPS
 
     rng = random.Random(seed_value)
     due_at = set(rng.sample(range(total), min(due, total)))
@@ -299,7 +299,7 @@ def make_due(db: Any, op_ids: Sequence[str], when: datetime, *, fresh: bool = Fa
     """Make ``op_ids`` due at ``when``; ``fresh`` also restarts their backoff at attempt 0."""
     import sqlalchemy as sa
 
-    from reconciler.storage.journal import OPS
+    from reconciler.storage.tables import OPS
 
     values: dict[str, Any] = {"next_poll_at": when}
     if fresh:

@@ -71,7 +71,7 @@ from tests.support import hooks  # noqa: E402
 from tests.support.servers import serve_asgi, unused_port  # noqa: E402
 
 from reconciler.storage.database import Database  # noqa: E402
-from reconciler.storage.journal import OPS  # noqa: E402
+from reconciler.storage.tables import OPS  # noqa: E402
 
 END = sorted(checks.END)
 AGENT_RETRY_SECONDS = 120.0

@@ -25,12 +25,8 @@ from tests.support.hooks import HookRun
 
 from reconciler.core.states import END_STATES, State
 from reconciler.engine.steps.complete import CALLBACK_STEP
-from reconciler.storage.completion_steps import STEPS
 from reconciler.storage.database import Database
-from reconciler.storage.escalations import ESCALATIONS
-from reconciler.storage.journal import HISTORY, OPS
-from reconciler.storage.trust import VERDICTS
-from reconciler.storage.webhook_events import EVENTS
+from reconciler.storage.tables import ESCALATIONS, EVENTS, HISTORY, OPS, STEPS, VERDICTS
 
 END = frozenset(s.value for s in END_STATES)
 PROVIDER_END = {

@@ -18,12 +18,12 @@ from starlette.routing import BaseRoute
 from reconciler import logs
 from reconciler.agent_tools.http import McpEndpoint
 from reconciler.api import docs, health, operations, providers, webhooks
-from reconciler.api.errors import HANDLERS
 from reconciler.api.server import Server, server_config, tune_process
 from reconciler.config import Settings
 from reconciler.console.routes import ROUTES as CONSOLE_ROUTES
 from reconciler.console.web import ConsoleState
 from reconciler.engine.background import Background
+from reconciler.inbound.errors import HANDLERS
 from reconciler.runtime import Runtime
 from reconciler.storage import migrate
 

@@ -33,6 +33,7 @@ from reconciler.engine.wakeups import Notifier
 from reconciler.logs import OutageLog
 from reconciler.metrics import Metrics
 from reconciler.outbound import ssrf
+from reconciler.outbound.address_classes import IPAddress
 from reconciler.outbound.callbacks import receiver_host
 from reconciler.providers.adapter import ProviderAdapter
 from reconciler.providers.http_adapter import build_adapter
@@ -43,8 +44,8 @@ from reconciler.storage import operations as store
 from reconciler.storage import trust
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
+from reconciler.storage.operation_reads import ViewBatcher
 from reconciler.storage.tokens import Principal
-from reconciler.storage.views import ViewBatcher
 from reconciler.telemetry import OFF, Telemetry
 from reconciler.telemetry import build as build_telemetry
 from reconciler.tracing import Tracing
@@ -75,7 +76,7 @@ class Runtime:
     metrics: Metrics = field(default_factory=Metrics)
     # Authenticated principals by digest of the Authorization header, with their expiry.
     token_cache: dict[str, tuple[Principal, float]] = field(default_factory=dict)
-    # How often an open request (/wait, /mcp) checks its token again (``api.auth``).
+    # How often an open request (/wait, /mcp) checks its token again (``inbound.auth``).
     token_recheck_seconds: float = TOKEN_RECHECK_SECONDS
     # The bearer token /metrics asks for ([server] metrics_token_env); None: /metrics is open.
     metrics_token: Secret | None = None
@@ -207,7 +208,7 @@ class Runtime:
             quota=Quota(limits.max_operations_in_flight, limits.max_creates_per_minute),
         )
 
-    async def provider_url_guard(self, url: str) -> list[ssrf.IPAddress]:
+    async def provider_url_guard(self, url: str) -> list[IPAddress]:
         """A URL a provider handed us, on a host its file lists: the callback guard's rules
         (``callbacks.allow_hosts`` exempts), resolved now; the addresses to fetch it from."""
         return await ssrf.resolve_and_check(url, self.allow_hosts, self.resolver, URL_NAME)

@@ -36,7 +36,8 @@ from reconciler.demo.sim import FaultRates
 from reconciler.engine import worker
 from reconciler.engine.steps.poll import _hinted_wait
 from reconciler.storage.database import Database
-from reconciler.storage.journal import HISTORY, OPS, Journal
+from reconciler.storage.journal import Journal
+from reconciler.storage.tables import HISTORY, OPS
 from reconciler.storage.webhook_events import IncomingEvent, Outcome, write_batch
 from tests.support import hooks
 from tests.support.factories import insert_operation

@@ -13,7 +13,8 @@ from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.storage import audit
 from reconciler.storage.database import Database
-from reconciler.storage.journal import HISTORY, Journal
+from reconciler.storage.journal import Journal
+from reconciler.storage.tables import HISTORY
 from tests.support import forked
 from tests.support.factories import insert_operation
 

@@ -20,9 +20,10 @@ from reconciler.core.vocabulary import DecisionAction, EscalationReason, Scope
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.escalations import escalate
-from reconciler.storage.journal import OPS, Journal
+from reconciler.storage.journal import Journal
+from reconciler.storage.operation_reads import view_of
+from reconciler.storage.tables import OPS
 from reconciler.storage.tokens import Principal
-from reconciler.storage.views import view_of
 from tests.support.factories import insert_operation
 
 pytestmark = pytest.mark.both_backends

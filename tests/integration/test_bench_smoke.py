@@ -28,7 +28,7 @@ from reconciler.core.vocabulary import EscalationReason
 from reconciler.storage import audit
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
-from reconciler.storage.journal import HISTORY, OPS
+from reconciler.storage.tables import HISTORY, OPS
 from tests.support.databases import postgres_admin_url
 
 ROOT = Path(__file__).resolve().parents[2]

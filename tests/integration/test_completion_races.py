@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from reconciler.app import create_app
 from reconciler.runtime import Runtime
-from reconciler.storage.models import WebhookEvent
+from reconciler.storage.tables import EVENTS
 from tests.support import hooks, loopback
 from tests.support.hooks import CallbackReceiver, serve_receiver
 from tests.support.servers import serve_asgi
@@ -166,7 +166,7 @@ def test_ten_duplicate_completion_webhooks_run_each_step_once(
             final = [d for d in deliveries if d["type"] == "job.succeeded"]
             assert len(final) == 10 and all(d["ok"] for d in final)
             (event_id,) = {d["event_id"] for d in final}
-            events = WebhookEvent.__table__  # type: ignore[attr-defined]
+            events = EVENTS
             with stack.runtime.db.read() as conn:
                 duplicates = conn.execute(
                     sa.select(events.c.duplicates).where(events.c.event_id == event_id)

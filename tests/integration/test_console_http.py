@@ -20,12 +20,12 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from reconciler.api.auth import CACHE_SECONDS
 from reconciler.console.session import SESSION_COOKIE
 from reconciler.core.errors import RejectReason
 from reconciler.core.states import State
 from reconciler.core.trust import Verdict
-from reconciler.storage.journal import HISTORY
+from reconciler.inbound.auth import CACHE_SECONDS
+from reconciler.storage.tables import HISTORY
 from reconciler.storage.tokens import create_token, revoke_token
 from tests.support import loopback
 from tests.support.chart_data import VERDICTS, completed_hours, long_story

@@ -16,13 +16,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from reconciler.storage.models import Operation
+from reconciler.storage.tables import OPS
 from tests.support import loopback
 from tests.support.stack import Stack, running_stack
 
 # Short waits everywhere: a retry after an ambiguous create comes within ~0.2 s.
 FAST_POLLING = {"base_delay_seconds": 0.1, "max_delay_seconds": 0.5}
-OPS = Operation.__table__  # type: ignore[attr-defined]
 
 
 def token_of(stack: Stack, op_id: str) -> str:

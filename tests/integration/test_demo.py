@@ -16,14 +16,7 @@ import pytest
 
 from reconciler.core.errors import DemoFailed
 from reconciler.core.trust import TrustMode, TrustState, TrustView
-from reconciler.demo.report import (
-    OpOutcome,
-    RunReport,
-    TrustSummary,
-    fixed_poller_requests,
-    render_report,
-)
-from reconciler.demo.run import (
+from reconciler.demo.plan import (
     DEMO_POLLING,
     EXPECTED_ENDS,
     LOSSY_PROVIDER,
@@ -32,8 +25,15 @@ from reconciler.demo.run import (
     WARMUP_KINDS,
     first_wave,
     plan_batch,
-    prepare_directory,
 )
+from reconciler.demo.report import (
+    OpOutcome,
+    RunReport,
+    TrustSummary,
+    fixed_poller_requests,
+    render_report,
+)
+from reconciler.demo.run import prepare_directory
 from tests.support.console import operator_client
 from tests.support.load import busy
 

@@ -17,13 +17,12 @@ import sqlalchemy as sa
 from reconciler.core.errors import Conflict, StorageUnavailable
 from reconciler.storage.database import Database, _postgres_engine, translate_errors
 from reconciler.storage.fastsql import AS_IS, Sql, codec_for, run
-from reconciler.storage.journal import OPS, Journal
-from reconciler.storage.models import OperationPayload
-from reconciler.storage.webhook_events import EVENT_COLUMNS, EVENTS
+from reconciler.storage.journal import Journal
+from reconciler.storage.tables import EVENTS, OPS, PAYLOAD_TABLE
+from reconciler.storage.webhook_events import EVENT_COLUMNS
 from tests.support.factories import insert_operation
 from tests.support.waiting import wait_until
 
-PAYLOADS = OperationPayload.__table__  # type: ignore[attr-defined]
 _INSERT_EVENT = Sql(
     "test-event-insert",
     EVENTS,
@@ -201,13 +200,13 @@ def operation_row(db: Database) -> str:
 
 _PAYLOAD_INSERT = Sql(
     "test-payload-insert",
-    PAYLOADS,
+    PAYLOAD_TABLE,
     "INSERT INTO operation_payloads (operation_id, name, value) VALUES (?, ?, ?)",
     params=("operation_id", "name", "value"),
 )
 _PAYLOAD_VALUES = Sql(
     "test-payload-values",
-    PAYLOADS,
+    PAYLOAD_TABLE,
     "SELECT name, value FROM operation_payloads WHERE operation_id = ? ORDER BY name",
     params=("operation_id",),
     returns=("name", "value"),
@@ -219,11 +218,13 @@ def test_json_round_trips_alike_through_both_paths(db: Database, operation_row: 
     with db.write() as conn:
         _PAYLOAD_INSERT.run(conn, operation_row, "meta", value)
         conn.execute(
-            sa.insert(PAYLOADS).values(operation_id=operation_row, name="result", value=value)
+            sa.insert(PAYLOAD_TABLE).values(operation_id=operation_row, name="result", value=value)
         )
     with db.read() as conn:
         ours = dict(_PAYLOAD_VALUES.rows(conn, operation_row))
-        query = sa.select(PAYLOADS.c.name, PAYLOADS.c.value).order_by(PAYLOADS.c.name)
+        query = sa.select(PAYLOAD_TABLE.c.name, PAYLOAD_TABLE.c.value).order_by(
+            PAYLOAD_TABLE.c.name
+        )
         typed = {name: value for name, value in conn.execute(query)}
     assert ours == typed
     assert ours["meta"] == ours["result"] == value

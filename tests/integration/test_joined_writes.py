@@ -23,7 +23,8 @@ from reconciler.engine.group_commit import GroupCommitter
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database, savepoint
 from reconciler.storage.journal import Journal
-from reconciler.storage.webhook_events import EVENTS, IncomingEvent, Outcome
+from reconciler.storage.tables import EVENTS
+from reconciler.storage.webhook_events import IncomingEvent, Outcome
 from tests.support.factories import new_operation
 
 pytestmark = pytest.mark.anyio

@@ -19,9 +19,9 @@ from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, TRANSITIONS, State
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.storage.database import Database
-from reconciler.storage.journal import HISTORY, Journal, Lease
-from reconciler.storage.models import Operation
+from reconciler.storage.journal import Journal, Lease
 from reconciler.storage.operations import load_operation
+from reconciler.storage.tables import HISTORY, OPS
 from tests.support.factories import insert_operation
 
 pytestmark = pytest.mark.both_backends
@@ -42,11 +42,7 @@ def _force_state(
 ) -> OperationRecord:
     """Put a fresh operation into ``state`` without walking the table (test set-up only)."""
     with db.write() as conn:
-        conn.execute(
-            sa.update(Operation.__table__)  # type: ignore[attr-defined]
-            .where(Operation.__table__.c.id == op.id)  # type: ignore[attr-defined]
-            .values(state=state.value)
-        )
+        conn.execute(sa.update(OPS).where(OPS.c.id == op.id).values(state=state.value))
         return load_operation(conn, op.id)
 
 

@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 from mcp import Client
 
-from reconciler.api.auth import CACHE_SECONDS
+from reconciler.inbound.auth import CACHE_SECONDS
 from reconciler.storage.tokens import create_token, revoke_token
 from tests.support import loopback
 from tests.support.mcp import connect, run, text_of

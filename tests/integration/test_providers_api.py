@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
+from reconciler.storage import trust
+from tests.support.console import operator_client
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET, Stack, running_stack
 
 SCHEMA = {
@@ -64,6 +69,29 @@ def test_operators_also_see_webhook_settings_but_never_a_secret(stack: Stack) ->
     assert {"webhook_first_share", "misses", "last_verified_webhook_at"} <= set(trust)
     assert WEBHOOK_SECRET not in text and WEBHOOK_SECRET.removeprefix("whsec_") not in text
     assert SIM_TOKEN not in text
+
+
+def test_both_doors_read_webhook_trust_off_the_event_loop(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read: list[tuple[str, bool]] = []
+    real = trust.trust_view
+
+    def spy(conn: Any, provider: str, policy: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+            read.append((provider, True))
+        except RuntimeError:
+            read.append((provider, False))
+        return real(conn, provider, policy)
+
+    monkeypatch.setattr(trust, "trust_view", spy)
+    api = stack.client.get("/v1/providers", headers=stack.headers(operator=True))
+    assert api.status_code == 200 and api.json()["providers"][0]["webhook_trust"]
+    with closing(operator_client(stack.url, stack.operator_token)) as console:
+        page = console.get("/console/providers")
+    assert page.status_code == 200 and "provider-sim" in page.text
+    assert read == [("sim", False), ("sim", False)], "a trust read ran on the event loop"
 
 
 def test_no_token_is_401(stack: Stack) -> None:

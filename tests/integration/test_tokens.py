@@ -21,7 +21,8 @@ from reconciler.core.clock import ManualClock
 from reconciler.core.errors import AuthenticationFailed, Conflict, InvalidRequest, PermissionDenied
 from reconciler.core.vocabulary import Scope
 from reconciler.storage.database import Database
-from reconciler.storage.tokens import TOKENS, authenticate, create_token, require_operator
+from reconciler.storage.tables import TOKENS
+from reconciler.storage.tokens import authenticate, create_token, require_operator
 
 pytestmark = pytest.mark.both_backends
 

@@ -53,8 +53,7 @@ from reconciler.core.states import END_STATES
 from reconciler.demo.sim import FaultRates, SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
-from reconciler.storage.journal import HISTORY, OPS
-from reconciler.storage.models import WebhookEvent
+from reconciler.storage.tables import EVENTS, HISTORY, OPS
 from tests.support import hooks, loopback
 from tests.support.process import cli, make_tokens, service_config, service_env, service_process
 from tests.support.servers import serve_asgi
@@ -85,7 +84,6 @@ WEBHOOK_MODES = ("normal", "duplicate", "never")
 # (scenario, end state) by operation index: mostly success, some partial, some failures.
 OUTCOMES = {"success": "succeeded", "partial": "completed_with_errors", "late_failure": "failed"}
 END_VALUES = frozenset(s.value for s in END_STATES)
-EVENTS = WebhookEvent.__table__  # type: ignore[attr-defined]
 
 
 def scenario_of(index: int) -> str:

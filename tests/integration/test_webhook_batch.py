@@ -15,14 +15,9 @@ import sqlalchemy as sa
 
 from reconciler.core.states import State
 from reconciler.storage.database import Database
-from reconciler.storage.journal import HISTORY, OPS, Journal
-from reconciler.storage.webhook_events import (
-    EVENTS,
-    IncomingEvent,
-    Outcome,
-    attach_orphans,
-    write_batch,
-)
+from reconciler.storage.journal import Journal
+from reconciler.storage.tables import EVENTS, HISTORY, OPS
+from reconciler.storage.webhook_events import IncomingEvent, Outcome, attach_orphans, write_batch
 from tests.support.factories import insert_operation
 
 pytestmark = pytest.mark.both_backends

@@ -24,8 +24,7 @@ from reconciler.core.clock import SystemClock
 from reconciler.core.states import State
 from reconciler.runtime import Runtime
 from reconciler.storage import audit
-from reconciler.storage.journal import HISTORY, OPS
-from reconciler.storage.webhook_events import EVENTS
+from reconciler.storage.tables import EVENTS, HISTORY, OPS
 from tests.integration.test_webhook_endpoint import (
     HARNESS_ENV,
     SECRET_OLD,

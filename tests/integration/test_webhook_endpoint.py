@@ -32,9 +32,8 @@ from reconciler.config import Settings
 from reconciler.core.clock import Clock, ManualClock, SystemClock
 from reconciler.core.states import State
 from reconciler.runtime import Runtime
-from reconciler.storage.journal import HISTORY, OPS
 from reconciler.storage.operations import get_operation
-from reconciler.storage.webhook_events import EVENTS
+from reconciler.storage.tables import EVENTS, HISTORY, OPS
 from tests.support import loopback
 from tests.support.factories import insert_operation
 from tests.support.servers import serve_asgi, unused_port

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from reconciler.storage.journal import OPS
+from reconciler.storage.tables import OPS
 from tests.support.stack import QUICK_POLLING, Stack, running_stack
 from tests.support.waiting import wait_until
 

@@ -23,7 +23,8 @@ from reconciler.storage import migrate
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.operations import get_operation
-from reconciler.storage.payloads import PAYLOAD_TABLE, load_request
+from reconciler.storage.payloads import load_request
+from reconciler.storage.tables import PAYLOAD_TABLE
 from tests.support.factories import insert_operation
 from tests.support.stack import running_stack
 from tests.support.waiting import wait_until

@@ -20,8 +20,8 @@ from standardwebhooks.webhooks import WebhookVerificationError
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.signatures import decode_whsec, sign_standard_webhook
 from reconciler.storage.database import Database
+from reconciler.storage.tables import TOKENS
 from reconciler.storage.tokens import (
-    TOKENS,
     callback_keys,
     callback_salt,
     create_token,

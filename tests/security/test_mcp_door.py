@@ -26,10 +26,10 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from reconciler.api.auth import CACHE_SECONDS
 from reconciler.config import LimitSettings
 from reconciler.demo.sim import SimConfig, SimState
 from reconciler.demo.sim import create_app as create_sim
+from reconciler.inbound.auth import CACHE_SECONDS
 from reconciler.runtime import TOKEN_RECHECK_SECONDS
 from reconciler.storage.tokens import create_token, revoke_token
 from tests.faults.test_front_door import SLACK, refusals

@@ -25,7 +25,8 @@ import sqlalchemy as sa
 from standardwebhooks import Webhook
 
 from reconciler.app import create_app
-from reconciler.storage.webhook_events import EVENTS, MAX_KEPT_BODY_BYTES
+from reconciler.storage.tables import EVENTS
+from reconciler.storage.webhook_events import MAX_KEPT_BODY_BYTES
 from tests.support.provider_mock import BASE_URL
 from tests.support.stack import WEBHOOK_SECRET, sim_provider_table
 from tests.support.steps import StepRig, step_rig

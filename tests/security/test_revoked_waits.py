@@ -2,7 +2,7 @@
 
 Before: the HTTP long-poll checked its token once, on arrival, and ran to its full
 timeout after the revocation (60.1 s, answered 200 with the Operation), while the same
-wait on ``/mcp`` ended about 2 s after it. Now both run under ``api.auth``'s one re-check
+wait on ``/mcp`` ended about 2 s after it. Now both run under ``inbound.auth``'s one re-check
 (``while_authorized``): the wait ends with a 401 that says why.
 
 The token cache's window is what separates the revocation from its effect; the test

@@ -24,9 +24,8 @@ import sqlalchemy as sa
 from reconciler.core.clock import SystemClock
 from reconciler.outbound.callbacks import CallbackClient
 from reconciler.storage import operations as store
-from reconciler.storage.journal import HISTORY, OPS
-from reconciler.storage.models import OperationPayload
-from reconciler.storage.views import view_of
+from reconciler.storage.operation_reads import view_of
+from reconciler.storage.tables import HISTORY, OPS, PAYLOAD_TABLE
 from tests.support import loopback
 from tests.support.console import operator_client
 from tests.support.hooks import serve_receiver
@@ -39,7 +38,6 @@ pytestmark = pytest.mark.both_backends
 BAD = "bad\x00nul \ud800 x"
 SHOWN = "bad\\u0000nul \\ud800 x"
 NEVER = {"scenario": "never_finishes", "webhooks": "never"}
-PAYLOADS = OperationPayload.__table__  # type: ignore[attr-defined]
 
 
 def poison(stack: Stack, op_id: str) -> None:
@@ -55,7 +53,9 @@ def poison(stack: Stack, op_id: str) -> None:
             values["remote_state"] = "queued\x00"  # PostgreSQL's text refuses a NUL outright
         conn.execute(sa.update(OPS).where(OPS.c.id == op_id).values(**values))
         result = {"data": {"rows": [BAD]}, "summary": {"note": BAD}, "failed_items": [BAD]}
-        conn.execute(sa.insert(PAYLOADS).values(operation_id=op_id, name="result", value=result))
+        conn.execute(
+            sa.insert(PAYLOAD_TABLE).values(operation_id=op_id, name="result", value=result)
+        )
         conn.execute(
             sa.insert(HISTORY).values(
                 operation_id=op_id,

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from reconciler.core.vocabulary import DelaySource
 from reconciler.engine.catch_up import spread_overdue
-from reconciler.storage.journal import OPS
+from reconciler.storage.tables import OPS
 from tests.support.steps import StepRig, step_rig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from reconciler.api import actions
+from reconciler.commands import agent_actions
 from reconciler.core.errors import InvalidRequest
 from reconciler.storage.escalations import open_escalation
 from reconciler.storage.models import Operation
@@ -100,7 +100,7 @@ async def test_a_request_holding_a_set_field_is_refused_and_nothing_is_stored(
     async with step_rig(tmp_path, db_url, table=table) as rig:
         body = {"provider": "sim", "request": {"entrypoint": "x", "submission_id": "mine"}}
         with pytest.raises(InvalidRequest, match="/submission_id"):
-            await actions.start(rig.runtime, AGENT, body)
+            await agent_actions.start(rig.runtime, AGENT, body)
         assert count_operations(rig) == 0
         assert rig.provider.requests == []
 

@@ -18,7 +18,7 @@ from reconciler.core.trust import Health
 from reconciler.engine.trust import TrustKeeper
 from reconciler.storage import trust as health_store
 from reconciler.storage.availability import WriteFailure
-from reconciler.storage.trust import VERDICTS
+from reconciler.storage.tables import VERDICTS
 from tests.support.stack import QUICK_POLLING
 from tests.support.steps import StepRig, step_rig
 

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from reconciler.agent_tools.backends import LocalBackend
-from reconciler.api.auth import principal_for
+from reconciler.inbound.auth import principal_for
 from reconciler.telemetry import Telemetry
 from reconciler.tracing import Attr, SpanName, Tracing
 from reconciler.wire import CreateOperation

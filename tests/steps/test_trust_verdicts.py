@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from reconciler.core.trust import Health
 from reconciler.engine.trust import TrustKeeper
 from reconciler.storage import trust as store
-from reconciler.storage.trust import VERDICTS
+from reconciler.storage.tables import VERDICTS
 from reconciler.storage.webhook_events import IncomingEvent, Outcome, write_batch
 from tests.support.stack import QUICK_POLLING
 from tests.support.steps import StepRig, step_rig

@@ -47,7 +47,7 @@ from starlette.routing import Route
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
-from reconciler.storage.models import CompletionStep
+from reconciler.storage.tables import STEPS
 from tests.support.servers import serve_asgi
 
 LOG_ENV = "RECONCILER_TEST_HOOK_LOG"
@@ -205,7 +205,7 @@ def completion_finished(db: Database, op_id: str) -> bool:
 
 def completion_steps(db: Database, op_id: str) -> dict[str, dict[str, Any]]:
     """The ``completion_steps`` rows of an operation, by step name."""
-    steps = CompletionStep.__table__  # type: ignore[attr-defined]
+    steps = STEPS
     with db.read() as conn:
         rows = conn.execute(sa.select(steps).where(steps.c.operation_id == op_id)).mappings()
         return {str(r["step"]): dict(r) for r in rows}

@@ -22,10 +22,10 @@ from typing import Any
 
 import httpx
 
-from reconciler.api.validation import parse_create
 from reconciler.commands.cancel import cancel as cancel_command
 from reconciler.commands.create import create_operation
 from reconciler.commands.decide import decide as decide_command
+from reconciler.commands.validation import parse_create
 from reconciler.config import CallbackSettings, HookSpec, SchedulerSettings, Settings
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import ManualClock
@@ -47,8 +47,8 @@ from reconciler.providers.http_adapter import build_adapter
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.history import history_of
+from reconciler.storage.operation_reads import view_of
 from reconciler.storage.tokens import Principal, callback_salt, create_token
-from reconciler.storage.views import view_of
 from reconciler.wire import parse_decision
 from tests.support.provider_mock import BASE_URL, FakeProvider
 from tests.support.stack import CALLBACK_SECRET, SIM_TOKEN, WEBHOOK_SECRET, sim_provider_table

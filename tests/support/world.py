@@ -40,8 +40,8 @@ from reconciler.demo.sim.lifecycle import job_snapshot
 from reconciler.engine.background import Background
 from reconciler.runtime import Runtime
 from reconciler.storage.history import history_of
-from reconciler.storage.journal import HISTORY, OPS
-from reconciler.storage.trust import VERDICTS, trust_view
+from reconciler.storage.tables import HISTORY, OPS, VERDICTS
+from reconciler.storage.trust import trust_view
 from reconciler.telemetry import Telemetry
 from tests.support.stack import SIM_TOKEN, WEBHOOK_SECRET, make_tokens, sim_provider_table
 

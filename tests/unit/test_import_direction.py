@@ -11,10 +11,23 @@ Layers, lowest first. A module imports its own layer or lower ones, never a high
     3      storage, outbound                                the database; calls to agents
     4      engine                                           the worker, its steps, the ticker
     5      runtime                                          what a running service holds
-    6      api, console, agent_tools, commands, client      the doors, and the client library
-    7      app                                              the composition root
-    8      cli, demo, __main__                              the command line
+    6      commands, inbound                                what the doors share
+    7      api, console, agent_tools, client                the doors, and the client library
+    8      app                                              the composition root
+    9      cli, demo, __main__                              the command line
     =====  ===============================================  =======================================
+
+The doors are where a request comes in: ``api`` (the HTTP API and the webhook endpoint),
+``console``, ``agent_tools`` (MCP) and the command line (``cli``, ``demo`` and ``__main__``
+are one door). No door imports another: what two of them need is below them, in
+``commands`` (the actions every door performs: the agent's actions, the writes, the
+checks of what callers send) or ``inbound`` (the HTTP pieces: auth, body reading, error
+answers, the JSON encoding). ``commands`` is that shared layer, not a door: no request
+reaches it but through a door, and were it a door the others could not call it. The
+command line sits above the root because it starts things: ``reconciler serve`` the app,
+``reconciler mcp`` the stdio agent tools (``agent_tools.stdio``, the one door module it
+may import: starting a door is not leaning on it). ``client`` is the library agents
+install, not a door: the stdio tools use it as any agent would.
 
 Besides the layers: ``core`` imports nothing of ours outside ``core``; ``storage`` imports
 no engine, door or root; the engine receives its dependencies (``engine.deps``) and imports
@@ -44,13 +57,27 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("storage", "outbound"),
     ("engine",),
     ("runtime",),
-    ("api", "console", "agent_tools", "commands", "client"),
+    ("commands", "inbound"),
+    ("api", "console", "agent_tools", "client"),
     ("app",),
     ("cli", "demo", "__main__"),
 )
 LAYER_OF: dict[str, int] = {part: n for n, parts in enumerate(LAYERS) for part in parts}
 
-DOORS = frozenset({"api", "console", "agent_tools", "commands", "cli", "demo"})
+# Each door, by the packages it is made of (the command line is three).
+DOOR_OF: dict[str, str] = {
+    "api": "api",
+    "console": "console",
+    "agent_tools": "agent_tools",
+    "cli": "command line",
+    "demo": "command line",
+    "__main__": "command line",
+}
+DOORS = frozenset(DOOR_OF)
+# What the doors share, below them.
+SHARED = frozenset({"commands", "inbound"})
+# The door modules the command line starts (``reconciler mcp``); it imports no other.
+STARTED_BY_THE_COMMAND_LINE = frozenset({"reconciler.agent_tools.stdio"})
 TOP = frozenset({"runtime", "app", "__main__"})
 # What the client library may reach: what an agent installs it for, and nothing that
 # pulls in the server's stack.
@@ -154,7 +181,7 @@ def core_violations(graph: Graph) -> list[Violation]:
 
 
 def storage_violations(graph: Graph) -> list[Violation]:
-    above = DOORS | TOP | {"engine"}
+    above = DOORS | SHARED | TOP | {"engine"}
     return [
         Violation(importer, target, "storage imports no engine, door or root")
         for importer, imported in graph.items()
@@ -165,7 +192,7 @@ def storage_violations(graph: Graph) -> list[Violation]:
 
 
 def engine_violations(graph: Graph) -> list[Violation]:
-    above = DOORS | TOP
+    above = DOORS | SHARED | TOP
     return [
         Violation(importer, target, "the engine takes engine.deps, not the runtime or a door")
         for importer, imported in graph.items()
@@ -173,6 +200,23 @@ def engine_violations(graph: Graph) -> list[Violation]:
         for target in sorted(imported)
         if part_of(target) in above
     ]
+
+
+def door_violations(graph: Graph) -> list[Violation]:
+    found = []
+    for importer, imported in graph.items():
+        door = DOOR_OF.get(part_of(importer))
+        if door is None:
+            continue
+        for target in sorted(imported):
+            other = DOOR_OF.get(part_of(target))
+            if other is None or other == door:
+                continue
+            if door == "command line" and target in STARTED_BY_THE_COMMAND_LINE:
+                continue
+            rule = f"no door imports another ({door} imports {other}): share it from below"
+            found.append(Violation(importer, target, rule))
+    return found
 
 
 def client_violations(graph: Graph) -> list[Violation]:
@@ -189,6 +233,7 @@ RULES = {
     "core": core_violations,
     "storage": storage_violations,
     "engine": engine_violations,
+    "doors": door_violations,
     "client": client_violations,
 }
 
@@ -226,6 +271,7 @@ BAD: dict[str, dict[str, frozenset[str]]] = {
     "core": {"reconciler.core.x": frozenset({"reconciler.config"})},
     "storage": {"reconciler.storage.x": frozenset({"reconciler.api.y"})},
     "engine": {"reconciler.engine.x": frozenset({"reconciler.runtime"})},
+    "doors": {"reconciler.api.x": frozenset({"reconciler.console.y"})},
     "client": {
         "reconciler.client.x": frozenset({"reconciler.core.y"}),
         "reconciler.core.y": frozenset({"reconciler.storage.z"}),
@@ -251,3 +297,31 @@ def test_relative_and_from_package_imports_are_resolved(tmp_path: Path) -> None:
     graph = import_graph(pkg)
     assert graph["reconciler.engine.a"] >= {"reconciler.runtime", "reconciler.engine.b"}
     assert engine_violations(graph)
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported"),
+    [
+        ("reconciler.api.actions", "reconciler.console.providers"),
+        ("reconciler.console.web", "reconciler.api.auth"),
+        ("reconciler.agent_tools.http", "reconciler.api.errors"),
+        ("reconciler.cli.operations", "reconciler.agent_tools.backends"),
+        ("reconciler.demo.run", "reconciler.api.operations"),
+    ],
+)
+def test_the_door_rule_catches_one_door_leaning_on_another(importer: str, imported: str) -> None:
+    assert door_violations({importer: frozenset({imported})})
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported"),
+    [
+        ("reconciler.cli", "reconciler.agent_tools.stdio"),  # reconciler mcp starts it
+        ("reconciler.cli", "reconciler.demo.run"),  # one door: the command line
+        ("reconciler.api.operations", "reconciler.commands.agent_actions"),
+        ("reconciler.console.web", "reconciler.inbound.auth"),
+        ("reconciler.agent_tools.stdio", "reconciler.client"),
+    ],
+)
+def test_the_door_rule_lets_shared_pieces_and_starts_through(importer: str, imported: str) -> None:
+    assert not door_violations({importer: frozenset({imported})})

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.api.validation import parse_cancel, parse_create
+from reconciler.commands.validation import parse_cancel, parse_create
 from reconciler.core.errors import InvalidRequest
 from reconciler.core.operator_decision import DecisionRequest
 from reconciler.core.vocabulary import DecisionAction

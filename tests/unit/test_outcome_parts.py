@@ -15,7 +15,7 @@ from reconciler.core.outcome_parts import (
     progress_view,
     provider_message,
 )
-from reconciler.wire.views import OperationError, Progress
+from reconciler.wire.answers import OperationError, Progress
 
 # The error bodies of the APIs the presets follow (shapes from their references).
 BODIES = [

@@ -13,13 +13,14 @@ from sqlmodel import SQLModel
 from reconciler.core import records
 from reconciler.core.records import EscalationRecord, HistoryRecord, OperationRecord
 from reconciler.storage.models import Escalation, HistoryEntry, Operation
+from reconciler.storage.tables import table_of
 from tests.support.factories import new_operation
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _columns(table: type[SQLModel]) -> tuple[str, ...]:
-    return tuple(c.name for c in table.__table__.c)  # type: ignore[attr-defined]
+    return tuple(c.name for c in table_of(table).c)
 
 
 def _annotations(cls: type) -> dict[str, Any]:

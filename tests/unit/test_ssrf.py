@@ -12,13 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reconciler.core.errors import ConfigError, ForbiddenAddress, InvalidRequest, ResolutionFailed
+from reconciler.outbound.address_classes import AddressClass, classify
 from reconciler.outbound.ssrf import (
-    AddressClass,
     AllowList,
     CheckedUrl,
     Resolver,
     check_url,
-    classify,
     parse_ipv4_host,
     resolve_and_check,
     validate_allow_hosts,

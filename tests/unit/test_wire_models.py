@@ -16,12 +16,12 @@ from pydantic import BaseModel
 
 from reconciler.agent_tools.definitions import ANSWERS, ARGUMENTS, ToolName, build_tools
 from reconciler.api import openapi
-from reconciler.api.errors import error_response
 from reconciler.client import model as client
 from reconciler.core.clock import utc
+from reconciler.core.operation_view import operation_view
 from reconciler.core.states import END_STATES, State, awaits_decision, is_done
 from reconciler.core.strict_json import parse_json
-from reconciler.core.views import operation_view
+from reconciler.inbound.errors import error_response
 from reconciler.storage import operations as store
 from reconciler.storage.models import Escalation as EscalationRow
 from reconciler.wire import (
@@ -30,7 +30,7 @@ from reconciler.wire import (
     ErrorBody,
     Operation,
 )
-from reconciler.wire import views as wire_views
+from reconciler.wire import answers as wire_answers
 from reconciler.wire.events import COMPLETED
 from reconciler.wire.schemas import components, model_schema
 from tests.support.factories import new_operation
@@ -242,12 +242,12 @@ def _kinds(annotation: Any) -> set[str]:
 
 
 PAIRS = [
-    (client.Operation, wire_views.Operation),
-    (client.Budget, wire_views.Budget),
-    (client.Escalation, wire_views.Escalation),
-    (client.EscalationOption, wire_views.EscalationOption),
-    (client.Progress, wire_views.Progress),
-    (client.OperationError, wire_views.OperationError),
+    (client.Operation, wire_answers.Operation),
+    (client.Budget, wire_answers.Budget),
+    (client.Escalation, wire_answers.Escalation),
+    (client.EscalationOption, wire_answers.EscalationOption),
+    (client.Progress, wire_answers.Progress),
+    (client.OperationError, wire_answers.OperationError),
 ]
 
 

@@ -2,7 +2,7 @@
 
 Both answer with the Operation as the HTTP API shows it (a JSON object) and
 raise the ``reconciler.core.errors`` families, so the tool layer above them is one
-piece of code. ``LocalBackend`` calls ``api.actions`` (the HTTP routes' own
+piece of code. ``LocalBackend`` calls ``commands.agent_actions`` (the HTTP routes' own
 actions) for one authenticated principal; ``RemoteBackend`` calls the HTTP API
 through ``reconciler.client`` with the token it was started with.
 """
@@ -13,8 +13,8 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from reconciler.api import actions
 from reconciler.client import AsyncClient
+from reconciler.commands import agent_actions
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import Principal
 from reconciler.wire import CreateOperation, OperationFilter
@@ -43,26 +43,30 @@ class LocalBackend:
         self.rt, self.who, self.headers = runtime, who, headers
 
     async def start(self, body: CreateOperation) -> View:
-        op, created = await actions.start_validated(self.rt, self.who, body, self.headers)
-        return await actions.render(self.rt, op, replayed=not created)
+        op, created = await agent_actions.start_validated(self.rt, self.who, body, self.headers)
+        return await agent_actions.render(self.rt, op, replayed=not created)
 
     async def get(self, op_id: str) -> View:
-        return await actions.render(self.rt, await actions.load_visible(self.rt, op_id, self.who))
+        return await agent_actions.render(
+            self.rt, await agent_actions.load_visible(self.rt, op_id, self.who)
+        )
 
     async def wait(self, op_id: str, timeout: float) -> View:
         deadline = asyncio.get_running_loop().time() + timeout
-        return await actions.render(
-            self.rt, await actions.wait_until(self.rt, op_id, self.who, deadline)
+        return await agent_actions.render(
+            self.rt, await agent_actions.wait_until(self.rt, op_id, self.who, deadline)
         )
 
     async def cancel(self, op_id: str) -> View:
-        return await actions.render(self.rt, await actions.cancel(self.rt, self.who, op_id, None))
+        return await agent_actions.render(
+            self.rt, await agent_actions.cancel(self.rt, self.who, op_id, None)
+        )
 
     async def list(self, query: OperationFilter) -> View:
-        return await actions.page(self.rt, self.who, query)
+        return await agent_actions.page(self.rt, self.who, query)
 
     async def providers(self) -> View:
-        return await actions.providers(self.rt, self.who)
+        return await agent_actions.providers(self.rt, self.who)
 
 
 class RemoteBackend:

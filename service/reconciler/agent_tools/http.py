@@ -1,7 +1,7 @@
 """``/mcp``: the agent tools over streamable HTTP, in the service's own app and lifespan.
 
 Guarantee: every request is authenticated exactly as the HTTP API does it
-(``api.auth.principal_for``: the same tokens, the same few-second cache, so a
+(``inbound.auth.principal_for``: the same tokens, the same few-second cache, so a
 revoked token stops working within the same window); no token or a bad one is
 a 401 before the MCP layer sees the request. Each tool call then runs as that
 principal (``LocalBackend``), so an agent reaches its own operations only.
@@ -22,7 +22,7 @@ The door keeps the service's limits, before the SDK reads a byte:
 * one token has at most ``server.mcp_requests_per_agent`` requests open at once
   (429 with ``Retry-After``), so one agent's waits never reach ``max_connections``;
 * a request still open when its token is revoked or expires is ended within the
-  token cache's window plus one re-check (``api.auth.until_refused``, as the API's
+  token cache's window plus one re-check (``inbound.auth.until_refused``, as the API's
   ``/wait``): its stream is closed, cleanly.
 """
 
@@ -47,9 +47,6 @@ from starlette.types import Message, Receive, Scope, Send
 from reconciler.agent_tools.backends import LocalBackend
 from reconciler.agent_tools.definitions import build_tools
 from reconciler.agent_tools.server import build_server
-from reconciler.api.auth import principal_for, until_refused
-from reconciler.api.bodies import read_limited, require_json_type
-from reconciler.api.errors import error_response, status_for
 from reconciler.core.errors import (
     AuthenticationFailed,
     Bug,
@@ -58,6 +55,9 @@ from reconciler.core.errors import (
     ReconcilerError,
 )
 from reconciler.core.strict_json import parse_request_json
+from reconciler.inbound.auth import principal_for, until_refused
+from reconciler.inbound.bodies import read_limited, require_json_type
+from reconciler.inbound.errors import error_response, status_for
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import Principal
 

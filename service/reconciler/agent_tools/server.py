@@ -33,10 +33,10 @@ from reconciler.agent_tools.backends import Backend, View
 from reconciler.agent_tools.definitions import TASKS, ToolName, ToolSet
 from reconciler.agent_tools.request_summary import request_summary
 from reconciler.agent_tools.tasks import TASKS_EXTENSION, task_view
-from reconciler.api.actions import operation_id
+from reconciler.commands.agent_actions import operation_id
 from reconciler.core import errors
+from reconciler.core.operation_view import DECISION_HINT, WAIT_HINT, as_replayed
 from reconciler.core.strict_json import require_text, visible
-from reconciler.core.views import DECISION_HINT, WAIT_HINT, as_replayed
 from reconciler.wire import JobId, OperationFilter, StartJob, WaitJob
 
 log = logging.getLogger("reconciler.mcp")

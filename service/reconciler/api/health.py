@@ -6,9 +6,9 @@ trouble). ``/readyz`` is 503 while the database cannot be read within a
 bound or while this process's writes fail (``storage.availability``).
 
 ``/readyz`` is probed every few seconds by every replica's supervisor: each probe
-is one ``SELECT 1``. The schema check (an Alembic migration context) runs once it
-is needed: until it has succeeded, after any failed probe, and every
-``SCHEMA_RECHECK_SECONDS`` (an upgrade by another process is seen within that).
+is one ``SELECT 1`` (``Database.ping``). The schema check (an Alembic migration
+context) runs once it is needed: until it has succeeded, after any failed probe, and
+every ``SCHEMA_RECHECK_SECONDS`` (an upgrade by another process is seen within that).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import asyncio
 import hmac
 import time
 
-import sqlalchemy as sa
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -33,8 +32,7 @@ async def healthz(request: Request) -> Response:
 
 def _ready(runtime: Runtime, check_schema: bool) -> tuple[bool, str]:
     try:
-        with runtime.db.read() as conn:
-            conn.execute(sa.text("SELECT 1"))
+        runtime.db.ping()
         if not check_schema:
             return True, "ready"
         current = migrate.current_revision(runtime.db)

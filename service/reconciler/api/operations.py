@@ -1,4 +1,8 @@
-"""The agent API routes: start, read, list, wait for and cancel operations (via ``api.actions``)."""
+"""The agent API routes: start, read, list, wait for and cancel operations.
+
+A route reads the request and writes the answer; the work is ``commands.agent_actions``,
+which the MCP tools call too.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from reconciler.api import actions
-from reconciler.api.auth import principal as authenticate
-from reconciler.api.auth import while_authorized
-from reconciler.api.bodies import read_json
-from reconciler.api.responses import JSONResponse
-from reconciler.api.validation import parse_history_params, parse_list_params
+from reconciler.commands import agent_actions
 from reconciler.commands.decide import decide as commands_decide
+from reconciler.commands.validation import parse_history_params, parse_list_params
 from reconciler.core.errors import InvalidRequest
+from reconciler.inbound.auth import principal as authenticate
+from reconciler.inbound.auth import while_authorized
+from reconciler.inbound.bodies import read_json
+from reconciler.inbound.responses import JSONResponse
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import require_operator
 from reconciler.tracing import SpanName
@@ -31,16 +35,16 @@ async def create(request: Request) -> Response:
     rt = _rt(request)
     who = await authenticate(request)
     body = await read_json(request, rt.settings.server.max_body_bytes)
-    op, created = await actions.start(rt, who, body, request.headers)
-    view = await actions.render(rt, op, replayed=not created)
+    op, created = await agent_actions.start(rt, who, body, request.headers)
+    view = await agent_actions.render(rt, op, replayed=not created)
     return JSONResponse(view, status_code=202 if created else 200)
 
 
 async def get_one(request: Request) -> Response:
     rt = _rt(request)
     who = await authenticate(request)
-    op = await actions.load_visible(rt, request.path_params["op_id"], who)
-    return JSONResponse(await actions.render(rt, op))
+    op = await agent_actions.load_visible(rt, request.path_params["op_id"], who)
+    return JSONResponse(await agent_actions.render(rt, op))
 
 
 def _query_number(request: Request, name: str, default: float, maximum: float) -> float:
@@ -66,24 +70,24 @@ async def wait(request: Request) -> Response:
     op = await while_authorized(
         rt,
         request.headers.get("authorization"),
-        actions.wait_until(rt, request.path_params["op_id"], who, arrived + timeout),
+        agent_actions.wait_until(rt, request.path_params["op_id"], who, arrived + timeout),
     )
-    return JSONResponse(await actions.render(rt, op))
+    return JSONResponse(await agent_actions.render(rt, op))
 
 
 async def list_all(request: Request) -> Response:
     rt = _rt(request)
     who = await authenticate(request)
     query = parse_list_params(request.query_params)
-    return JSONResponse(await actions.page(rt, who, query))
+    return JSONResponse(await agent_actions.page(rt, who, query))
 
 
 async def cancel(request: Request) -> Response:
     rt = _rt(request)
     who = await authenticate(request)
     body = await read_json(request, rt.settings.server.max_body_bytes, optional=True)
-    op = await actions.cancel(rt, who, request.path_params["op_id"], body)
-    return JSONResponse(await actions.render(rt, op), status_code=202)
+    op = await agent_actions.cancel(rt, who, request.path_params["op_id"], body)
+    return JSONResponse(await agent_actions.render(rt, op), status_code=202)
 
 
 ROUTES = [
@@ -99,7 +103,7 @@ async def decide(request: Request) -> Response:
     rt = _rt(request)
     who = await authenticate(request)
     require_operator(who)  # before the body: an agent learns nothing from its parsing
-    op_id = actions.operation_id(request.path_params["op_id"])
+    op_id = agent_actions.operation_id(request.path_params["op_id"])
     decision = parse_decision(await read_json(request, rt.settings.server.max_body_bytes))
 
     op = await rt.db.run_write(
@@ -108,7 +112,7 @@ async def decide(request: Request) -> Response:
     rt.tracing.mark(op, SpanName.DECISION, decision=decision.action, state=op.state)
     rt.notifier.changed(op.id)
     rt.notifier.wake()
-    return JSONResponse(await actions.render(rt, op))
+    return JSONResponse(await agent_actions.render(rt, op))
 
 
 async def history(request: Request) -> Response:
@@ -116,7 +120,9 @@ async def history(request: Request) -> Response:
     rt = _rt(request)
     who = await authenticate(request)
     limit, after = parse_history_params(request.query_params, rt.settings.limits.max_history_page)
-    return JSONResponse(await actions.history(rt, who, request.path_params["op_id"], limit, after))
+    return JSONResponse(
+        await agent_actions.history(rt, who, request.path_params["op_id"], limit, after)
+    )
 
 
 ROUTES += [

@@ -6,15 +6,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from reconciler.api import actions
-from reconciler.api.auth import principal as authenticate
+from reconciler.commands import agent_actions
+from reconciler.inbound.auth import principal as authenticate
 from reconciler.runtime import Runtime
 
 
 async def list_providers(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     who = await authenticate(request)
-    return JSONResponse(await actions.providers(runtime, who))
+    return JSONResponse(await agent_actions.providers(runtime, who))
 
 
 ROUTES = [Route("/v1/providers", list_providers, methods=["GET"])]

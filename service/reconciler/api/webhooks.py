@@ -18,12 +18,10 @@ import json
 import logging
 from collections.abc import Mapping
 
-import sqlalchemy as sa
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from reconciler.api.bodies import read_limited
 from reconciler.core.errors import (
     ClientDisconnected,
     InvalidRequest,
@@ -36,6 +34,7 @@ from reconciler.core.errors import (
 )
 from reconciler.core.signatures import Verifier
 from reconciler.core.strict_json import is_storable, is_text, parse_json
+from reconciler.inbound.bodies import read_limited
 from reconciler.providers.pointer import MISSING
 from reconciler.providers.spec import WebhookSpec
 from reconciler.runtime import Runtime
@@ -98,13 +97,9 @@ async def _receive(
     except ReconcilerError:
         count(name, "store_failed")
         raise
-    except (UnicodeError, sa.exc.DataError):
-        # The database refused the content itself: the same bytes will always be refused.
+    except UnicodeError:
         count(name, "unstorable")
-        log.warning("webhook content could not be stored", extra={"provider": name})
-        raise UnstorableContent(
-            "the event's content cannot be stored; retrying the same content will not help"
-        ) from None
+        raise _unstorable(name) from None
     except Exception:
         count(name, "store_failed")
         log.exception("webhook could not be stored")
@@ -113,6 +108,15 @@ async def _receive(
     # Rendered by hand: this answer is sent thousands of times a second.
     body = f'{{"status":"{outcome.value}","event_id":{json.dumps(event_id)}}}'
     return Response(body, media_type="application/json")
+
+
+def _unstorable(provider: str) -> UnstorableContent:
+    """The content itself was refused (not UTF-8, or by the database): the same bytes
+    will always be refused, so the provider is told not to retry them."""
+    log.warning("webhook content could not be stored", extra={"provider": provider})
+    return UnstorableContent(
+        "the event's content cannot be stored; retrying the same content will not help"
+    )
 
 
 async def _store(
@@ -144,7 +148,10 @@ async def _store(
         body_size=len(body),
         ignored=not hint,
     )
-    outcome = await runtime.webhooks.submit(event)
+    try:
+        outcome = await runtime.webhooks.submit(event)
+    except UnstorableContent:
+        raise _unstorable(name) from None  # the database's refusal (storage.database)
     if runtime.tracing.enabled:
         await _traced(runtime, name, job_id, outcome, event_id)
     return outcome, event_id

@@ -37,7 +37,7 @@ from reconciler.storage import operations as store
 from reconciler.storage.completion_steps import steps_of
 from reconciler.storage.escalations import escalations_of
 from reconciler.storage.history import history_of
-from reconciler.storage.views import view_of
+from reconciler.storage.operation_reads import view_of
 from reconciler.tracing import SpanName
 from reconciler.wire import parse_decision
 

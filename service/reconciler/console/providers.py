@@ -25,23 +25,11 @@ from reconciler.metrics import totals
 from reconciler.runtime import Runtime
 from reconciler.storage import provider_stats
 from reconciler.storage.inbox import providers_seen
-from reconciler.storage.trust import trust_view
+from reconciler.storage.trust import provider_trust
 from reconciler.storage.webhook_events import Outcome
 
 # Webhook results in the metrics that are not a stored event's outcome.
 _NOT_REJECTED = {o.value for o in Outcome}
-
-
-def webhook_trust(runtime: Runtime, provider: str) -> dict[str, Any] | None:
-    """The provider's webhook trust (``storage.trust.trust_view``), for the page and the API.
-
-    None for a provider that is no longer configured (its trust keys are unknown).
-    """
-    spec = runtime.providers.get(provider)
-    if spec is None:
-        return None
-    with runtime.db.read() as conn:
-        return trust_view(conn, provider, spec.polling.trust()).as_dict()
 
 
 @dataclass
@@ -91,23 +79,26 @@ async def providers_page(request: Request) -> Response:
 
     window = provider_charts.Window.ending_at(rt.clock.now())
 
-    def load() -> tuple[Any, Any, list[str], dict[str, Any], dict[str, Any]]:
+    def load() -> tuple[Any, Any, list[str], dict[str, Any], dict[str, Any], dict[str, Any]]:
         with rt.db.read() as conn:
             webhooks = provider_stats.webhook_counts(conn)
             seen = providers_seen(conn)
+            named = set(rt.providers) | set(seen) | set(webhooks)
             markers = {
                 name: provider_charts.markers_of(conn, name, _policy(rt, name), window.starts[0])
-                for name in set(rt.providers) | set(seen) | set(webhooks)
+                for name in named
             }
+            trust = {name: provider_trust(conn, name, _policy(rt, name)) for name in named}
             return (
                 webhooks,
                 provider_stats.status_reads(conn),
                 seen,
                 provider_stats.hourly(conn, window.starts, window.end),
                 markers,
+                trust,
             )
 
-    webhooks, reads, seen, hours, markers = await rt.db.run(load)
+    webhooks, reads, seen, hours, markers, trust = await rt.db.run(load)
     rejected, statuses, calls = _process_figures(rt)
     names = sorted(set(rt.providers) | set(seen) | set(webhooks))
     figures = [
@@ -116,7 +107,7 @@ async def providers_page(request: Request) -> Response:
             configured=name in rt.providers,
             webhooks=webhooks.get(name, provider_stats.WebhookCounts()),
             reads=reads.get(name, provider_stats.ReadCounts()),
-            trust=webhook_trust(rt, name),
+            trust=trust.get(name),
             rejected=rejected.get(name, {}),
             statuses=dict(sorted(statuses.get(name, {}).items())),
             calls={k: dict(sorted(v.items())) for k, v in sorted(calls.get(name, {}).items())},

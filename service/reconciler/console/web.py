@@ -1,7 +1,7 @@
 """The console's plumbing: templates, the signed-in operator, forms, error pages, headers.
 
 Guarantee: every console answer is an HTML page (errors too, with the status
-``api.errors`` gives the same error), rendered with autoescaping on, sent with
+``inbound.errors`` gives the same error), rendered with autoescaping on, sent with
 a strict Content-Security-Policy and ``no-store``; a page needs a live session
 of a valid operator token, re-checked on every request through the token cache
 the agent API uses; a POST needs the session's CSRF token.
@@ -21,13 +21,13 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from reconciler.api.auth import cached_principal
-from reconciler.api.bodies import read_limited
-from reconciler.api.errors import status_for
 from reconciler.console import formatting
 from reconciler.console.session import SESSION_COOKIE, Session, Signer, key_from
 from reconciler.core import errors
 from reconciler.core.strict_json import require_field_text, visible
+from reconciler.inbound.auth import cached_principal
+from reconciler.inbound.bodies import read_limited
+from reconciler.inbound.errors import status_for
 from reconciler.runtime import Runtime
 from reconciler.storage.tokens import Principal, principal_by_id
 

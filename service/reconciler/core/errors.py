@@ -34,7 +34,7 @@ ReconcilerError                    root; ``code`` is the stable machine-readable
     └── InvalidObservation         an observation with neither an HTTP status nor an error
 ```
 
-HTTP answers are decided in one place (``api.errors``) from this tree, and
+HTTP answers are decided in one place (``inbound.errors``) from this tree, and
 ``reconciler.client`` maps them back: an answer's ``error.code`` raises the class
 of that code here (``InvalidRequest``, ``NotFound``, ``Conflict``,
 ``AuthenticationFailed``/``PermissionDenied``), a server failure ``ServiceError``,
@@ -95,7 +95,7 @@ class ForbiddenAddress(InvalidRequest):
 
     def __init__(self, message: str, verdict: Any) -> None:
         super().__init__(message)
-        self.verdict = verdict  # an ``outbound.ssrf.Verdict``: which address, and why
+        self.verdict = verdict  # an ``outbound.address_classes.Verdict``: which address, and why
 
 
 class UnstorableContent(InvalidRequest):

@@ -47,6 +47,7 @@ from reconciler.core.signatures import sign_standard_webhook
 from reconciler.core.strict_json import visible
 from reconciler.core.vocabulary import RETRYABLE_4XX, TransportError
 from reconciler.outbound import ssrf
+from reconciler.outbound.address_classes import IPAddress
 from reconciler.providers.aiohttp_transport import AiohttpTransport
 from reconciler.providers.client import OutboundClient
 from reconciler.providers.transport import classify_transport_error
@@ -204,7 +205,7 @@ class DeliveryTransport(httpx.AsyncBaseTransport):
         await self._fresh.aclose()
 
 
-def _pinned_url(checked: ssrf.CheckedUrl, address: ssrf.IPAddress) -> httpx.URL:
+def _pinned_url(checked: ssrf.CheckedUrl, address: IPAddress) -> httpx.URL:
     return httpx.URL(
         scheme=checked.scheme,
         host=str(address),

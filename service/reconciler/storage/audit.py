@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from reconciler.core.chain import ChainFault, verify_chain
 from reconciler.storage.database import Database
 from reconciler.storage.fastsql import Sql
-from reconciler.storage.journal import HISTORY, OPS
+from reconciler.storage.tables import HISTORY, OPS
 
 _HEADS = Sql("chain-heads", OPS, "SELECT id, history_head, history_seq FROM operations")
 

@@ -18,9 +18,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.records import OperationRecord
 from reconciler.storage.fastsql import Sql
-from reconciler.storage.models import CompletionStep
-
-STEPS = CompletionStep.__table__  # type: ignore[attr-defined]
+from reconciler.storage.tables import STEPS
 
 
 class StepStatus(StrEnum):

@@ -34,7 +34,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from reconciler.core.errors import Conflict, StaleWrite, StorageUnavailable
+from reconciler.core.errors import Conflict, StaleWrite, StorageUnavailable, UnstorableContent
 from reconciler.storage import after_commit as committed
 from reconciler.storage.availability import Availability, WriteFailure, classify
 from reconciler.storage.fastsql import run
@@ -147,11 +147,20 @@ def _postgres_engine(url: str, idle_ping_seconds: float = IDLE_PING_SECONDS) -> 
 
 @contextmanager
 def translate_errors() -> Iterator[None]:
-    """Map driver errors to the package's errors; constraint names decide the family."""
+    """Map driver errors to the package's errors; constraint names decide the family.
+
+    A value the database refuses by its content (``DataError``: a NUL in PostgreSQL text,
+    a number out of range, a string past SQLite's length limit) is ``UnstorableContent``:
+    the same value will always be refused, so a caller that retries gains nothing.
+    """
     try:
         yield
     except sa.exc.IntegrityError as exc:
         raise Conflict(f"the write conflicts with a stored record ({_constraint(exc)})") from exc
+    except sa.exc.DataError as exc:
+        raise UnstorableContent(
+            "the content cannot be stored; retrying the same content will not help"
+        ) from exc
     except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
         raise StorageUnavailable("the database is unavailable; retry later") from exc
     except sa.exc.DBAPIError as exc:
@@ -330,6 +339,12 @@ class Database:
     def read(self) -> Iterator[Connection]:
         with translate_errors(), self.read_engine.connect() as conn, conn.begin():
             yield conn
+
+    def ping(self) -> None:
+        """One ``SELECT 1`` on a read connection (the readiness probe's whole cost once the
+        schema is known); ``StorageUnavailable`` when the database cannot answer it."""
+        with self.read() as conn:
+            conn.execute(sa.text("SELECT 1"))
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking read off the event loop (reads never wait for the write lock)."""

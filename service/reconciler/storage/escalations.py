@@ -20,11 +20,10 @@ from reconciler.core.vocabulary import EscalationReason, HistoryKind, TransportE
 from reconciler.storage.after_commit import after_commit
 from reconciler.storage.fastsql import Sql
 from reconciler.storage.journal import Entry, Journal, Lease
-from reconciler.storage.models import Escalation
+from reconciler.storage.tables import ESCALATIONS
 
 log = logging.getLogger("reconciler.storage.escalations")
 
-ESCALATIONS = Escalation.__table__  # type: ignore[attr-defined]
 ESCALATION_COLUMNS = tuple(c.name for c in ESCALATIONS.c)
 _COLUMN_LIST = ", ".join(ESCALATION_COLUMNS)
 

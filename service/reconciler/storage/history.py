@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 from reconciler.core.records import HistoryRecord
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.storage.fastsql import AS_IS, Sql
-from reconciler.storage.journal import HISTORY
+from reconciler.storage.tables import HISTORY
 
 ENTRY_COLUMNS = tuple(c.name for c in HISTORY.c)
 _COLUMN_LIST = ", ".join(ENTRY_COLUMNS)

@@ -33,14 +33,12 @@ from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.storage import payloads
 from reconciler.storage.after_commit import after_commit
 from reconciler.storage.fastsql import Sql
-from reconciler.storage.models import HistoryEntry, Operation
 from reconciler.storage.notify import CHANGE_CHANNEL, notify_in_transaction
+from reconciler.storage.tables import HISTORY, OPS
 
 log = logging.getLogger("reconciler.storage.journal")
 
 
-OPS = Operation.__table__  # type: ignore[attr-defined]
-HISTORY = HistoryEntry.__table__  # type: ignore[attr-defined]
 # Every hashed field is stored, then the two links of the chain.
 HISTORY_COLUMNS = (*HASHED_FIELDS, "prev_hash", "hash")
 

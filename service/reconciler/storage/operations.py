@@ -36,8 +36,8 @@ from reconciler.core.states import END_STATES, REOPENABLE, State
 from reconciler.core.strict_json import shown
 from reconciler.storage import payloads
 from reconciler.storage.fastsql import AS_IS, Sql
-from reconciler.storage.journal import OPS
 from reconciler.storage.models import record_of_values
+from reconciler.storage.tables import OPS
 from reconciler.storage.tokens import Principal
 
 MAX_PAGE = 200

@@ -19,9 +19,8 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.records import PAYLOADS
 from reconciler.storage.fastsql import Sql
-from reconciler.storage.models import OperationPayload
+from reconciler.storage.tables import PAYLOAD_TABLE
 
-PAYLOAD_TABLE = OperationPayload.__table__  # type: ignore[attr-defined]
 _DELETE = Sql(
     "payload-delete",
     PAYLOAD_TABLE,

@@ -20,9 +20,7 @@ from sqlalchemy.engine import Connection
 from reconciler.core.states import END_STATES
 from reconciler.core.trust import Verdict
 from reconciler.storage.fastsql import Sql
-from reconciler.storage.journal import OPS
-from reconciler.storage.models import WebhookVerdict
-from reconciler.storage.webhook_events import EVENTS
+from reconciler.storage.tables import EVENTS, OPS, VERDICTS
 
 # Buckets of status reads per completed operation: (label, lowest, highest).
 READ_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
@@ -102,7 +100,6 @@ def status_reads(conn: Connection) -> dict[str, ReadCounts]:
 
 # --- hourly figures for the providers page's charts ----------------------------------------
 
-VERDICTS = WebhookVerdict.__table__  # type: ignore[attr-defined]
 # Verdicts that are a judged completion (pending waits for its grace, excused counts nowhere).
 JUDGED = (Verdict.WEBHOOK_FIRST, Verdict.LATE, Verdict.MISS)
 # The verdicts that can move a trust state (late is neither held against it nor for it).

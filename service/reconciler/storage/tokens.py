@@ -31,9 +31,8 @@ from reconciler.core.errors import (
 )
 from reconciler.core.vocabulary import Scope
 from reconciler.storage.fastsql import Sql
-from reconciler.storage.models import ApiToken
+from reconciler.storage.tables import TOKENS
 
-TOKENS = ApiToken.__table__  # type: ignore[attr-defined]
 PREFIX = "rk_"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}$")
 

@@ -7,8 +7,8 @@ replicas counting at once queue instead of failing); SQLite serialises writers a
 Which completions were webhook-first, late or missed is read from what is stored: the
 verified webhooks (``webhook_events.received_at``) and the status reads (the verdict rows).
 
-``trust_view``/``trust_views`` are the read for operators (``GET /v1/providers``, the
-console, ``/metrics``); they never write.
+``trust_view``, ``trust_views`` and ``provider_trust`` are the read for operators
+(``GET /v1/providers``, the console, ``/metrics``); they never write.
 """
 
 from __future__ import annotations
@@ -29,12 +29,10 @@ from reconciler.core.trust import count as count_verdict
 from reconciler.core.trust import view as trust_view_of
 from reconciler.core.vocabulary import DelaySource
 from reconciler.storage.fastsql import AS_IS, Sql
-from reconciler.storage.journal import OPS, OPS_COLUMNS
-from reconciler.storage.models import ProviderHealth, WebhookEvent, WebhookVerdict, record_of_values
+from reconciler.storage.journal import OPS_COLUMNS
+from reconciler.storage.models import record_of_values
+from reconciler.storage.tables import EVENTS, HEALTH, OPS, VERDICTS
 
-HEALTH = ProviderHealth.__table__  # type: ignore[attr-defined]
-VERDICTS = WebhookVerdict.__table__  # type: ignore[attr-defined]
-EVENTS = WebhookEvent.__table__  # type: ignore[attr-defined]
 VERDICT_COLUMNS = (
     "operation_id",
     "provider",
@@ -363,6 +361,17 @@ def trust_view(conn: Connection, provider: str, policy: TrustPolicy) -> TrustVie
     return trust_view_of(
         provider, load_health(conn, provider), policy, last_webhook_at(conn, provider)
     )
+
+
+def provider_trust(
+    conn: Connection, provider: str, policy: TrustPolicy | None
+) -> dict[str, Any] | None:
+    """One provider's webhook trust as ``GET /v1/providers`` and the console's providers page
+    show it (one read, the same words); None for a provider that is no longer configured
+    (``policy`` None: its trust keys are unknown)."""
+    if policy is None:
+        return None
+    return trust_view(conn, provider, policy).as_dict()
 
 
 def trust_views(conn: Connection, policies: Mapping[str, TrustPolicy]) -> dict[str, TrustView]:

@@ -35,13 +35,12 @@ from sqlalchemy.engine import Connection
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.storage.fastsql import AS_IS, Sql
-from reconciler.storage.journal import OPS, Entry, Journal
-from reconciler.storage.models import WebhookEvent
+from reconciler.storage.journal import Entry, Journal
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
+from reconciler.storage.tables import EVENTS, OPS
 
 log = logging.getLogger("reconciler.webhooks")
 
-EVENTS = WebhookEvent.__table__  # type: ignore[attr-defined]
 INSERT_CHUNK = 256  # rows per multi-row INSERT: well inside SQLite's parameter limit
 # States whose next status read a hint brings forward.
 HINT_POLLS = frozenset({State.OBSERVING, State.CANCELLING})

@@ -7,6 +7,18 @@ pydantic and ``reconciler.core`` only: the API, the console, the tools and the
 commands all import their request types from here.
 """
 
+from reconciler.wire.answers import (
+    Budget,
+    Escalation,
+    EscalationOption,
+    History,
+    HistoryEntry,
+    Operation,
+    OperationPage,
+    Provider,
+    ProviderList,
+    WebhookSettings,
+)
 from reconciler.wire.decisions import parse_decision
 from reconciler.wire.errors import ErrorBody, ErrorDetail
 from reconciler.wire.events import CallbackEvent
@@ -29,18 +41,6 @@ from reconciler.wire.requests import (
     OperatorDecision,
     StartJob,
     WaitJob,
-)
-from reconciler.wire.views import (
-    Budget,
-    Escalation,
-    EscalationOption,
-    History,
-    HistoryEntry,
-    Operation,
-    OperationPage,
-    Provider,
-    ProviderList,
-    WebhookSettings,
 )
 
 __all__ = [

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from reconciler.wire.views import Operation
+from reconciler.wire.answers import Operation
 
 COMPLETED = "operation.completed"
 

@@ -42,8 +42,8 @@ from reconciler.storage import completion_steps as steps
 from reconciler.storage.completion_steps import StepRow, StepStatus
 from reconciler.storage.history import last_hint_at
 from reconciler.storage.journal import Entry
+from reconciler.storage.operation_reads import view_of
 from reconciler.storage.tokens import callback_keys
-from reconciler.storage.views import view_of
 from reconciler.tracing import SpanName, Tracing
 
 log = logging.getLogger("reconciler.engine.steps.complete")

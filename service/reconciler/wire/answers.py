@@ -1,6 +1,6 @@
 """What the service answers: the Operation and its parts, pages, the history, the providers.
 
-The Operation's key set is stated here once: ``core.views`` builds it, the OpenAPI
+The Operation's key set is stated here once: ``core.operation_view`` builds it, the OpenAPI
 document and the MCP tools' output schemas are generated from it, and the client's
 typed ``Operation`` is tested against it.
 """

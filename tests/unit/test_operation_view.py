@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from reconciler.core.clock import utc
+from reconciler.core.operation_view import message_for, operation_view
 from reconciler.core.records import EscalationRecord, OperationRecord
 from reconciler.core.states import END_STATES, State
-from reconciler.core.views import message_for, operation_view
 from reconciler.wire import Operation as OperationView
 from tests.support.factories import new_operation
 

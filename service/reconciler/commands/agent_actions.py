@@ -1,8 +1,9 @@
 """The agent's actions, shared by the HTTP routes and the MCP tools so the two cannot drift.
 
 Each takes the runtime, the authenticated principal and JSON-typed input, validates
-it with ``api.validation``, writes through ``commands/`` and answers with Operation
-views from the one builder (``storage.views``). Guarantee: bad input raises
+it with ``commands.validation``, writes through the write actions beside it
+(``commands.create``, ``commands.cancel``) and answers with Operation
+views from the one builder (``storage.operation_reads``). Guarantee: bad input raises
 ``InvalidRequest`` before anything is stored; an agent only ever reaches its own
 operations (another's id is ``NotFound``).
 """
@@ -14,28 +15,28 @@ import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from reconciler.api.validation import (
+from reconciler.commands import create as creating
+from reconciler.commands.cancel import cancel as commands_cancel
+from reconciler.commands.validation import (
     admit_create,
     check_provider_request,
     history_cursor,
     parse_cancel,
     parse_create,
 )
-from reconciler.commands import create as creating
-from reconciler.commands.cancel import cancel as commands_cancel
-from reconciler.console.providers import webhook_trust
 from reconciler.core import states
 from reconciler.core.errors import InvalidRequest, NotFound
+from reconciler.core.operation_view import as_replayed, history_entry_view
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.strict_json import require_field_text, shown
-from reconciler.core.views import as_replayed, history_entry_view
-from reconciler.providers.views import provider_view
+from reconciler.providers.provider_view import provider_view
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.history import history_page
+from reconciler.storage.operation_reads import operation_views
 from reconciler.storage.tokens import Principal
-from reconciler.storage.views import operation_views
+from reconciler.storage.trust import provider_trust
 from reconciler.tracing import SpanName, operation_context
 from reconciler.wire import CreateOperation, OperationFilter
 
@@ -255,10 +256,17 @@ async def history(
 
 
 async def providers(rt: Runtime, who: Principal) -> dict[str, Any]:
-    views = []
-    for name in sorted(rt.providers):
-        spec = rt.providers[name]
-        # One slot for webhook trust, shared with the console's providers page.
-        trust = webhook_trust(rt, name) if who.is_operator else None
-        views.append(provider_view(spec, rt.environ, operator=who.is_operator, trust=trust))
+    names = sorted(rt.providers)
+    trust: dict[str, dict[str, Any] | None] = {}
+    if who.is_operator:
+        # Webhook trust in the words of the console's providers page, read off the loop.
+        def load() -> dict[str, dict[str, Any] | None]:
+            with rt.db.read() as conn:
+                return {n: provider_trust(conn, n, rt.providers[n].polling.trust()) for n in names}
+
+        trust = await rt.db.run(load)
+    views = [
+        provider_view(rt.providers[n], rt.environ, operator=who.is_operator, trust=trust.get(n))
+        for n in names
+    ]
     return {"providers": views}

@@ -1,7 +1,7 @@
 """Operations as agents and operators see them, read together with their escalations.
 
 The one builder of the Operation shape that the API, MCP, the console, the CLI
-and agent callbacks return (``core.views`` renders; this reads what it needs).
+and agent callbacks return (``core.operation_view`` renders; this reads what it needs).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.operation_view import operation_view
 from reconciler.core.records import OperationRecord
-from reconciler.core.views import operation_view
 from reconciler.storage.database import Database
 from reconciler.storage.escalations import escalations_for
 

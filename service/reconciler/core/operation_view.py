@@ -23,7 +23,7 @@ from reconciler.core.records import EscalationRecord, HistoryRecord, OperationRe
 from reconciler.core.states import State, awaits_decision, is_done
 
 WAIT_HINT = "Wait with GET /v1/operations/{id}/wait."
-# A long-poll returns when a pending decision is made (``api.actions.wait_until``).
+# A long-poll returns when a pending decision is made (``commands.agent_actions.wait_until``).
 DECISION_HINT = "GET /v1/operations/{id}/wait returns as soon as the decision is made."
 REPLAYED = (
     "This is the job started earlier with the same idempotency_key and request; no new job "

@@ -1,0 +1,106 @@
+"""``reconciler ops`` (list, show, history) and ``reconciler decide``: the operator's
+look at operations and decisions on escalations, straight on the database."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from reconciler.cli.database import current_database
+from reconciler.commands.decide import decide
+from reconciler.config import DEFAULT_PROVIDERS_DIR, Settings
+from reconciler.core import story
+from reconciler.core.clock import SystemClock, isoformat
+from reconciler.core.states import State
+from reconciler.core.strict_json import visible
+from reconciler.core.vocabulary import Scope
+from reconciler.providers.loader import load_providers
+from reconciler.storage import operations as store
+from reconciler.storage.database import Database
+from reconciler.storage.history import history_of
+from reconciler.storage.journal import Journal
+from reconciler.storage.operation_reads import view_of
+from reconciler.storage.tokens import Principal
+from reconciler.wire import parse_decision
+
+
+def _operator_view(db: Database, op_id: str) -> dict[str, Any]:
+    with db.read() as conn:
+        return view_of(conn, store.load_operation(conn, op_id), SystemClock().now())
+
+
+CLI_OPERATOR = Principal(name="cli", scope=Scope.OPERATOR)
+
+
+def ops_command(args: argparse.Namespace, settings: Settings) -> int:
+    db = current_database(settings)
+    try:
+        if args.ops_command == "list":
+            state = State(args.state) if args.state else None
+            with db.read() as conn:
+                page = store.list_operations(
+                    conn,
+                    CLI_OPERATOR,
+                    state=state,
+                    provider=args.provider,
+                    limit=args.limit,
+                    cursor=None,
+                )
+            for op in page.items:
+                print(
+                    visible(
+                        f"{op.id}  {op.provider:<12} {op.state:<26} "
+                        f"{op.remote_job_id or '-':<24} {isoformat(op.updated_at)}"
+                    )
+                )
+            if not page.items:
+                print("no operations", file=sys.stderr)
+        elif args.ops_command == "show":
+            print(json.dumps(_operator_view(db, args.operation), indent=2, sort_keys=True))
+        else:
+            with db.read() as conn:
+                op = store.load_operation(conn, args.operation)
+                entries = history_of(conn, args.operation)
+            # Stored text no encoder can write is shown as a visible escape.
+            print(visible(story.header(op)))
+            for text in story.tell(entries):
+                print(visible(text))
+    finally:
+        db.dispose()
+    return 0
+
+
+def decide_command(args: argparse.Namespace, settings: Settings) -> int:
+    decision = parse_decision(
+        {
+            "action": args.action,
+            **({"extra_seconds": args.extra_seconds} if args.extra_seconds is not None else {}),
+            **(
+                {"extra_status_requests": args.extra_requests}
+                if args.extra_requests is not None
+                else {}
+            ),
+        }
+    )
+    key = settings.audit_key()
+    journal = Journal(key=key.reveal().encode("utf-8") if key else None)
+    # The provider files give the cancel window; the CLI needs none of their credentials.
+    providers = load_providers(
+        settings.providers_path(),
+        settings.providers,
+        os.environ,
+        missing_ok=settings.providers_dir == DEFAULT_PROVIDERS_DIR,
+        public_url=settings.server.public_url,
+        check_secrets=False,
+    )
+    who = Principal(name=args.by, scope=Scope.OPERATOR)
+    db = current_database(settings)
+    try:
+        after = decide(db, journal, providers, args.operation, who, decision, SystemClock().now())
+    finally:
+        db.dispose()
+    print(f"{after.id}: {args.action} recorded; state {after.state}")
+    return 0

@@ -1,0 +1,163 @@
+"""``reconciler tokens``: API tokens and the agents' callback secrets.
+
+A token and a callback secret are printed once, the token on stdout (for scripts) and
+the secret on stderr; a listing shows names, scopes, expiry and revocation, never a
+token or a secret."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import timedelta
+
+from reconciler.cli.database import current_database
+from reconciler.config import Settings
+from reconciler.core.callback_secrets import agent_key, as_whsec
+from reconciler.core.clock import SystemClock, isoformat
+from reconciler.core.errors import ConfigError, InvalidRequest
+from reconciler.core.signatures import decode_whsec
+from reconciler.core.strict_json import shown
+from reconciler.core.vocabulary import Scope
+from reconciler.storage.tokens import (
+    callback_salt,
+    create_token,
+    list_tokens,
+    revoke_token,
+    rotate_callback_salt,
+)
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_EXPIRY = timedelta(days=3660)
+DEFAULT_ROTATION_WINDOW = "24h"
+
+
+def parse_duration(text: str, what: str) -> timedelta:
+    """``90d``, ``12h``, ``30m`` or ``45s``: a unit is required; positive, at most ten years."""
+    raw = text.strip().lower()
+    unit = _UNITS.get(raw[-1:])
+    number = raw[:-1]
+    if unit is None or not (number.isascii() and number.isdigit()) or int(number) == 0:
+        raise InvalidRequest(
+            f"{what} must be a whole number with a unit, s, m, h or d (e.g. 90d), "
+            f"got {shown(text)!r}"
+        )
+    # Compared as a number: a count of days past what a datetime holds would overflow.
+    if int(number) * unit > MAX_EXPIRY.total_seconds():
+        raise InvalidRequest(f"{what} may be at most {MAX_EXPIRY.days} days")
+    return timedelta(seconds=int(number) * unit)
+
+
+def _service_key(settings: Settings) -> bytes | None:
+    secret = settings.callback_secret()
+    if secret is None:
+        return None
+    try:
+        return decode_whsec(secret.reveal())
+    except ValueError:
+        raise ConfigError(
+            f"{settings.callbacks.signing_secret_env} is not a valid whsec_ secret"
+        ) from None
+
+
+def _show_callback_secret(settings: Settings, name: str, salt: str | None) -> None:
+    """The agent's callback secret, once, on stderr (stdout stays the token for scripts)."""
+    key = _service_key(settings)
+    variable = settings.callbacks.signing_secret_env
+    if salt is None:
+        return
+    if key is None:
+        print(
+            f"no callback secret shown: {variable} is not set here; run 'reconciler tokens "
+            f"rotate-callback-secret --name {name}' where it is",
+            file=sys.stderr,
+        )
+        return
+    secret = as_whsec(agent_key(key, salt))
+    print(
+        f"callback secret for {name!r} (verify its callbacks with it; shown only this once): "
+        f"{secret}",
+        file=sys.stderr,
+    )
+
+
+def tokens_create(args: argparse.Namespace, settings: Settings) -> int:
+    now = SystemClock().now()
+    expires = now + parse_duration(args.expires_in, "--expires-in") if args.expires_in else None
+    db = current_database(settings)
+    try:
+        with db.write() as conn:
+            token = create_token(conn, args.name, args.scope, now, expires)
+            salt = callback_salt(conn, args.name)
+    finally:
+        db.dispose()
+    print(token)
+    until = f", expires {isoformat(expires)}" if expires else ""
+    print(
+        f"token {args.name!r} ({args.scope}{until}) created; it is shown only this once",
+        file=sys.stderr,
+    )
+    _show_callback_secret(settings, args.name, salt)
+    return 0
+
+
+def tokens_rotate(args: argparse.Namespace, settings: Settings) -> int:
+    key = _service_key(settings)
+    if key is None:
+        raise ConfigError(
+            f"{settings.callbacks.signing_secret_env} must be set: the agent's secret is "
+            "derived from it"
+        )
+    window = parse_duration(args.window, "--window")
+    now = SystemClock().now()
+    db = current_database(settings)
+    try:
+        with db.write() as conn:
+            salt = rotate_callback_salt(conn, args.name, now, window)
+    finally:
+        db.dispose()
+    print(as_whsec(agent_key(key, salt)))
+    print(
+        f"new callback secret for {args.name!r}, shown only this once; until "
+        f"{isoformat(now + window)} callbacks carry signatures for the old and the new one",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def tokens_list(args: argparse.Namespace, settings: Settings) -> int:
+    db = current_database(settings)
+    try:
+        with db.read() as conn:
+            tokens = list_tokens(conn)
+    finally:
+        db.dispose()
+    now = SystemClock().now()
+    for info in tokens:
+        if info.revoked_at:
+            status = f"revoked {isoformat(info.revoked_at)}"
+        elif info.expires_at and info.expires_at <= now:
+            status = f"expired {isoformat(info.expires_at)}"
+        else:
+            status = "active"
+        columns = [info.name, info.scope.value, f"created {isoformat(info.created_at)}", status]
+        if info.expires_at and status == "active":
+            columns.append(f"expires {isoformat(info.expires_at)}")
+        if info.scope is Scope.AGENT and not info.own_callback_secret:
+            # Made before per-agent secrets: rotate to give it one.
+            columns.append("callback secret: shared")
+        print("\t".join(columns))
+    return 0
+
+
+def tokens_revoke(args: argparse.Namespace, settings: Settings) -> int:
+    db = current_database(settings)
+    try:
+        with db.write() as conn:
+            info = revoke_token(conn, args.name, SystemClock().now())
+    finally:
+        db.dispose()
+    print(
+        f"token {info.name!r} revoked at {isoformat(info.revoked_at)}; running services "
+        "refuse it within a few seconds"
+    )
+    return 0
