@@ -11,15 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
-from reconciler.core.poll import (
-    Observation,
-    PollPolicy,
-    PollRecord,
-    Wait,
-    decide,
-    first_poll,
-    restore,
-)
+from reconciler.core.next_read import first_poll, restore
+from reconciler.core.poll import decide
+from reconciler.core.poll_values import Observation, PollPolicy, PollRecord, Wait
 from reconciler.core.trust import (
     Health,
     TrustPolicy,

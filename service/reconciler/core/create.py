@@ -22,7 +22,7 @@ from reconciler.core.outcome_parts import (
     one_line,
     provider_message,
 )
-from reconciler.core.poll import Stop
+from reconciler.core.poll_values import Stop
 from reconciler.core.vocabulary import RETRYABLE_4XX, DelaySource, EscalationReason, TransportError
 
 # 409: the provider is still working on a request with the same idempotency key.

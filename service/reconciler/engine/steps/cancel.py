@@ -14,12 +14,12 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from reconciler.core.backoff import parse_retry_after
+from reconciler.core.provider_calls import call_detail
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Prep
-from reconciler.engine.steps.create import call_detail
 from reconciler.storage.journal import Entry
 
 

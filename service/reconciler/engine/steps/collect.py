@@ -17,13 +17,12 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from reconciler.core.collect import Invalid, RetryFetch, Unavailable, Verified, decide_collect
-from reconciler.core.provider_calls import CallResult
+from reconciler.core.provider_calls import CallResult, call_detail
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Prep
-from reconciler.engine.steps.create import call_detail
 from reconciler.providers.result_check import check_off_loop, release
 from reconciler.storage.journal import Entry
 

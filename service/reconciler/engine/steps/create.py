@@ -32,8 +32,9 @@ from reconciler.core.create import (
     next_try_at,
     retry_create,
 )
-from reconciler.core.poll import Stop, first_poll
-from reconciler.core.provider_calls import CallResult
+from reconciler.core.next_read import first_poll
+from reconciler.core.poll_values import Stop
+from reconciler.core.provider_calls import CallResult, call_detail
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind
@@ -55,26 +56,6 @@ from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.payloads import load_request
 from reconciler.storage.trust import is_trusted
 from reconciler.storage.webhook_events import attach_orphans
-
-
-def call_detail(call: CallResult) -> dict[str, Any]:
-    """What a history entry keeps of a provider call: metadata, never credentials."""
-    detail: dict[str, Any] = {"method": call.method, "target": call.target}
-    if call.http_status is not None:
-        detail["http_status"] = call.http_status
-    if call.transport_error is not None:
-        detail["transport_error"] = call.transport_error.value
-    if call.refused:
-        detail["refused"] = call.refused
-    if call.provider_request_id:
-        detail["provider_request_id"] = call.provider_request_id
-    if call.retry_after:
-        detail["retry_after"] = call.retry_after
-    # When we sent it, apart from when the answer was written: what the deadline and the
-    # budget are judged against, however long the provider or the network took.
-    detail["sent_at"] = isoformat(call.sent_at)
-    detail["elapsed_ms"] = round(call.elapsed_ms, 1)
-    return detail
 
 
 def _observation(call: CallResult, job_id: str | None) -> CreateObservation:
