@@ -202,9 +202,10 @@ def allows_resend(cause: str, detail: Any, create_attempts: int) -> bool:
 def resend_safe(call: CallResult, settling: Settling, *, via_lookup: bool) -> bool:
     """A create answer that is evidence for the next try of a blind provider: this
     attempt made no job, so one more is safe."""
-    return settling.blind and not via_lookup and not may_have_landed(
+    landed = may_have_landed(
         call.http_status, call.transport_error, call.maybe_delivered, call.rate_limited
     )
+    return settling.blind and not via_lookup and not landed
 
 
 def unsettled(
