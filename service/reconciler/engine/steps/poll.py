@@ -319,13 +319,8 @@ class PollStep:
             hinted = health.first_webhook_after(
                 conn, op.provider, op.remote_job_id, since, until=asked
             )
-        verdict = judge_read(None, asked, hinted)
-        if verdict is Verdict.PENDING and self.ctx.deps.db.availability.outages_between(
-            since, asked
-        ):
-            # The job ended since our last read, while our storage was down at some point:
-            # its webhook may have come then and been refused by us. Not the provider's miss.
-            verdict = Verdict.EXCUSED
+        outage = bool(self.ctx.deps.db.availability.outages_between(since, asked))
+        verdict = judge_read(None, asked, hinted, outage=outage)
         first = verdict is Verdict.WEBHOOK_FIRST
         health.record_verdict(
             conn,
