@@ -1,7 +1,7 @@
 """A fleet of jobs sharing one provider's webhook health, on a virtual clock.
 
 Used by ``bench/poller.py`` (part c). Every poll is decided by the real decision core
-(``core.poll.first_poll``, ``before_request``, ``decide``, ``restore``) and every
+(``core.next_read.first_poll``, ``core.poll.before_request``, ``decide``, ``restore``) and every
 completion judged and counted by the real trust core (``core.trust``), with the
 shell's rules modelled as the service applies them:
 

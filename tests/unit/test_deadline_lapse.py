@@ -1,4 +1,4 @@
-"""Properties of the deadline rule around our own outages (``core.poll.deadline_lapse``).
+"""Properties of the deadline rule around our own outages (``core.lapses.deadline_lapse``).
 
 A simulated poller reads a job that never finishes; the service is away during random
 lapses (no claim, no read) and comes back after them. Whatever the lapses: never more
