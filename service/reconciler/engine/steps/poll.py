@@ -3,7 +3,9 @@
 Deadline and budget are checked before the request; the request is
 charged and persisted before it is sent (a crash in between leaves an
 unused reservation, never an invisible extra request); the response
-metadata is persisted with the decision it led to.
+metadata is persisted with the decision it led to. What is decided is decided in
+``core`` (``core.poll.plan_read``, ``before_send``, ``decide_read``,
+``core.next_read.after_answer``); this step sends the request and writes the decision.
 
 Webhook trust: an ``observing`` read of an adaptive provider is decided with the
 provider's stored trust state (read in the same transaction as the write), and the
