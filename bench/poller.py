@@ -33,8 +33,8 @@ now and a stub provider (uvicorn subprocess) that answers ``running`` at once; a
 service process are read from /proc. Target: < 300 MB with 100 k in flight.
 
 (b) Status reads per completed operation. A discrete-event simulation on a virtual clock
-(no sleeping) drives the real decision core (``decisions.first_poll_at``,
-``before_request``, ``decide``) with the default policy (base 5 s, max 120 s, jitter
+(no sleeping) drives the real decision core (``core.next_read.first_poll_at``,
+``core.poll.before_request``, ``decide``) with the default policy (base 5 s, max 120 s, jitter
 floor 0.5, deadline 2400 s; budget 1000 so no run is cut) over ``--jobs`` jobs with
 durations log-uniform 10 s-10 min (seeded), with webhooks arriving (a hint at the job's
 end brings the next read forward to that moment) and with webhooks lost (fallback poller
@@ -93,7 +93,9 @@ from bench.support import SMOKE_HELP, free_port, smoke, stop, wait_ready  # noqa
 from tests.support import loopback  # noqa: E402
 
 from reconciler.config import SchedulerSettings  # noqa: E402
+from reconciler.core import next_read as schedule  # noqa: E402
 from reconciler.core import poll as decisions  # noqa: E402
+from reconciler.core import poll_values as values  # noqa: E402
 from reconciler.core.backoff import BackoffPolicy  # noqa: E402
 from reconciler.core.clock import ManualClock  # noqa: E402
 from reconciler.core.vocabulary import RemoteCategory  # noqa: E402
@@ -606,7 +608,7 @@ MAX_EVENTS = 100_000
 def simulate_job(
     duration: float,
     mode: Mode,
-    policy: decisions.PollPolicy,
+    policy: values.PollPolicy,
     limits: Limits,
     rng: random.Random,
     webhook_delay: float = 0.0,
@@ -621,14 +623,14 @@ def simulate_job(
     """
     clock = ManualClock(EPOCH)
     end = EPOCH + timedelta(seconds=duration)
-    record = decisions.PollRecord(
+    record = values.PollRecord(
         deadline_at=EPOCH + timedelta(seconds=limits.deadline_seconds),
         accepted_at=EPOCH,
         max_status_requests=limits.max_status_requests,
         status_requests_used=0,
         max_transport_failures=limits.max_transport_failures,
     )
-    next_read = decisions.first_poll_at(EPOCH, record.deadline_at, rng, policy)
+    next_read = schedule.first_poll_at(EPOCH, record.deadline_at, rng, policy)
     hint_at = end + timedelta(seconds=webhook_delay) if mode is Mode.WEBHOOKS else None
     for _ in range(MAX_EVENTS):
         if hint_at is not None and hint_at <= next_read:
@@ -642,7 +644,7 @@ def simulate_job(
             return JobRun(record.status_requests_used, False, 0.0, stop.reason.value)
         record = replace(record, status_requests_used=record.status_requests_used + 1)
         done = now >= end
-        observation = decisions.Observation(
+        observation = values.Observation(
             at=now,
             http_status=200,
             category=RemoteCategory.SUCCESS if done else RemoteCategory.PENDING,
@@ -651,9 +653,9 @@ def simulate_job(
         )
         decision = decisions.decide(record, observation, now, rng, policy)
         seen_after = (now - end).total_seconds()
-        if isinstance(decision, decisions.Collect):
+        if isinstance(decision, values.Collect):
             return JobRun(record.status_requests_used, True, seen_after, "collect")
-        if not isinstance(decision, decisions.Wait):
+        if not isinstance(decision, values.Wait):
             reason = getattr(decision, "reason", type(decision).__name__)
             return JobRun(record.status_requests_used, False, seen_after, str(reason))
         counters = decision.counters
@@ -668,8 +670,8 @@ def simulate_job(
     raise RuntimeError("the simulation did not end; the decision core keeps waiting")
 
 
-def poll_policy(base: float, cap: float, jitter_floor: float) -> decisions.PollPolicy:
-    return decisions.PollPolicy(backoff=BackoffPolicy(base, cap, jitter_floor))
+def poll_policy(base: float, cap: float, jitter_floor: float) -> values.PollPolicy:
+    return values.PollPolicy(backoff=BackoffPolicy(base, cap, jitter_floor))
 
 
 @dataclass(frozen=True)
@@ -688,7 +690,7 @@ class ModeResult:
 def run_mode(
     durations: Sequence[float],
     mode: Mode,
-    policy: decisions.PollPolicy,
+    policy: values.PollPolicy,
     limits: Limits,
     seed_value: int,
     webhook_delay: float = 0.0,

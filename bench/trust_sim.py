@@ -1,7 +1,7 @@
 """A fleet of jobs sharing one provider's webhook health, on a virtual clock.
 
 Used by ``bench/poller.py`` (part c). Every poll is decided by the real decision core
-(``core.poll.first_poll``, ``before_request``, ``decide``, ``restore``) and every
+(``core.next_read.first_poll``, ``core.poll.before_request``, ``decide``, ``restore``) and every
 completion judged and counted by the real trust core (``core.trust``), with the
 shell's rules modelled as the service applies them:
 
@@ -26,7 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
+from reconciler.core import next_read as schedule
 from reconciler.core import poll as decisions
+from reconciler.core import poll_values as values
 from reconciler.core import trust as core
 from reconciler.core.vocabulary import DelaySource, RemoteCategory
 
@@ -52,7 +54,7 @@ class Job:
     index: int
     arrival: float
     duration: float
-    record: decisions.PollRecord
+    record: values.PollRecord
     next_read: datetime | None = None
     source: DelaySource = DelaySource.LOCAL_BACKOFF
     hint_at: datetime | None = None  # a valid provider hint's moment (none in this fleet)
@@ -130,7 +132,7 @@ class Fleet:
         regime: Regime,
         *,
         adaptive: bool,
-        policy: decisions.PollPolicy,
+        policy: values.PollPolicy,
         trust: core.TrustPolicy,
         limits: tuple[float, int, int],
         concurrency: int,
@@ -152,7 +154,7 @@ class Fleet:
                 i,
                 start,
                 duration,
-                decisions.PollRecord(
+                values.PollRecord(
                     deadline_at=_t(start + deadline),
                     accepted_at=_t(start),
                     max_status_requests=budget,
@@ -192,7 +194,7 @@ class Fleet:
             at, _, kind, index, version = heapq.heappop(self._events)
             job = self.jobs[index]
             if kind == "create":
-                first, source = decisions.first_poll(
+                first, source = schedule.first_poll(
                     at, job.record.deadline_at, self.rng, self.policy, trusted=self.trusted
                 )
                 self._schedule(job, first, source)
@@ -223,7 +225,7 @@ class Fleet:
         job.record = replace(job.record, status_requests_used=job.record.status_requests_used + 1)
         job.reads += 1
         done = now >= _t(job.end)
-        obs = decisions.Observation(
+        obs = values.Observation(
             at=now,
             http_status=200,
             category=RemoteCategory.SUCCESS if done else RemoteCategory.PENDING,
@@ -234,11 +236,11 @@ class Fleet:
             job.record, obs, now, self.rng, self.policy, trusted=self.trusted
         )
         job.last_read = now
-        if isinstance(decision, decisions.Collect):
+        if isinstance(decision, values.Collect):
             job.outcome, job.confirmed_at = "collect", _s(now)
             self._judge(job, now)
             return
-        if not isinstance(decision, decisions.Wait):
+        if not isinstance(decision, values.Wait):
             reason = getattr(decision, "reason", None)
             job.outcome = reason.value if reason is not None else type(decision).__name__
             return
@@ -294,7 +296,7 @@ class Fleet:
         )
         for job, slot in zip(stretched, slots, strict=True):
             assert job.next_read is not None
-            back = decisions.restore(
+            back = schedule.restore(
                 job.record,
                 job.last_read or _t(job.arrival),
                 job.next_read,

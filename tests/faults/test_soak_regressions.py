@@ -30,11 +30,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from reconciler.core.next_read import hinted_wait
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource
 from reconciler.demo.sim import FaultRates
 from reconciler.engine import worker
-from reconciler.engine.steps.poll import _hinted_wait
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.tables import HISTORY, OPS
@@ -159,22 +159,22 @@ def test_a_cancel_inside_a_retry_after_window_reads_the_status_after_it(
 def test_a_hint_during_a_read_answered_with_retry_after_waits_for_it() -> None:
     floor = NOW + timedelta(seconds=2)
     backoff = NOW + timedelta(seconds=6)
-    assert _hinted_wait(backoff, DelaySource.LOCAL_BACKOFF, floor, NOW) == (
+    assert hinted_wait(backoff, DelaySource.LOCAL_BACKOFF, floor, NOW) == (
         floor,
         DelaySource.PROVIDER_RETRY_AFTER,
     )
     # Without a Retry-After (or one that has passed) the hint means "look now".
-    assert _hinted_wait(backoff, DelaySource.LOCAL_BACKOFF, None, NOW) == (
+    assert hinted_wait(backoff, DelaySource.LOCAL_BACKOFF, None, NOW) == (
         NOW,
         DelaySource.WEBHOOK_HINT,
     )
-    assert _hinted_wait(backoff, DelaySource.LOCAL_BACKOFF, NOW, NOW) == (
+    assert hinted_wait(backoff, DelaySource.LOCAL_BACKOFF, NOW, NOW) == (
         NOW,
         DelaySource.WEBHOOK_HINT,
     )
     # A Retry-After past the scheduled read (capped at the deadline) keeps the schedule.
     capped = NOW + timedelta(seconds=1)
-    assert _hinted_wait(capped, DelaySource.PROVIDER_RETRY_AFTER, floor, NOW) == (
+    assert hinted_wait(capped, DelaySource.PROVIDER_RETRY_AFTER, floor, NOW) == (
         capped,
         DelaySource.PROVIDER_RETRY_AFTER,
     )

@@ -34,15 +34,11 @@ from standardwebhooks import Webhook
 from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.canonical import canonical_json
 from reconciler.core.clock import Clock, ManualClock, SystemClock
+from reconciler.core.completion_retry import next_attempt_delay
 from reconciler.core.errors import InvalidRequest
 from reconciler.core.signatures import decode_whsec
 from reconciler.core.vocabulary import TransportError
-from reconciler.outbound.callbacks import (
-    CallbackClient,
-    DeliveryOutcome,
-    next_attempt_delay,
-    status_verdict,
-)
+from reconciler.outbound.callbacks import CallbackClient, DeliveryOutcome, status_verdict
 from tests.support.waiting import wait_until
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()

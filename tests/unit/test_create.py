@@ -18,7 +18,7 @@ from reconciler.core.create import (
     decide_create,
 )
 from reconciler.core.errors import InvalidObservation
-from reconciler.core.poll import Stop
+from reconciler.core.poll_values import Stop
 from reconciler.core.vocabulary import DelaySource, EscalationReason, TransportError
 
 R = EscalationReason

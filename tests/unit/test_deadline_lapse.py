@@ -1,4 +1,4 @@
-"""Properties of the deadline rule around our own outages (``core.poll.deadline_lapse``).
+"""Properties of the deadline rule around our own outages (``core.lapses.deadline_lapse``).
 
 A simulated poller reads a job that never finishes; the service is away during random
 lapses (no claim, no read) and comes back after them. Whatever the lapses: never more
@@ -15,18 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler.core.backoff import BackoffPolicy
-from reconciler.core.poll import (
-    Lapse,
-    Observation,
-    PollPolicy,
-    PollRecord,
-    Stop,
-    Wait,
-    before_request,
-    deadline_lapse,
-    decide,
-    first_poll_at,
-)
+from reconciler.core.lapses import Lapse, deadline_lapse
+from reconciler.core.next_read import first_poll_at
+from reconciler.core.poll import before_request, decide
+from reconciler.core.poll_values import Observation, PollPolicy, PollRecord, Stop, Wait
 from reconciler.core.vocabulary import EscalationReason, RemoteCategory
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -26,7 +26,8 @@ from reconciler.core.collect import CollectDecision, RetryFetch, decide_collect
 from reconciler.core.create import may_have_landed
 from reconciler.core.errors import DecisionNotAllowed
 from reconciler.core.operator_decision import DecisionRequest, plan_decision
-from reconciler.core.poll import Observation, PollPolicy, PollRecord, Stop, Wait, decide
+from reconciler.core.poll import decide
+from reconciler.core.poll_values import Observation, PollPolicy, PollRecord, Stop, Wait
 from reconciler.core.provider_calls import CallResult
 from reconciler.core.rate_limit import is_rate_limited, retry_after_value, wait_seconds
 from reconciler.core.records import EscalationRecord, OperationRecord, new_operation

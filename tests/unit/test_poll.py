@@ -14,9 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
+from reconciler.core.cancel import cancel_window_read
 from reconciler.core.clock import isoformat
 from reconciler.core.errors import InvalidObservation, ReconcilerError
-from reconciler.core.poll import (
+from reconciler.core.next_read import first_poll_at, parse_rfc3339
+from reconciler.core.poll import before_request, decide
+from reconciler.core.poll_values import (
     Collect,
     Counters,
     Finish,
@@ -25,11 +28,6 @@ from reconciler.core.poll import (
     PollRecord,
     Stop,
     Wait,
-    before_request,
-    cancel_window_read,
-    decide,
-    first_poll_at,
-    parse_rfc3339,
 )
 from reconciler.core.vocabulary import DelaySource, EscalationReason, RemoteCategory, TransportError
 

@@ -11,15 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
-from reconciler.core.poll import (
-    Observation,
-    PollPolicy,
-    PollRecord,
-    Wait,
-    decide,
-    first_poll,
-    restore,
-)
+from reconciler.core.next_read import first_poll, restore
+from reconciler.core.poll import decide
+from reconciler.core.poll_values import Observation, PollPolicy, PollRecord, Wait
 from reconciler.core.trust import (
     Health,
     TrustPolicy,
@@ -250,6 +244,16 @@ def test_a_restored_wait_is_normal_never_later_than_the_stretch_and_keeps_minimu
 # --- health --------------------------------------------------------------------------------
 
 POLICY = TrustPolicy(trust_after=3, distrust_after_misses=1)
+
+
+def test_a_read_after_our_own_outage_excuses_the_provider_but_never_hides_a_webhook() -> None:
+    second = timedelta(seconds=1)
+    # The webhook may have come while our storage refused it: not the provider's miss.
+    assert judge_read(None, T0, outage=True) is Verdict.EXCUSED
+    assert judge_read(None, T0, T0 + second, outage=True) is Verdict.EXCUSED
+    # A webhook stored before we asked still counts, outage or not.
+    assert judge_read(T0 - second, T0, outage=True) is Verdict.WEBHOOK_FIRST
+    assert judge_read(None, T0, T0 - second, outage=True) is Verdict.WEBHOOK_FIRST
 
 
 def test_judging_a_read() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
@@ -52,6 +53,22 @@ class Verified:
 
 
 CollectDecision = RetryFetch | Unavailable | Invalid | Verified
+
+
+class CollectPlan(Enum):
+    """What the collect step does with a confirmed success: the one answer both the claim's
+    ``prepare`` (which counts a fetch ahead only for ``FETCH``) and the step go by."""
+
+    SUCCEED = "succeed"  # the provider file names no result: the confirmed status is it
+    FETCH = "fetch"
+    NO_JOB_ID = "no_job_id"  # nothing to fetch from: a state no transition leaves one in
+
+
+def plan_collect(has_result: bool, remote_job_id: str | None) -> CollectPlan:
+    """Fetch the result, unless the provider file names none (``has_result``)."""
+    if not has_result:
+        return CollectPlan.SUCCEED
+    return CollectPlan.FETCH if remote_job_id is not None else CollectPlan.NO_JOB_ID
 
 
 def retryable(call: CallResult) -> bool:

@@ -1,8 +1,17 @@
 """Establishing the provider's job id (``create_pending`` / ``create_unknown``): pure decisions.
 
-Guarantee: one remote job per operation. A create or lookup outcome is decided
-here as a value (accepted, rejected, ambiguous, stop); the shell in
-``engine.steps.create`` sends the calls and writes what is decided.
+Guarantee: one remote job per operation. Which call the create step makes is decided
+here (``plan_create``, the one answer both the claim's ``prepare`` and the step go by),
+and so is what its outcome means (accepted, rejected, ambiguous, stop, or ``Unsettled``:
+a person decides); the shell in ``engine.steps.create`` sends the calls and writes what
+is decided.
+
+Where the provider takes no idempotency key (``Settling``), a create that may have made
+a job is never resent on the service's own: a further attempt goes out only on evidence
+kept in the history (``allows_resend``): the last attempt certainly made no job
+(``RESEND_SAFE``), or an operator decided ``resend`` since (``RESEND_DECISION``). Each
+piece of evidence names the attempt count it was given at, and the count goes up before
+every send, so one piece of evidence allows one create, also across a crash.
 """
 
 from __future__ import annotations
@@ -22,11 +31,22 @@ from reconciler.core.outcome_parts import (
     one_line,
     provider_message,
 )
-from reconciler.core.poll import Stop
-from reconciler.core.vocabulary import RETRYABLE_4XX, DelaySource, EscalationReason, TransportError
+from reconciler.core.poll_values import Stop
+from reconciler.core.provider_calls import CallResult
+from reconciler.core.records import OperationRecord
+from reconciler.core.states import State
+from reconciler.core.vocabulary import (
+    RETRYABLE_4XX,
+    DecisionAction,
+    DelaySource,
+    EscalationReason,
+    TransportError,
+)
 
 # 409: the provider is still working on a request with the same idempotency key.
 RETRYABLE_CREATE_4XX = RETRYABLE_4XX | {409}
+RESEND_SAFE = "resend_safe_at_attempt"  # in a create_response: that attempt made no job
+RESEND_DECISION = f"decision:{DecisionAction.RESEND.value}"
 
 
 @dataclass(frozen=True)
@@ -83,6 +103,62 @@ class Ambiguous:
 CreateDecision = Accepted | Rejected | Ambiguous | Stop
 
 
+@dataclass(frozen=True)
+class Unsettled:
+    """A create that may have made a job, which no key dedupes and no lookup settled: it
+    is not resent without a person's decision (``create_unknown``)."""
+
+    why: str
+
+    @property
+    def detail(self) -> str:
+        return (
+            f"{self.why}, and the provider takes no idempotency key and no lookup settled "
+            "it: it is not resent without a decision"
+        )
+
+
+@dataclass(frozen=True)
+class Settling:
+    """How a create that may have reached the provider is settled: the provider dedupes
+    on our key (``keyed``), or it can be asked (``lookup``). With neither (``blind``) a
+    resend may make a second job."""
+
+    keyed: bool
+    lookup: bool
+
+    @property
+    def blind(self) -> bool:
+        return not self.keyed and not self.lookup
+
+
+@dataclass(frozen=True)
+class FirstSend:
+    """The first create: it cannot have reached the provider yet (the claim may prepare it)."""
+
+
+@dataclass(frozen=True)
+class Resend:
+    """Send the create again with the same key: the provider dedupes on it."""
+
+
+@dataclass(frozen=True)
+class LookUp:
+    """A create may have reached the provider: ask its lookup before resending."""
+
+
+@dataclass(frozen=True)
+class NeedsEvidence:
+    """A create may have reached a provider that takes no key: only evidence on record
+    allows another (``allows_resend``); without it the lookup asks (``lookup``), or
+    nothing can settle it (``Unsettled``)."""
+
+    lookup: bool
+
+
+CreatePlan = Stop | FirstSend | Resend | LookUp | NeedsEvidence
+
+
 def before_create(create_deadline_at: datetime, now: datetime) -> Stop | None:
     """Checked before every create call or lookup, so a late wake cannot exceed the deadline."""
     if now >= create_deadline_at:
@@ -91,6 +167,128 @@ def before_create(create_deadline_at: datetime, now: datetime) -> Stop | None:
             f"job id not established before the create deadline {isoformat(create_deadline_at)}",
         )
     return None
+
+
+def may_have_sent(state: State, create_attempts: int) -> bool:
+    """A create may already have reached the provider: in create_unknown, and also in
+    create_pending after a restart with an attempt on record."""
+    return state is State.CREATE_UNKNOWN or create_attempts > 0
+
+
+def plan_create(op: OperationRecord, now: datetime, settling: Settling) -> CreatePlan:
+    """The call the create step makes on ``op`` at ``now``: the create window's end
+    (``Stop``: looked at before escalating), the first create, or for a create that may
+    have landed already a look before any resend."""
+    stop = before_create(op.create_deadline_at, now)
+    if stop is not None:
+        return stop
+    if not may_have_sent(State(op.state), op.create_attempts):
+        return FirstSend()
+    if not settling.keyed:
+        return NeedsEvidence(settling.lookup)
+    return LookUp() if settling.lookup else Resend()
+
+
+def allows_resend(cause: str, detail: Any, create_attempts: int) -> bool:
+    """Whether the last create answer or resend decision on record (``cause``, ``detail``)
+    allows one more create of a provider without a key, at ``create_attempts``."""
+    if not isinstance(detail, dict):
+        return False
+    if cause == RESEND_DECISION:
+        return bool(detail.get("create_attempts") == create_attempts)
+    return bool(detail.get(RESEND_SAFE) == create_attempts)
+
+
+def resend_safe(call: CallResult, settling: Settling, *, via_lookup: bool) -> bool:
+    """A create answer that is evidence for the next try of a blind provider: this
+    attempt made no job, so one more is safe."""
+    landed = may_have_landed(
+        call.http_status, call.transport_error, call.maybe_delivered, call.rate_limited
+    )
+    return settling.blind and not via_lookup and not landed
+
+
+def unsettled(
+    decision: CreateDecision,
+    call: CallResult,
+    state: State,
+    settling: Settling,
+    *,
+    via_lookup: bool,
+) -> Unsettled | None:
+    """A person's call instead of ``decision``, for a provider without a key: a blind
+    retry of a create that may have landed, or a window that closed (while a call was
+    out, as between calls) on a create that may have made a job."""
+    if settling.keyed:
+        return None
+    landed = may_have_landed(
+        call.http_status, call.transport_error, call.maybe_delivered, call.rate_limited
+    )
+    if settling.blind and landed and isinstance(decision, Ambiguous):
+        return Unsettled(_ambiguity(call))
+    if (
+        isinstance(decision, Stop)
+        and decision.reason is EscalationReason.PROVIDER_FAILURE
+        and (via_lookup or landed or state is State.CREATE_UNKNOWN)
+    ):
+        return Unsettled(f"{decision.detail}; the create may have made a job")
+    return None
+
+
+def window_unsettled(op: OperationRecord, settling: Settling, *, answered: bool) -> bool:
+    """At the create window's end: a create that may have made a job, without a key,
+    that no lookup answered (``answered``: one did, found or not) is a person's call
+    (abandon or resend), not a provider failure."""
+    return (
+        not settling.keyed and may_have_sent(State(op.state), op.create_attempts) and not answered
+    )
+
+
+def given_back_until(
+    op: OperationRecord, outage_started_at: datetime, now: datetime
+) -> datetime | None:
+    """The create window given back once after our own outage during it: what was left of
+    it when the outage began, never past the operation's deadline; None when nothing is."""
+    left = op.create_deadline_at - max(outage_started_at, op.created_at)
+    until = min(now + left, op.deadline_at)
+    return until if until > now else None
+
+
+def create_observation(call: CallResult, job_id: str | None) -> CreateObservation:
+    """A create or lookup call as the decision reads it (a refusal's body kept verbatim)."""
+    error = None
+    if call.http_status is not None and call.http_status >= 400:
+        error = call.body if call.body is not None else body_text(call.body_bytes)
+    return CreateObservation(
+        at=call.sent_at,
+        http_status=call.http_status,
+        transport_error=call.transport_error,
+        job_id=job_id,
+        retry_after=call.retry_after,
+        error=error,
+        rate_limited=call.rate_limited,
+    )
+
+
+def unsettled_lookup(call: CallResult, problem: str | None) -> str:
+    """Why a lookup settled nothing (docs/design.md#create_unknown): it is looked up again."""
+    if problem:
+        why = problem
+    elif call.transport_error is not None:
+        why = f"no answer ({call.transport_error.value})"
+    elif call.refused:
+        why = f"not sent ({call.refused})"
+    else:
+        why = f"HTTP {call.http_status}"
+    return f"the lookup settled nothing: {why}"
+
+
+def _ambiguity(call: CallResult) -> str:
+    if call.transport_error is not None:
+        return (
+            f"the create got no answer ({call.transport_error.value}) after it may have been sent"
+        )
+    return f"the create was answered HTTP {call.http_status} without a job id"
 
 
 def next_try_at(

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, BinaryIO
 
+from reconciler.core.clock import isoformat
 from reconciler.core.errors import InvalidRequest
 from reconciler.core.strict_json import escaped, first_unstorable, is_storable, parse_json
 from reconciler.core.vocabulary import TransportError
@@ -73,6 +74,26 @@ class CallResult:
     @property
     def answered(self) -> bool:
         return self.http_status is not None
+
+
+def call_detail(call: CallResult) -> dict[str, Any]:
+    """What a history entry keeps of a provider call: metadata, never credentials."""
+    detail: dict[str, Any] = {"method": call.method, "target": call.target}
+    if call.http_status is not None:
+        detail["http_status"] = call.http_status
+    if call.transport_error is not None:
+        detail["transport_error"] = call.transport_error.value
+    if call.refused:
+        detail["refused"] = call.refused
+    if call.provider_request_id:
+        detail["provider_request_id"] = call.provider_request_id
+    if call.retry_after:
+        detail["retry_after"] = call.retry_after
+    # When we sent it, apart from when the answer was written: what the deadline and the
+    # budget are judged against, however long the provider or the network took.
+    detail["sent_at"] = isoformat(call.sent_at)
+    detail["elapsed_ms"] = round(call.elapsed_ms, 1)
+    return detail
 
 
 @dataclass(frozen=True)

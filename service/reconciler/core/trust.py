@@ -101,7 +101,11 @@ class Change:
 
 
 def judge_read(
-    hinted_at: datetime | None, asked_at: datetime, unanswered_at: datetime | None = None
+    hinted_at: datetime | None,
+    asked_at: datetime,
+    unanswered_at: datetime | None = None,
+    *,
+    outage: bool = False,
 ) -> Verdict:
     """A status read confirmed a terminal state: was a verified webhook stored before we asked?
 
@@ -109,12 +113,14 @@ def judge_read(
     webhook for the job received after the previous request was sent (so no earlier
     read answered it). The hint alone can hide such a webhook: one coalesced while this
     read was in flight moves ``hinted_at`` past the read, and a hint whose webhook
-    arrived before we asked may commit after the request went out.
+    arrived before we asked may commit after the request went out. ``outage``: our own
+    storage was down at some point since the last read, so the job's webhook may have
+    come then and been refused by us: not the provider's miss (``EXCUSED``).
     """
     for at in (hinted_at, unanswered_at):
         if at is not None and at <= asked_at:
             return Verdict.WEBHOOK_FIRST
-    return Verdict.PENDING
+    return Verdict.EXCUSED if outage else Verdict.PENDING
 
 
 def settle_after(seen_at: datetime, policy: TrustPolicy) -> datetime:

@@ -24,10 +24,10 @@ from sqlalchemy.engine import Connection
 from reconciler.core.catch_up import Overdue, spread
 from reconciler.core.clock import isoformat
 from reconciler.core.errors import StaleWrite
+from reconciler.core.poll_values import record_of
 from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.engine.deps import EngineDeps
-from reconciler.engine.steps.poll import record_of
 from reconciler.storage import operations as store
 from reconciler.storage.journal import Entry
 

@@ -22,7 +22,7 @@ from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.clock import isoformat
 from reconciler.core.errors import StaleWrite, UnstorableAnswer
 from reconciler.core.escalation import UNKNOWN_PROVIDER, ProviderTerms
-from reconciler.core.poll import PollPolicy
+from reconciler.core.poll_values import PollPolicy
 from reconciler.core.provider_calls import CallResult, unstorable_in
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State

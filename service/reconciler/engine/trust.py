@@ -26,15 +26,15 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from reconciler.core import poll as decisions
 from reconciler.core.clock import isoformat
 from reconciler.core.errors import StorageUnavailable
+from reconciler.core.next_read import restore
+from reconciler.core.poll_values import record_of
 from reconciler.core.records import OperationRecord
 from reconciler.core.story import SOURCE_WORDS, clock_text
 from reconciler.core.trust import Change, Health, TrustPolicy, TrustState, Verdict, settle, spread
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.engine.context import StepContext
-from reconciler.engine.steps.poll import record_of
 from reconciler.logs import OutageLog
 from reconciler.storage import trust as store
 from reconciler.storage.availability import explain
@@ -183,7 +183,7 @@ class TrustKeeper:
         why = _why(health, spec.polling.trust())
         items: list[tuple[OperationRecord, dict[str, Any], Sequence[Entry]]] = []
         for op, slot in zip(ops, slots, strict=True):
-            back = decisions.restore(
+            back = restore(
                 record_of(op),
                 op.last_http_at or op.accepted_at or now,
                 op.next_poll_at or now,

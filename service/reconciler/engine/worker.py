@@ -11,9 +11,10 @@ reads each row back once the lease is taken, in the same statement.
 Fewer transactions: the claim also prepares each claimed operation's step (the
 charge, reservation or start record it writes before it sends anything,
 ``prepare``), and a step's last write prepares the next step or gives the lease
-back (``engine.flow``), so a happy path costs one transaction per step. After
-its own writes a task keeps the record they returned: nothing is read again
-that the lease already guarantees.
+back (``engine.flow``), so a happy path costs one transaction per step. Each claim
+is worked by a task of its own (``engine.claim_run``); after its own writes a task
+keeps the record they returned: nothing is read again that the lease already
+guarantees.
 """
 
 from __future__ import annotations
@@ -27,34 +28,28 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.engine import Connection
 
-from reconciler.core.completion_lanes import choose, is_callback_lane, lane_or_hooks
+from reconciler.core.completion_lanes import choose
 from reconciler.core.errors import (
     Bug,
     ReconcilerError,
     StaleWrite,
-    StorageError,
     StorageUnavailable,
 )
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
-from reconciler.core.step_retry import step_of
 from reconciler.engine.catch_up import spread_overdue
+from reconciler.engine.claim_run import ClaimRun
 from reconciler.engine.context import StepContext
-from reconciler.engine.flow import Flow, Prep, Preparer, flow_var
+from reconciler.engine.flow import Prep, Preparer, flow_var
 from reconciler.engine.shares import CALLBACKS, HOOKS, Shares, share_of
 from reconciler.engine.step_failures import StepFailures, step_retry_policy
-from reconciler.engine.step_table import SPAN_OF_STATE, STATUS_READ_STATES, Step, Steps, step_table
-from reconciler.logs import OutageLog, operation_id_var, trace_id_var
+from reconciler.engine.step_table import Step, Steps, step_table
+from reconciler.logs import OutageLog, operation_id_var
 from reconciler.storage import operations as store
 from reconciler.storage.availability import explain
-from reconciler.tracing import SpanName
 
 log = logging.getLogger("reconciler.engine.worker")
 
-# Steps per claim: enough to go from a confirmed success through result collection to the
-# completion handler without waiting for another tick, few enough that one operation cannot
-# monopolise a worker.
-MAX_STEPS_PER_CLAIM = 6
 # The longest one claim may keep its lease alive by heartbeats.
 MAX_HELD_SECONDS = 600.0
 # Turns of the loop a tick gives the tasks waiting to move before it claims (each needs one).
@@ -293,7 +288,7 @@ class Worker:
         return _Ask(n, store.ShareFilter(provider=key, completion=False))
 
     def _prepare_claimed(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
-        step = self._preparer(op, now)
+        step = self.preparer(op, now)
         if step is None:
             return None
         try:
@@ -303,11 +298,11 @@ class Worker:
         except Exception as exc:  # the claim is made again without it: see _claim
             raise _PrepFailed() from exc
 
-    def _preparer(self, op: OperationRecord, now: datetime) -> Preparer | None:
+    def preparer(self, op: OperationRecord, now: datetime) -> Preparer | None:
         """The step that will run on ``op`` now, if it can do its first write ahead."""
         if op.next_poll_at is None or op.next_poll_at > now:
             return None
-        step = self._step_for(op)
+        step = self.step_for(op)
         return step if step is not None and hasattr(step, "prepare") else None
 
     def _spawn(self, claimed: _Claimed, share: str) -> None:
@@ -321,7 +316,7 @@ class Worker:
             # run the same step twice; the task on it works this claim when it is done.
             previous = self._reclaimed.pop(op_id, None)
             if previous is not None:
-                self._give(previous[1])
+                self.give(previous[1])
             self._reclaimed[op_id] = (claimed, share)
             return
         self._working.add(op_id)
@@ -337,14 +332,14 @@ class Worker:
         self._working.discard(op_id)
         left = self._reclaimed.pop(op_id, None)
         if left is not None:
-            self._give(left[1])
+            self.give(left[1])
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("worker task failed", exc_info=task.exception())
 
-    def _give(self, share: str) -> None:
+    def give(self, share: str) -> None:
         was_full = self.shares.give(share)
         if self._claiming:
             # The claim in flight counted the free slots before this one was given back:
@@ -355,7 +350,7 @@ class Worker:
             # The share (or the worker) was full: there may be due work we could not claim.
             self.deps.notifier.wake()
 
-    def _step_for(self, op: OperationRecord) -> Step | None:
+    def step_for(self, op: OperationRecord) -> Step | None:
         state = State(op.state)
         # Only an end state is completed: an operator may have reopened one (extend, cancel)
         # before its completion finished, and then the flows own the operation again.
@@ -368,7 +363,7 @@ class Worker:
     ) -> None:
         operation_id_var.set(op_id)
         self.deps.tracing.detach()
-        task = _Task(self, share)
+        task = ClaimRun(self, share)
         flow_var.set(task.flow)
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(op_id))
         try:
@@ -379,7 +374,7 @@ class Worker:
                 if again is None:
                     break
                 claimed, claimed_share = again
-                self._give(task.share)
+                self.give(task.share)
                 task.claimed(claimed_share)
                 op, prep = claimed.op, claimed.prep
         except Bug as exc:
@@ -398,16 +393,16 @@ class Worker:
             try:
                 if again is not None:
                     # Claimed again just now (after an error): a task of its own works it.
-                    self._give(again[1])
+                    self.give(again[1])
                     self._spawn(again[0], again[1])
                 elif task.flow.released:
                     self._due_at(task.last)  # the step's last write gave the lease back
                 elif not task.keep_lease:
                     await self._release(op_id, task.last)
             finally:
-                self._give(task.share)
+                self.give(task.share)
 
-    def _give_moved(self, share: str) -> None:
+    def give_moved(self, share: str) -> None:
         """A slot freed by a move to another share: wake the claim if the old one was full."""
         if self.shares.free(share) == 1:
             self.deps.notifier.wake()
@@ -435,7 +430,7 @@ class Worker:
             except StorageUnavailable:
                 continue
 
-    async def _park(self, op: OperationRecord) -> None:
+    async def park(self, op: OperationRecord) -> None:
         """Nothing to do in this state: stop looking until something changes it."""
         rt = self.deps
 
@@ -471,162 +466,3 @@ class Worker:
             await asyncio.wait(set(self._tasks), timeout=timeout)
         for task in list(self._tasks):
             task.cancel()
-
-
-class _Task:
-    """One task's run of steps on one operation under one claim (its ``Flow``'s owner)."""
-
-    def __init__(self, worker: Worker, share: str) -> None:
-        self.worker = worker
-        self.share = share
-        self.steps_left = MAX_STEPS_PER_CLAIM
-        self.sent_status_read = False
-        self.completion_slot: str | None = None  # a completion share held while collecting
-        self.last: OperationRecord | None = None
-        self.keep_lease = False  # a failure that could not be recorded: the lease runs out
-        # The shares that were full when the current step began (``Shares.full_now``).
-        self.full_shares: frozenset[str] = frozenset()
-        self.flow = Flow(
-            next_step=self._next_step,
-            release=self._release_in,
-            keeps=self._keeps,
-            reserve=self._reserve_lane,
-        )
-
-    def claimed(self, share: str) -> None:
-        """A new claim of the same operation: its share, and a fresh allowance of steps."""
-        self.share = share
-        self.steps_left = MAX_STEPS_PER_CLAIM
-        self.sent_status_read = False
-
-    def _release_in(self, conn: Connection, op_id: str) -> None:
-        store.release(conn, [op_id], self.worker.owner)
-
-    def _keeps(self, after: OperationRecord) -> bool:
-        """Inside a write: whether this task could go on with ``after`` in its next share."""
-        wanted = share_of(after)
-        if wanted in (self.share, self.completion_slot):
-            return True
-        if is_callback_lane(wanted) and CALLBACKS in self.full_shares:
-            return False
-        return wanted not in self.full_shares
-
-    def _next_step(self, after: OperationRecord, now: datetime) -> Preparer | None:
-        """Inside a write: the step this task would run next on ``after`` now (see ``run``)."""
-        if self.steps_left <= 0:
-            return None
-        wanted = share_of(after)
-        if wanted != self.share and wanted != self.completion_slot:
-            return None
-        if State(after.state) in STATUS_READ_STATES and self.sent_status_read:
-            return None
-        return self.worker._preparer(after, now)
-
-    async def run(self, op_id: str, op: OperationRecord | None, prep: Prep | None) -> None:
-        worker = self.worker
-        rt = worker.deps
-        while self.steps_left > 0:
-            if op is None:
-                # Reload after the claim (when it did not read the row) or a lost race.
-                op, prep = await worker.ctx.reload(op_id), None
-                if op is None or op.lease_owner != worker.owner:
-                    return
-            self.last = op
-            trace_id_var.set(op.trace_id)
-            now = rt.clock.now()
-            if op.next_poll_at is None or op.next_poll_at > now:
-                return
-            wanted = share_of(op)
-            if not await worker.move(self.share, wanted):
-                # The next step belongs to a full share (a callback after a provider's
-                # answer): give this slot back and let that share claim it when it can.
-                rt.notifier.wake()
-                return
-            if wanted != self.share:
-                worker._give_moved(self.share)
-                self.share = wanted
-            step = worker._step_for(op)
-            if step is None:
-                await worker._park(op)
-                return
-            is_status_read = State(op.state) in STATUS_READ_STATES
-            if is_status_read and self.sent_status_read:
-                return  # never two status reads in one claim: a late wake sends no burst
-            self.sent_status_read = self.sent_status_read or is_status_read
-            self.steps_left -= 1
-            await self._reserve_completion(op)
-            self.full_shares = worker.shares.full_now()
-            self.flow.begin_step()
-            try:
-                ran = await self._step(step, op, prep)
-            finally:
-                self._settle_completion()
-            if ran is None:  # a lost race: reload and look again
-                op, prep = None, None
-                continue
-            if not ran:
-                return
-            if self.flow.released:
-                self.last = self.flow.last
-                return
-            # What our own writes left (the lease guarantees nobody else wrote since);
-            # a step that wrote nothing is looked at again.
-            op, prep = (self.flow.last, self.flow.prepared) if self.flow.changed else (None, None)
-
-    async def _step(self, step: Step, op: OperationRecord, prep: Prep | None) -> bool | None:
-        """Run one step: True when it ran, None when it lost a race, False when it failed."""
-        worker = self.worker
-        rt = worker.deps
-        name = SPAN_OF_STATE.get(State(op.state), SpanName.COMPLETION)
-        if step is worker.completion:
-            name = SpanName.COMPLETION
-        try:
-            with rt.tracing.about(op, name, state=op.state, delay_source=op.delay_source):
-                await (step(op, prep) if prep is not None else step(op))
-        except StaleWrite:
-            # Someone else wrote first (an agent's cancel, a webhook hint, an operator):
-            # look again rather than act on an old picture.
-            return None
-        except StorageError:
-            raise  # the database, not the step: our own outage (``_process``)
-        except Exception as exc:
-            # Nothing foresaw it: counted, tried again later, in the end a person.
-            held = self.flow.last if self.flow.changed and self.flow.last else op
-            step_name = step_of(State(op.state))
-            self.keep_lease = not await worker.failures.record(held, step_name, exc)
-            self.last = self.flow.last if self.flow.released else held
-            return False
-        return True
-
-    async def _reserve_completion(self, op: OperationRecord) -> None:
-        """Hold a slot of the share the completion will start in while collecting a result,
-        so its last write can start the completion handler (in the same transaction)
-        instead of leaving it to a claim."""
-        self.completion_slot = None
-        if State(op.state) is not State.RESULT_COLLECTING:
-            return
-        first = self.worker.deps.journal.first_lane
-        await self._reserve_lane(lane_or_hooks(first(op) if first is not None else None))
-
-    async def _reserve_lane(self, lane: str) -> None:
-        """A slot of the share the step's last write may hand the operation to (the callback
-        after the hooks), held as the completion's is: ``_settle_completion`` moves the
-        task into it or gives it back."""
-        if self.completion_slot is not None or lane == self.share:
-            return
-        if await self.worker.take(lane):
-            self.completion_slot = lane
-
-    def _settle_completion(self) -> None:
-        lane = self.completion_slot
-        if lane is None:
-            return
-        self.completion_slot = None
-        last = self.flow.last if self.flow.changed else None
-        if last is not None and not self.flow.released and share_of(last) == lane:
-            # The result is in and the completion handler is due: this task runs it in the
-            # slot it held, and the provider's slot goes back.
-            self.worker._give(self.share)
-            self.share = lane
-            return
-        self.worker._give(lane)

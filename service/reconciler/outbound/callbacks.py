@@ -1,9 +1,10 @@
-"""One delivery attempt of a signed agent callback, and the delay before the next one.
+"""One delivery attempt of a signed agent callback.
 
 The client never raises for network trouble: every attempt ends in a
 ``DeliveryOutcome`` that says whether the event arrived, whether trying again
 can help, and why not. The caller keeps the attempt count, stores the outcome
-and escalates ``callback_undeliverable`` when its budget is spent.
+and escalates ``callback_undeliverable`` when its budget is spent (when the next
+attempt is, or that there is none, ``core.completion_retry`` decides).
 
 Decisions:
 
@@ -29,16 +30,13 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
-import random
 import ssl
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
 
-from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.canonical import canonical_json
 from reconciler.core.clock import Clock
 from reconciler.core.errors import InvalidRequest, ResolutionFailed
@@ -57,8 +55,6 @@ EVENT_OPERATION_COMPLETED = "operation.completed"
 USER_AGENT = "reconciler-callbacks/1"
 MAX_WEBHOOK_ID = 256
 EXCERPT_CHARS = 160
-# A receiver may ask for a long pause, but not one that outlives every deadline.
-DEFAULT_RETRY_AFTER_CEILING = timedelta(hours=6)
 
 _TRANSPORT_TEXT = {
     TransportError.TIMEOUT: "the receiver did not answer in time",
@@ -130,33 +126,6 @@ def _excerpt(body: bytes) -> str:
 def _failure(kind: TransportError, address: str | None, detail: str = "") -> DeliveryOutcome:
     text = _TRANSPORT_TEXT[kind] + (f" ({detail})" if detail else "")
     return DeliveryOutcome(delivered=False, error=text, transport_error=kind, address=address)
-
-
-# A receiver tells a retry from a replayed capture by the signed timestamp, which counts
-# whole seconds: a retry sent within the second of the attempt before would carry the
-# same webhook-id and timestamp, and a replay guard would refuse it for good.
-MIN_RETRY_DELAY = timedelta(seconds=1)
-
-
-def next_attempt_delay(
-    attempt: int,
-    retry_after_raw: str | None,
-    now: datetime,
-    policy: BackoffPolicy,
-    rng: random.Random,
-    ceiling: timedelta = DEFAULT_RETRY_AFTER_CEILING,
-) -> timedelta:
-    """Delay before the next attempt; ``attempt`` is 0 after the first failure.
-
-    Capped exponential backoff with jitter, never less than the receiver's
-    ``Retry-After`` (seconds or HTTP-date) up to ``ceiling``, and never less than
-    ``MIN_RETRY_DELAY``.
-    """
-    delay = max(timedelta(seconds=policy.delay(attempt, rng)), MIN_RETRY_DELAY)
-    asked = parse_retry_after(retry_after_raw, now)
-    if asked is not None:
-        delay = max(delay, min(asked, ceiling))
-    return delay
 
 
 def receiver_host(url: str, allow_hosts: Collection[str] | ssrf.AllowList) -> str:

@@ -8,18 +8,18 @@ failure that won the race is reported as it happened.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from reconciler.core.backoff import parse_retry_after
+from reconciler.core.cancel import answer_floor, first_read, send_or_watch
+from reconciler.core.provider_calls import call_detail
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Prep
-from reconciler.engine.steps.create import call_detail
 from reconciler.storage.journal import Entry
 
 
@@ -32,9 +32,7 @@ class CancelStep:
         return self.ctx.change_in(conn, op, now, cancel_sent_at=now)
 
     def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
-        if op.cancel_sent_at is not None or op.remote_job_id is None:
-            return None
-        if self.ctx.spec(op).cancel is None:
+        if send_or_watch(op, self.ctx.spec(op).cancel is not None) is not None:
             return None
         return Prep(self._mark_sent(conn, op, now))
 
@@ -43,25 +41,10 @@ class CancelStep:
         spec = ctx.spec(op)
         journal = ctx.deps.journal
         now = ctx.now()
-        first_read = now + timedelta(seconds=spec.polling.base_delay_seconds)
-        watch = {"next_poll_at": first_read, "delay_source": DelaySource.LOCAL_BACKOFF.value}
-        read_at = first_read
-        if op.retry_not_before is not None and op.retry_not_before > first_read:
-            read_at = op.retry_not_before
-            # The last status answer's Retry-After still holds for the next status read.
-            watch = {
-                "next_poll_at": op.retry_not_before,
-                "delay_source": DelaySource.PROVIDER_RETRY_AFTER.value,
-            }
-        if prep is None and (
-            op.cancel_sent_at is not None or spec.cancel is None or op.remote_job_id is None
-        ):
-            # Already sent by an earlier owner (at most once), or nothing we can send.
-            note = (
-                "cancel call already sent earlier"
-                if op.cancel_sent_at
-                else ("the provider has no cancel action; watching for its own outcome")
-            )
+        read_at, source = first_read(now, spec.polling.base_delay_seconds, op.retry_not_before)
+        watch = {"next_poll_at": read_at, "delay_source": source.value}
+        note = send_or_watch(op, spec.cancel is not None)
+        if prep is None and note is not None:
             await ctx.write(
                 op,
                 lambda conn: journal.transition(
@@ -97,14 +80,13 @@ class CancelStep:
             "last_http_status": call.http_status,
             "last_http_at": call.sent_at,
         }
-        wait = parse_retry_after(call.retry_after, now)
-        if wait is not None and now + wait > read_at:
-            # The cancel answer asked for a pause (Retry-After, retry-after-ms, a rate-limit
-            # reset): the status read that confirms the cancel waits for it.
+        floor = answer_floor(read_at, now, call.retry_after)
+        if floor is not None:
+            # The cancel answer asked for a pause: the status read that confirms it waits.
             changes.update(
-                next_poll_at=now + wait,
+                next_poll_at=floor,
                 delay_source=DelaySource.PROVIDER_RETRY_AFTER.value,
-                retry_not_before=now + wait,
+                retry_not_before=floor,
             )
 
         def record(conn: Connection, fresh: OperationRecord) -> OperationRecord:

@@ -16,14 +16,21 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from reconciler.core.collect import Invalid, RetryFetch, Unavailable, Verified, decide_collect
-from reconciler.core.provider_calls import CallResult
+from reconciler.core.collect import (
+    CollectPlan,
+    Invalid,
+    RetryFetch,
+    Unavailable,
+    Verified,
+    decide_collect,
+    plan_collect,
+)
+from reconciler.core.provider_calls import CallResult, call_detail
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Prep
-from reconciler.engine.steps.create import call_detail
 from reconciler.providers.result_check import check_off_loop, release
 from reconciler.storage.journal import Entry
 
@@ -60,7 +67,8 @@ class CollectStep:
     def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
         """The count of the fetch, inside the transaction that hands the operation over
         (the confirming status read's, usually)."""
-        if self.ctx.spec(op).result is None or op.remote_job_id is None:
+        plan = plan_collect(self.ctx.spec(op).result is not None, op.remote_job_id)
+        if plan is not CollectPlan.FETCH:
             return None
         return Prep(self._charge(conn, op, now))
 
@@ -70,7 +78,8 @@ class CollectStep:
         journal = ctx.deps.journal
         now = ctx.now()
         ref = _ref(op, ctx)
-        if spec.result is None:
+        plan = plan_collect(spec.result is not None, op.remote_job_id)
+        if plan is CollectPlan.SUCCEED:
             # Nothing to fetch or check: the confirmed terminal status is the outcome.
             await ctx.write(
                 op,
@@ -87,7 +96,7 @@ class CollectStep:
                 final=True,
             )
             return
-        assert op.remote_job_id is not None
+        assert plan is CollectPlan.FETCH and op.remote_job_id is not None, plan
         job_id = op.remote_job_id
         if prep is not None:
             charged = prep.op

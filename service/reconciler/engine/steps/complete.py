@@ -28,8 +28,13 @@ from typing import Any
 import anyio.to_thread
 from sqlalchemy.engine import Connection
 
-from reconciler.core.backoff import BackoffPolicy
+from reconciler.config import CallbackSettings
 from reconciler.core.completion_lanes import HOOKS_LANE, callback_lane
+from reconciler.core.completion_retry import (
+    CompletionRetryPolicy,
+    RetryStepAt,
+    after_failure,
+)
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import EscalationReason, HistoryKind
@@ -37,7 +42,7 @@ from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Prep, flow_var
 from reconciler.engine.hooks import Hook
 from reconciler.engine.shares import share_of
-from reconciler.outbound.callbacks import CallbackClient, next_attempt_delay, receiver_host
+from reconciler.outbound.callbacks import CallbackClient, receiver_host
 from reconciler.storage import completion_steps as steps
 from reconciler.storage.completion_steps import StepRow, StepStatus
 from reconciler.storage.history import last_hint_at
@@ -81,6 +86,14 @@ class Outcome:
     retry_after: str | None = None
     permanent: bool = False
     http_status: int | None = None
+
+
+def completion_retry_policy(settings: CallbackSettings) -> CompletionRetryPolicy:
+    return CompletionRetryPolicy(
+        base_seconds=settings.base_delay_seconds,
+        max_seconds=settings.max_delay_seconds,
+        max_attempts=settings.max_attempts,
+    )
 
 
 def _note(tracing: Tracing, outcome: Outcome) -> None:
@@ -356,14 +369,17 @@ class CompleteStep:
             )
             rows = self._with(plan, replace(row, status=StepStatus.DONE))
             return self._advance(conn, op, rows, plan.index + 1, now, [entry])
-        settings = self.ctx.deps.settings.callbacks
         attempts = row.attempts
-        give_up = outcome.permanent or attempts >= settings.max_attempts
-        policy = BackoffPolicy(settings.base_delay_seconds, settings.max_delay_seconds, 0.5)
-        delay = next_attempt_delay(
-            attempts - 1, outcome.retry_after, now, policy, self.ctx.deps.rng
+        decision = after_failure(
+            attempts,
+            permanent=outcome.permanent,
+            retry_after=outcome.retry_after,
+            now=now,
+            policy=completion_retry_policy(self.ctx.deps.settings.callbacks),
+            rng=self.ctx.deps.rng,
         )
-        retry_at = now + delay
+        retry_at = decision.at if isinstance(decision, RetryStepAt) else None
+        give_up = retry_at is None
         reason = outcome.reason[:500]
         steps.mark_failed(conn, op, row.step, reason, give_up=give_up, retry_at=retry_at)
         entry = Entry(
@@ -376,10 +392,10 @@ class CompleteStep:
                 "error": reason,
                 "http_status": outcome.http_status,
                 "gave_up": give_up,
-                "retry_at": None if give_up else retry_at.isoformat(),
+                "retry_at": None if retry_at is None else retry_at.isoformat(),
             },
         )
-        if not give_up:
+        if retry_at is not None:
             waiting = self.ctx.deps.journal.write(
                 conn,
                 op,

@@ -13,7 +13,6 @@ so neither a provider that is down nor a lost write makes a tight loop.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -21,83 +20,50 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.clock import isoformat
 from reconciler.core.create import (
+    RESEND_SAFE,
     Ambiguous,
     CreateDecision,
-    CreateObservation,
+    FirstSend,
+    NeedsEvidence,
     Rejected,
-    before_create,
-    body_text,
+    Resend,
+    Settling,
+    Unsettled,
+    create_observation,
     decide_create,
-    may_have_landed,
+    given_back_until,
+    may_have_sent,
     next_try_at,
+    plan_create,
+    resend_safe,
     retry_create,
+    unsettled,
+    unsettled_lookup,
+    window_unsettled,
 )
-from reconciler.core.poll import Stop, first_poll
-from reconciler.core.provider_calls import CallResult
+from reconciler.core.poll_values import Stop
+from reconciler.core.provider_calls import CallResult, call_detail
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind
 from reconciler.engine.context import STORAGE_OUTAGE, StepContext
 from reconciler.engine.flow import Prep
-from reconciler.engine.steps.resend import (
-    RESEND_SAFE,
-    lookup_job,
-    resend_allowed,
-    template_values,
-    unsettled_lookup,
-)
+from reconciler.engine.steps.accept import accept_job
+from reconciler.engine.steps.resend import lookup_job, resend_allowed, template_values
 from reconciler.providers.adapter import CreateOutcome, LookupOutcome, LookupVerdict
 from reconciler.providers.create_set import apply_set
-from reconciler.providers.spec import IdempotencyMode
+from reconciler.providers.spec import IdempotencyMode, ProviderSpec
 from reconciler.storage.history import notes_with_cause
 from reconciler.storage.journal import Entry
-from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.payloads import load_request
-from reconciler.storage.trust import is_trusted
-from reconciler.storage.webhook_events import attach_orphans
 
 
-def call_detail(call: CallResult) -> dict[str, Any]:
-    """What a history entry keeps of a provider call: metadata, never credentials."""
-    detail: dict[str, Any] = {"method": call.method, "target": call.target}
-    if call.http_status is not None:
-        detail["http_status"] = call.http_status
-    if call.transport_error is not None:
-        detail["transport_error"] = call.transport_error.value
-    if call.refused:
-        detail["refused"] = call.refused
-    if call.provider_request_id:
-        detail["provider_request_id"] = call.provider_request_id
-    if call.retry_after:
-        detail["retry_after"] = call.retry_after
-    # When we sent it, apart from when the answer was written: what the deadline and the
-    # budget are judged against, however long the provider or the network took.
-    detail["sent_at"] = isoformat(call.sent_at)
-    detail["elapsed_ms"] = round(call.elapsed_ms, 1)
-    return detail
-
-
-def _observation(call: CallResult, job_id: str | None) -> CreateObservation:
-    error = None
-    if call.http_status is not None and call.http_status >= 400:
-        error = call.body if call.body is not None else body_text(call.body_bytes)
-    return CreateObservation(
-        at=call.sent_at,
-        http_status=call.http_status,
-        transport_error=call.transport_error,
-        job_id=job_id,
-        retry_after=call.retry_after,
-        error=error,
-        rate_limited=call.rate_limited,
+def settling_of(spec: ProviderSpec) -> Settling:
+    """How the provider file lets a create that may have landed be settled."""
+    return Settling(
+        keyed=spec.create.idempotency is not IdempotencyMode.NONE,
+        lookup=spec.lookup is not None,
     )
-
-
-def _ambiguity(call: CallResult) -> str:
-    if call.transport_error is not None:
-        return (
-            f"the create got no answer ({call.transport_error.value}) after it may have been sent"
-        )
-    return f"the create was answered HTTP {call.http_status} without a job id"
 
 
 class CreateStep:
@@ -107,12 +73,10 @@ class CreateStep:
     def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
         """A first create's count and next try, inside the claim; with it, the request.
 
-        Only a create that cannot have reached the provider yet: one that may have (an
-        attempt on record, or ``create_unknown``) is looked up first, by the step itself.
+        Only a create that cannot have reached the provider yet (``plan_create``, the plan
+        the step follows): one that may have is looked up first, by the step itself.
         """
-        if before_create(op.create_deadline_at, now) is not None:
-            return None
-        if State(op.state) is not State.CREATE_PENDING or op.create_attempts > 0:
+        if plan_create(op, now, settling_of(self.ctx.spec(op))) != FirstSend():
             return None
         charged = self._reserve_in(conn, op, {"create_attempts": 1}, [], now)
         return Prep(charged, load_request(conn, op.id))
@@ -122,45 +86,40 @@ class CreateStep:
         if prep is not None:
             await self._send(op, prepared=prep)
             return
-        spec = ctx.spec(op)
-        now = ctx.now()
-        stop = before_create(op.create_deadline_at, now)
-        if stop is not None:
-            await self._window_ended(op, stop)
+        plan = plan_create(op, ctx.now(), settling_of(ctx.spec(op)))
+        if isinstance(plan, Stop):
+            await self._window_ended(op, plan)
             return
-        # A create may already have reached the provider: in create_unknown, and also in
-        # create_pending after a restart with an attempt on record. Look before resending.
-        maybe_sent = State(op.state) is State.CREATE_UNKNOWN or op.create_attempts > 0
-        if maybe_sent and spec.create.idempotency is IdempotencyMode.NONE:
+        if isinstance(plan, FirstSend | Resend):
+            await self._send(op)
+            return
+        if isinstance(plan, NeedsEvidence):
             # No key: a resend may make a second job. Only a create that certainly made
             # none, or a person's decision, allows one; otherwise the lookup, if any, asks.
             allowed = await ctx.deps.db.run(resend_allowed, ctx.deps.db, op, ctx.actor)
             if allowed is not None:
                 await self._send(op, [allowed])
                 return
-            if spec.lookup is None:
-                await self._create_unknown(op, "the create may have made a job", [])
+            if not plan.lookup:
+                await self._create_unknown(op, Unsettled("the create may have made a job"), [])
                 return
-        if maybe_sent and spec.lookup is not None:
-            op = await self._reserve(op, {"create_lookups": op.create_lookups + 1})
-            found = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
-            if found.verdict is LookupVerdict.FOUND and found.job_id:
-                await self._accept(op, found.job_id, None, found.call, "lookup")
-                return
-            if found.verdict is LookupVerdict.UNKNOWN:
-                await self._ambiguous_or_stop(op, found.call, None, "lookup", found.job_id_problem)
-                return
-            # Not found: the create never landed, so resending with the same token is safe.
-            # The lookup is recorded: it is the evidence behind the resend.
-            seen = Entry(
-                kind=HistoryKind.OBSERVATION,
-                actor=ctx.actor,
-                cause="lookup_response",
-                detail={**call_detail(found.call), "job_id": None, "decision": "resend"},
-            )
-            await self._send(op, [seen])
+        op = await self._reserve(op, {"create_lookups": op.create_lookups + 1})
+        found = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
+        if found.verdict is LookupVerdict.FOUND and found.job_id:
+            await accept_job(ctx, op, found.job_id, None, found.call, "lookup")
             return
-        await self._send(op)
+        if found.verdict is LookupVerdict.UNKNOWN:
+            await self._ambiguous_or_stop(op, found.call, None, "lookup", found.job_id_problem)
+            return
+        # Not found: the create never landed, so resending with the same token is safe.
+        # The lookup is recorded: it is the evidence behind the resend.
+        seen = Entry(
+            kind=HistoryKind.OBSERVATION,
+            actor=ctx.actor,
+            cause="lookup_response",
+            detail={**call_detail(found.call), "job_id": None, "decision": "resend"},
+        )
+        await self._send(op, [seen])
 
     async def _window_ended(self, op: OperationRecord, stop: Stop) -> None:
         """The create window is over: look before escalating, and never blame the provider
@@ -173,19 +132,16 @@ class CreateStep:
         ``provider_failure`` for a window the provider never had.
         """
         ctx = self.ctx
-        spec = ctx.spec(op)
+        settling = settling_of(ctx.spec(op))
         outage = ctx.outage_note(op.created_at, op.create_deadline_at)
         notes: list[Entry] = [outage.entry] if outage is not None else []
-        maybe_sent = State(op.state) is State.CREATE_UNKNOWN or op.create_attempts > 0
-        # Without a key, a create that may have made a job and that no lookup could settle
-        # is a person's call (abandon or resend), not a provider failure.
-        unsettled = maybe_sent and spec.create.idempotency is IdempotencyMode.NONE
-        if maybe_sent and spec.lookup is not None:
+        answered = False
+        if settling.lookup and may_have_sent(State(op.state), op.create_attempts):
             found = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
             if found.verdict is LookupVerdict.FOUND and found.job_id:
-                await self._accept(op, found.job_id, None, found.call, "lookup", before=notes)
+                await accept_job(ctx, op, found.job_id, None, found.call, "lookup", before=notes)
                 return
-            unsettled = unsettled and found.verdict is LookupVerdict.UNKNOWN
+            answered = found.verdict is not LookupVerdict.UNKNOWN
             notes.append(
                 Entry(
                     kind=HistoryKind.OBSERVATION,
@@ -200,13 +156,13 @@ class CreateStep:
                 )
             )
         if outage is not None:
-            left = op.create_deadline_at - max(outage.started_at, op.created_at)
-            until = min(ctx.now() + left, op.deadline_at)
-            if until > ctx.now() and not await ctx.deps.db.run(self._extended_before, op.id):
+            until = given_back_until(op, outage.started_at, ctx.now())
+            if until is not None and not await ctx.deps.db.run(self._extended_before, op.id):
                 await self._give_back(op, until, notes)
                 return
-        if unsettled:
-            await self._create_unknown(op, f"{stop.detail}; the create may have made a job", notes)
+        if window_unsettled(op, settling, answered=answered):
+            why = f"{stop.detail}; the create may have made a job"
+            await self._create_unknown(op, Unsettled(why), notes)
             return
         await self._escalate(op, stop.reason, stop.detail, notes)
 
@@ -301,7 +257,7 @@ class CreateStep:
                 ):
                     await self._violation(charged, outcome, check)
                     return
-            await self._accept(charged, outcome.job_id, outcome, outcome.call, "create")
+            await accept_job(ctx, charged, outcome.job_id, outcome, outcome.call, "create")
             return
         await self._ambiguous_or_stop(charged, outcome.call, outcome, "create")
 
@@ -320,7 +276,7 @@ class CreateStep:
         op = await self._reserve(op, {"create_lookups": op.create_lookups + 1}, [seen])
         found = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
         if found.verdict is LookupVerdict.FOUND and found.job_id:
-            await self._accept(op, found.job_id, None, found.call, "lookup")
+            await accept_job(ctx, op, found.job_id, None, found.call, "lookup")
             return
         entry = Entry(
             kind=HistoryKind.OBSERVATION,
@@ -350,14 +306,10 @@ class CreateStep:
             return
         await self._retry_later(op, decision, entry, call)
 
-    async def _create_unknown(self, op: OperationRecord, detail: str, before: list[Entry]) -> None:
-        await self._escalate(
-            op,
-            EscalationReason.CREATE_UNKNOWN,
-            f"{detail}, and the provider takes no idempotency key and no lookup settled "
-            "it: it is not resent without a decision",
-            before,
-        )
+    async def _create_unknown(
+        self, op: OperationRecord, unsettled: Unsettled, before: list[Entry]
+    ) -> None:
+        await self._escalate(op, EscalationReason.CREATE_UNKNOWN, unsettled.detail, before)
 
     def _request(self, op_id: str) -> Any:
         """The create body as stored (read only here: it is the operation's largest part)."""
@@ -385,20 +337,17 @@ class CreateStep:
                 op.create_deadline_at, calls, why, now, ctx.deps.rng, backoff, call.retry_after
             )
         else:
+            observed = create_observation(call, None)
             decision = decide_create(
-                op.create_deadline_at, calls, _observation(call, None), now, ctx.deps.rng, backoff
+                op.create_deadline_at, calls, observed, now, ctx.deps.rng, backoff
             )
         detail = {
             **call_detail(call),
             "job_id_problem": outcome.job_id_problem if outcome else problem,
             "decision": type(decision).__name__.lower(),
         }
-        spec = ctx.spec(op)
-        keyless = spec.lookup is None and spec.create.idempotency is IdempotencyMode.NONE
-        landed = may_have_landed(
-            call.http_status, call.transport_error, call.maybe_delivered, call.rate_limited
-        )
-        if keyless and via == "create" and not landed:
+        settling = settling_of(ctx.spec(op))
+        if resend_safe(call, settling, via_lookup=via == "lookup"):
             # Evidence for the next try: this attempt made no job, so one more is safe.
             detail[RESEND_SAFE] = op.create_attempts
         entry = Entry(
@@ -407,10 +356,12 @@ class CreateStep:
             cause=f"{via}_response",
             detail=detail,
         )
-        if keyless and landed and isinstance(decision, Ambiguous):
-            await self._create_unknown(op, _ambiguity(call), [entry])
-            return
-        if isinstance(decision, Rejected):
+        # Without a key a create that may have made a job is the operator's call, also when
+        # the window closes while a call is out: never a provider failure hiding a job.
+        person = unsettled(decision, call, State(op.state), settling, via_lookup=via == "lookup")
+        if person is not None:
+            await self._create_unknown(op, person, [entry])
+        elif isinstance(decision, Rejected):
             error = decision.error_record(via)
             await ctx.apply(
                 op,
@@ -429,17 +380,7 @@ class CreateStep:
                 final=True,
             )
         elif isinstance(decision, Stop):
-            # The window may close while a call is out. Without a key, a create that may
-            # have made a job is then the operator's call, as when it closes between calls
-            # (``_window_ended``): never a provider failure that hides the possible job.
-            unsettled = spec.create.idempotency is IdempotencyMode.NONE and (
-                via == "lookup" or landed or State(op.state) is State.CREATE_UNKNOWN
-            )
-            if unsettled and decision.reason is EscalationReason.PROVIDER_FAILURE:
-                detail_text = f"{decision.detail}; the create may have made a job"
-                await self._create_unknown(op, detail_text, [entry])
-            else:
-                await self._escalate(op, decision.reason, decision.detail, [entry])
+            await self._escalate(op, decision.reason, decision.detail, [entry])
         elif isinstance(decision, Ambiguous):
             await self._retry_later(op, decision, entry, call)
         else:  # Accepted is handled by the callers, which hold the job id
@@ -477,96 +418,6 @@ class CreateStep:
             )
 
         await ctx.apply(op, later, final=True)
-
-    async def _accept(
-        self,
-        op: OperationRecord,
-        job_id: str,
-        outcome: CreateOutcome | None,
-        call: CallResult,
-        via: str,
-        *,
-        before: Sequence[Entry] = (),
-    ) -> None:
-        ctx = self.ctx
-        spec = ctx.spec(op)
-        now = ctx.now()
-        policy = ctx.poll_policy(spec)
-        adaptive = ctx.trust_policy(spec).adaptive
-
-        def accept(conn: Connection, fresh: OperationRecord) -> OperationRecord:
-            journal = ctx.deps.journal
-            evidence = {**call_detail(call), "job_id": job_id, "via": via}
-            changes: dict[str, Any] = {
-                "remote_job_id": job_id,
-                "remote_state": outcome.remote_state if outcome else None,
-                "accepted_at": now,
-                "last_http_status": call.http_status,
-                "last_http_at": call.sent_at,
-                "last_provider_request_id": call.provider_request_id,
-            }
-            after = journal.transition(
-                conn,
-                fresh,
-                State.ACCEPTED,
-                actor=ctx.actor,
-                cause=f"{via}_confirmed_job",
-                now=now,
-                detail=evidence,
-                changes=changes,
-                before=before,
-                lease=ctx.lease,
-            )
-            orphans = attach_orphans(conn, op.provider, job_id, op.id)
-            hints = [
-                Entry(
-                    kind=HistoryKind.HINT,
-                    actor=f"provider:{op.provider}",
-                    cause=f"webhook:{event_id}",
-                    detail={"event_id": event_id, "orphan": True},
-                    delay_source=DelaySource.WEBHOOK_HINT,
-                )
-                for event_id in orphans
-            ]
-            if after.cancel_requested_at is not None:
-                # A cancel arrived before the job id: apply it now that there is a job.
-                return journal.transition(
-                    conn,
-                    after,
-                    State.CANCEL_REQUESTED,
-                    actor=ctx.actor,
-                    cause="held_cancel_applied",
-                    now=now,
-                    changes={"next_poll_at": now},
-                    entries=hints,
-                    lease=ctx.lease,
-                )
-            # The create answer is the first observation: while the provider's webhooks are
-            # trusted, even the first fallback read waits the stretched schedule.
-            trusted = adaptive and is_trusted(conn, op.provider)
-            first, source = first_poll(now, op.deadline_at, ctx.deps.rng, policy, trusted=trusted)
-            nxt: dict[str, Any] = {"next_poll_at": first, "delay_source": source.value}
-            if orphans:
-                nxt = {
-                    "next_poll_at": now,
-                    "delay_source": DelaySource.WEBHOOK_HINT.value,
-                    "hinted_at": now,
-                }
-                notify_in_transaction(conn, WAKE_CHANNEL)
-            return journal.transition(
-                conn,
-                after,
-                State.OBSERVING,
-                actor=ctx.actor,
-                cause="observing",
-                now=now,
-                detail={"next_poll_at": isoformat(nxt["next_poll_at"])},
-                changes=nxt,
-                entries=hints,
-                lease=ctx.lease,
-            )
-
-        await ctx.apply(op, accept, final=True)
 
     async def _violation(
         self, op: OperationRecord, outcome: CreateOutcome, check: LookupOutcome

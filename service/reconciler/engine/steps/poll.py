@@ -3,7 +3,9 @@
 Deadline and budget are checked before the request; the request is
 charged and persisted before it is sent (a crash in between leaves an
 unused reservation, never an invisible extra request); the response
-metadata is persisted with the decision it led to.
+metadata is persisted with the decision it led to. What is decided is decided in
+``core`` (``core.poll.plan_read``, ``before_send``, ``decide_read``,
+``core.next_read.after_answer``); this step sends the request and writes the decision.
 
 Webhook trust: an ``observing`` read of an adaptive provider is decided with the
 provider's stored trust state (read in the same transaction as the write), and the
@@ -16,22 +18,32 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core import lapses
 from reconciler.core import poll as decisions
-from reconciler.core.backoff import parse_retry_after
 from reconciler.core.clock import isoformat
 from reconciler.core.errors import StaleWrite
+from reconciler.core.next_read import after_answer, hinted_since, retry_floor
+from reconciler.core.poll_values import (
+    Collect,
+    Decision,
+    Finish,
+    Observation,
+    PollPolicy,
+    Stop,
+    Wait,
+)
+from reconciler.core.provider_calls import call_detail
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.trust import Verdict, judge_read, settle_after
-from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind, RemoteCategory
+from reconciler.core.vocabulary import DelaySource, HistoryKind, RemoteCategory
 from reconciler.engine.context import STORAGE_OUTAGE, StepContext
 from reconciler.engine.flow import Prep
-from reconciler.engine.steps.create import call_detail
 from reconciler.providers.adapter import StatusOutcome
 from reconciler.storage import trust as health
 from reconciler.storage.history import notes_with_cause
@@ -44,33 +56,14 @@ READ_STATES = frozenset({State.OBSERVING, State.CANCELLING, State.CANCEL_REQUEST
 RECOVERY_LOOK = "recovery_look"
 
 
-def record_of(op: OperationRecord) -> decisions.PollRecord:
-    deadline = op.deadline_at
-    if op.state == State.CANCELLING.value and op.cancel_deadline_at is not None:
-        # A cancellation is watched until its own window closes, even past the job's
-        # deadline: a timed-out operation may still be cancelled.
-        deadline = op.cancel_deadline_at
-    return decisions.PollRecord(
-        deadline_at=deadline,
-        accepted_at=op.accepted_at,
-        max_status_requests=op.max_status_requests,
-        status_requests_used=op.status_requests_used,
-        max_transport_failures=op.max_transport_failures,
-        transport_failures_used=op.transport_failures_used,
-        rate_limited_count=op.rate_limited_count,
-        poll_attempt=op.poll_attempt,
-        hinted=op.hinted_at is not None,
-    )
-
-
-def observation_of(outcome: StatusOutcome) -> decisions.Observation:
+def observation_of(outcome: StatusOutcome) -> Observation:
     call, view = outcome.call, outcome.view
     parse_error = call.parse_error
     if call.refused:
         parse_error = call.refused
     elif call.too_large:
         parse_error = "the response body is larger than the limit (http.max_response_bytes)"
-    return decisions.Observation(
+    return Observation(
         at=call.sent_at,
         http_status=call.http_status,
         transport_error=call.transport_error,
@@ -83,40 +76,9 @@ def observation_of(outcome: StatusOutcome) -> decisions.Observation:
         required_fields_ok=view.required_fields_ok if view else False,
         parse_error=parse_error,
         rate_limited=call.rate_limited,
+        job_id=view.job_id if view else None,
+        job_id_matches=view.job_id_matches if view else None,
     )
-
-
-def _hinted_since(op: OperationRecord, outcome: StatusOutcome) -> bool:
-    """A webhook hint arrived after this status request was sent: our answer may predate it."""
-    return op.hinted_at is not None and op.hinted_at > outcome.call.sent_at
-
-
-def _retry_floor(outcome: StatusOutcome, now: datetime) -> datetime | None:
-    """The answer's Retry-After as a moment, counted from when the answer was in hand."""
-    wait = parse_retry_after(outcome.call.retry_after, now)
-    return now + wait if wait is not None else None
-
-
-def _held_back(op: OperationRecord, now: datetime) -> str | None:
-    """Why a look past a deadline may not be made now: the provider's Retry-After still
-    runs (a look would be a request it refused in advance), as the escalation says it."""
-    if op.retry_not_before is None or op.retry_not_before <= now:
-        return None
-    return (
-        "; the provider's Retry-After allows no status request before "
-        f"{isoformat(op.retry_not_before)}"
-    )
-
-
-def _hinted_wait(
-    at: datetime, source: DelaySource, floor: datetime | None, now: datetime
-) -> tuple[datetime, DelaySource]:
-    """A hint came after our question: look again now, but not before the Retry-After."""
-    if floor is None or floor <= now:
-        return now, DelaySource.WEBHOOK_HINT
-    if floor < at:
-        return floor, DelaySource.PROVIDER_RETRY_AFTER
-    return at, source
 
 
 def _progress(value: Any) -> Any:
@@ -134,72 +96,41 @@ class PollStep:
     def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
         """The charge, inside the transaction that hands the operation to this step.
 
-        Only the ordinary read: the deadline and budget are checked first, as the step
-        does; a read that would escalate, or the last look after a cancel window, is
-        left to the step.
+        Only the ordinary read (``decisions.plan_read``, the plan the step follows): a read
+        that would escalate, or the last look after a cancel window, is left to the step.
         """
-        if State(op.state) is State.CANCELLING and (
-            op.cancel_deadline_at is not None and now >= op.cancel_deadline_at
-        ):
-            return None
-        if op.remote_job_id is None or decisions.before_request(record_of(op), now) is not None:
+        if decisions.plan_read(op, now) != decisions.Read():
             return None
         return Prep(self._charge(conn, op, now))
 
     async def __call__(self, op: OperationRecord, prep: Prep | None = None) -> None:
         ctx = self.ctx
         if prep is not None:
-            await self._read(op, prep.op, last_look=False)
+            await self._read(op, prep.op, None)
             return
         now = ctx.now()
-        state = State(op.state)
-        last_look = False
-        if (
-            state is State.CANCELLING
-            and op.cancel_deadline_at is not None
-            and now >= op.cancel_deadline_at
-        ):
-            # Look before escalating: one status read (budget permitting) may show the
-            # cancel landed, e.g. while our own database was down past the window.
-            closed = f"no cancelled state by {isoformat(op.cancel_deadline_at)}"
-            held = _held_back(op, now)  # further off than ``cancel_window_read`` waits
-            if held or op.status_requests_used >= op.max_status_requests or not op.remote_job_id:
-                await self._escalate(
-                    op,
-                    EscalationReason.CANCELLATION_UNCONFIRMED,
-                    closed + (held or ""),
-                    self._outage(op),
-                )
-                return
-            last_look = True
-        else:
-            stop = decisions.before_request(record_of(op), now)
-            if stop is not None:
-                lapse = self._lapse(op, stop, now)
-                if lapse is None:
-                    await self._escalate(op, stop.reason, stop.detail, [])
-                    return
+        plan = decisions.plan_read(op, now)
+        if isinstance(plan, decisions.NoRead):
+            lapse = self._lapse(op, now) if plan.recoverable else None
+            if lapse is not None:
                 await self._recovery_look(op, lapse, now)
                 return
-        assert op.remote_job_id is not None
+            before = self._outage(op) if plan.cancel_window else []
+            await ctx.escalate(op, plan.stop.reason, plan.stop.detail, before=before)
+            return
+        assert isinstance(plan, decisions.Read), plan  # a read needs the job id (NoJobId)
         charged = await ctx.write(op, lambda conn: self._charge(conn, op, now))
-        await self._read(op, charged, last_look)
+        await self._read(op, charged, decisions.LastLook() if plan.last_look else None)
 
-    def _lapse(
-        self, op: OperationRecord, stop: decisions.Stop, now: datetime
-    ) -> decisions.Lapse | None:
-        """Our own outage that covered this deadline, if any (``core.poll.deadline_lapse``)."""
-        if stop.reason is not EscalationReason.DEADLINE_EXCEEDED:
-            return None
-        if State(op.state) is not State.OBSERVING:
-            return None
+    def _lapse(self, op: OperationRecord, now: datetime) -> lapses.Lapse | None:
+        """Our own outage that covered this deadline, if any (``core.lapses.deadline_lapse``)."""
         deadline = op.deadline_at
         due = op.next_poll_at if op.next_poll_at is not None else deadline
         known = [
-            decisions.Lapse(o.started_at, o.ended_at)
+            lapses.Lapse(o.started_at, o.ended_at)
             for o in self.ctx.deps.db.availability.outages_between(min(due, deadline), now)
         ]
-        return decisions.deadline_lapse(
+        return lapses.deadline_lapse(
             deadline,
             op.next_poll_at,
             now,
@@ -207,9 +138,7 @@ class PollStep:
             slack_seconds=self.ctx.deps.settings.scheduler.catch_up_after_seconds,
         )
 
-    async def _recovery_look(
-        self, op: OperationRecord, lapse: decisions.Lapse, now: datetime
-    ) -> None:
+    async def _recovery_look(self, op: OperationRecord, lapse: lapses.Lapse, now: datetime) -> None:
         """One status read after our own outage covered the deadline, before any decision.
 
         The read is charged with the note that says why, in one transaction: a crash after
@@ -217,10 +146,10 @@ class PollStep:
         """
         ctx = self.ctx
         note = _lapse_note(ctx.actor, op.deadline_at, lapse)
-        held = _held_back(op, now)
-        if held or op.remote_job_id is None or await ctx.deps.db.run(self._looked_before, op.id):
-            stop = decisions.outage_stop(op.deadline_at, lapse, None)
-            await self._escalate(op, stop.reason, stop.detail + (held or ""), [note])
+        looked = await ctx.deps.db.run(self._looked_before, op.id)
+        stop = lapses.recovery_stop(op, lapse, now, looked_before=looked)
+        if stop is not None:
+            await ctx.escalate(op, stop.reason, stop.detail, before=[note])
             return
         looking = replace(note, detail={**(note.detail or {}), RECOVERY_LOOK: True})
 
@@ -235,7 +164,7 @@ class PollStep:
             )
 
         charged = await ctx.write(op, charge)
-        await self._read(op, charged, last_look=True, lapse=lapse)
+        await self._read(op, charged, decisions.LastLook(lapse))
 
     def _looked_before(self, op_id: str) -> bool:
         with self.ctx.deps.db.read() as conn:
@@ -243,29 +172,26 @@ class PollStep:
         return any(n.get(RECOVERY_LOOK) for n in notes)
 
     async def _read(
-        self,
-        op: OperationRecord,
-        charged: OperationRecord,
-        last_look: bool,
-        lapse: decisions.Lapse | None = None,
+        self, op: OperationRecord, charged: OperationRecord, look: decisions.LastLook | None
     ) -> None:
         """Send the charged status request and write what its answer means."""
         ctx = self.ctx
         assert charged.remote_job_id is not None
         job_id = charged.remote_job_id
-        deadline = record_of(charged).deadline_at
+        withheld: list[Stop] = []
 
         async def send() -> StatusOutcome | None:
             # Persisting the charge and waiting for a free provider slot take time: the
             # deadline is checked again just before transmission (an unused reservation).
-            if ctx.now() >= deadline and not last_look:
+            stop = decisions.before_send(charged, ctx.now(), look)
+            if stop is not None:
+                withheld.append(stop)
                 return None
             return await ctx.adapter(op).status(job_id, op.trace_id)
 
         outcome = await ctx.call(op, "status", send)
         if outcome is None:
-            detail = f"deadline {isoformat(deadline)} reached before the status request was sent"
-            await self._escalate(charged, EscalationReason.DEADLINE_EXCEEDED, detail, [])
+            await ctx.escalate(charged, withheld[0].reason, withheld[0].detail)
             return
         # A hint, a cancel or a decision may be written while we ask: the answer is still a
         # fact, so it is decided and applied on the fresh record rather than lost.
@@ -275,7 +201,7 @@ class PollStep:
             # Lost every race, or the lease: the next claim reads afresh and decides again.
             await ctx.apply(
                 charged,
-                lambda conn, fresh: self._apply(conn, fresh, outcome, last_look, lapse, seen),
+                lambda conn, fresh: self._apply(conn, fresh, outcome, look, seen),
                 final=True,
             )
         if seen:
@@ -293,68 +219,34 @@ class PollStep:
         conn: Connection,
         op: OperationRecord,
         outcome: StatusOutcome,
-        last_look: bool = False,
-        lapse: decisions.Lapse | None = None,
+        look: decisions.LastLook | None = None,
         seen: dict[str, Any] | None = None,
     ) -> OperationRecord:
-        """Decide what the answer means for the row as it is now, and write it (``seen``, when
-        given, is told the decision and the next wait's source: the status read's span).
-
-        ``last_look``: the read made after the cancel window closed, or after our own
-        outage covered the deadline (``lapse``); an end state it shows is recorded,
-        anything else ends in ``cancellation_unconfirmed`` or in a timeout that names
-        the outage.
-        """
+        """Write what the answer means for the row as it is now (``decisions.decide_read``;
+        ``seen``, when given, is told the decision and the next wait's source: the status
+        read's span). ``look``: the last look after the cancel window or our own outage."""
         if State(op.state) not in READ_STATES:
             return op  # moved on meanwhile (an operator's decision): the answer is moot
         ctx = self.ctx
         policy = ctx.poll_policy(ctx.spec(op))
         now = ctx.now()
         obs = observation_of(outcome)
-        view = outcome.view
-        decision: decisions.Decision
-        if view is not None and view.job_id_matches is False:
-            decision = decisions.Stop(
-                EscalationReason.CONTRADICTORY_STATUS,
-                f"status answer names job {view.job_id}, not {op.remote_job_id}",
-            )
-        else:
-            record = record_of(op)
-            if last_look:
-                # Judge the answer as if in the window; only an end state settles it.
-                room = max(record.max_status_requests, op.status_requests_used + 1)
-                record = replace(
-                    record, deadline_at=now + timedelta(days=1), max_status_requests=room
-                )
-            decision = decisions.decide(
-                record,
-                obs,
-                now,
-                ctx.deps.rng,
-                policy,
-                # Only a pending answer can wait the stretched schedule: read trust for it.
-                trusted=obs.category is RemoteCategory.PENDING
-                and not last_look
-                and self._trust_applies(op)
-                and health.is_trusted(conn, op.provider),
-            )
-            if lapse is not None and isinstance(decision, decisions.Wait):
-                said = obs.remote_state or (
-                    f"HTTP {obs.http_status}" if obs.http_status is not None else "no answer"
-                )
-                stop = decisions.outage_stop(op.deadline_at, lapse, said)
-                decision = replace(stop, counters=decision.counters)
-            elif last_look and isinstance(decision, decisions.Wait):
-                decision = decisions.Stop(
-                    EscalationReason.CANCELLATION_UNCONFIRMED,
-                    f"no cancelled state by {isoformat(op.cancel_deadline_at)}; a last status "
-                    f"read after the window still said {obs.remote_state or 'no state'}",
-                    decision.counters,
-                )
-        changes, detail, delay_source = self._record(op, outcome, decision, now, policy)
+        decision = decisions.decide_read(
+            op,
+            obs,
+            now,
+            ctx.deps.rng,
+            policy,
+            look=look,
+            # Trust is read only for an answer whose wait it could stretch.
+            trusted=decisions.may_stretch(obs, look)
+            and self._trust_applies(op)
+            and health.is_trusted(conn, op.provider),
+        )
+        changes, detail, delay_source = self._record(op, outcome, obs, decision, now, policy)
         if seen is not None:
             seen.update(decision=type(decision).__name__.lower(), next_delay_source=delay_source)
-        lead = self._outage(op) if last_look and lapse is None else []
+        lead = self._outage(op) if look is not None and look.lapse is None else []
         entry = Entry(
             kind=HistoryKind.OBSERVATION,
             actor=ctx.actor,
@@ -363,15 +255,23 @@ class PollStep:
             delay_source=delay_source,
         )
         journal = ctx.deps.journal
-        if isinstance(decision, decisions.Wait):
+        if isinstance(decision, Wait):
             return journal.write(
                 conn, op, now=now, changes=changes, entries=[entry], lease=ctx.lease
             )
-        verdict: Verdict | None = None
-        if isinstance(decision, decisions.Collect | decisions.Finish):
-            # The evidence is stored before the move, the health counted last (see below).
-            verdict = self._judge(conn, op, outcome, now)
-        if isinstance(decision, decisions.Collect):
+        if isinstance(decision, Stop):
+            return ctx.escalate_in(
+                conn,
+                op,
+                decision.reason,
+                decision.detail,
+                before=[*lead, entry],
+                changes=changes,
+                transport_error=obs.transport_error,
+            )
+        # The evidence is stored before the move, the health counted last (see below).
+        verdict = self._judge(conn, op, outcome, now)
+        if isinstance(decision, Collect):
             body = outcome.call.body
             size = len(outcome.call.body_bytes or b"")
             changes.update(
@@ -392,21 +292,10 @@ class PollStep:
                 before=[*lead, entry],
                 lease=ctx.lease,
             )
-            self._count(conn, op, verdict, now)
-            return after
-        if isinstance(decision, decisions.Finish):
-            after = self._finish(conn, op, decision, view, changes, [*lead, entry], now)
-            self._count(conn, op, verdict, now)
-            return after
-        return ctx.escalate_in(
-            conn,
-            op,
-            _stop_reason(op, decision.reason),
-            decision.detail,
-            before=[*lead, entry],
-            changes=changes,
-            transport_error=obs.transport_error,
-        )
+        else:
+            after = self._finish(conn, op, decision, outcome.view, changes, [*lead, entry], now)
+        self._count(conn, op, verdict, now)
+        return after
 
     def _trust_applies(self, op: OperationRecord) -> bool:
         """Trust is about how the provider announces its jobs' ends, so: observing reads only.
@@ -432,13 +321,8 @@ class PollStep:
             hinted = health.first_webhook_after(
                 conn, op.provider, op.remote_job_id, since, until=asked
             )
-        verdict = judge_read(None, asked, hinted)
-        if verdict is Verdict.PENDING and self.ctx.deps.db.availability.outages_between(
-            since, asked
-        ):
-            # The job ended since our last read, while our storage was down at some point:
-            # its webhook may have come then and been refused by us. Not the provider's miss.
-            verdict = Verdict.EXCUSED
+        outage = bool(self.ctx.deps.db.availability.outages_between(since, asked))
+        verdict = judge_read(None, asked, hinted, outage=outage)
         first = verdict is Verdict.WEBHOOK_FIRST
         health.record_verdict(
             conn,
@@ -473,9 +357,10 @@ class PollStep:
         self,
         op: OperationRecord,
         outcome: StatusOutcome,
-        decision: decisions.Decision,
+        obs: Observation,
+        decision: Decision,
         now: datetime,
-        policy: decisions.PollPolicy,
+        policy: PollPolicy,
     ) -> tuple[dict[str, Any], dict[str, Any], DelaySource | None]:
         """The row changes and the observation's detail for one status answer."""
         view = outcome.view
@@ -483,9 +368,8 @@ class PollStep:
             "last_http_status": outcome.call.http_status,
             "last_http_at": outcome.call.sent_at,
             "last_provider_request_id": outcome.call.provider_request_id,
+            "retry_not_before": retry_floor(obs.retry_after, now),
         }
-        floor = _retry_floor(outcome, now)
-        changes["retry_not_before"] = floor
         detail: dict[str, Any] = {**call_detail(outcome.call)}
         if view is not None:
             changes["remote_state"] = view.remote_state
@@ -499,39 +383,30 @@ class PollStep:
                 rate_limited_count=counters.rate_limited_count,
                 poll_attempt=counters.poll_attempt,
             )
-            if counters.hint_consumed and not _hinted_since(op, outcome):
+            if counters.hint_consumed and not hinted_since(op, obs.at):
                 changes["hinted_at"] = None
-        if not isinstance(decision, decisions.Wait):
+        if not isinstance(decision, Wait):
             detail["decision"] = type(decision).__name__.lower()
             return changes, detail, None
-        at, source = decision.at, decision.source
-        if op.cancel_deadline_at is not None and State(op.state) is State.CANCELLING:
-            at, source = decisions.cancel_window_read(
-                at, source, op.cancel_deadline_at, floor, policy
-            )
-        if _hinted_since(op, outcome):
-            at, source = _hinted_wait(at, source, floor, now)
-        elif State(op.state) is State.CANCEL_REQUESTED and op.cancel_sent_at is None:
-            at = now  # a cancel arrived while we asked: send it now
+        nxt = after_answer(op, decision, obs, now, policy)
         changes.update(
-            next_poll_at=at,
-            delay_source=source.value,
-            poll_after_seconds=(at - now).total_seconds(),
-            # Only a stretched wait needs the hint's moment kept: trust may be withdrawn.
-            hint_not_before=decision.hint_at if source is DelaySource.WEBHOOK_TRUST else None,
+            next_poll_at=nxt.at,
+            delay_source=nxt.source.value,
+            poll_after_seconds=(nxt.at - now).total_seconds(),
+            hint_not_before=nxt.hint_not_before,
         )
-        detail.update(decision="wait", next_poll_at=isoformat(at))
+        detail.update(decision="wait", next_poll_at=isoformat(nxt.at))
         if decision.final_look:
             detail["final_look"] = True
         if decision.notes:
             detail["notes"] = list(decision.notes)
-        return changes, detail, source
+        return changes, detail, nxt.source
 
     def _finish(
         self,
         conn: Connection,
         op: OperationRecord,
-        decision: decisions.Finish,
+        decision: Finish,
         view: Any,
         changes: dict[str, Any],
         evidence: list[Entry],
@@ -562,13 +437,8 @@ class PollStep:
             lease=ctx.lease,
         )
 
-    async def _escalate(
-        self, op: OperationRecord, reason: EscalationReason, detail: str, before: list[Entry]
-    ) -> None:
-        await self.ctx.escalate(op, _stop_reason(op, reason), detail, before=before)
 
-
-def _lapse_note(actor: str, deadline: datetime, lapse: decisions.Lapse) -> Entry:
+def _lapse_note(actor: str, deadline: datetime, lapse: lapses.Lapse) -> Entry:
     """The history note that says the deadline passed while this service could not look."""
     return Entry(
         kind=HistoryKind.NOTE,
@@ -584,10 +454,3 @@ def _lapse_note(actor: str, deadline: datetime, lapse: decisions.Lapse) -> Entry
             "was unavailable or it was not running); not the provider's doing",
         },
     )
-
-
-def _stop_reason(op: OperationRecord, reason: EscalationReason) -> EscalationReason:
-    if reason is EscalationReason.DEADLINE_EXCEEDED and State(op.state) is State.CANCELLING:
-        # In a cancellation watch the window that ran out is the cancel window.
-        return EscalationReason.CANCELLATION_UNCONFIRMED
-    return reason

@@ -4,19 +4,18 @@ Guarantee: with ``idempotency = "none"`` and no ``[lookup]``, a create that may 
 made a job is never resent on the service's own: it escalates ``create_unknown``.
 A further attempt goes out only on evidence kept in the history: the last attempt
 certainly made no job (it was never delivered, or the provider refused to take it),
-or an operator decided ``resend`` since. Each piece of evidence names the attempt
-count it was given at, and the count goes up before every send, so one piece of
-evidence allows one create, also across a crash. The lookup that settles a create
-where the provider can be asked (``lookup_job``) fills the same templates.
+or an operator decided ``resend`` since (``core.create.allows_resend`` judges it; this
+module reads it). The lookup that settles a create where the provider can be asked
+(``lookup_job``) fills the same templates.
 """
 
 from __future__ import annotations
 
 from sqlalchemy.engine import Connection
 
-from reconciler.core.provider_calls import CallResult
+from reconciler.core.create import RESEND_DECISION, allows_resend
 from reconciler.core.records import OperationRecord
-from reconciler.core.vocabulary import DecisionAction, HistoryKind
+from reconciler.core.vocabulary import HistoryKind
 from reconciler.providers.adapter import LookupOutcome, ProviderAdapter
 from reconciler.providers.http_adapter import HttpAdapter
 from reconciler.providers.spec import ProviderSpec
@@ -24,8 +23,6 @@ from reconciler.storage.database import Database
 from reconciler.storage.history import last_of
 from reconciler.storage.journal import Entry
 
-RESEND_SAFE = "resend_safe_at_attempt"  # in a create_response: that attempt made no job
-RESEND_DECISION = f"decision:{DecisionAction.RESEND.value}"
 _CAUSES = ("create_response", RESEND_DECISION)
 
 
@@ -47,34 +44,17 @@ async def lookup_job(adapter: ProviderAdapter, op: OperationRecord) -> LookupOut
     return await adapter.lookup(op.idempotency_token, op.trace_id)
 
 
-def unsettled_lookup(call: CallResult, problem: str | None) -> str:
-    """Why a lookup settled nothing (docs/design.md#create_unknown): it is looked up again."""
-    if problem:
-        why = problem
-    elif call.transport_error is not None:
-        why = f"no answer ({call.transport_error.value})"
-    elif call.refused:
-        why = f"not sent ({call.refused})"
-    else:
-        why = f"HTTP {call.http_status}"
-    return f"the lookup settled nothing: {why}"
-
-
 def _evidence(conn: Connection, op: OperationRecord, actor: str) -> Entry | None:
     last = last_of(conn, op.id, (HistoryKind.OBSERVATION, HistoryKind.DECISION), _CAUSES)
-    if last is None or not isinstance(last.detail, dict):
+    if last is None or not allows_resend(last.cause, last.detail, op.create_attempts):
         return None
     if last.cause == RESEND_DECISION:
-        if last.detail.get("create_attempts") != op.create_attempts:
-            return None
         return Entry(
             kind=HistoryKind.NOTE,
             actor=last.actor,
             cause="create_resend_authorized",
             detail={"decided_at_seq": last.seq, "warning": "a duplicate job may result"},
         )
-    if last.detail.get(RESEND_SAFE) != op.create_attempts:
-        return None
     return Entry(
         kind=HistoryKind.NOTE,
         actor=actor,

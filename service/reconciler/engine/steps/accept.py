@@ -1,0 +1,119 @@
+"""The job id confirmed (by the create's answer or a lookup): ``accepted``, then watched.
+
+One transaction: the operation is accepted with the evidence, webhooks that came for
+the job before its id was known are attached to it (orphans), and the operation then
+moves on: a cancel that arrived before the job id is applied now that there is a job,
+otherwise the first status read is set (``core.next_read.first_poll``; at once when an
+orphan webhook already announced something: docs/design.md#intake).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from reconciler.core.clock import isoformat
+from reconciler.core.next_read import first_poll
+from reconciler.core.provider_calls import CallResult, call_detail
+from reconciler.core.records import OperationRecord
+from reconciler.core.states import State
+from reconciler.core.vocabulary import DelaySource, HistoryKind
+from reconciler.engine.context import StepContext
+from reconciler.providers.adapter import CreateOutcome
+from reconciler.storage.journal import Entry
+from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
+from reconciler.storage.trust import is_trusted
+from reconciler.storage.webhook_events import attach_orphans
+
+
+async def accept_job(
+    ctx: StepContext,
+    op: OperationRecord,
+    job_id: str,
+    outcome: CreateOutcome | None,
+    call: CallResult,
+    via: str,
+    *,
+    before: Sequence[Entry] = (),
+) -> None:
+    """Record ``job_id`` as ``op``'s job, learned from ``call`` (``via``: create or lookup)."""
+    spec = ctx.spec(op)
+    now = ctx.now()
+    policy = ctx.poll_policy(spec)
+    adaptive = ctx.trust_policy(spec).adaptive
+
+    def accept(conn: Connection, fresh: OperationRecord) -> OperationRecord:
+        journal = ctx.deps.journal
+        evidence = {**call_detail(call), "job_id": job_id, "via": via}
+        changes: dict[str, Any] = {
+            "remote_job_id": job_id,
+            "remote_state": outcome.remote_state if outcome else None,
+            "accepted_at": now,
+            "last_http_status": call.http_status,
+            "last_http_at": call.sent_at,
+            "last_provider_request_id": call.provider_request_id,
+        }
+        after = journal.transition(
+            conn,
+            fresh,
+            State.ACCEPTED,
+            actor=ctx.actor,
+            cause=f"{via}_confirmed_job",
+            now=now,
+            detail=evidence,
+            changes=changes,
+            before=before,
+            lease=ctx.lease,
+        )
+        orphans = attach_orphans(conn, op.provider, job_id, op.id)
+        hints = [
+            Entry(
+                kind=HistoryKind.HINT,
+                actor=f"provider:{op.provider}",
+                cause=f"webhook:{event_id}",
+                detail={"event_id": event_id, "orphan": True},
+                delay_source=DelaySource.WEBHOOK_HINT,
+            )
+            for event_id in orphans
+        ]
+        if after.cancel_requested_at is not None:
+            # A cancel arrived before the job id: apply it now that there is a job.
+            return journal.transition(
+                conn,
+                after,
+                State.CANCEL_REQUESTED,
+                actor=ctx.actor,
+                cause="held_cancel_applied",
+                now=now,
+                changes={"next_poll_at": now},
+                entries=hints,
+                lease=ctx.lease,
+            )
+        # The create answer is the first observation: while the provider's webhooks are
+        # trusted, even the first fallback read waits the stretched schedule.
+        trusted = adaptive and is_trusted(conn, op.provider)
+        first, source = first_poll(now, op.deadline_at, ctx.deps.rng, policy, trusted=trusted)
+        nxt: dict[str, Any] = {"next_poll_at": first, "delay_source": source.value}
+        if orphans:
+            nxt = {
+                "next_poll_at": now,
+                "delay_source": DelaySource.WEBHOOK_HINT.value,
+                "hinted_at": now,
+            }
+            notify_in_transaction(conn, WAKE_CHANNEL)
+        return journal.transition(
+            conn,
+            after,
+            State.OBSERVING,
+            actor=ctx.actor,
+            cause="observing",
+            now=now,
+            detail={"next_poll_at": isoformat(nxt["next_poll_at"])},
+            changes=nxt,
+            entries=hints,
+            lease=ctx.lease,
+        )
+
+    await ctx.apply(op, accept, final=True)
