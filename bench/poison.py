@@ -258,7 +258,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.smoke:
-        args.poisoned, args.healthy, args.rate, args.window = 2, 4, 20.0, 2.0
+        args.poisoned, args.window, args.poison_only = 2, 2.0, True
 
     idle = run(args, healthy=0, poisoned=0, window=args.window)
     poison = run(args, healthy=0, poisoned=args.poisoned, window=args.window)

@@ -40,7 +40,7 @@ BENCHES = {
     "mcp_vs_http": "one read at a time",
     "naive": "status reads per operation",
     "poller": "full tick at 1 k",
-    "poison": "healthy p99 ratio loaded/baseline",
+    "poison": " tracebacks, provider requests per op",
     "replicas": "median completed operations/s",
     "results": '{"ok": true}',
     "soak": "RESULT: OK",
