@@ -48,6 +48,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -75,6 +76,7 @@ DBOS_PACKAGES = (
     "uvicorn[standard]",
     "httpx",
     "aiosqlite",  # the application database's async driver on SQLite
+    "sniffio",  # without it httpcore looks for it on disk at every pooled request
 )
 API_TOKEN = "bench-dbos-token"
 OURS, DBOS = "reconciler", "dbos"
@@ -330,6 +332,7 @@ def run_dbos(
         cmd = ["bench/peer_dbos_app.py", "--port", str(port), "--database", system_db]
         cmd += ["--app-database", app_db]
         cmd += ["--provider", provider_url, "--pool", str(pool), "--start", args.dbos_start]
+        cmd += ["--lookup", args.dbos_lookup or ("table" if backend == "sqlite" else "attributes")]
         env = {
             "SIM_TOKEN": tp.SIM_TOKEN,
             "SIM_WEBHOOK_SECRET": tp.webhook_secret(),
@@ -455,7 +458,7 @@ class Rounds:
     def run(self, number: int) -> None:
         order: list[tuple[str, str]] = [(tp.BARE, "-"), (tp.PROVIDER, "-"), (tp.RECEIVER, "-")]
         for backend in self.backends:
-            order += [(OURS, backend)] + ([(DBOS, backend)] if self.python else [])
+            order += [(s, backend) for s in self.args.systems if s != DBOS or self.python]
         shift = number % len(order)
         for kind, backend in order[shift:] + order[:shift]:
             with _work(self.args.keep) as work:
@@ -475,7 +478,19 @@ class Rounds:
                 print(f"  round {number + 1}  {describe(result)}")
 
 
+def _stop_on_signals() -> None:
+    """SIGTERM, and SIGINT in a shell's background job (which ignores it), end the run
+    through its ``finally`` blocks: the processes it started stopped, the cluster too."""
+
+    def leave(signum: int, _: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
+    signal.signal(signal.SIGINT, leave)
+
+
 def main() -> int:
+    _stop_on_signals()
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--operations", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=64)
@@ -483,6 +498,18 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backends", default="sqlite,postgresql")
     parser.add_argument("--dbos-start", choices=("direct", "queue"), default="direct")
+    parser.add_argument(
+        "--dbos-lookup",
+        choices=("table", "attributes"),
+        default=None,
+        help="how DBOS finds a webhook's workflow (default: attributes on PostgreSQL, table)",
+    )
+    parser.add_argument(
+        "--systems",
+        type=lambda text: [s for s in text.split(",") if s],
+        default=[OURS, DBOS],
+        help="which to run (reconciler,dbos)",
+    )
     parser.add_argument("--statements", type=int, default=0, help="print the N most frequent")
     parser.add_argument("--py-spy", type=Path, default=None, help="sample each service into DIR")
     parser.add_argument("--keep", action="store_true", help="keep each run's files")

@@ -32,6 +32,7 @@ datasource transaction, queue and message APIs.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -71,11 +72,13 @@ class Settings:
     jobs: AsyncSQLAlchemyDatasource  # the application's database: job id -> workflow
     remember: Any  # remember_job as a transaction of ``jobs``
     provider: httpx.AsyncClient
+    gate: asyncio.Semaphore  # a provider call waits here for a pooled connection
     callbacks: httpx.AsyncClient
     webhook_key: bytes
     callback_key: bytes
     api_token: bytes
     start: str
+    lookup: str  # how the webhook route finds a job's workflow: "table" or "attributes"
 
 
 S = Settings()
@@ -87,7 +90,8 @@ S = Settings()
 @DBOS.step()
 async def create_job(request: dict[str, Any]) -> str:
     key = DBOS.workflow_id or ""
-    answer = await S.provider.post("/v1/jobs", json=request, headers={"Idempotency-Key": key})
+    async with S.gate:
+        answer = await S.provider.post("/v1/jobs", json=request, headers={"Idempotency-Key": key})
     answer.raise_for_status()
     return str(answer.json()["job_id"])
 
@@ -111,7 +115,8 @@ async def workflow_of(job_id: str) -> str | None:
 
 @DBOS.step()
 async def read_status(job_id: str) -> dict[str, Any]:
-    answer = await S.provider.get(f"/v1/jobs/{job_id}")
+    async with S.gate:
+        answer = await S.provider.get(f"/v1/jobs/{job_id}")
     answer.raise_for_status()
     status: dict[str, Any] = answer.json()
     return status
@@ -119,7 +124,8 @@ async def read_status(job_id: str) -> dict[str, Any]:
 
 @DBOS.step()
 async def fetch_result(url: str, sha256: str) -> dict[str, Any]:
-    answer = await S.provider.get(url)
+    async with S.gate:
+        answer = await S.provider.get(url)
     answer.raise_for_status()
     if hashlib.sha256(answer.content).hexdigest() != sha256:
         raise ValueError("the result does not match the sha256 the status gave")
@@ -146,7 +152,10 @@ async def send_callback(url: str, operation: dict[str, Any]) -> int:
 async def operation(request: dict[str, Any], callback_url: str) -> str:
     workflow_id = DBOS.workflow_id or ""
     job_id = await create_job(request)
-    await S.remember(job_id, workflow_id)
+    if S.lookup == "attributes":
+        await DBOS.update_workflow_attributes_async(workflow_id, {"job_id": job_id}, merge=True)
+    else:
+        await S.remember(job_id, workflow_id)
     wait, reads, waited = FIRST_READ, 0, 0.0
     while True:
         # A webhook's message, or the fallback read's time: either way, read the status.
@@ -224,7 +233,13 @@ async def webhook(request: Request) -> Response:
     if event_id is None:
         return JSONResponse({"error": "bad signature"}, 401)
     job_id = json.loads(body)["data"]["job_id"]
-    workflow_id = await workflow_of(job_id)
+    if S.lookup == "attributes":
+        found = await DBOS.list_workflows_async(
+            attributes={"job_id": job_id}, limit=1, load_input=False, load_output=False
+        )
+        workflow_id = found[0].workflow_id if found else None
+    else:
+        workflow_id = await workflow_of(job_id)
     if workflow_id is None:
         # Not recorded yet: the provider delivers again; the fallback read is the net.
         return JSONResponse({"error": "unknown job"}, 404)
@@ -252,8 +267,14 @@ def app(args: argparse.Namespace) -> Starlette:
         S.provider = httpx.AsyncClient(
             base_url=args.provider, headers=auth, limits=limits, timeout=30
         )
+        # httpx's pool walks its queue of waiting requests on every change: the calls wait
+        # in a semaphore of the pool's size instead, as reconciler's own calls do.
+        S.gate = asyncio.Semaphore(args.pool)
         S.callbacks = httpx.AsyncClient(timeout=10)
-        S.jobs = await AsyncSQLAlchemyDatasource.create(args.app_database)
+        # DBOS's own system-database pool (20), but a burst of workflows waits for a
+        # connection instead of failing after 30 s (on SQLite every write waits its turn).
+        pool = {"pool_size": 20, "max_overflow": 0, "pool_timeout": 600}
+        S.jobs = await AsyncSQLAlchemyDatasource.create(args.app_database, engine_kwargs=pool)
         S.remember = S.jobs.transaction(name="remember_job")(remember_job)
         async with S.jobs.engine.begin() as conn:
             await conn.execute(
@@ -289,13 +310,14 @@ def main() -> int:
     parser.add_argument("--provider", required=True)
     parser.add_argument("--pool", type=int, default=64)
     parser.add_argument("--start", choices=("direct", "queue"), default="direct")
+    parser.add_argument("--lookup", choices=("table", "attributes"), default="table")
     args = parser.parse_args()
     # Secrets and tokens come from the environment, as a deployed app takes them.
     args.provider_token = os.environ["SIM_TOKEN"]
     S.webhook_key = _key(os.environ["SIM_WEBHOOK_SECRET"])
     S.callback_key = _key(os.environ["CALLBACK_SECRET"])
     S.api_token = os.environ["API_TOKEN"].encode()
-    S.start = args.start
+    S.start, S.lookup = args.start, args.lookup
     uvicorn.run(app(args), host="127.0.0.1", port=args.port, log_level="warning")
     return 0
 
