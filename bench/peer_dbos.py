@@ -1,13 +1,16 @@
 """reconciler against DBOS Transact doing the same job, on SQLite and on PostgreSQL.
 
     python bench/peer_dbos.py [--operations 1000] [--concurrency 64] [--duration 0.2]
-        [--rounds 3] [--backends sqlite,postgresql] [--dbos-start direct|queue]
-        [--statements N] [--py-spy DIR] [--smoke]
+        [--rounds 3] [--backends sqlite,postgresql] [--systems reconciler,dbos]
+        [--dbos-start direct|queue] [--dbos-lookup table|attributes]
+        [--statements N] [--py-spy DIR] [--keep] [--smoke]
 
 The peer is the library a user would pick instead: a Starlette app on DBOS Transact 3.4
 (``bench/peer_dbos_app.py``: one durable workflow per operation that creates the job,
 waits for the webhook's message or polls, reads the status, fetches and checks the result
-and sends the signed callback). It runs in a virtualenv of its own, made on first use
+and sends the signed callback; on PostgreSQL the webhook route finds the workflow by
+its attributes, on SQLite, where DBOS filters no attributes, in a table of the app's).
+It runs in a virtualenv of its own, made on first use
 under ``~/.cache/reconciler-bench/dbos-3.4.0`` (``$RECONCILER_BENCH_CACHE`` instead of
 ``~/.cache/reconciler-bench``), with ``dbos==3.4.0``, Starlette, uvicorn and httpx from
 the package index.
@@ -78,6 +81,7 @@ DBOS_PACKAGES = (
     "aiosqlite",  # the application database's async driver on SQLite
     "sniffio",  # without it httpcore looks for it on disk at every pooled request
 )
+PIP_QUIET = ("--disable-pip-version-check",)
 API_TOKEN = "bench-dbos-token"
 OURS, DBOS = "reconciler", "dbos"
 STATS_SETTINGS = "-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.max=5000"
@@ -87,27 +91,20 @@ STATS_SETTINGS = "-c shared_preload_libraries=pg_stat_statements -c pg_stat_stat
 
 
 def dbos_python(timeout: float) -> tuple[str | None, str]:
-    """The DBOS virtualenv's Python, made on first use: (path or None, why not)."""
+    """The DBOS virtualenv's Python, made (or completed) on first use: (path or None, why)."""
     cache = Path(os.environ.get("RECONCILER_BENCH_CACHE", Path.home() / ".cache/reconciler-bench"))
     venv = cache / f"dbos-{DBOS_VERSION}"
     python = venv / "bin" / "python"
-    ready = venv / ".complete"
-    if ready.exists():
+    ready = venv / ".complete"  # the packages it was made with
+    wanted = " ".join(DBOS_PACKAGES) + "\n"
+    if ready.exists() and ready.read_text("utf-8") == wanted:
         return str(python), ""
-    shutil.rmtree(venv, ignore_errors=True)
-    venv.parent.mkdir(parents=True, exist_ok=True)
     try:
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+        if not python.exists():
+            venv.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
         done = subprocess.run(
-            [
-                str(python),
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                *DBOS_PACKAGES,
-            ],
+            [str(python), "-m", "pip", "install", "-q", *PIP_QUIET, *DBOS_PACKAGES],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -117,11 +114,9 @@ def dbos_python(timeout: float) -> tuple[str | None, str]:
         return None, f"could not make {venv}: {exc}"
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()
-        return (
-            None,
-            f"pip could not install {' '.join(DBOS_PACKAGES)}: {lines[-1] if lines else ''}",
-        )
-    ready.write_text(" ".join(DBOS_PACKAGES) + "\n", "utf-8")
+        said = lines[-1] if lines else ""
+        return None, f"pip could not install {' '.join(DBOS_PACKAGES)}: {said}"
+    ready.write_text(wanted, "utf-8")
     return str(python), ""
 
 

@@ -15,9 +15,10 @@ datasource transaction, queue and message APIs.
   same workflow), started at once (``--start direct``, ``DBOS.start_workflow_async``) or
   enqueued on a DBOS queue (``--start queue``); 202 once DBOS has recorded it.
 * The workflow: a step creates the job at the provider (its ``Idempotency-Key`` the
-  workflow ID); a transaction in the application's database (``--app-database``, a DBOS
-  datasource) records which workflow the job is, for the webhook route (DBOS's own
-  lookup by workflow attributes is PostgreSQL-only); it waits for a webhook's message
+  workflow ID); the job id goes where the webhook route finds the workflow by it
+  (``--lookup attributes``: the workflow's attributes, which DBOS indexes on PostgreSQL
+  and cannot filter on SQLite; ``--lookup table``: a transaction in the application's
+  database, ``--app-database``, a DBOS datasource); it waits for a webhook's message
   (``DBOS.recv``) or, failing one, until the next fallback read (30 s, doubling to 120 s,
   as the bench gives reconciler); a step reads the status; once the job succeeded a step
   fetches the result and checks its sha256, and a step sends the agent one callback
