@@ -68,7 +68,8 @@ class ThrowawayPostgres:
         if done.returncode != 0:
             raise RuntimeError(f"{args[0]} failed: {done.stderr.strip() or done.stdout.strip()}")
 
-    def start(self) -> str:
+    def start(self, settings: str = "") -> str:
+        """Start the cluster; ``settings`` are further ``-c`` options. Its admin URL."""
         self._run(
             _pg_binary("initdb"),
             "-D",
@@ -81,7 +82,7 @@ class ThrowawayPostgres:
             "UTF8",
             "--no-sync",
         )
-        self._pg_ctl_start("-c max_connections=200 -c shared_buffers=128MB")
+        self._pg_ctl_start(f"-c max_connections=200 -c shared_buffers=128MB {settings}".rstrip())
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
 
     def _pg_ctl_start(self, settings: str = "") -> None:

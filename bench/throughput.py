@@ -95,7 +95,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 # Run as a script, bench/ comes first on sys.path; its modules are imported as bench.*:
@@ -429,6 +429,20 @@ async def submit(url: str, token: str, args: argparse.Namespace, callback: str) 
     return answers
 
 
+class Meter(Protocol):
+    """Figures taken outside the service over a run (``bench/peer_dbos.py``: the
+    PostgreSQL server's CPU, commits and statements)."""
+
+    def begin(self, db_url: str) -> None:
+        """Just before the first submission."""
+
+    def finished(self) -> None:
+        """Once every operation's completion is recorded (the CPU window's end)."""
+
+    def after_stop(self) -> None:
+        """Once the service stopped (its connections closed, their counters flushed)."""
+
+
 def run_ours(
     tree: Tree,
     backend: str,
@@ -436,6 +450,7 @@ def run_ours(
     dbs: Databases,
     work: Path,
     spy: Path | None,
+    meter: Meter | None = None,
 ) -> Run:
     with dbs.fresh(backend, work) as db_url:
         port = free_port()
@@ -457,6 +472,8 @@ def run_ours(
                     writes0, reads0 = scrape(url)
                     with sampled(service.pid, spy, SPY_OPTIONS):
                         pids = (service.pid, provider.pid, rcv_pid)
+                        if meter is not None:
+                            meter.begin(db_url)
                         cpu0 = [cpu_seconds(pid) for pid in pids]
                         started = time.time()
                         answers = asyncio.run(submit(url, token, args, f"{rcv}/cb"))
@@ -469,9 +486,13 @@ def run_ours(
                         while finished(db_url) < created and time.monotonic() < deadline:
                             time.sleep(0.05)
                         cpu = [cpu_seconds(pid) - c for pid, c in zip(pids, cpu0, strict=True)]
+                        if meter is not None:
+                            meter.finished()
                     writes1, reads1 = scrape(url)
                 finally:
                     stop(service)
+                if meter is not None:
+                    meter.after_stop()
                 if otlp:
                     # Read after the service stopped: the spans still queued went at shutdown.
                     spans = loopback.get(f"{otlp}/stats", timeout=30).json()["spans"]

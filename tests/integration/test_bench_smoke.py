@@ -39,6 +39,7 @@ BENCHES = {
     "lag": "p99 median",
     "mcp_vs_http": "one read at a time",
     "naive": "status reads per operation",
+    "peer_dbos": "medians over rounds",
     "poller": "full tick at 1 k",
     "poison": " tracebacks, provider requests per op",
     "replicas": "median completed operations/s",
@@ -51,6 +52,7 @@ BENCHES = {
 PARTS = {
     "fast_http",
     "fast_provider",
+    "peer_dbos_app",
     "soak_checks",
     "soak_infra",
     "soak_load",

@@ -54,6 +54,8 @@ LONGEST = (
     "tests/integration/test_console_browser.py",
     "tests/integration/test_wheel_demo.py::test_an_installed_wheel",
     "tests/integration/test_demo.py::test_demo_runs_a_mixed_batch",
+    "tests/integration/test_bench_smoke.py::test_each_bench_runs_as_a_script_in_its_smoke_mode"
+    "[peer_dbos]",
     SERIAL,
     "tests/integration/test_two_replicas.py::test_two_replicas_on_one_postgres",
     "tests/integration/test_two_workers.py::test_two_schedulers_in_one_process",

@@ -46,6 +46,14 @@ OPS_COLUMNS = tuple(c.name for c in OPS.c)
 _COLUMN_LIST = ", ".join(OPS_COLUMNS)
 # Free to claim: never leased, or the lease ran out.
 _FREE = "(lease_expires_at IS NULL OR lease_expires_at <= ?)"
+# The due reads are found by ``next_poll_at`` (``ix_operations_due``: the few rows due, not
+# the many in flight). SQLite keeps no statistics, so its planner prefers an equality or
+# IN on another indexed column (``state``, ``provider``) to that range, and then reads
+# every row in that state or of that provider: a tick grew with the work in flight. A
+# unary plus hides the column from SQLite's planner; PostgreSQL plans from its statistics
+# and has no unary plus on text.
+_STATE = "[[state|+state]]"
+_PROVIDER = "[[provider|+provider]]"
 STATUS_READ_STATES = (State.OBSERVING, State.CANCELLING)
 IN_FLIGHT = tuple(s.value for s in State if s not in END_STATES)
 
@@ -81,14 +89,14 @@ _CLAIM = Sql(
 _STATUS_READ_OVERDUE = Sql(
     "status-read-overdue",
     OPS,
-    f"SELECT id FROM operations WHERE next_poll_at < ? AND state IN (?*) AND {_FREE} "
+    f"SELECT id FROM operations WHERE next_poll_at < ? AND {_STATE} IN (?*) AND {_FREE} "
     "AND (delay_source IS NULL OR NOT (delay_source IN (?*))) LIMIT 1",
     params=("next_poll_at", "state", "lease_expires_at", "delay_source"),
 )
 _STATUS_READS_DUE = Sql(
     "status-reads-due",
     OPS,
-    f"SELECT {_COLUMN_LIST} FROM operations WHERE next_poll_at <= ? AND state IN (?*) "
+    f"SELECT {_COLUMN_LIST} FROM operations WHERE next_poll_at <= ? AND {_STATE} IN (?*) "
     f"AND {_FREE} AND (delay_source IS NULL OR NOT (delay_source IN (?*))) "
     "ORDER BY next_poll_at LIMIT ? [[FOR UPDATE SKIP LOCKED|]]",
     params=("next_poll_at", "state", "lease_expires_at", "delay_source", AS_IS),
@@ -335,10 +343,10 @@ def _due_sql(provider: bool, completion: bool | None, lanes: Lanes | None, exclu
     """The due candidates one shape of share may claim, earliest first, locked as read."""
     where, params = [f"next_poll_at <= ? AND {_FREE}"], ["next_poll_at", "lease_expires_at"]
     if provider:
-        where.append("provider = ?")
+        where.append(f"{_PROVIDER} = ?")
         params.append("provider")
     if completion is not None:
-        completing = "(completion_pending = ? AND state IN (?*))"
+        completing = f"(completion_pending = ? AND {_STATE} IN (?*))"
         where.append(completing if completion else f"NOT {completing}")
         params += ["completion_pending", "state"]
     if lanes is Lanes.HOOKS:

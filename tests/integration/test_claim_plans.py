@@ -1,0 +1,165 @@
+"""Every statement of a tick on the operations table uses an index, on both databases.
+
+A tick must cost the same with 10 k or 100 k operations in flight: the due rows are found
+by ``next_poll_at`` (``ix_operations_due``), and every other row a tick touches by its id.
+SQLite plans without statistics and took the state index for the overdue probe and the
+completion shares, and the provider's index for the provider share, so a tick read every
+operation in flight (``bench/poller.py --only ticks``: 37 ms at 10 k, 420 ms at 100 k).
+
+The statements are the ones a real tick runs (a worker's tick over a seeded table, each
+statement recorded as it reaches the driver), with the claims a tick makes only at times
+(the catch-up scan, the callbacks share with full hosts left out) run beside it. Each is
+explained (SQLite: ``EXPLAIN QUERY PLAN``; PostgreSQL: ``EXPLAIN``, after ``ANALYZE``) on a
+table where most rows are in flight and not due, and many are done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from bench import poller
+
+from reconciler.core.states import State
+from reconciler.engine.catch_up import NOT_SPREAD
+from reconciler.storage import fastsql
+from reconciler.storage import operations as store
+from reconciler.storage.database import Database
+from reconciler.storage.journal import OPS
+
+pytestmark = pytest.mark.both_backends
+
+IN_FLIGHT = 6000
+DUE = 16
+DONE_SHARE = 3  # one row in three has ended, its completion done (no next read)
+
+
+@pytest.fixture(scope="module")
+def seeded(module_db_url: str) -> tuple[str, list[str], datetime]:
+    """A table of mostly not-due operations, many of them done; the due ones' ids."""
+    now = datetime.now(UTC)
+    due_ids = poller.seed(module_db_url, IN_FLIGHT, DUE, now)
+    db = Database(module_db_url)
+    try:
+        with db.write() as conn:
+            ids = [row[0] for row in conn.execute(sa.select(OPS.c.id).order_by(OPS.c.id))]
+            done = [i for n, i in enumerate(ids) if n % DONE_SHARE == 0 and i not in due_ids]
+            conn.execute(
+                sa.update(OPS)
+                .where(OPS.c.id.in_(done))
+                .values(state=State.SUCCEEDED.value, next_poll_at=None, delay_source=None)
+            )
+        if not db.sqlite:
+            with db.engine.connect() as conn:
+                conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql("ANALYZE")
+    finally:
+        db.dispose()
+    return module_db_url, due_ids, now
+
+
+Ran = tuple[str, Any]
+
+
+@contextmanager
+def recording(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Ran]]:
+    """Every statement run through ``storage.fastsql`` meanwhile (text and parameters)."""
+    ran: list[Ran] = []
+    lock = threading.Lock()
+    real = fastsql.run
+
+    def record(conn: Any, sql: str, params: Any = (), *, many: bool = False) -> Any:
+        with lock:
+            ran.append((sql, params[0] if many else params))
+        return real(conn, sql, params, many=many)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(fastsql, "run", record)
+        yield ran
+
+
+def _tick(
+    db_url: str, due_ids: list[str], now: datetime, work: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, list[Ran]]:
+    """One tick of a real worker until its steps are done: what it claimed, what it ran."""
+
+    async def one() -> tuple[int, list[Ran]]:
+        rig = poller.TickRig.build(db_url, due_ids, now, work)
+        try:
+            with recording(monkeypatch) as ran:
+                _, _, claimed = await rig.tick()
+        finally:
+            await rig.close()
+        return claimed, ran
+
+    return asyncio.run(one())
+
+
+def _occasional_claims(db: Database, now: datetime) -> None:
+    """The claim-path statements a quiet tick does not run: the catch-up's scan, the
+    callbacks share with some hosts full, and the release."""
+    with db.write() as conn:
+        store.due_status_reads(conn, now, NOT_SPREAD, 100)
+        full = store.ShareFilter(
+            completion=True, lanes=store.Lanes.CALLBACKS, exclude=("callback:a.example",)
+        )
+        claimed = store.claim_records(conn, "plans", now, 30.0, 10, full)
+        claimed += store.claim_records(conn, "plans", now, 30.0, 10)
+        store.release(conn, [op.id for op, _ in claimed] or ["op_none"], "plans")
+
+
+def _plan(db: Database, sql: str, params: Any) -> list[str]:
+    explain = "EXPLAIN QUERY PLAN " if db.sqlite else "EXPLAIN "
+    with db.read() as conn:
+        cursor = fastsql.run(conn, explain + sql, params)
+        return [str(row[-1]) for row in cursor.fetchall()]
+
+
+def _on_operations(sql: str) -> bool:
+    words = sql.replace("(", " ").split()
+    return any(a in ("FROM", "UPDATE", "INTO") and b == "operations" for a, b in pairwise(words))
+
+
+def _full_scans(db: Database, plan: Sequence[str]) -> list[str]:
+    if db.sqlite:
+        scans = ("SCAN operations", "SCAN TABLE operations")
+        return [line for line in plan if line.startswith(scans)]
+    return [line for line in plan if "Seq Scan on operations" in line]
+
+
+def test_each_statement_of_a_tick_on_operations_uses_an_index(
+    seeded: tuple[str, list[str], datetime], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db_url, due_ids, now = seeded
+    claimed, recorded = _tick(db_url, due_ids, now, tmp_path, monkeypatch)
+    assert claimed == DUE
+    db = Database(db_url)
+    try:
+        with recording(monkeypatch) as more:
+            _occasional_claims(db, now)
+        recorded += more
+        statements = {sql: params for sql, params in recorded if _on_operations(sql)}
+        due = [sql for sql in statements if "next_poll_at <" in sql]
+        # The overdue probe, the catch-up scan, and the provider, hooks and both callbacks
+        # shares' claims: each finds its rows by their due time.
+        assert len(due) >= 6, due
+        plans = {sql: _plan(db, sql, params) for sql, params in statements.items()}
+    finally:
+        db.dispose()
+    for sql, plan in plans.items():
+        assert not _full_scans(db, plan), (sql, plan)
+        if db.sqlite:
+            assert any(" USING " in line for line in plan), (sql, plan)
+        else:
+            assert any("Index" in line for line in plan), (sql, plan)
+    for sql in due:
+        assert any("ix_operations_due" in line for line in plans[sql]), (sql, plans[sql])
+        # The index gives the rows in due order: nothing is sorted after reading them all.
+        assert not any("TEMP B-TREE FOR ORDER BY" in line for line in plans[sql]), plans[sql]
