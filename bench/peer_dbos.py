@@ -38,8 +38,9 @@ frequent statements per operation. Each round also runs the bare client of
 ``bench/throughput.py`` (the same provider and callback calls with no service: the
 ceiling both systems share) and the provider's and the receiver's own ceilings. Printed:
 every run, then medians over ``--rounds`` rounds, and reconciler / DBOS per backend.
-``--smoke``: a few operations, one round; DBOS is skipped, saying so, when its virtualenv
-cannot be made (no package index), and PostgreSQL when its binaries are missing.
+``--smoke``: a few operations, one round; it installs nothing, so DBOS runs only when a
+full run made its virtualenv before (else it is skipped, saying so), and PostgreSQL is
+skipped when its binaries are missing.
 """
 
 from __future__ import annotations
@@ -90,8 +91,10 @@ STATS_SETTINGS = "-c shared_preload_libraries=pg_stat_statements -c pg_stat_stat
 # --- the peer's virtualenv ----------------------------------------------------------------
 
 
-def dbos_python(timeout: float) -> tuple[str | None, str]:
-    """The DBOS virtualenv's Python, made (or completed) on first use: (path or None, why)."""
+def dbos_python(timeout: float, build: bool = True) -> tuple[str | None, str]:
+    """The DBOS virtualenv's Python, made (or completed) on first use: (path or None, why).
+
+    ``build=False`` only takes one made earlier: a smoke run installs nothing."""
     cache = Path(os.environ.get("RECONCILER_BENCH_CACHE", Path.home() / ".cache/reconciler-bench"))
     venv = cache / f"dbos-{DBOS_VERSION}"
     python = venv / "bin" / "python"
@@ -99,6 +102,8 @@ def dbos_python(timeout: float) -> tuple[str | None, str]:
     wanted = " ".join(DBOS_PACKAGES) + "\n"
     if ready.exists() and ready.read_text("utf-8") == wanted:
         return str(python), ""
+    if not build:
+        return None, f"no DBOS virtualenv at {venv} yet (a full run makes it)"
     try:
         if not python.exists():
             venv.parent.mkdir(parents=True, exist_ok=True)
@@ -523,7 +528,7 @@ def main() -> int:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if args.py_spy is not None:
         args.py_spy.mkdir(parents=True, exist_ok=True)
-    python, why = dbos_python(timeout=150 if args.smoke else 900)
+    python, why = dbos_python(timeout=900, build=not args.smoke)
     if python is None:
         if not args.smoke:
             print(f"DBOS unavailable: {why}")
