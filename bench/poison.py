@@ -23,7 +23,6 @@ Prints the healthy p99 ratio loaded / baseline (target <= 1.2) and the poison CP
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -47,8 +46,7 @@ import sqlalchemy as sa  # noqa: E402
 from bench.support import ROOT, free_port, percentile, wait_ready  # noqa: E402
 from tests.support.poison_provider import (  # noqa: E402
     PoisonProvider,
-    provider_table,
-    write_provider_file,
+    write_service_config,
 )
 from tests.support.servers import serve_asgi  # noqa: E402
 
@@ -75,27 +73,8 @@ class Service:
 
 @contextmanager
 def service(work: Path, provider_url: str, db_url: str, source: Path | None) -> Iterator[Service]:
-    providers = work / "providers"
-    write_provider_file(providers, provider_table(provider_url))
     port = free_port()
-    config = work / "reconciler.toml"
-    config.write_text(
-        "\n".join(
-            [
-                f"database_url = {json.dumps(db_url)}",
-                f"providers_dir = {json.dumps(str(providers))}",
-                'log_level = "INFO"',
-                "[server]",
-                'host = "127.0.0.1"',
-                f"port = {port}",
-                "[scheduler]",
-                "tick_seconds = 0.2",
-                "lease_seconds = 10",
-            ]
-        )
-        + "\n",
-        "utf-8",
-    )
+    config = write_service_config(work / "reconciler.toml", db_url, provider_url, port)
     path = [str(source)] if source is not None else []
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECONCILER_")}
     env["PYTHONPATH"] = os.pathsep.join([*path, str(ROOT), str(ROOT / "service")])

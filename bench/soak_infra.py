@@ -28,7 +28,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from tests.support import forked, loopback
-from tests.support.process import ServiceProcess, _toml_value, cli, provider_file, service_env
+from tests.support.process import ServiceProcess, cli, provider_file, service_env, toml_value
 from tests.support.servers import unused_port
 from tests.support.stack import ROOT
 
@@ -163,7 +163,7 @@ class ServiceSettings:
 def _add_keys(path: Path, section: str, keys: dict[str, object]) -> None:
     """Add keys (absent from sim.toml) at the top of ``[providers.sim.<section>]``."""
     text = path.read_text("utf-8")
-    added = "".join(f"\n{key} = {_toml_value(value)}" for key, value in keys.items())
+    added = "".join(f"\n{key} = {toml_value(value)}" for key, value in keys.items())
     text, count = re.subn(
         rf"(?m)^\[providers\.sim\.{section}\]$", f"[providers.sim.{section}]{added}", text
     )
@@ -189,9 +189,9 @@ def write_config(directory: Path, db_url: str, sim_url: str, port: int, s: Servi
         {"trust_after": s.trust_after, "webhook_grace_seconds": s.webhook_grace_seconds},
     )
     lines = [
-        f"database_url = {_toml_value(db_url)}",
-        f"providers_dir = {_toml_value(str(providers))}",
-        f"hooks = {_toml_value(list(s.hooks))}",
+        f"database_url = {toml_value(db_url)}",
+        f"providers_dir = {toml_value(str(providers))}",
+        f"hooks = {toml_value(list(s.hooks))}",
         'log_level = "WARNING"',
         "[server]",
         'host = "127.0.0.1"',

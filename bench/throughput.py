@@ -244,14 +244,14 @@ def service_env(otlp: str | None = None) -> dict[str, str]:
 
 
 def write_config(work: Path, db_url: str, sim_url: str, port: int) -> Path:
-    from tests.support.process import _toml_value, provider_file
+    from tests.support.process import provider_file, toml_value
 
     providers = work / "providers"
     provider_file(providers, sim_url, **POLLING)
     lines = [
-        f"database_url = {_toml_value(db_url)}",
-        f"providers_dir = {_toml_value(str(providers))}",
-        f"hooks = {_toml_value([HOOK])}",
+        f"database_url = {toml_value(db_url)}",
+        f"providers_dir = {toml_value(str(providers))}",
+        f"hooks = {toml_value([HOOK])}",
         'log_level = "WARNING"',
         "[server]",
         'host = "127.0.0.1"',

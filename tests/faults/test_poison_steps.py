@@ -28,8 +28,7 @@ from tests.support.faults import history, stored, submit
 from tests.support.poison_provider import (
     SECRET_WORD,
     PoisonProvider,
-    provider_table,
-    write_provider_file,
+    write_service_config,
 )
 from tests.support.process import ServiceProcess, service_env, service_process
 from tests.support.servers import serve_asgi, unused_port
@@ -50,30 +49,15 @@ def provider() -> Iterator[tuple[PoisonProvider, str]]:
 
 
 def config(tmp_path: Path, db_url: str, provider_url: str, port: int) -> Path:
-    providers = tmp_path / "providers"
-    write_provider_file(providers, provider_table(provider_url))
-    path = tmp_path / f"reconciler-{port}.toml"
-    path.write_text(
-        "\n".join(
-            [
-                f"database_url = {json.dumps(db_url)}",
-                f"providers_dir = {json.dumps(str(providers))}",
-                'log_level = "INFO"',
-                "[server]",
-                'host = "127.0.0.1"',
-                f"port = {port}",
-                "[scheduler]",
-                "tick_seconds = 0.2",
-                "lease_seconds = 10",
-                f"step_retry_base_seconds = {BASE_SECONDS}",
-                "step_retry_max_seconds = 2",
-                f"step_retry_attempts = {ATTEMPTS}",
-            ]
-        )
-        + "\n",
-        "utf-8",
+    return write_service_config(
+        tmp_path / f"reconciler-{port}.toml",
+        db_url,
+        provider_url,
+        port,
+        step_retry_base_seconds=BASE_SECONDS,
+        step_retry_max_seconds=2,
+        step_retry_attempts=ATTEMPTS,
     )
-    return path
 
 
 def failures(entries: list[HistoryRecord]) -> list[HistoryRecord]:

@@ -38,6 +38,7 @@ from starlette.routing import Route
 from reconciler.core.provider_calls import CallResult
 from reconciler.providers.adapter import StatusOutcome
 from reconciler.providers.http_adapter import HttpAdapter
+from tests.support.process import toml_value
 
 POISONS = (
     "userinfo",
@@ -219,28 +220,36 @@ def provider_table(base_url: str, *, adapter: bool = True, **polling: Any) -> di
     return table
 
 
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
-    raise TypeError(f"cannot write {value!r} as TOML")
+def write_service_config(
+    path: Path, db_url: str, provider_url: str, port: int, **scheduler: Any
+) -> Path:
+    """A ``reconciler.toml`` at ``path`` for a service on ``port`` reaching the poison
+    provider at ``provider_url`` (its file beside it); ``scheduler`` adds keys there."""
+    providers = path.parent / "providers"
+    write_provider_file(providers, provider_table(provider_url))
+    sched = {"tick_seconds": 0.2, "lease_seconds": 10, **scheduler}
+    lines = [
+        f"database_url = {toml_value(db_url)}",
+        f"providers_dir = {toml_value(str(providers))}",
+        'log_level = "INFO"',
+        "[server]",
+        'host = "127.0.0.1"',
+        f"port = {port}",
+        "[scheduler]",
+        *(f"{k} = {toml_value(v)}" for k, v in sched.items()),
+    ]
+    path.write_text("\n".join(lines) + "\n", "utf-8")
+    return path
 
 
 def write_provider_file(directory: Path, table: Mapping[str, Any]) -> Path:
     """``table`` as ``poison.toml`` in ``directory`` (sections as TOML tables)."""
     lines = ["[providers.poison]"]
-    lines += [f"{k} = {_toml(v)}" for k, v in table.items() if not _section(k, v)]
+    lines += [f"{k} = {toml_value(v)}" for k, v in table.items() if not _section(k, v)]
     for key, value in table.items():
         if _section(key, value):
             lines.append(f"[providers.poison.{key}]")
-            lines += [f"{k} = {_toml(v)}" for k, v in value.items()]
+            lines += [f"{k} = {toml_value(v)}" for k, v in value.items()]
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "poison.toml"
     path.write_text("\n".join(lines) + "\n", "utf-8")

@@ -32,7 +32,7 @@ from tests.support.stack import CALLBACK_SECRET, ROOT, SIM_TOKEN, SIM_TOML, WEBH
 from tests.support.waiting import wait_until
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -40,9 +40,9 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, Mapping):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
     raise TypeError(f"cannot write {value!r} as TOML here")
 
 
@@ -51,7 +51,7 @@ def provider_file(directory: Path, sim_url: str, **keys: Any) -> Path:
     (their names are unique in that file, e.g. ``deadline_seconds=5``)."""
     text = SIM_TOML.read_text("utf-8").replace('"http://127.0.0.1:9000"', json.dumps(sim_url))
     for key, value in keys.items():
-        text, count = re.subn(rf"(?m)^{key} = .*$", f"{key} = {_toml_value(value)}", text)
+        text, count = re.subn(rf"(?m)^{key} = .*$", f"{key} = {toml_value(value)}", text)
         if count != 1:
             raise KeyError(f"{key} is not a single key of sim.toml")
     directory.mkdir(parents=True, exist_ok=True)
@@ -80,14 +80,14 @@ def service_config(
     lines = [
         f"database_url = {json.dumps(db_url)}",
         f"providers_dir = {json.dumps(str(providers))}",
-        f"hooks = {_toml_value(list(hooks))}",
+        f"hooks = {toml_value(list(hooks))}",
         f"log_level = {json.dumps(log_level)}",
         "[server]",
         'host = "127.0.0.1"',
         f"port = {port}",
-        *(f"{k} = {_toml_value(v)}" for k, v in (server or {}).items()),
+        *(f"{k} = {toml_value(v)}" for k, v in (server or {}).items()),
         "[scheduler]",
-        *(f"{k} = {_toml_value(v)}" for k, v in sched.items()),
+        *(f"{k} = {toml_value(v)}" for k, v in sched.items()),
         "[callbacks]",
         'allow_hosts = ["127.0.0.1"]',
     ]

@@ -22,9 +22,10 @@ from reconciler.core.cancel import (
 )
 from reconciler.core.next_read import after_answer, hinted_wait, retry_floor
 from reconciler.core.poll_values import Counters, Observation, PollPolicy, Wait
-from reconciler.core.records import OperationRecord, new_operation
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource
+from tests.support.factories import new_operation
 
 NOW = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)
 POLICY = PollPolicy()
@@ -44,22 +45,13 @@ def seconds(n: float) -> datetime:
 
 def op_in(state: State, **fields: Any) -> OperationRecord:
     values: dict[str, Any] = {
-        "id": "op_1",
-        "provider": "p",
-        "caller": "agent-1",
-        "request_fingerprint": "f",
-        "idempotency_token": "t",
-        "trace_id": "tr_1",
         "state": state.value,
         "remote_job_id": "job_1",
         "created_at": NOW - timedelta(minutes=10),
-        "updated_at": NOW,
         "create_deadline_at": NOW - timedelta(minutes=9),
         "deadline_at": NOW + timedelta(minutes=30),
-        "max_status_requests": 12,
-        "max_transport_failures": 3,
     }
-    return new_operation(**{**values, **fields})
+    return new_operation(NOW, **{**values, **fields})
 
 
 @given(

@@ -41,9 +41,10 @@ from reconciler.core.create import (
 )
 from reconciler.core.poll_values import Stop
 from reconciler.core.provider_calls import CallResult
-from reconciler.core.records import OperationRecord, new_operation
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, EscalationReason, TransportError
+from tests.support.factories import new_operation
 
 NOW = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)
 CREATE_STATES = (State.CREATE_PENDING, State.CREATE_UNKNOWN)
@@ -51,21 +52,12 @@ CREATE_STATES = (State.CREATE_PENDING, State.CREATE_UNKNOWN)
 
 def op_in(state: State = State.CREATE_PENDING, **fields: Any) -> OperationRecord:
     values: dict[str, Any] = {
-        "id": "op_1",
-        "provider": "p",
-        "caller": "agent-1",
-        "request_fingerprint": "f",
-        "idempotency_token": "t",
-        "trace_id": "tr_1",
         "state": state.value,
         "created_at": NOW - timedelta(minutes=1),
-        "updated_at": NOW,
         "create_deadline_at": NOW + timedelta(minutes=1),
         "deadline_at": NOW + timedelta(minutes=40),
-        "max_status_requests": 12,
-        "max_transport_failures": 3,
     }
-    return new_operation(**{**values, **fields})
+    return new_operation(NOW, **{**values, **fields})
 
 
 def call(**fields: Any) -> CallResult:

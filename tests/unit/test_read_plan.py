@@ -37,9 +37,10 @@ from reconciler.core.poll_values import (
     Wait,
     record_of,
 )
-from reconciler.core.records import OperationRecord, new_operation
+from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import EscalationReason, RemoteCategory, TransportError
+from tests.support.factories import new_operation
 
 R = EscalationReason
 NOW = datetime(2025, 4, 18, 10, 20, tzinfo=UTC)
@@ -49,24 +50,15 @@ WATCHED = (State.OBSERVING, State.CANCELLING)
 
 def op_in(state: State = State.OBSERVING, **fields: Any) -> OperationRecord:
     values: dict[str, Any] = {
-        "id": "op_1",
-        "provider": "p",
-        "caller": "agent-1",
-        "request_fingerprint": "f",
-        "idempotency_token": "t",
-        "trace_id": "tr_1",
         "state": state.value,
         "remote_job_id": "job_1",
         "created_at": NOW - timedelta(minutes=10),
         "accepted_at": NOW - timedelta(minutes=10),
-        "updated_at": NOW,
         "create_deadline_at": NOW - timedelta(minutes=9),
         "deadline_at": NOW + timedelta(minutes=30),
-        "max_status_requests": 12,
         "status_requests_used": 3,
-        "max_transport_failures": 3,
     }
-    return new_operation(**{**values, **fields})
+    return new_operation(NOW, **{**values, **fields})
 
 
 def answer(**fields: Any) -> Observation:

@@ -25,7 +25,7 @@ from reconciler.core.escalation import (
     resume_state,
 )
 from reconciler.core.operator_decision import DecisionRequest, plan_decision
-from reconciler.core.records import EscalationRecord, new_operation
+from reconciler.core.records import EscalationRecord, OperationRecord
 from reconciler.core.states import END_STATES, State, allowed
 from reconciler.core.step_retry import (
     GiveUp,
@@ -38,6 +38,7 @@ from reconciler.core.step_retry import (
     step_of,
 )
 from reconciler.core.vocabulary import DecisionAction, EscalationReason, StepName
+from tests.support.factories import new_operation
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 policies = st.builds(
@@ -108,27 +109,17 @@ def test_an_exception_is_named_by_its_type_never_its_message() -> None:
     assert "hunter2" not in text
 
 
-def _op(state: State, **fields: object):  # type: ignore[no-untyped-def]
-    base: dict[str, object] = {
-        "id": "op_1",
-        "provider": "p",
-        "caller": "agent-1",
-        "request_fingerprint": "f",
-        "idempotency_token": "t",
-        "trace_id": "tr_1",
+def _op(state: State, **fields: object) -> OperationRecord:
+    values: dict[str, object] = {
         "state": state.value,
         "remote_job_id": "job_1",
-        "created_at": NOW,
-        "updated_at": NOW,
         "create_deadline_at": NOW,
         "deadline_at": NOW + timedelta(hours=1),
-        "max_status_requests": 12,
-        "max_transport_failures": 3,
         "escalation_id": 7,
         "step_failures": 5,
         "failed_step": StepName.COLLECT.value,
     }
-    return new_operation(**{**base, **fields})
+    return new_operation(NOW, **{**values, **fields})
 
 
 def _escalation(op, can_cancel: bool = True) -> EscalationRecord:  # type: ignore[no-untyped-def]
