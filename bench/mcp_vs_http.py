@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import base64
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -66,7 +67,10 @@ def serve(db_url: str, port: int, sim_url: str) -> None:
     from reconciler.runtime import Runtime
 
     logs.configure("WARNING")  # into the service log file: anything that slowed a job down
-    empty = Path(tempfile.mkdtemp(prefix="bench-providers-"))
+    # The provider is inline; the configured directory must exist: an empty one beside the
+    # database, in the run's work directory, which the run removes.
+    empty = Path(db_url.removeprefix("sqlite:///")).parent / "providers"
+    empty.mkdir(exist_ok=True)
     table = sim_provider_table(
         sim_url, polling={"base_delay_seconds": 0.2, "max_delay_seconds": 1.0}
     )
@@ -314,6 +318,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--reads", type=int, default=200)
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    parser.add_argument("--keep", action="store_true", help="keep the work directory and logs")
     args = parser.parse_args()
     smoke(args, jobs=4, concurrency=2, rounds=2, reads=5)
     if args.command == "serve":
@@ -353,7 +358,7 @@ def main() -> int:
         wait_ready(f"{url}/healthz", timeout=60.0)
         print(
             f"{args.jobs} jobs per path in {args.rounds} alternating rounds, "
-            f"{args.concurrency} at a time; SQLite; logs in {workdir}"
+            f"{args.concurrency} at a time; SQLite"
         )
         http, mcp = asyncio.run(measure(url, token, args))
         http_reads, mcp_reads = asyncio.run(read_costs(url, token, args.reads))
@@ -361,6 +366,10 @@ def main() -> int:
         if service is not None:
             stop(service)
         stop(sim)
+        if args.keep:
+            print(f"kept {workdir} (logs: sim.log, service.log)")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
     ok = report(http, mcp)
     print(
         f"one read at a time ({args.reads}): GET p50 {_ms(http_reads, 50):.1f} ms p99 "
