@@ -125,7 +125,10 @@ def serve_service(root: Path, db_url: str, port: int) -> None:
     from reconciler.config import ServerSettings, Settings
     from reconciler.runtime import Runtime
 
-    empty = Path(tempfile.mkdtemp(prefix="bench-providers-"))
+    # The provider is inline; the configured directory must exist: an empty one beside the
+    # database, in the round's work directory, which the bench removes.
+    empty = Path(db_url.removeprefix("sqlite:///")).parent / "providers"
+    empty.mkdir(exist_ok=True)
     settings = Settings(
         database_url=db_url,
         providers_dir=str(empty),
