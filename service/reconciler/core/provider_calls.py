@@ -24,10 +24,20 @@ from reconciler.core.strict_json import escaped, first_unstorable, is_storable, 
 from reconciler.core.vocabulary import TransportError
 
 # In JSON text a NUL or a surrogate can only be written as an escape (a raw NUL is no
-# valid JSON, and no valid UTF-8 encodes a surrogate): a body without one of these is
-# clean, which spares walking a large result. A hit (a surrogate pair, "\\u0000") is
-# looked at exactly.
-_SUSPECT = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
+# valid JSON, and no valid UTF-8 encodes a surrogate): a body without a NUL escape or a
+# lone surrogate escape is clean, which spares walking (and parsing on the loop) a large
+# result. Escapes are read left to right so that an escaped backslash cannot fake one,
+# and a valid pair (an emoji written as ASCII) is no suspect; a hit is looked at exactly.
+_ESCAPES = re.compile(
+    rb"\\\\"  # an escaped backslash
+    rb"|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"  # a surrogate pair
+    rb"|\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})"  # a NUL, or a lone surrogate
+)
+
+
+def _suspect(data: bytes) -> bool:
+    # Only the last alternative matches six bytes.
+    return any(len(m[0]) == 6 for m in _ESCAPES.finditer(data))
 # What a call keeps of the answer's head (the rest of CallResult is ours).
 _RECORDED_HEADERS = ("retry_after", "location", "content_type", "provider_request_id")
 
@@ -162,7 +172,7 @@ def _in_call(call: CallResult) -> Unstorable | None:
         if isinstance(value, str) and not is_storable(value):
             return Unstorable(f"the {name.replace('_', '-')} header", escaped(value))
     data = call.body_bytes
-    if data is not None and _SUSPECT.search(data) is None:
+    if data is not None and not _suspect(data):
         return None  # the body (or its lines) was parsed from these bytes: nothing to find
     if call.body is not None:
         hit = first_unstorable(call.body)
@@ -182,7 +192,7 @@ def _in_call(call: CallResult) -> Unstorable | None:
 def _in_lines(data: bytes) -> Unstorable | None:
     """A body read as JSON Lines (a result file): the first line holding such text."""
     for number, raw in enumerate(data.splitlines(), start=1):
-        if _SUSPECT.search(raw) is None:
+        if not _suspect(raw):
             continue
         try:
             value = parse_json(raw, f"line {number}")
