@@ -198,6 +198,23 @@ async def test_a_body_in_an_encoding_not_asked_for_is_not_read(tmp_path: Path, d
     assert error["detail"]["detail"]["transport_error"] == "other"
 
 
+async def test_a_result_too_large_to_hold_with_unstorable_text_in_a_failed_line_is_refused(
+    tmp_path: Path, db_url: str
+) -> None:
+    # Over the in-memory limit the body is scanned from a file, apart from the call: what
+    # the scan keeps of it (a failed line) is checked as an answer is.
+    data = b"{}\n" * (MEMORY_BYTES // 3 + 1) + b'{"error":{"code":"x\\u0000"}}\n'
+    assert len(data) > MEMORY_BYTES
+    async with step_rig(tmp_path, db_url, table=jsonl_table()) as rig:
+        op_id, _ = await finished_job(rig)
+        rig.provider.script("result", httpx.Response(200, content=data))
+        await rig.run(op_id, ["escalated"])
+        escalation = rig.view(op_id)["escalation"]
+        assert rig.row(op_id).result is None
+    assert escalation["reason"] == "contract_violation"
+    assert "x\\u0000" in escalation["message"]
+
+
 # --- URLs a provider hands us -----------------------------------------------------------
 
 

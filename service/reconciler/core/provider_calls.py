@@ -157,7 +157,9 @@ def _in_field(name: str, value: Any) -> Unstorable | None:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         inner = unstorable_in(value)
         return None if inner is None else Unstorable(f"{name}.{inner.where}", inner.shown)
-    if not isinstance(value, str | dict | list | tuple):
+    if isinstance(value, tuple):
+        value = list(value)  # what an outcome holds as a tuple is walked like a list
+    if not isinstance(value, str | dict | list):
         return None
     hit = first_unstorable(value)
     if hit is None:

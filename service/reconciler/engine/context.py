@@ -159,9 +159,7 @@ class StepContext:
         call = getattr(result, "call", result)
         if isinstance(call, CallResult):
             self.count_call(op, name, call)
-        found = unstorable_in(result)
-        if found is not None:
-            raise UnstorableAnswer(name, found.where, found.shown, call)
+        refuse_unstorable(name, result, call)
         return result
 
     async def write(
@@ -356,3 +354,11 @@ class StepContext:
             self.deps.metrics.status_requests.labels(op.provider, label).inc()
         else:
             self.deps.metrics.provider_calls.labels(op.provider, call_name, label).inc()
+
+
+def refuse_unstorable(name: str, answer: Any, call: Any) -> None:
+    """Raise ``UnstorableAnswer`` when ``answer`` (what the ``name`` call brought back, or
+    what was read out of it) holds text no database can store."""
+    found = unstorable_in(answer)
+    if found is not None:
+        raise UnstorableAnswer(name, found.where, found.shown, call)

@@ -29,7 +29,7 @@ from reconciler.core.provider_calls import CallResult, call_detail
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import HistoryKind
-from reconciler.engine.context import StepContext
+from reconciler.engine.context import StepContext, refuse_unstorable
 from reconciler.engine.flow import Prep
 from reconciler.providers.result_check import check_off_loop, release
 from reconciler.storage.journal import Entry
@@ -116,6 +116,9 @@ class CollectStep:
             )
         finally:
             release(call, errors_call)
+        # A body too large to hold was scanned apart from the call: what the scan kept of it
+        # (summary values, failed items) is checked as an answer is.
+        refuse_unstorable("result", check, call)
         now = ctx.now()
         fetched = call_detail(call)
         if errors_call is not None:
