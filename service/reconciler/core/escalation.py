@@ -12,6 +12,7 @@ from typing import Any
 
 from reconciler.core.backoff import BackoffPolicy
 from reconciler.core.clock import utc
+from reconciler.core.outcome_parts import one_line
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import DecisionAction, EscalationReason, TransportError
@@ -207,15 +208,15 @@ def options_payload(
 
 def render_message(facts: EscalationFacts, options: tuple[DecisionAction, ...]) -> str:
     """The escalation message (docs/design.md#escalation-message): one fact per line."""
-    job = _one_line(facts.provider_job_id, _FIELD_LIMIT) or "not known yet"
-    state = _one_line(facts.last_remote_state, _FIELD_LIMIT) or "not observed"
-    detail = _one_line(facts.detail, _DETAIL_LIMIT)
+    job = one_line(facts.provider_job_id or "", _FIELD_LIMIT) or "not known yet"
+    state = one_line(facts.last_remote_state or "", _FIELD_LIMIT) or "not observed"
+    detail = one_line(facts.detail or "", _DETAIL_LIMIT)
     because = f"{facts.reason.value} — {detail}" if detail else facts.reason.value
     safe = "; ".join(describe_option(facts, a) for a in options) or "none"
     lines = [
         "External job needs a decision",
-        f"Operation: {_one_line(facts.operation_id, _FIELD_LIMIT)}",
-        f"Provider job: {job} (provider {_one_line(facts.provider, _FIELD_LIMIT)})",
+        f"Operation: {one_line(facts.operation_id, _FIELD_LIMIT)}",
+        f"Provider job: {job} (provider {one_line(facts.provider, _FIELD_LIMIT)})",
         f"Last state: {state}",
         f"Elapsed time: {format_duration((facts.now - facts.started_at).total_seconds())}",
         f"Status requests: {facts.status_requests_used} of {facts.max_status_requests}",
@@ -247,14 +248,6 @@ def _clock_time(when: datetime, now: datetime) -> str:
 
 def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
-
-
-def _one_line(text: str | None, limit: int) -> str:
-    """Provider-supplied text cannot break the message's line structure or run on."""
-    if not text:
-        return ""
-    flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 # Where an escalation leaves the operation, when it is not simply `escalated`.
