@@ -138,14 +138,15 @@ _CREATED_SINCE = Sql(
 )
 
 
-# A decision is pending: ``escalated``, or an end state its open escalation may reopen
-# (``core.states.awaits_decision``, as a condition on the row).
-_AWAITING = "(state = ? OR (escalation_open = ? AND state IN (?*)))"
-_AWAITING_PARAMS = ("state", "escalation_open", "state")
-# Nothing more will happen without a new request (``core.states.is_done``).
+# An end state its open escalation may reopen.
 _REOPENABLE_OPEN = "(escalation_open = ? AND state IN (?*))"
+# A decision is pending: ``escalated``, or a reopenable end state with its escalation open
+# (``core.states.awaits_decision``, as a condition on the row).
+_AWAITING = f"(state = ? OR {_REOPENABLE_OPEN})"
+# Nothing more will happen without a new request (``core.states.is_done``).
 _DONE = f"(state IN (?*) AND NOT {_REOPENABLE_OPEN})"
-_DONE_PARAMS = ("state", "escalation_open", "state")
+# Both read the same three parameters, in this order.
+_STATE_OPEN_PARAMS = ("state", "escalation_open", "state")
 
 
 @cache
@@ -162,10 +163,10 @@ def _page_sql(
     for on, condition, columns in (
         (not operator, "caller = ?", ("caller",)),
         (state, "state = ?", ("state",)),
-        (done is True, _DONE, _DONE_PARAMS),
-        (done is False, f"NOT {_DONE}", _DONE_PARAMS),
-        (awaiting is True, _AWAITING, _AWAITING_PARAMS),
-        (awaiting is False, f"NOT {_AWAITING}", _AWAITING_PARAMS),
+        (done is True, _DONE, _STATE_OPEN_PARAMS),
+        (done is False, f"NOT {_DONE}", _STATE_OPEN_PARAMS),
+        (awaiting is True, _AWAITING, _STATE_OPEN_PARAMS),
+        (awaiting is False, f"NOT {_AWAITING}", _STATE_OPEN_PARAMS),
         (provider, "provider = ?", ("provider",)),
         (after, "id < ?", ("id",)),
     ):

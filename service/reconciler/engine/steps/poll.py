@@ -146,8 +146,9 @@ class PollStep:
         """
         ctx = self.ctx
         note = _lapse_note(ctx.actor, op.deadline_at, lapse)
-        looked = await ctx.deps.db.run(self._looked_before, op.id)
-        stop = lapses.recovery_stop(op, lapse, now, looked_before=looked)
+        stop = lapses.recovery_stop(op, lapse, now, looked_before=False)
+        if stop is None and await ctx.deps.db.run(self._looked_before, op.id):
+            stop = lapses.recovery_stop(op, lapse, now, looked_before=True)  # one look, ever
         if stop is not None:
             await ctx.escalate(op, stop.reason, stop.detail, before=[note])
             return
@@ -321,7 +322,10 @@ class PollStep:
             hinted = health.first_webhook_after(
                 conn, op.provider, op.remote_job_id, since, until=asked
             )
-        outage = bool(self.ctx.deps.db.availability.outages_between(since, asked))
+        # Our own outage only excuses a read no webhook came before.
+        outage = hinted is None and bool(
+            self.ctx.deps.db.availability.outages_between(since, asked)
+        )
         verdict = judge_read(None, asked, hinted, outage=outage)
         first = verdict is Verdict.WEBHOOK_FIRST
         health.record_verdict(
