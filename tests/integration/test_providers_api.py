@@ -75,17 +75,17 @@ def test_both_doors_read_webhook_trust_off_the_event_loop(
     stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     read: list[tuple[str, bool]] = []
-    real = trust.trust_view
+    real = trust.trust_views
 
-    def spy(conn: Any, provider: str, policy: Any) -> Any:
+    def spy(conn: Any, policies: Any) -> Any:
         try:
             asyncio.get_running_loop()
-            read.append((provider, True))
+            read.extend((provider, True) for provider in policies)
         except RuntimeError:
-            read.append((provider, False))
-        return real(conn, provider, policy)
+            read.extend((provider, False) for provider in policies)
+        return real(conn, policies)
 
-    monkeypatch.setattr(trust, "trust_view", spy)
+    monkeypatch.setattr(trust, "trust_views", spy)
     api = stack.client.get("/v1/providers", headers=stack.headers(operator=True))
     assert api.status_code == 200 and api.json()["providers"][0]["webhook_trust"]
     with closing(operator_client(stack.url, stack.operator_token)) as console:

@@ -36,7 +36,6 @@ from reconciler.storage import operations as store
 from reconciler.storage.history import history_page
 from reconciler.storage.operation_reads import operation_views
 from reconciler.storage.tokens import Principal
-from reconciler.storage.trust import provider_trust
 from reconciler.tracing import SpanName, operation_context
 from reconciler.wire import CreateOperation, OperationFilter
 
@@ -257,14 +256,10 @@ async def history(
 
 async def providers(rt: Runtime, who: Principal) -> dict[str, Any]:
     names = sorted(rt.providers)
-    trust: dict[str, dict[str, Any] | None] = {}
+    trust: dict[str, dict[str, Any]] = {}
     if who.is_operator:
         # Webhook trust in the words of the console's providers page, read off the loop.
-        def load() -> dict[str, dict[str, Any] | None]:
-            with rt.db.read() as conn:
-                return {n: provider_trust(conn, n, rt.providers[n].polling.trust()) for n in names}
-
-        trust = await rt.db.run(load)
+        trust = {n: v.as_dict() for n, v in (await rt.db.run(rt.trust_views)).items()}
     views = [
         provider_view(rt.providers[n], rt.environ, operator=who.is_operator, trust=trust.get(n))
         for n in names

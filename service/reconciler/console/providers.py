@@ -24,8 +24,8 @@ from reconciler.core.trust import TrustPolicy
 from reconciler.metrics import totals
 from reconciler.runtime import Runtime
 from reconciler.storage import provider_stats
+from reconciler.storage import trust as trust_store
 from reconciler.storage.inbox import providers_seen
-from reconciler.storage.trust import provider_trust
 from reconciler.storage.webhook_events import Outcome
 
 # Webhook results in the metrics that are not a stored event's outcome.
@@ -84,11 +84,15 @@ async def providers_page(request: Request) -> Response:
             webhooks = provider_stats.webhook_counts(conn)
             seen = providers_seen(conn)
             named = set(rt.providers) | set(seen) | set(webhooks)
+            policies = {name: _policy(rt, name) for name in named}
             markers = {
-                name: provider_charts.markers_of(conn, name, _policy(rt, name), window.starts[0])
-                for name in named
+                name: provider_charts.markers_of(conn, name, policy, window.starts[0])
+                for name, policy in policies.items()
             }
-            trust = {name: provider_trust(conn, name, _policy(rt, name)) for name in named}
+            # A provider no longer configured has no trust keys: no trust shown.
+            known = {name: policy for name, policy in policies.items() if policy is not None}
+            views = trust_store.trust_views(conn, known)
+            trust = {name: view.as_dict() for name, view in views.items()}
             return (
                 webhooks,
                 provider_stats.status_reads(conn),

@@ -7,7 +7,7 @@ replicas counting at once queue instead of failing); SQLite serialises writers a
 Which completions were webhook-first, late or missed is read from what is stored: the
 verified webhooks (``webhook_events.received_at``) and the status reads (the verdict rows).
 
-``trust_view``, ``trust_views`` and ``provider_trust`` are the read for operators
+``trust_view`` and ``trust_views`` are the read for operators
 (``GET /v1/providers``, the console, ``/metrics``); they never write.
 """
 
@@ -361,17 +361,6 @@ def trust_view(conn: Connection, provider: str, policy: TrustPolicy) -> TrustVie
     return trust_view_of(
         provider, load_health(conn, provider), policy, last_webhook_at(conn, provider)
     )
-
-
-def provider_trust(
-    conn: Connection, provider: str, policy: TrustPolicy | None
-) -> dict[str, Any] | None:
-    """One provider's webhook trust as ``GET /v1/providers`` and the console's providers page
-    show it (one read, the same words); None for a provider that is no longer configured
-    (``policy`` None: its trust keys are unknown)."""
-    if policy is None:
-        return None
-    return trust_view(conn, provider, policy).as_dict()
 
 
 def trust_views(conn: Connection, policies: Mapping[str, TrustPolicy]) -> dict[str, TrustView]:
