@@ -31,7 +31,7 @@ def awaiting_decision(view: Mapping[str, Any]) -> bool:
 
 def task_status(view: Mapping[str, Any]) -> str:
     # ``done`` is false while a decision is pending: the task works on until it is made.
-    if not view["done"] or awaiting_decision(view):
+    if not view["done"]:
         return "working"
     return "cancelled" if view["state"] == State.CANCELLED else "completed"
 

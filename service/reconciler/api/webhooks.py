@@ -130,7 +130,7 @@ async def _store(
         raise InvalidRequest(f"webhook has no event id at {spec.event_id}")
     event_id = _text(raw_event, "event id")
     event_type = _event_type(spec, request.headers, payload)
-    hint = not spec.types or event_type in spec.types
+    hint = _hinted(spec, event_type)
     raw_job = spec.job_id.extract(request.headers, payload)
     if hint:
         job_id = None if raw_job is MISSING or raw_job is None else _text(raw_job, "job id")
@@ -178,7 +178,11 @@ async def _traced(
 
 def is_hint(spec: WebhookSpec, headers: Mapping[str, str], payload: object) -> bool:
     """Whether a verified event is a hint: every event, or one of ``[webhook] types``."""
-    return not spec.types or _event_type(spec, headers, payload) in spec.types
+    return _hinted(spec, _event_type(spec, headers, payload))
+
+
+def _hinted(spec: WebhookSpec, event_type: str | None) -> bool:
+    return not spec.types or event_type in spec.types
 
 
 def _event_type(spec: WebhookSpec, headers: Mapping[str, str], payload: object) -> str | None:

@@ -149,19 +149,18 @@ def _awaiting_message(state: State, escalation: EscalationRecord | None) -> str:
     )
 
 
-def message_for(
-    op: OperationRecord, escalation: EscalationRecord | None = None, *, replayed: bool = False
-) -> str:
+def message_for(op: OperationRecord, escalation: EscalationRecord | None = None) -> str:
     """What ``op`` means and what to do next; ``escalation`` is its current one, if any."""
     state = State(op.state)
+    code = _code(op.error)
     if awaits_decision(state, op.escalation_open):
         pending = escalation if escalation is not None and escalation.decided_at is None else None
         text = _awaiting_message(state, pending)
-    elif state is State.FAILED and _code(op.error) in _REFUSED:
-        text = _REFUSED[_code(op.error)].format(why=_refusal(error_view(op.error)))
+    elif state is State.FAILED and code in _REFUSED:
+        text = _REFUSED[code].format(why=_refusal(error_view(op.error)))
     else:
         text = _MESSAGES[state]
-    return (REPLAYED if replayed else "") + text.replace("{id}", op.id)
+    return text.replace("{id}", op.id)
 
 
 def _refusal(error: dict[str, Any] | None) -> str:
@@ -211,16 +210,16 @@ def operation_view(
 ) -> dict[str, Any]:
     """The Operation; ``replayed``: this answers a start that named an earlier job's key."""
     state = State(op.state)
-    return {
+    view = {
         "id": op.id,
         "provider": op.provider,
         "state": state.value,
         "done": is_done(state, op.escalation_open),
         "awaiting_decision": awaits_decision(state, op.escalation_open),
-        "replayed": replayed,
+        "replayed": False,
         "remote_job_id": op.remote_job_id,
         "remote_state": op.remote_state,
-        "message": message_for(op, escalation, replayed=replayed),
+        "message": message_for(op, escalation),
         "poll_after_seconds": _poll_after(op, now),
         "progress": progress_view(op.progress),
         "deadline_at": isoformat(op.deadline_at),
@@ -240,6 +239,7 @@ def operation_view(
         "done_at": isoformat(op.done_at),
         "cancel_requested": op.cancel_requested_at is not None,
     }
+    return as_replayed(view) if replayed else view
 
 
 def as_replayed(view: dict[str, Any]) -> dict[str, Any]:

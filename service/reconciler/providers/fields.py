@@ -23,8 +23,6 @@ from pydantic import BeforeValidator, PlainSerializer, PlainValidator
 
 from reconciler.core.errors import PointerSyntaxError
 from reconciler.core.file_values import LINE as LINE
-from reconciler.core.file_values import PROBLEM as PROBLEM
-from reconciler.core.file_values import SECRET as SECRET
 from reconciler.core.file_values import Count as Count
 from reconciler.core.file_values import CountOrZero as CountOrZero
 from reconciler.core.file_values import Flag as Flag

@@ -179,7 +179,7 @@ class StartJob(_CreateFields):
         default=None,
         description="Wait up to this long (seconds) for the job to be done before answering; "
         "the answer comes sooner when it is done, refused, or awaiting a decision.",
-        json_schema_extra=_absent_not_null,
+        json_schema_extra=OPTIONAL,
     )
 
     _cap = field_validator("wait_seconds")(_within_cap)
@@ -207,7 +207,7 @@ class WaitJob(JobId):
         default=None,
         description="How long to wait at most (seconds). The answer comes sooner when the "
         "job is done, when a decision becomes pending, or when a pending decision is made.",
-        json_schema_extra=_absent_not_null,
+        json_schema_extra=OPTIONAL,
     )
 
     _cap = field_validator("timeout_seconds")(_within_cap)
