@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 
 from reconciler.core.backoff import BackoffPolicy
-from reconciler.core.states import END_STATES, State
+from reconciler.core.states import State
 from reconciler.core.vocabulary import StepName
 
 # Where each local state's step is counted (an end state's step is its completion).
@@ -73,8 +73,6 @@ RetryDecision = RetryStep | GiveUp
 
 def step_of(state: State) -> StepName:
     """The step a worker runs on an operation in ``state``."""
-    if state in END_STATES:
-        return StepName.COMPLETE
     return _STEP_OF_STATE.get(state, StepName.COMPLETE)
 
 
