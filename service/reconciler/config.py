@@ -133,6 +133,8 @@ def _hosts(value: Any) -> tuple[str, ...]:
 
 Port = Annotated[int, PlainValidator(integer(_PORTS)), _PORTS]
 Hours = Annotated[float, PlainValidator(number(POSITIVE, "hours")), POSITIVE]
+_DAYS = Bound(0, high=36_600)
+Days = Annotated[float, PlainValidator(number(_DAYS, "days")), _DAYS]
 Url = Annotated[str, _web_url("")]
 OtlpUrl = Annotated[str, _web_url(" of an OTLP/HTTP receiver (like http://collector:4318)")]
 Hosts = Annotated[tuple[str, ...], PlainValidator(_hosts)]
@@ -242,6 +244,19 @@ class TelemetrySettings(SettingsTable):
     export_interval_seconds: Seconds = 5.0
 
 
+class RetentionSettings(SettingsTable):
+    """How long rows are kept, in days (fractions allowed); 0 keeps forever."""
+
+    # Finished operations (an end state, no decision pending, completion work all settled),
+    # with their history, payloads and events.
+    operations_days: Days = 30.0
+    events_days: Days = 7.0  # webhook events no operation keeps: orphans and ignored types
+    # A pruned operation's tombstone, which answers its id and its key's retry with 410.
+    tombstones_days: Days = 90.0
+    sweep_seconds: Seconds = 60.0  # how often a replica looks for what to prune
+    batch_size: Count = 100  # operations (or events) per transaction
+
+
 class HookSpec(SettingsTable):
     """One configured hook: ``"pkg.mod:fn"``, or ``{ target = "pkg.mod:fn", transactional =
     true }`` for a hook that writes its effects in the transaction recording its step."""
@@ -275,6 +290,7 @@ class Settings(SettingsTable):
     limits: LimitSettings = LimitSettings()
     console: ConsoleSettings = ConsoleSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
+    retention: RetentionSettings = RetentionSettings()
     # Inline [providers.NAME] tables, validated by reconciler.providers.loader.
     providers: Annotated[Mapping[str, Any], PlainValidator(_tables)] = {}
     # Where the settings came from, for messages and for relative paths.

@@ -13,7 +13,7 @@ codes, enum values. Never a token, URL, body or job id.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -102,6 +102,24 @@ class _TrustGauges(Collector):
         yield misses
 
 
+class _DatabaseSize(Collector):
+    """The database's size on disk, read at scrape time (the same on every replica)."""
+
+    def __init__(self, size: Callable[[], int]) -> None:
+        self._size = size
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            "reconciler_database_size_bytes",
+            "The database's size on disk (PostgreSQL: the database; SQLite: file and WAL).",
+        )
+        try:
+            family.add_metric([], self._size())
+        except Exception:  # a scrape must not fail because the database blinked
+            return
+        yield family
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -173,6 +191,18 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.retention_removed = Counter(
+            "reconciler_retention_removed_rows",
+            "Rows the retention sweep removed, by table (this process's sweeps).",
+            ["table"],
+            registry=r,
+        )
+        self.retention_sweeps = Counter(
+            "reconciler_retention_sweeps",
+            "Retention sweep turns this process ran, by outcome (pruned, idle, skipped, failed).",
+            ["outcome"],
+            registry=r,
+        )
         self._webhook_children: dict[tuple[str, str], Any] = {}
         self.hook_runs = Counter(
             "reconciler_hook_runs",
@@ -195,6 +225,13 @@ class Metrics:
 
     def watch_writes(self, count: Callable[[], int]) -> None:
         self.registry.register(_WriteCount(count))
+
+    def watch_database_size(self, size: Callable[[], int]) -> None:
+        self.registry.register(_DatabaseSize(size))
+
+    def pruned(self, tables: Mapping[str, int]) -> None:
+        for table, count in tables.items():
+            self.retention_removed.labels(table).inc(count)
 
     def watch_trust(self, views: Callable[[], dict[str, TrustView]]) -> None:
         self.registry.register(_TrustGauges(views))

@@ -107,6 +107,7 @@ class Runtime:
         self.metrics.watch_states(self._state_counts)
         self.metrics.watch_trust(self.trust_views)
         self.metrics.watch_writes(lambda: self.db.write_transactions)
+        self.metrics.watch_database_size(self.db.size_bytes)
 
     def trust_views(self) -> dict[str, TrustView]:
         """Every provider's webhook trust as operators see it (``storage.trust.trust_views``)."""

@@ -103,6 +103,8 @@ async def _run(tmp: Path, db_url: str) -> Scrape:
         metrics.callback_attempts.labels("delivered").inc()
         metrics.escalations.labels(EscalationReason.CALLBACK_UNDELIVERABLE.value).inc()
         metrics.lag.observe(0.03)  # observed when a completion step starts; none is set up
+        metrics.pruned({"operations": 1})  # retention is off in this run
+        metrics.retention_sweeps.labels("idle").inc()
         response = await rig.client.get("/metrics")
         assert response.status_code == 200, response.text
         rows = [rig.row(i) for i in [*ids, stuck]]

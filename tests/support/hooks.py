@@ -62,6 +62,7 @@ SLOW = "tests.support.hooks:slow"
 RECORD_THEN_CRASH = "tests.support.hooks:record_then_crash"
 EFFECT = "tests.support.hooks:effect"
 FAILING_EFFECT = "tests.support.hooks:failing_effect"
+FAILS_WHEN_ASKED = "tests.support.hooks:fails_when_asked"
 EFFECTS_TABLE = "hook_effects"
 
 
@@ -98,6 +99,12 @@ def slow(operation: Mapping[str, Any], idempotency_key: str) -> None:
     _append(f"{_line(operation, idempotency_key)} {STARTED}")
     time.sleep(float(os.environ.get(SLEEP_ENV, "30")))
     _append(_line(operation, idempotency_key))
+
+
+def fails_when_asked(operation: Mapping[str, Any], idempotency_key: str) -> None:
+    """Fails for an operation whose metadata says ``{"hook": "fail"}``; else does nothing."""
+    if (operation.get("metadata") or {}).get("hook") == "fail":
+        raise RuntimeError("the downstream system is down")
 
 
 def _crash_once() -> None:

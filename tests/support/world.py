@@ -30,7 +30,13 @@ import httpx
 import sqlalchemy as sa
 
 from reconciler.app import create_app
-from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.config import (
+    CallbackSettings,
+    RetentionSettings,
+    SchedulerSettings,
+    ServerSettings,
+    Settings,
+)
 from reconciler.core.clock import ManualClock
 from reconciler.core.story import tell
 from reconciler.core.trust import TrustView
@@ -182,7 +188,9 @@ class World:
                     break
                 await asyncio.sleep(0.001)
             sweep = await self.background.trust.sweep()
-            if not (delivered or claimed or sweep.restored or sweep.judged):
+            retention = self.background.retention
+            pruned = (await retention.sweep()).tables if retention.enabled else {}
+            if not (delivered or claimed or sweep.restored or sweep.judged or pruned):
                 return
 
     def next_moment(self) -> datetime | None:
@@ -281,6 +289,7 @@ async def open_world(
     hooks: tuple[str, ...] = (),
     callbacks: CallbackSettings | None = None,
     environ: dict[str, str] | None = None,
+    retention: dict[str, Any] | None = None,
 ) -> World:
     """The service on ``db_url`` and the sim, both on ``clock`` (shared with a second world).
 
@@ -290,6 +299,8 @@ async def open_world(
     ``scheduler`` overrides the scheduler settings (``catch_up_after_seconds``, ...).
     ``telemetry``: the tracing the service uses (a test's in-memory exporter); ``hooks``,
     ``callbacks`` and ``environ`` (added to the sim's) as the settings take them.
+    ``retention``: the ``[retention]`` settings; by default nothing is pruned, and with
+    any window set the sweep runs at every moment the world acts on.
     """
     gate = Gate()
     clock = clock or ManualClock(START)
@@ -313,6 +324,9 @@ async def open_world(
         ),
         hooks=hooks,
         callbacks=callbacks or CallbackSettings(),
+        retention=RetentionSettings(
+            **{"operations_days": 0, "events_days": 0, "tombstones_days": 0, **(retention or {})}
+        ),
     )
     own_sim = sim is None
     if sim is None:

@@ -227,6 +227,9 @@ def test_the_settings_where_zero_switches_off() -> None:
         "callbacks.max_response_bytes",
         "limits.max_operations_in_flight",
         "limits.max_creates_per_minute",
+        "retention.operations_days",
+        "retention.events_days",
+        "retention.tombstones_days",
     }
 
 

@@ -155,6 +155,11 @@ def tool_error(tool: str, exc: errors.ReconcilerError) -> types.CallToolResult:
             f"{tool} could not be completed right now ({exc.message}); nothing was lost. "
             f"Call {tool} again in a few seconds."
         )
+    elif isinstance(exc, errors.Gone):
+        text = (
+            f"{tool}: {exc.message}. That job ended long ago; nothing was started again. A new "
+            "job needs a new idempotency_key."
+        )
     elif isinstance(exc, errors.NotFound):
         text = (
             f"{tool}: {exc.message}. Check the id; list_jobs lists your jobs "

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 # This module parses and dispatches (its docstring is the --help text); the commands on
 # the database, the tokens and the operations have a module each.
-from reconciler.cli.database import audit_verify, db_upgrade
+from reconciler.cli.database import audit_verify, db_prune, db_upgrade
 from reconciler.cli.operations import decide_command, ops_command
 from reconciler.cli.tokens import (
     DEFAULT_ROTATION_WINDOW,
@@ -147,11 +147,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mcp.set_defaults(handler=_mcp)
 
-    db = sub.add_parser("db", parents=[common], help="database schema")
+    db = sub.add_parser("db", parents=[common], help="database schema and retention")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     db_sub.add_parser("upgrade", parents=[common], help="apply migrations").set_defaults(
         handler=db_upgrade
     )
+    prune = db_sub.add_parser(
+        "prune",
+        parents=[common],
+        help="remove finished operations older than a duration (what the sweep does)",
+    )
+    prune.add_argument(
+        "--older-than",
+        required=True,
+        help="finished longer ago than this, with a unit: 30d, 12h, 90m, 45s",
+    )
+    prune.add_argument(
+        "--dry-run", action="store_true", help="count what would be removed; remove nothing"
+    )
+    prune.set_defaults(handler=db_prune)
 
     tokens = sub.add_parser("tokens", parents=[common], help="API tokens")
     tokens_sub = tokens.add_subparsers(dest="tokens_command", required=True, metavar="ACTION")

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import timedelta
 
 from reconciler.cli.database import current_database
+from reconciler.cli.durations import parse_duration
 from reconciler.config import Settings
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import SystemClock, isoformat
-from reconciler.core.errors import ConfigError, InvalidRequest
+from reconciler.core.errors import ConfigError
 from reconciler.core.signatures import decode_whsec
-from reconciler.core.strict_json import shown
 from reconciler.core.vocabulary import Scope
 from reconciler.storage.tokens import (
     callback_salt,
@@ -26,25 +25,7 @@ from reconciler.storage.tokens import (
     rotate_callback_salt,
 )
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-MAX_EXPIRY = timedelta(days=3660)
 DEFAULT_ROTATION_WINDOW = "24h"
-
-
-def parse_duration(text: str, what: str) -> timedelta:
-    """``90d``, ``12h``, ``30m`` or ``45s``: a unit is required; positive, at most ten years."""
-    raw = text.strip().lower()
-    unit = _UNITS.get(raw[-1:])
-    number = raw[:-1]
-    if unit is None or not (number.isascii() and number.isdigit()) or int(number) == 0:
-        raise InvalidRequest(
-            f"{what} must be a whole number with a unit, s, m, h or d (e.g. 90d), "
-            f"got {shown(text)!r}"
-        )
-    # Compared as a number: a count of days past what a datetime holds would overflow.
-    if int(number) * unit > MAX_EXPIRY.total_seconds():
-        raise InvalidRequest(f"{what} may be at most {MAX_EXPIRY.days} days")
-    return timedelta(seconds=int(number) * unit)
 
 
 def _service_key(settings: Settings) -> bytes | None:

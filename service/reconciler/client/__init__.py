@@ -12,8 +12,8 @@ Needs only httpx and the standard library (no web server, no database driver)::
             ...  # run.outcome says which of seven things happened; run.operation_id stays
 
 Errors are the package's own families (``reconciler.core.errors``), mapped from the
-answer's ``error.code``: ``InvalidRequest`` (bad input), ``NotFound``,
-``Conflict`` (``IdempotencyConflict``), ``AuthenticationFailed`` /
+answer's ``error.code``: ``InvalidRequest`` (bad input), ``NotFound`` (``Gone``: an
+operation retention pruned), ``Conflict`` (``IdempotencyConflict``), ``AuthenticationFailed`` /
 ``PermissionDenied``, and ``ServiceError`` when the service failed or could
 not be reached. ``verify_callback`` checks the completion callbacks the service
 sends to an agent's receiver.
@@ -45,6 +45,7 @@ from reconciler.client.sync import Client
 from reconciler.core.errors import (
     AuthenticationFailed,
     Conflict,
+    Gone,
     IdempotencyConflict,
     InvalidRequest,
     NotFound,
@@ -63,6 +64,7 @@ __all__ = [
     "Conflict",
     "Escalation",
     "EscalationOption",
+    "Gone",
     "HistoryEntry",
     "IdempotencyConflict",
     "InvalidRequest",

@@ -38,6 +38,7 @@ _CODES: dict[str, type[errors.ReconcilerError]] = {
         errors.AuthenticationFailed,
         errors.PermissionDenied,
         errors.NotFound,
+        errors.Gone,
         errors.Conflict,
         errors.IdempotencyConflict,
         errors.DecisionNotAllowed,
@@ -47,6 +48,7 @@ _STATUSES: dict[int, type[errors.ReconcilerError]] = {
     401: errors.AuthenticationFailed,
     403: errors.PermissionDenied,
     404: errors.NotFound,
+    410: errors.Gone,
     409: errors.Conflict,
     413: errors.PayloadTooLarge,
 }

@@ -18,12 +18,13 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core import ids
 from reconciler.core.canonical import request_fingerprint, same_json
-from reconciler.core.errors import Conflict, IdempotencyConflict, InvalidRequest
+from reconciler.core.errors import Conflict, Gone, IdempotencyConflict, InvalidRequest
 from reconciler.core.limits import ProviderLimits
 from reconciler.core.quotas import RATE_WINDOW, Quota, check_quota
 from reconciler.core.records import OperationRecord, new_operation
 from reconciler.core.states import State
 from reconciler.storage import operations as store
+from reconciler.storage import retention
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
@@ -89,6 +90,16 @@ def _same_operation(
     return existing
 
 
+def _refuse_pruned(stone: retention.Tombstone, key: str, fingerprint: str) -> None:
+    """A key whose operation retention pruned starts nothing while its tombstone lasts."""
+    if stone.request_fingerprint == fingerprint:
+        raise Gone(stone.replayed(key))
+    raise IdempotencyConflict(
+        f"idempotency_key '{key}' was already used for a different request (operation "
+        f"{stone.operation_id}, since removed by retention); use a new key for a new request"
+    )
+
+
 def _check_quota(conn: Connection, principal: Principal, quota: Quota, now: datetime) -> None:
     if not (quota.max_in_flight or quota.max_per_minute):
         return
@@ -123,8 +134,11 @@ def create_operation(
     if key is not None:
         with db.read() as conn:
             existing = store.find_by_key(conn, principal.name, key)
+            stone = None if existing else retention.tombstone_for_key(conn, principal.name, key)
         if existing is not None:
             return _same_operation(existing, req, fingerprint, deadline, budget), False
+        if stone is not None:
+            _refuse_pruned(stone, key, fingerprint)
     op = new_operation(
         id=ids.operation_id(now),
         provider=req.provider,

@@ -15,6 +15,8 @@ ReconcilerError                    root; ``code`` is the stable machine-readable
 │   └── SignatureRejected          a webhook that fails verification; nothing stored (401)
 ├── PermissionDenied               a valid token without the needed scope            (403)
 ├── NotFound                       no such record, or not the caller's               (404)
+│   └── Gone                       an operation retention pruned: its id, or a retry of its
+│                                  key and request inside the tombstone window        (410)
 ├── Conflict                       contradicts what is already recorded              (409)
 │   ├── IdempotencyConflict        the same idempotency key for another request
 │   └── DecisionNotAllowed         an option that was not offered, or a second decision
@@ -139,6 +141,14 @@ class PermissionDenied(ReconcilerError):
 
 class NotFound(ReconcilerError):
     code = "not_found"
+
+
+class Gone(NotFound):
+    """The operation existed and finished, and retention removed it; its tombstone says so.
+
+    A retry of its idempotency key and request gets this too (never a second job)."""
+
+    code = "operation_pruned"
 
 
 class Conflict(ReconcilerError):

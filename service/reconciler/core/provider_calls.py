@@ -38,6 +38,8 @@ _ESCAPES = re.compile(
 def _suspect(data: bytes) -> bool:
     # Only the last alternative matches six bytes.
     return any(len(m[0]) == 6 for m in _ESCAPES.finditer(data))
+
+
 # What a call keeps of the answer's head (the rest of CallResult is ours).
 _RECORDED_HEADERS = ("retry_after", "location", "content_type", "provider_request_id")
 

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from reconciler.engine.context import StepContext
 from reconciler.engine.deps import EngineDeps
 from reconciler.engine.hooks import load_hooks
+from reconciler.engine.retention import RetentionSweep
 from reconciler.engine.step_table import Steps
 from reconciler.engine.steps.cancel import CancelStep
 from reconciler.engine.steps.collect import CollectStep
@@ -50,8 +51,13 @@ class Background:
         )
         self.worker = Worker(self.ctx, steps, on_next_due=self._next_due)
         self.trust = TrustKeeper(self.ctx)
+        self.retention = RetentionSweep(deps)
         self.scheduler = Scheduler(
-            self.worker, settings.scheduler.tick_seconds, trust_sweep=self.trust.sweep
+            self.worker,
+            settings.scheduler.tick_seconds,
+            trust_sweep=self.trust.sweep,
+            retention_sweep=self.retention.sweep if self.retention.enabled else None,
+            retention_seconds=settings.retention.sweep_seconds,
         )
         self.run_scheduler = run_scheduler and settings.scheduler.enabled
         deps.notifier.on_wake(self._wake)

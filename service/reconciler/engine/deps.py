@@ -11,7 +11,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from reconciler.config import CallbackSettings, HookSpec, SchedulerSettings
+from reconciler.config import CallbackSettings, HookSpec, RetentionSettings, SchedulerSettings
 from reconciler.core.clock import Clock
 from reconciler.engine.wakeups import Notifier
 from reconciler.metrics import Metrics
@@ -24,7 +24,7 @@ from reconciler.tracing import Tracing
 
 
 class EngineSettings(Protocol):
-    """The settings the engine reads: the scheduler, callbacks and hooks."""
+    """The settings the engine reads: the scheduler, callbacks, hooks and retention."""
 
     @property
     def scheduler(self) -> SchedulerSettings: ...
@@ -34,6 +34,9 @@ class EngineSettings(Protocol):
 
     @property
     def hooks(self) -> Sequence[str | HookSpec]: ...
+
+    @property
+    def retention(self) -> RetentionSettings: ...
 
     @property
     def source(self) -> str:

@@ -23,6 +23,7 @@ log = logging.getLogger("reconciler.engine.ticker")
 
 JOB_ID = "reconciler-tick"
 TRUST_JOB_ID = "reconciler-webhook-trust"
+RETENTION_JOB_ID = "reconciler-retention"
 # Wake-ups closer together than this are merged; it bounds tick rate under hint floods.
 MIN_GAP = timedelta(milliseconds=2)
 # A planned run that has not started this long after its time may have been skipped (all
@@ -36,10 +37,14 @@ class Scheduler:
         worker: Worker,
         tick_seconds: float,
         trust_sweep: Callable[[], Awaitable[Any]] | None = None,
+        retention_sweep: Callable[[], Awaitable[Any]] | None = None,
+        retention_seconds: float = 60.0,
     ) -> None:
         self.worker = worker
         self.tick_seconds = tick_seconds
         self.trust_sweep = trust_sweep
+        self.retention_sweep = retention_sweep
+        self.retention_seconds = retention_seconds
         self._scheduler: AsyncIOScheduler | None = None
         # The latest moment the tick job will run next, as far as this object moved it: a
         # wake-up before then needs no call into the scheduler (thousands come per second).
@@ -54,6 +59,10 @@ class Scheduler:
     async def _sweep(self) -> Any:
         assert self.trust_sweep is not None
         return await self._unless_stopped(self.trust_sweep)
+
+    async def _prune(self) -> Any:
+        assert self.retention_sweep is not None
+        return await self._unless_stopped(self.retention_sweep)
 
     async def _unless_stopped(self, run: Callable[[], Awaitable[Any]]) -> Any:
         try:
@@ -88,6 +97,17 @@ class Scheduler:
                 "interval",
                 seconds=self.tick_seconds,
                 id=TRUST_JOB_ID,
+                max_instances=1,
+                coalesce=True,
+                misfire_grace_time=None,
+            )
+        if self.retention_sweep is not None:
+            # One turn at a time per replica; replicas take turns through the sweep's lease.
+            scheduler.add_job(
+                self._prune,
+                "interval",
+                seconds=self.retention_seconds,
+                id=RETENTION_JOB_ID,
                 max_instances=1,
                 coalesce=True,
                 misfire_grace_time=None,

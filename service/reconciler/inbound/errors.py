@@ -25,6 +25,7 @@ STATUS: dict[type[errors.ReconcilerError], int] = {
     errors.InvalidRequest: 400,
     errors.AuthenticationFailed: 401,
     errors.PermissionDenied: 403,
+    errors.Gone: 410,
     errors.NotFound: 404,
     errors.Conflict: 409,
     errors.QuotaExceeded: 429,

@@ -1,4 +1,9 @@
-"""Verify every operation's history chain against its row."""
+"""Verify every operation's history chain against its row, and the retention log.
+
+What retention pruned is gone from both sides (rows and their history), so the chains
+that remain still verify; the log of prunes (``core.retention``) says what went, and is
+checked as a chain of its own.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from reconciler.core.chain import ChainFault, verify_chain
+from reconciler.core.retention import RecordFault, RetentionSummary, verify_records
 from reconciler.storage.database import Database
 from reconciler.storage.fastsql import Sql
+from reconciler.storage.retention import retention_log
 from reconciler.storage.tables import HISTORY, OPS
 
 _HEADS = Sql("chain-heads", OPS, "SELECT id, history_head, history_seq FROM operations")
@@ -21,7 +28,8 @@ _HEADS = Sql("chain-heads", OPS, "SELECT id, history_head, history_seq FROM oper
 class AuditReport:
     operations: int
     entries: int
-    fault: ChainFault | None
+    fault: ChainFault | RecordFault | None
+    retention: RetentionSummary | None = None
 
     @property
     def ok(self) -> bool:
@@ -40,7 +48,17 @@ def _rows(result: sa.CursorResult[Any]) -> Iterator[Mapping[str, Any]]:
 
 
 def verify(db: Database, key: bytes | None) -> AuditReport:
-    """Walk all chains; stop at the first bad entry (ordered by operation id, then seq)."""
+    """The retention log, then all chains; stop at the first bad record or entry (ordered by
+    operation id, then seq)."""
+    with db.read() as conn:
+        retention, record_fault = verify_records(retention_log(conn), key)
+    if record_fault is not None:
+        return AuditReport(0, 0, record_fault, retention)
+    report = _verify_chains(db, key)
+    return AuditReport(report.operations, report.entries, report.fault, retention)
+
+
+def _verify_chains(db: Database, key: bytes | None) -> AuditReport:
     with db.read() as conn:
         heads = {op_id: (head, seq) for op_id, head, seq in _HEADS.rows(conn)}
         # The one read through SQLAlchemy: a server-side cursor, so the history is streamed.

@@ -350,6 +350,15 @@ class Database:
         """Run a blocking read off the event loop (reads never wait for the write lock)."""
         return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
+    def size_bytes(self) -> int:
+        """The database's size on disk: PostgreSQL's for this database, SQLite's pages and WAL."""
+        with self.read() as conn:
+            if self.sqlite:
+                pages = run(conn, "PRAGMA page_count").fetchone()[0]
+                page = run(conn, "PRAGMA page_size").fetchone()[0]
+                return int(pages) * int(page) + self.wal_bytes()
+            return int(run(conn, "SELECT pg_database_size(current_database())").fetchone()[0])
+
     def wal_bytes(self) -> int:
         """The size of the SQLite WAL file now (0 without one)."""
         path = sa.make_url(self.url).database

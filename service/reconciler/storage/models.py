@@ -51,6 +51,13 @@ class Operation(SQLModel, table=True):
         sa.Index("ix_operations_caller_state", "caller", "state"),
         # Operations waiting on a stretched (webhook-trust) schedule: the few rows a
         # withdrawal of trust must bring back, found without scanning the table.
+        # The retention sweep's walk: finished rows oldest first, nothing in flight indexed.
+        sa.Index(
+            "ix_operations_finished",
+            "done_at",
+            sqlite_where=sa.text("done_at IS NOT NULL"),
+            postgresql_where=sa.text("done_at IS NOT NULL"),
+        ),
         sa.Index(
             "ix_operations_stretched",
             "provider",
@@ -275,7 +282,11 @@ class WebhookVerdict(SQLModel, table=True):
     """
 
     __tablename__ = "webhook_verdicts"
-    __table_args__ = (sa.Index("ix_webhook_verdicts_due", "verdict", "settle_after"),)
+    __table_args__ = (
+        sa.Index("ix_webhook_verdicts_due", "verdict", "settle_after"),
+        # Pruning an operation deletes its verdicts (and PostgreSQL checks the foreign key).
+        sa.Index("ix_webhook_verdicts_operation", "operation_id"),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     operation_id: str = Field(foreign_key="operations.id", max_length=40)
@@ -287,6 +298,60 @@ class WebhookVerdict(SQLModel, table=True):
     hinted_at: datetime | None = _ts()
     settle_after: datetime | None = _ts()
     judged_at: datetime | None = _ts()
+
+
+class Tombstone(SQLModel, table=True):
+    """What retention leaves of a pruned operation, for the tombstone window: enough to
+    answer a late retry of its key and request, and a read of its id, with ``410``.
+
+    The idempotency key is kept as its SHA-256 only (``core.retention.key_digest``)."""
+
+    __tablename__ = "tombstones"
+    __table_args__ = (
+        sa.Index("ix_tombstones_caller_key", "caller", "key_digest"),
+        sa.Index("ix_tombstones_pruned", "pruned_at"),
+    )
+
+    operation_id: str = Field(primary_key=True, max_length=40)
+    caller: str = Field(max_length=100)
+    key_digest: str | None = Field(default=None, max_length=64)
+    request_fingerprint: str = Field(max_length=80)
+    provider: str = Field(max_length=100)
+    state: str = Field(max_length=40)
+    done_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    pruned_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+
+
+class RetentionRecord(SQLModel, table=True):
+    """One prune's account, chained like the history (``core.retention``): what went, up to
+    when, and a digest of the removed operations' chain heads. ``audit verify`` checks the
+    chain and reports from it; nothing deletes these rows."""
+
+    __tablename__ = "retention_log"
+
+    # 1, 2, ...: two prunes that read the same head cannot both append.
+    seq: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    actor: str = Field(max_length=120)
+    cutoff: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    operations: int
+    history_entries: int
+    done_from: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    done_until: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    digest: str = Field(max_length=64)
+    prev_hash: str = Field(max_length=128)
+    hash: str = Field(max_length=128)
+
+
+class MaintenanceLease(SQLModel, table=True):
+    """Who runs a periodic chore (the retention sweep) now, across replicas: the row is
+    taken by a conditional upsert and lapses at ``expires_at`` if its owner dies."""
+
+    __tablename__ = "maintenance_leases"
+
+    name: str = Field(primary_key=True, max_length=40)
+    owner: str = Field(max_length=120)
+    expires_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
 
 
 TABLES = SQLModel.metadata

@@ -30,13 +30,14 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core import ids
 from reconciler.core.completion_lanes import CALLBACK_PREFIX
-from reconciler.core.errors import InvalidRequest, NotFound
+from reconciler.core.errors import Gone, InvalidRequest, NotFound
 from reconciler.core.records import PAYLOADS, OperationRecord
 from reconciler.core.states import END_STATES, REOPENABLE, State
 from reconciler.core.strict_json import shown
 from reconciler.storage import payloads
 from reconciler.storage.fastsql import AS_IS, Sql
 from reconciler.storage.models import record_of_values
+from reconciler.storage.retention import tombstone_of
 from reconciler.storage.tables import OPS
 from reconciler.storage.tokens import Principal
 
@@ -240,11 +241,16 @@ def load_operation(conn: Connection, operation_id: str) -> OperationRecord:
 
 
 def visible_operation(conn: Connection, operation_id: str, principal: Principal) -> OperationRecord:
-    """The operation if this caller may see it; agents see their own only (else 404)."""
+    """The operation if this caller may see it; agents see their own only (else 404). One
+    that retention pruned is ``Gone`` (410) while its tombstone lasts."""
     op = get_operation(conn, operation_id)
-    if op is None or (not principal.is_operator and op.caller != principal.name):
-        raise NotFound(f"operation {shown(operation_id)} does not exist")
-    return op
+    if op is not None and (principal.is_operator or op.caller == principal.name):
+        return op
+    if op is None:
+        stone = tombstone_of(conn, operation_id)
+        if stone is not None and (principal.is_operator or stone.caller == principal.name):
+            raise Gone(stone.gone())
+    raise NotFound(f"operation {shown(operation_id)} does not exist")
 
 
 def find_by_key(conn: Connection, caller: str, key: str) -> OperationRecord | None:

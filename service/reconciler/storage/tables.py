@@ -17,9 +17,12 @@ from reconciler.storage.models import (
     CompletionStep,
     Escalation,
     HistoryEntry,
+    MaintenanceLease,
     Operation,
     OperationPayload,
     ProviderHealth,
+    RetentionRecord,
+    Tombstone,
     WebhookEvent,
     WebhookVerdict,
 )
@@ -42,3 +45,6 @@ ESCALATIONS = table_of(Escalation)
 STEPS = table_of(CompletionStep)
 HEALTH = table_of(ProviderHealth)
 VERDICTS = table_of(WebhookVerdict)
+TOMBSTONES = table_of(Tombstone)
+RETENTION_LOG = table_of(RetentionRecord)
+LEASES = table_of(MaintenanceLease)

@@ -1,0 +1,149 @@
+"""One prune run: batches of ``storage.retention`` in transactions of their own, under the
+sweep's lease, until nothing is left to remove or the run's time is up.
+
+The background sweep (``engine.retention``) and ``reconciler db prune`` both run this;
+so at most one of them prunes at a time across replicas, and a run killed between two
+batches leaves whole operations only (each batch commits alone) and a lease that lapses.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TypeVar
+
+from sqlalchemy.engine import Connection
+
+from reconciler.core.errors import Conflict
+from reconciler.core.retention import Cutoffs
+from reconciler.storage import retention
+from reconciler.storage.database import Database
+from reconciler.storage.retention import Removed
+
+T = TypeVar("T")
+
+PRUNED_TABLES = (
+    "operations",
+    "history",
+    "operation_payloads",
+    "completion_steps",
+    "escalations",
+    "webhook_verdicts",
+    "webhook_events",
+    "tombstones",
+)
+# Two pruners that read one log head: the loser's batch is rolled back and taken again.
+CONFLICT_ATTEMPTS = 5
+
+
+class LeaseHeld(Exception):
+    """Another replica (or command) holds the sweep's lease now."""
+
+    def __init__(self, owner: str, until: datetime) -> None:
+        super().__init__(f"a retention sweep by {owner} holds the lease until {until:%H:%M:%S}Z")
+        self.owner = owner
+        self.until = until
+
+
+@dataclass
+class Pruner:
+    db: Database
+    now: Callable[[], datetime]
+    owner: str
+    key: bytes | None
+    batch_size: int = 100
+    lease_seconds: float = 30.0
+    max_seconds: float | None = None  # a run stops after this long (the sweep's turn)
+    on_batch: Callable[[Removed], None] | None = None
+
+    def run(self, cutoffs: Cutoffs) -> Removed:
+        """Prune everything the cutoffs allow (within ``max_seconds``); raise ``LeaseHeld``
+        when another holds the lease."""
+        self._take_lease()
+        started = time.monotonic()
+        total = Removed()
+        try:
+            for batch in self._batches(cutoffs):
+                total.merge(batch)
+                if self.on_batch is not None:
+                    self.on_batch(batch)
+                if self.max_seconds is not None and time.monotonic() - started > self.max_seconds:
+                    break
+                self._take_lease()
+        finally:
+            with self.db.write() as conn:
+                retention.give_back(conn, retention.SWEEP_LEASE, self.owner)
+        return total
+
+    def _take_lease(self) -> None:
+        now = self.now()
+        until = now + timedelta(seconds=self.lease_seconds)
+        with self.db.write() as conn:
+            if retention.take_lease(conn, retention.SWEEP_LEASE, self.owner, now, until):
+                return
+            holder = retention.lease_holder(conn, retention.SWEEP_LEASE)
+        owner, expires = holder if holder is not None else ("another pruner", until)
+        raise LeaseHeld(owner, expires)
+
+    def _batches(self, cutoffs: Cutoffs) -> Iterator[Removed]:
+        if cutoffs.operations is not None:
+            while (batch := self._operations(cutoffs.operations)).operations:
+                yield batch
+        events = cutoffs.events
+        if events is not None:
+            with self.db.read() as conn:
+                providers = retention.event_providers(conn)
+            for provider in providers:
+
+                def expire(conn: Connection, provider: str = provider) -> int:
+                    assert events is not None
+                    return retention.expire_events(conn, provider, events, self.batch_size)
+
+                while count := self._write(expire):
+                    yield Removed({"webhook_events": count})
+        tombstones = cutoffs.tombstones
+        if tombstones is not None:
+
+            def lapse(conn: Connection) -> int:
+                assert tombstones is not None
+                return retention.expire_tombstones(conn, tombstones, self.batch_size)
+
+            while count := self._write(lapse):
+                yield Removed({"tombstones": count})
+
+    def _operations(self, cutoff: datetime) -> Removed:
+        def batch(conn: Connection) -> Removed:
+            return retention.prune_batch(
+                conn, cutoff, self.now(), self.batch_size, f"retention:{self.owner}", self.key
+            )
+
+        return self._write(batch)
+
+    def _write(self, fn: Callable[[Connection], T]) -> T:
+        for attempt in range(CONFLICT_ATTEMPTS):
+            try:
+                with self.db.write() as conn:
+                    return fn(conn)
+            except Conflict:
+                if attempt == CONFLICT_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+
+def dry_run(db: Database, cutoffs: Cutoffs) -> Removed:
+    """What a run with these cutoffs would remove now, counted, nothing deleted."""
+    out = Removed()
+    with db.read() as conn:
+        if cutoffs.operations is not None:
+            out.merge(retention.count_finished(conn, cutoffs.operations))
+        if cutoffs.events is not None:
+            for provider in retention.event_providers(conn):
+                out.add(
+                    "webhook_events",
+                    retention.count_expired_events(conn, provider, cutoffs.events),
+                )
+        if cutoffs.tombstones is not None:
+            out.add("tombstones", retention.count_expired_tombstones(conn, cutoffs.tombstones))
+    return out

@@ -1,0 +1,397 @@
+"""Pruning what retention lets go: one batch of finished operations per transaction.
+
+Guarantee: nothing in flight is touched, and an operation goes with all its rows or
+not at all. A batch picks finished operations (``FINISHED``: an end state, no decision
+pending, no completion work left, nothing scheduled) oldest first, deletes their
+history, payloads, completion steps, escalations, webhook verdicts and events and then
+the rows, leaves a tombstone for each and appends one record to the retention log
+(``core.retention``), all in one transaction. On PostgreSQL the picked rows are locked
+``SKIP LOCKED``, so a row a worker or a webhook holds is left for a later batch; a
+second pruner that read the same log head fails on the record's sequence number and
+its batch is rolled back whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from reconciler.core.chain import GENESIS
+from reconciler.core.retention import (
+    key_digest,
+    pruned_digest,
+    pruned_message,
+    record_hash,
+    replayed_pruned_message,
+)
+from reconciler.core.states import END_STATES
+from reconciler.storage.completion_steps import FINISHED as SETTLED_STEPS
+from reconciler.storage.fastsql import AS_IS, Sql
+from reconciler.storage.tables import (
+    ESCALATIONS,
+    EVENTS,
+    HISTORY,
+    LEASES,
+    OPS,
+    PAYLOAD_TABLE,
+    RETENTION_LOG,
+    STEPS,
+    TOMBSTONES,
+    VERDICTS,
+)
+
+SWEEP_LEASE = "retention"
+_ENDED = sorted(state.value for state in END_STATES)
+_SETTLED_STEPS = sorted(status.value for status in SETTLED_STEPS)
+
+# Finished: what may be pruned, the SQL twin of ``core.states.is_done`` plus "no work left".
+FINISHED = (
+    "done_at IS NOT NULL AND done_at < ? AND state IN (?*) AND NOT escalation_open "
+    "AND NOT completion_pending AND next_poll_at IS NULL AND NOT EXISTS ("
+    "SELECT 1 FROM completion_steps s WHERE s.operation_id = operations.id "
+    "AND NOT (s.status IN (?*)))"
+)
+_FINISHED_PARAMS = ("done_at", "state", "completion_steps.status")
+_PICKED = (
+    "id",
+    "caller",
+    "idempotency_key",
+    "request_fingerprint",
+    "provider",
+    "state",
+    "done_at",
+    "remote_job_id",
+    "history_head",
+    "history_seq",
+)
+_PICK = Sql(
+    "retention-pick",
+    OPS,
+    f"SELECT {', '.join(_PICKED)} FROM operations WHERE {FINISHED} "
+    "ORDER BY done_at LIMIT ? [[FOR UPDATE SKIP LOCKED|]]",
+    params=(*_FINISHED_PARAMS, AS_IS),
+    returns=_PICKED,
+)
+_COUNT_FINISHED = Sql(
+    "retention-count",
+    OPS,
+    f"SELECT count(*), sum(history_seq), min(done_at), max(done_at) FROM operations "
+    f"WHERE {FINISHED}",
+    params=_FINISHED_PARAMS,
+    returns=(AS_IS, AS_IS, "done_at", "done_at"),
+)
+
+
+def _delete_of(name: str, table: Any, column: str = "operation_id") -> Sql:
+    return Sql(
+        f"retention-delete-{name}",
+        table,
+        f"DELETE FROM {table.name} WHERE {column} IN (?*)",
+        params=(column,),
+    )
+
+
+# Children first (their foreign keys name the operation), the rows last.
+_CHILDREN = (
+    ("history", _delete_of("history", HISTORY)),
+    ("operation_payloads", _delete_of("payloads", PAYLOAD_TABLE)),
+    ("completion_steps", _delete_of("steps", STEPS)),
+    ("escalations", _delete_of("escalations", ESCALATIONS)),
+    ("webhook_verdicts", _delete_of("verdicts", VERDICTS)),
+)
+_DELETE_ROWS = _delete_of("operations", OPS, "id")
+# A job's events (attached, or orphans of the same job) go with its operation.
+_DELETE_JOB_EVENTS = Sql(
+    "retention-delete-job-events",
+    EVENTS,
+    "DELETE FROM webhook_events WHERE provider = ? AND remote_job_id = ?",
+    params=("provider", "remote_job_id"),
+)
+_COUNT_CHILDREN = {
+    name: Sql(
+        f"retention-count-{name}",
+        table,
+        f"SELECT count(*) FROM {table.name} WHERE operation_id IN "
+        f"(SELECT id FROM operations WHERE {FINISHED})",
+        params=_FINISHED_PARAMS,
+    )
+    for name, table in (
+        ("operation_payloads", PAYLOAD_TABLE),
+        ("completion_steps", STEPS),
+        ("escalations", ESCALATIONS),
+        ("webhook_verdicts", VERDICTS),
+    )
+}
+_TOMBSTONE_COLUMNS = (
+    "operation_id",
+    "caller",
+    "key_digest",
+    "request_fingerprint",
+    "provider",
+    "state",
+    "done_at",
+    "pruned_at",
+)
+_LEAVE_TOMBSTONE = Sql(
+    "tombstone-insert",
+    TOMBSTONES,
+    f"INSERT INTO tombstones ({', '.join(_TOMBSTONE_COLUMNS)}) "
+    f"VALUES ({', '.join(['?'] * len(_TOMBSTONE_COLUMNS))})",
+    params=_TOMBSTONE_COLUMNS,
+)
+_LOG_COLUMNS = tuple(c.name for c in RETENTION_LOG.c)
+_LOG_HEAD = Sql(
+    "retention-log-head",
+    RETENTION_LOG,
+    "SELECT seq, hash FROM retention_log ORDER BY seq DESC LIMIT 1",
+)
+_LOG_APPEND = Sql(
+    "retention-log-append",
+    RETENTION_LOG,
+    f"INSERT INTO retention_log ({', '.join(_LOG_COLUMNS)}) "
+    f"VALUES ({', '.join(['?'] * len(_LOG_COLUMNS))})",
+    params=_LOG_COLUMNS,
+)
+_LOG = Sql(
+    "retention-log",
+    RETENTION_LOG,
+    f"SELECT {', '.join(_LOG_COLUMNS)} FROM retention_log ORDER BY seq",
+    returns=_LOG_COLUMNS,
+)
+# Events no operation keeps: orphans, ignored types, and those whose operation is gone.
+_EXPIRED_EVENTS = (
+    "FROM webhook_events WHERE provider = ? AND received_at < ? AND (operation_id IS NULL "
+    "OR ignored OR NOT EXISTS "
+    "(SELECT 1 FROM operations o WHERE o.id = webhook_events.operation_id))"
+)
+_DELETE_EVENTS = Sql(
+    "retention-delete-events",
+    EVENTS,
+    f"DELETE FROM webhook_events WHERE id IN (SELECT id {_EXPIRED_EVENTS} LIMIT ?)",
+    params=("provider", "received_at", AS_IS),
+)
+_COUNT_EVENTS = Sql(
+    "retention-count-events",
+    EVENTS,
+    f"SELECT count(*) {_EXPIRED_EVENTS}",
+    params=("provider", "received_at"),
+)
+# The providers with events, one index probe each (a DISTINCT would read the whole index).
+_EVENT_PROVIDERS = Sql(
+    "retention-event-providers",
+    EVENTS,
+    "WITH RECURSIVE p(provider) AS (SELECT min(provider) FROM webhook_events UNION ALL "
+    "SELECT (SELECT min(provider) FROM webhook_events WHERE provider > p.provider) FROM p "
+    "WHERE p.provider IS NOT NULL) SELECT provider FROM p WHERE provider IS NOT NULL",
+)
+_DELETE_TOMBSTONES = Sql(
+    "retention-delete-tombstones",
+    TOMBSTONES,
+    "DELETE FROM tombstones WHERE operation_id IN "
+    "(SELECT operation_id FROM tombstones WHERE pruned_at < ? LIMIT ?)",
+    params=("pruned_at", AS_IS),
+)
+_COUNT_TOMBSTONES = Sql(
+    "retention-count-tombstones",
+    TOMBSTONES,
+    "SELECT count(*) FROM tombstones WHERE pruned_at < ?",
+    params=("pruned_at",),
+)
+_TOMBSTONE_BY_KEY = Sql(
+    "tombstone-by-key",
+    TOMBSTONES,
+    f"SELECT {', '.join(_TOMBSTONE_COLUMNS)} FROM tombstones "
+    "WHERE caller = ? AND key_digest = ? ORDER BY pruned_at DESC LIMIT 1",
+    params=("caller", "key_digest"),
+    returns=_TOMBSTONE_COLUMNS,
+)
+_TOMBSTONE_OF = Sql(
+    "tombstone-of",
+    TOMBSTONES,
+    f"SELECT {', '.join(_TOMBSTONE_COLUMNS)} FROM tombstones WHERE operation_id = ?",
+    params=("operation_id",),
+    returns=_TOMBSTONE_COLUMNS,
+)
+_TAKE_LEASE = Sql(
+    "lease-take",
+    LEASES,
+    "INSERT INTO maintenance_leases (name, owner, expires_at) VALUES (?, ?, ?) "
+    "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at "
+    "WHERE maintenance_leases.owner = excluded.owner OR maintenance_leases.expires_at <= ? "
+    "RETURNING owner",
+    params=("name", "owner", "expires_at", "expires_at"),
+)
+_GIVE_BACK = Sql(
+    "lease-give-back",
+    LEASES,
+    "DELETE FROM maintenance_leases WHERE name = ? AND owner = ?",
+    params=("name", "owner"),
+)
+_LEASE_OF = Sql(
+    "lease-of",
+    LEASES,
+    "SELECT owner, expires_at FROM maintenance_leases WHERE name = ?",
+    params=("name",),
+    returns=("owner", "expires_at"),
+)
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    operation_id: str
+    caller: str
+    key_digest: str | None
+    request_fingerprint: str
+    provider: str
+    state: str
+    done_at: datetime
+    pruned_at: datetime
+
+    def gone(self) -> str:
+        return pruned_message(self.operation_id, self.state, self.done_at, self.pruned_at)
+
+    def replayed(self, key: str) -> str:
+        return replayed_pruned_message(
+            key, self.operation_id, self.state, self.done_at, self.pruned_at
+        )
+
+
+@dataclass
+class Removed:
+    """Rows removed (or, for a dry run, that would be), by table."""
+
+    tables: dict[str, int] = field(default_factory=dict)
+    done_until: datetime | None = None
+
+    def add(self, table: str, count: int) -> None:
+        self.tables[table] = self.tables.get(table, 0) + count
+
+    def merge(self, other: Removed) -> None:
+        for table, count in other.tables.items():
+            self.add(table, count)
+        if other.done_until is not None:
+            self.done_until = max(self.done_until or other.done_until, other.done_until)
+
+    @property
+    def operations(self) -> int:
+        return self.tables.get("operations", 0)
+
+
+def prune_batch(
+    conn: Connection, cutoff: datetime, now: datetime, limit: int, actor: str, key: bytes | None
+) -> Removed:
+    """Prune up to ``limit`` finished operations done before ``cutoff``, in the caller's
+    transaction: their rows, a tombstone each and one retention record."""
+    picked = _PICK.rows(conn, cutoff, _ENDED, _SETTLED_STEPS, limit)
+    removed = Removed()
+    if not picked:
+        return removed
+    ids = [row[0] for row in picked]
+    for table, delete in _CHILDREN:
+        removed.add(table, int(delete.run(conn, ids).rowcount))
+    jobs = [(row[4], row[7]) for row in picked if row[7] is not None]
+    removed.add("webhook_events", _DELETE_JOB_EVENTS.many(conn, jobs) or 0)
+    removed.add("operations", int(_DELETE_ROWS.run(conn, ids).rowcount))
+    _LEAVE_TOMBSTONE.many(
+        conn,
+        [
+            (op_id, caller, key_digest(idem), fingerprint, provider, state, done_at, now)
+            for op_id, caller, idem, fingerprint, provider, state, done_at, *_ in picked
+        ],
+    )
+    done = [row[6] for row in picked]
+    removed.done_until = max(done)
+    _append_record(
+        conn,
+        {
+            "at": now,
+            "actor": actor,
+            "cutoff": cutoff,
+            "operations": len(picked),
+            "history_entries": removed.tables["history"],
+            "done_from": min(done),
+            "done_until": max(done),
+            "digest": pruned_digest((row[0], row[8], row[9]) for row in picked),
+        },
+        key,
+    )
+    return removed
+
+
+def _append_record(conn: Connection, fields: dict[str, Any], key: bytes | None) -> None:
+    head = _LOG_HEAD.first(conn)
+    seq, prev = (head[0] + 1, head[1]) if head is not None else (1, GENESIS)
+    fields = {**fields, "seq": seq}
+    fields["prev_hash"] = prev
+    fields["hash"] = record_hash(fields, prev, key)
+    _LOG_APPEND.run(conn, *(fields[name] for name in _LOG_COLUMNS))
+
+
+def count_finished(conn: Connection, cutoff: datetime) -> Removed:
+    """What pruning every operation finished before ``cutoff`` would remove (a dry run)."""
+    args = (cutoff, _ENDED, _SETTLED_STEPS)
+    count, entries, _, until = _COUNT_FINISHED.first(conn, *args) or (0, 0, None, None)
+    out = Removed(done_until=until)
+    out.add("operations", int(count or 0))
+    out.add("history", int(entries or 0))
+    for table, sql in _COUNT_CHILDREN.items():
+        out.add(table, int(sql.value(conn, *args) or 0))
+    return out
+
+
+def event_providers(conn: Connection) -> list[str]:
+    return sorted(str(row[0]) for row in _EVENT_PROVIDERS.rows(conn))
+
+
+def expire_events(conn: Connection, provider: str, cutoff: datetime, limit: int) -> int:
+    """Delete up to ``limit`` of one provider's events that no operation keeps."""
+    return int(_DELETE_EVENTS.run(conn, provider, cutoff, limit).rowcount)
+
+
+def count_expired_events(conn: Connection, provider: str, cutoff: datetime) -> int:
+    return int(_COUNT_EVENTS.value(conn, provider, cutoff) or 0)
+
+
+def expire_tombstones(conn: Connection, cutoff: datetime, limit: int) -> int:
+    return int(_DELETE_TOMBSTONES.run(conn, cutoff, limit).rowcount)
+
+
+def count_expired_tombstones(conn: Connection, cutoff: datetime) -> int:
+    return int(_COUNT_TOMBSTONES.value(conn, cutoff) or 0)
+
+
+def tombstone_for_key(conn: Connection, caller: str, key: str) -> Tombstone | None:
+    row = _TOMBSTONE_BY_KEY.first(conn, caller, key_digest(key))
+    return None if row is None else Tombstone(*row)
+
+
+def tombstone_of(conn: Connection, operation_id: str) -> Tombstone | None:
+    row = _TOMBSTONE_OF.first(conn, operation_id)
+    return None if row is None else Tombstone(*row)
+
+
+def retention_log(conn: Connection) -> list[Mapping[str, Any]]:
+    return [dict(zip(_LOG_COLUMNS, row, strict=True)) for row in _LOG.rows(conn)]
+
+
+def take_lease(conn: Connection, name: str, owner: str, now: datetime, until: datetime) -> bool:
+    """Take (or renew) the lease ``name`` until ``until``, unless another holds it now."""
+    return _TAKE_LEASE.first(conn, name, owner, until, now) is not None
+
+
+def give_back(conn: Connection, name: str, owner: str) -> None:
+    _GIVE_BACK.run(conn, name, owner)
+
+
+def lease_holder(conn: Connection, name: str) -> tuple[str, datetime] | None:
+    row = _LEASE_OF.first(conn, name)
+    return None if row is None else (str(row[0]), row[1])
+
+
+def removed_lines(removed: Removed, tables: Sequence[str]) -> list[str]:
+    """One line per table, in ``tables`` order (tables with nothing removed included)."""
+    return [f"{table}: {removed.tables.get(table, 0)}" for table in tables]
