@@ -52,3 +52,25 @@ def insert_operation(
     op = new_operation(now, **overrides)
     with db.write() as conn:
         return journal.insert(conn, op, actor="test", cause="test:create", now=now)
+
+
+def seed_finished(
+    db: Database, journal: Journal, count: int, done_at: datetime, **overrides: Any
+) -> list[str]:
+    """``count`` operations that ended ``succeeded`` at ``done_at`` with nothing left to do
+    (what retention may prune), written in one transaction; their ids, oldest first."""
+    ops = [
+        new_operation(
+            done_at,
+            state=State.SUCCEEDED.value,
+            done_at=done_at + timedelta(microseconds=i),
+            remote_job_id=f"job-{i}",
+            next_poll_at=None,
+            **overrides,
+        )
+        for i in range(count)
+    ]
+    with db.write() as conn:
+        for op in ops:
+            journal.insert(conn, op, actor="test", cause="test:seed", now=done_at)
+    return [op.id for op in ops]

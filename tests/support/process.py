@@ -71,6 +71,7 @@ def service_config(
     log_level: str = "INFO",
     provider: Mapping[str, Any] | None = None,
     server: Mapping[str, Any] | None = None,
+    retention: Mapping[str, Any] | None = None,
 ) -> tuple[Path, int]:
     """Write reconciler.toml and the provider file; returns the config path and the port."""
     port = port or unused_port()
@@ -90,6 +91,8 @@ def service_config(
         *(f"{k} = {toml_value(v)}" for k, v in sched.items()),
         "[callbacks]",
         'allow_hosts = ["127.0.0.1"]',
+        "[retention]",
+        *(f"{k} = {toml_value(v)}" for k, v in (retention or {}).items()),
     ]
     config = tmp_path / "reconciler.toml"
     config.write_text("\n".join(lines) + "\n", "utf-8")

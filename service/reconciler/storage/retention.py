@@ -49,13 +49,16 @@ _ENDED = sorted(state.value for state in END_STATES)
 _SETTLED_STEPS = sorted(status.value for status in SETTLED_STEPS)
 
 # Finished: what may be pruned, the SQL twin of ``core.states.is_done`` plus "no work left".
+# SQLite plans without statistics: its unary ``+`` keeps it off the state index and the due
+# index (whose NULL range is every finished row) and on ``ix_operations_finished``.
 FINISHED = (
-    "done_at IS NOT NULL AND done_at < ? AND state IN (?*) AND NOT escalation_open "
-    "AND NOT completion_pending AND next_poll_at IS NULL AND NOT EXISTS ("
+    "done_at IS NOT NULL AND done_at < ? AND [[state|+state]] IN (?*) AND NOT escalation_open "
+    "AND NOT completion_pending AND [[next_poll_at|+next_poll_at]] IS NULL AND NOT EXISTS ("
     "SELECT 1 FROM completion_steps s WHERE s.operation_id = operations.id "
     "AND NOT (s.status IN (?*)))"
 )
 _FINISHED_PARAMS = ("done_at", "state", "completion_steps.status")
+_FINISHED_PARAMS_ELSEWHERE = ("operations.done_at", "operations.state", "completion_steps.status")
 _PICKED = (
     "id",
     "caller",
@@ -117,7 +120,7 @@ _COUNT_CHILDREN = {
         table,
         f"SELECT count(*) FROM {table.name} WHERE operation_id IN "
         f"(SELECT id FROM operations WHERE {FINISHED})",
-        params=_FINISHED_PARAMS,
+        params=_FINISHED_PARAMS_ELSEWHERE,
     )
     for name, table in (
         ("operation_payloads", PAYLOAD_TABLE),
