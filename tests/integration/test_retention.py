@@ -30,6 +30,7 @@ from reconciler.storage.tables import (
     TOMBSTONES,
 )
 from tests.support import hooks
+from tests.support.console import csrf_of
 from tests.support.world import World, world
 
 pytestmark = pytest.mark.both_backends
@@ -138,6 +139,19 @@ def test_sweep_prunes_only_the_finished_and_leaves_a_tombstone(tmp_path: Path, d
         assert report.ok, report.fault
         assert report.retention is not None and report.retention.operations == 1
         assert "retention removed 1 operations" in report.retention.describe()
+
+        # Operators see it on the console's providers page, with the database's size.
+        form = await w.client.get("/console/sign-in")
+        signed = await w.client.post(
+            "/console/sign-in",
+            data={"csrf": csrf_of(form.text), "token": w.operator_token, "next": "/console"},
+        )
+        assert signed.status_code == 303, signed.text
+        page = (await w.client.get("/console/providers")).text
+        storage = page.split('id="storage"')[1].split("</section>")[0]
+        assert "1 operations in 1 batches" in storage and " MiB" in storage
+        assert "finished operations 30 days" in storage and "tombstones 90 days" in storage
+        assert "Tombstones</dt><dd>1<" in storage
 
         # Past the tombstone window the tombstone goes too: the id is unknown, and the key
         # starts a new job (the README says so).

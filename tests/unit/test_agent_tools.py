@@ -10,9 +10,9 @@ from jsonschema import Draft202012Validator
 
 from reconciler.agent_tools.definitions import ToolName, build_tools
 from reconciler.agent_tools.request_summary import request_summary
-from reconciler.agent_tools.server import INSTRUCTIONS, tool_message
+from reconciler.agent_tools.server import INSTRUCTIONS, tool_error, tool_message
 from reconciler.agent_tools.tasks import poll_interval_ms, task_status, task_view
-from reconciler.core.errors import InvalidRequest
+from reconciler.core.errors import Gone, InvalidRequest, NotFound
 from reconciler.core.states import END_STATES, State, awaits_decision, is_done
 from reconciler.wire import Operation
 from reconciler.wire.schemas import model_schema
@@ -235,3 +235,13 @@ SCHEMAS = [
 @pytest.mark.parametrize(("schema", "text"), SCHEMAS)
 def test_a_request_schema_in_one_line(schema: Any, text: str) -> None:
     assert request_summary(schema) == text
+
+
+def test_a_pruned_job_is_a_tool_error_that_says_nothing_was_started_again() -> None:
+    gone = tool_error("start_job", Gone("operation op_1 ended succeeded ... removed by retention"))
+    text = gone.content[0].text  # type: ignore[union-attr]
+    assert gone.is_error
+    assert "removed by retention" in text and "nothing was started again" in text
+    assert "new idempotency_key" in text and "Check the id" not in text
+    unknown = tool_error("get_job", NotFound("operation op_2 does not exist"))
+    assert "Check the id" in unknown.content[0].text  # type: ignore[union-attr]

@@ -168,6 +168,7 @@ def test_the_list_asks_for_the_operations_awaiting_a_decision() -> None:
         (401, "unauthenticated", errors.AuthenticationFailed),
         (403, "forbidden", errors.PermissionDenied),
         (404, "not_found", errors.NotFound),
+        (410, "operation_pruned", errors.Gone),
         (409, "idempotency_key_reused", errors.IdempotencyConflict),
         (409, "decision_not_allowed", errors.DecisionNotAllowed),
         (409, "conflict", errors.Conflict),

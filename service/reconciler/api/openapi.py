@@ -48,6 +48,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         403: "Needs an operator token.",
         404: "Not found (or not yours).",
         409: "Conflicts with what is recorded.",
+        410: "Removed by retention; the message names the operation and when it ended.",
         413: "Body too large.",
         415: "The body is not declared as JSON (application/json or a +json type).",
         429: "A quota of this agent is reached; Retry-After says when to try again.",
@@ -101,7 +102,7 @@ def document(
                             "description": "Same key and request: the stored operation.",
                             **_json("Operation"),
                         },
-                        **_errors(400, 401, 409, 413, 415, 429, 503),
+                        **_errors(400, 401, 409, 410, 413, 415, 429, 503),
                     },
                 },
                 "get": {
@@ -146,7 +147,7 @@ def document(
                     "parameters": [_op_id()],
                     "responses": {
                         "200": {"description": "The operation.", **_json("Operation")},
-                        **_errors(401, 404, 503),
+                        **_errors(401, 404, 410, 503),
                     },
                 },
             },
@@ -165,7 +166,7 @@ def document(
                     ],
                     "responses": {
                         "200": {"description": "The operation.", **_json("Operation")},
-                        **_errors(400, 401, 404, 503),
+                        **_errors(400, 401, 404, 410, 503),
                     },
                 },
             },
@@ -177,7 +178,7 @@ def document(
                     "requestBody": {"required": False, **_json("CancelOperation")},
                     "responses": {
                         "202": {"description": "Recorded.", **_json("Operation")},
-                        **_errors(400, 401, 404, 409, 413, 415, 503),
+                        **_errors(400, 401, 404, 409, 410, 413, 415, 503),
                     },
                 },
             },
@@ -189,7 +190,7 @@ def document(
                     "requestBody": {"required": True, **_json("OperatorDecision")},
                     "responses": {
                         "200": {"description": "Recorded.", **_json("Operation")},
-                        **_errors(400, 401, 403, 404, 409, 413, 415, 503),
+                        **_errors(400, 401, 403, 404, 409, 410, 413, 415, 503),
                     },
                 },
             },
@@ -212,7 +213,7 @@ def document(
                     ],
                     "responses": {
                         "200": {"description": "One page of the history.", **_json("History")},
-                        **_errors(400, 401, 404, 503),
+                        **_errors(400, 401, 404, 410, 503),
                     },
                 },
             },

@@ -34,6 +34,11 @@ def seconds(value: float | None) -> str:
     return format_duration(value) if value is not None else "—"
 
 
+def days(value: float) -> str:
+    """A retention window: ``30 days``, ``12 hours`` for a fraction, or ``forever`` for 0."""
+    return "forever" if value == 0 else format_duration(value * 86_400)
+
+
 def first_line(text: str | None) -> str:
     """The line after the message's fixed title: what an inbox row needs to show."""
     if not text:
@@ -52,6 +57,11 @@ def as_json(value: Any) -> str:
 
 def install(env: jinja2.Environment) -> None:
     env.filters.update(
-        when=when, clock=clock, seconds=seconds, first_line=first_line, as_json=as_json
+        when=when,
+        clock=clock,
+        seconds=seconds,
+        days=days,
+        first_line=first_line,
+        as_json=as_json,
     )
     env.globals.update(age=age)

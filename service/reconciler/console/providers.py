@@ -23,7 +23,7 @@ from reconciler.console.web import operator, page, render, runtime_of
 from reconciler.core.trust import TrustPolicy
 from reconciler.metrics import totals
 from reconciler.runtime import Runtime
-from reconciler.storage import provider_stats
+from reconciler.storage import provider_stats, retention
 from reconciler.storage import trust as trust_store
 from reconciler.storage.inbox import providers_seen
 from reconciler.storage.webhook_events import Outcome
@@ -78,9 +78,11 @@ async def providers_page(request: Request) -> Response:
     rt = runtime_of(request)
 
     window = provider_charts.Window.ending_at(rt.clock.now())
+    kept: dict[str, Any] = {}
 
     def load() -> tuple[Any, Any, list[str], dict[str, Any], dict[str, Any], dict[str, Any]]:
         with rt.db.read() as conn:
+            kept["progress"] = retention.progress(conn, rt.clock.now())
             webhooks = provider_stats.webhook_counts(conn)
             seen = providers_seen(conn)
             named = set(rt.providers) | set(seen) | set(webhooks)
@@ -103,6 +105,7 @@ async def providers_page(request: Request) -> Response:
             )
 
     webhooks, reads, seen, hours, markers, trust = await rt.db.run(load)
+    size = await rt.db.run(rt.db.size_bytes)
     rejected, statuses, calls = _process_figures(rt)
     names = sorted(set(rt.providers) | set(seen) | set(webhooks))
     figures = [
@@ -133,6 +136,12 @@ async def providers_page(request: Request) -> Response:
             "figures": figures,
             "unknown_provider": sum(unknown.values()),
             "buckets": [b[0] for b in provider_stats.READ_BUCKETS],
+            "storage": {
+                "size": size,
+                "settings": rt.settings.retention,
+                "progress": kept["progress"],
+                "removed": {t[0]: int(v) for t, v in totals(rt.metrics.retention_removed).items()},
+            },
         },
         who=who,
     )

@@ -219,6 +219,13 @@ _TOMBSTONE_OF = Sql(
     params=("operation_id",),
     returns=_TOMBSTONE_COLUMNS,
 )
+_LOG_TOTALS = Sql(
+    "retention-log-totals",
+    RETENTION_LOG,
+    "SELECT count(*), sum(operations), max(at), max(done_until) FROM retention_log",
+    returns=(AS_IS, AS_IS, "at", "done_until"),
+)
+_COUNT_ALL_TOMBSTONES = Sql("tombstones-count", TOMBSTONES, "SELECT count(*) FROM tombstones")
 _TAKE_LEASE = Sql(
     "lease-take",
     LEASES,
@@ -379,6 +386,31 @@ def tombstone_of(conn: Connection, operation_id: str) -> Tombstone | None:
 
 def retention_log(conn: Connection) -> list[Mapping[str, Any]]:
     return [dict(zip(_LOG_COLUMNS, row, strict=True)) for row in _LOG.rows(conn)]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What retention has done so far, for operators (the console's providers page)."""
+
+    prunes: int
+    operations: int
+    last_at: datetime | None
+    done_until: datetime | None
+    tombstones: int
+    sweeping: tuple[str, datetime] | None  # who holds the sweep's lease now, and until when
+
+
+def progress(conn: Connection, now: datetime) -> Progress:
+    prunes, operations, last_at, until = _LOG_TOTALS.first(conn) or (0, 0, None, None)
+    holder = lease_holder(conn, SWEEP_LEASE)
+    return Progress(
+        int(prunes or 0),
+        int(operations or 0),
+        last_at,
+        until,
+        int(_COUNT_ALL_TOMBSTONES.value(conn) or 0),
+        holder if holder is not None and holder[1] > now else None,
+    )
 
 
 def take_lease(conn: Connection, name: str, owner: str, now: datetime, until: datetime) -> bool:
