@@ -1,7 +1,8 @@
 """Hint-to-completion lag: from a webhook's arrival to the completion handler's start.
 
     python bench/lag.py [--operations 300] [--rate 5] [--duration 1] [--rounds 2]
-        [--tick 5] [--postgres ADMIN_URL] [--trace] [--profile] [--keep] [--smoke]
+        [--tick 5] [--postgres ADMIN_URL] [--backlog N] [--trace] [--profile] [--keep]
+        [--smoke]
 
 Per round: a fresh database (SQLite WAL file; PostgreSQL with ``--postgres``, a throw-away
 database), the simulated provider (``python -m reconciler.demo.sim``) and the service
@@ -28,6 +29,11 @@ histogram as a cross-check (share under 50 ms), the service's CPU per operation 
 late an idle 10 ms sleep in the client wakes (how much CPU the machine leaves us).
 Target: p99 < 50 ms on SQLite at light load.
 
+Retention: with ``--backlog N`` each round runs twice, with the sweep every second both
+times, the second time with ``N`` finished operations 40 days old seeded first, which the
+sweep prunes (in batches, one replica's lease) while the load runs; the p99 of each and
+their ratio are printed, and how many the sweep pruned while operations were submitted.
+
 Diagnostics: ``--trace`` marks each stage in the service (hint -> wake -> tick -> claim ->
 reload -> charge -> status call -> written -> collect -> result call -> end state ->
 completion -> first step; plus every database call split into waiting for a thread,
@@ -52,7 +58,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +71,7 @@ for _path in (str(ROOT / "service"), str(ROOT)):
         sys.path.insert(0, _path)
 
 import httpx  # noqa: E402
+from bench import retention  # noqa: E402
 from bench.poller import cpu_seconds, spawn, stop  # noqa: E402
 from bench.support import SMOKE_HELP, free_port, percentile, smoke, wait_ready  # noqa: E402
 from tests.support import loopback  # noqa: E402
@@ -294,11 +301,12 @@ def serve(
     work: Path,
     trace: Path | None = None,
     profile: Path | None = None,
+    sweep: float | None = None,
 ) -> None:
     from tests.support.stack import sim_provider_table
 
     from reconciler.app import serve as run
-    from reconciler.config import SchedulerSettings, ServerSettings, Settings
+    from reconciler.config import RetentionSettings, SchedulerSettings, ServerSettings, Settings
 
     empty = work / "no-provider-files"
     empty.mkdir(parents=True, exist_ok=True)
@@ -309,6 +317,7 @@ def serve(
         hooks=(HOOK,),
         server=ServerSettings(port=port),
         scheduler=SchedulerSettings(tick_seconds=tick),
+        retention=RetentionSettings(sweep_seconds=sweep) if sweep else RetentionSettings(),
         log_level="WARNING",
     )
     if trace is not None:
@@ -399,7 +408,7 @@ def lag_of(operation_id: str, entries: Sequence[Mapping[str, Any]], step_at: Any
     return Lag(operation_id, "webhook", hint_at=entries[hints[-1]]["at"], **common)
 
 
-def load_lags(db_url: str) -> list[Lag]:
+def load_lags(db_url: str, skip: frozenset[str] = frozenset()) -> list[Lag]:
     import sqlalchemy as sa
 
     from reconciler.storage.database import Database
@@ -440,6 +449,7 @@ def load_lags(db_url: str) -> list[Lag]:
             job_id=jobs.get(op_id),
         )
         for op_id, entries in by_op.items()
+        if op_id not in skip
     ]
 
 
@@ -561,6 +571,8 @@ class Round:
     service_cpu: float  # CPU seconds the service used from the first create to the last end
     sim_cpu: float
     machine_late: list[float]  # lateness of 10 ms sleeps in an idle thread of the client
+    backlog: int = 0  # finished operations past retention seeded before the round
+    pruned_meanwhile: int = 0  # of them, pruned by the sweep while operations were submitted
 
     def webhook(self) -> list[Lag]:
         return [lag for lag in self.lags if lag.via == "webhook"]
@@ -647,7 +659,11 @@ def finished(db_url: str) -> int:
             value = conn.execute(
                 sa.select(sa.func.count())
                 .select_from(OPS)
-                .where(OPS.c.done_at.is_not(None), OPS.c.completion_pending.is_(False))
+                .where(
+                    OPS.c.done_at.is_not(None),
+                    OPS.c.completion_pending.is_(False),
+                    OPS.c.caller != retention.BACKLOG_CALLER,
+                )
             ).scalar_one()
     finally:
         db.dispose()
@@ -677,9 +693,21 @@ class SleepProbe:
         self._thread.join(timeout=5)
 
 
-def run_round(backend: str, args: argparse.Namespace, work: Path) -> Round:
+def _pruned(metrics_text: str) -> int:
+    """Operations the service's retention sweep removed so far (its /metrics)."""
+    for line in metrics_text.splitlines():
+        if line.startswith('reconciler_retention_removed_rows_total{table="operations"}'):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def run_round(backend: str, args: argparse.Namespace, work: Path, backlog: int = 0) -> Round:
     with database(backend, work, args.postgres) as db_url:
         token = agent_token(db_url)
+        # Finished operations past the 30-day window: the sweep (every second in such a
+        # round, in every round when --backlog is given) prunes them while the load runs.
+        old = datetime.now(UTC) - timedelta(days=40)
+        seeded = frozenset(op for op, _ in retention.seed(db_url, backlog, 10, old))
         sim_port, port = free_port(), free_port()
         log = work / "lag.log"
         secret = _webhook_secret()
@@ -715,6 +743,7 @@ def run_round(backend: str, args: argparse.Namespace, work: Path) -> Round:
                 str(work),
                 *(["--trace", str(work / "trace.txt")] if args.trace else []),
                 *(["--profile", str(work / "profile.pstats")] if args.profile else []),
+                *(["--sweep", "1"] if args.backlog else []),
             ],
             log,
             env=env,
@@ -725,9 +754,11 @@ def run_round(backend: str, args: argparse.Namespace, work: Path) -> Round:
             wait_ready(f"{url}/healthz", timeout=120)
             cpu = cpu_seconds(service.pid), cpu_seconds(sim.pid)
             with SleepProbe() as probe:
+                before = _pruned(loopback.get(f"{url}/metrics", timeout=30).text)
                 started = time.monotonic()
                 created = asyncio.run(submit(url, token, args))
                 submit_seconds = time.monotonic() - started
+                pruned = _pruned(loopback.get(f"{url}/metrics", timeout=30).text) - before
                 deadline = time.monotonic() + args.duration + 60
                 while finished(db_url) < created and time.monotonic() < deadline:
                     time.sleep(0.5)
@@ -737,12 +768,23 @@ def run_round(backend: str, args: argparse.Namespace, work: Path) -> Round:
             stop(service)
             stop(sim)
         share, count = histogram_share(metrics, "reconciler_hint_to_completion_seconds", "0.05")
-        lags = load_lags(db_url)
+        lags = load_lags(db_url, seeded)
         if args.trace:
             report_trace(read_trace(work / "trace.txt"), lags)
         if args.profile:
             report_profile(work / "profile.pstats", args.operations)
-        return Round(backend, lags, share, count, submit_seconds, created, *used, probe.late)
+        return Round(
+            backend,
+            lags,
+            share,
+            count,
+            submit_seconds,
+            created,
+            *used,
+            probe.late,
+            backlog,
+            pruned,
+        )
 
 
 # --- report ------------------------------------------------------------------------------
@@ -764,6 +806,11 @@ def report_round(number: int, result: Round) -> dict[int, float]:
         f"{result.submit_seconds:.1f} s; "
         f"histogram <= 50 ms: {result.metric_share * 100:.1f}% of {result.metric_count})"
     )
+    if result.backlog:
+        print(
+            f"      retention backlog {result.backlog}: the sweep pruned "
+            f"{result.pruned_meanwhile} of them while the operations were submitted"
+        )
     late = result.machine_late
     print(
         f"      machine: an idle client thread's 10 ms sleeps woke late by p50 "
@@ -800,6 +847,7 @@ def main() -> int:
     srv.add_argument("--work", type=Path, required=True)
     srv.add_argument("--trace", type=Path, default=None)
     srv.add_argument("--profile", type=Path, default=None)
+    srv.add_argument("--sweep", type=float, default=None)
     parser.add_argument("--operations", type=int, default=300)
     # Light load: at 60-90 ms of service CPU per operation (create to completion, measured
     # on a 2-core machine) 15/s already keeps one core busy; 5/s leaves headroom.
@@ -811,31 +859,57 @@ def main() -> int:
     parser.add_argument("--trace", action="store_true", help="mark each stage in the service")
     parser.add_argument("--profile", action="store_true", help="CPU-profile the service")
     parser.add_argument("--keep", action="store_true", help="keep each round's files")
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=0,
+        help="also run each round with this many finished operations past retention, which "
+        "the sweep (every second) prunes during the load; print p99 with and without",
+    )
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
     smoke(args, operations=6, rate=20.0, rounds=1, tick=1.0, postgres=None)
     if args.command == "serve":
-        serve(args.db, args.port, args.sim_url, args.tick, args.work, args.trace, args.profile)
+        serve(
+            args.db,
+            args.port,
+            args.sim_url,
+            args.tick,
+            args.work,
+            args.trace,
+            args.profile,
+            args.sweep,
+        )
         return 0
     print(
         f"{args.operations} operations at {args.rate:g}/s, jobs of {args.duration:g} s, "
         f"scheduler tick {args.tick:g} s; lag = hint arrival -> completion handler start"
     )
     for backend in ["sqlite"] + (["postgresql"] if args.postgres else []):
-        p99s = []
+        p99s: dict[int, list[float]] = {0: [], args.backlog: []}
         for number in range(1, args.rounds + 1):
-            work = Path(tempfile.mkdtemp(prefix="bench-lag-"))
-            try:
-                p99s.append(report_round(number, run_round(backend, args, work))[99])
-            finally:
-                if args.keep:
-                    print(f"  kept {work}")
-                else:
-                    shutil.rmtree(work, ignore_errors=True)
+            for backlog in sorted(p99s):
+                work = Path(tempfile.mkdtemp(prefix="bench-lag-"))
+                try:
+                    result = run_round(backend, args, work, backlog)
+                    p99s[backlog].append(report_round(number, result)[99])
+                finally:
+                    if args.keep:
+                        print(f"  kept {work}")
+                    else:
+                        shutil.rmtree(work, ignore_errors=True)
+        plain = p99s[0]
         print(
-            f"  {backend}: p99 median {statistics.median(p99s):.1f} ms over {len(p99s)} rounds "
-            f"(range {min(p99s):.1f}-{max(p99s):.1f}); target < 50 ms on SQLite"
+            f"  {backend}: p99 median {statistics.median(plain):.1f} ms over {len(plain)} "
+            f"rounds (range {min(plain):.1f}-{max(plain):.1f}); target < 50 ms on SQLite"
         )
+        if args.backlog:
+            swept = p99s[args.backlog]
+            print(
+                f"  {backend}: while the sweep pruned a backlog of {args.backlog}: p99 median "
+                f"{statistics.median(swept):.1f} ms (range {min(swept):.1f}-{max(swept):.1f}); "
+                f"with/without {statistics.median(swept) / statistics.median(plain):.2f}"
+            )
     return 0
 
 

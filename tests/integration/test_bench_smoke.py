@@ -44,6 +44,7 @@ BENCHES = {
     "poison": " tracebacks, provider requests per op",
     "replicas": "median completed operations/s",
     "results": '{"ok": true}',
+    "retention": "medians over rounds",
     "soak": "RESULT: OK",
     "throughput": "medians over rounds",
     "webhooks": "ratio ours/bare",
