@@ -98,9 +98,10 @@ def test_the_next_read_honours_the_row_as_it_is_now(
         assert nxt.at == NOW  # a cancel arrived while we asked: it is sent now
     elif state is State.CANCELLING and op.cancel_deadline_at is not None:
         bound = timedelta(seconds=max(POLICY.backoff.max_seconds, POLICY.rate_limit_delay_seconds))
-        # By the window's close, or a Retry-After just past it; never further off.
+        # By the window's close, or a Retry-After just past it; never further off. A window
+        # that closed before now is looked at now.
         close_at = op.cancel_deadline_at
-        if nxt.at > close_at:
+        if nxt.at > max(close_at, NOW):
             assert nxt.source is DelaySource.PROVIDER_RETRY_AFTER
             assert floor is not None and nxt.at == floor <= close_at + bound
         else:
