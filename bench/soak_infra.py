@@ -117,8 +117,8 @@ class ThrowawayPostgres:
                 shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def create_database(admin_url: str) -> str:
-    name = f"reconciler_soak_{secrets.token_hex(4)}"
+def create_database(admin_url: str, prefix: str = "reconciler_soak") -> str:
+    name = f"{prefix}_{secrets.token_hex(4)}"
     engine = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:

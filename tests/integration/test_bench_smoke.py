@@ -46,6 +46,7 @@ BENCHES = {
     "results": '{"ok": true}',
     "retention": "medians over rounds",
     "soak": "RESULT: OK",
+    "storage_bytes": "ratio stored/payload",
     "throughput": "medians over rounds",
     "webhooks": "ratio ours/bare",
 }
@@ -81,6 +82,8 @@ def test_each_bench_runs_as_a_script_in_its_smoke_mode(name: str, tmp_path: Path
         if admin is None:
             pytest.skip("bench/replicas.py needs PostgreSQL (RECONCILER_TEST_POSTGRES_URL)")
         args += ["--postgres-url", admin]
+    if name == "storage_bytes" and postgres_admin_url() is not None:
+        args += ["--postgres", postgres_admin_url() or ""]
     if name == "amplification":
         args += ["--dir", str(tmp_path)]
     # As a person runs it: from the checkout, with nothing of the test run on the path.

@@ -158,10 +158,7 @@ class Stack:
 
     def callback_secret(self, name: str = "agent-1") -> str:
         """The agent's own callback secret (what ``tokens create`` shows it once)."""
-        with self.runtime.db.read() as conn:
-            salt = callback_salt(conn, name)
-        assert salt is not None and self.runtime.callback_key is not None
-        return as_whsec(agent_key(self.runtime.callback_key, salt))
+        return agent_callback_secret(self.runtime, name)
 
     def sim_job(self, job_id: str) -> dict[str, Any]:
         response = loopback.get(f"{self.sim_url}/_sim/jobs/{job_id}", timeout=10)
@@ -189,6 +186,14 @@ def quiescent(db: Database, op_id: str) -> bool:
     with db.read() as conn:
         op = store.load_operation(conn, op_id)
     return op.lease_owner is None and op.next_poll_at is None
+
+
+def agent_callback_secret(runtime: Runtime, name: str = "agent-1") -> str:
+    """The agent ``name``'s own callback secret (what ``tokens create`` shows it once)."""
+    with runtime.db.read() as conn:
+        salt = callback_salt(conn, name)
+    assert salt is not None and runtime.callback_key is not None
+    return as_whsec(agent_key(runtime.callback_key, salt))
 
 
 def make_tokens(runtime: Runtime) -> tuple[str, str]:

@@ -20,6 +20,7 @@ held by another process blocks only the writers, never a read or the loop.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -58,6 +59,11 @@ WRITE_QUEUE_LIMIT = 10_000
 # while in steady use fails its statement instead, which invalidates the pool and is
 # retried as any storage outage is.
 IDLE_PING_SECONDS = 5.0
+# JSON columns (payloads, history details, errors) are written without the spaces
+# json.dumps puts after every "," and ":": a result of many small rows is about a tenth
+# smaller, and every reader parses the text (the history hash covers its own canonical
+# text, not this one). ASCII-only as before, so any database encoding takes it.
+_JSON_TEXT = json.JSONEncoder(separators=(",", ":"))
 _RETURNED_AT = "reconciler_returned_at"
 # A lost race is retried on fresh data this many times before StaleWrite reaches the caller.
 STALE_ATTEMPTS = 5
@@ -93,6 +99,7 @@ def _sqlite_engine(
     engine = sa.create_engine(
         url,
         connect_args={"check_same_thread": False, "timeout": busy_ms() / 1000},
+        json_serializer=_JSON_TEXT.encode,
         pool_size=8,
         max_overflow=8,
     )
@@ -123,7 +130,7 @@ def _sqlite_engine(
 
 
 def _postgres_engine(url: str, idle_ping_seconds: float = IDLE_PING_SECONDS) -> Engine:
-    engine = sa.create_engine(url, pool_size=10, max_overflow=20)
+    engine = sa.create_engine(url, json_serializer=_JSON_TEXT.encode, pool_size=10, max_overflow=20)
 
     # A connection that sat in the pool is pinged before use; one in steady use is not
     # (see IDLE_PING_SECONDS). The ping is the dialect's own (pool_pre_ping's, which would

@@ -9,7 +9,7 @@ Design notes that the rest of the code relies on:
   to act on an operation; worker writes also match on the lease.
 * ``next_poll_at`` is "when a worker should next look", whatever the work
   is (create, status read, cancel, result, completion step); it is NULL when
-  nothing is due, which keeps the due-index small.
+  nothing is due, and the due index leaves NULLs out, which keeps it small.
 * ``history_seq``/``history_head`` anchor the per-operation hash chain, so
   deleting the newest history entries is detectable.
 * The big parts of an operation (the create request, metadata, the confirming
@@ -44,7 +44,13 @@ class Operation(SQLModel, table=True):
         sa.UniqueConstraint("caller", "idempotency_key", name="uq_operations_caller_key"),
         sa.UniqueConstraint("idempotency_token", name="uq_operations_idempotency_token"),
         sa.Index("ix_operations_remote_job", "provider", "remote_job_id"),
-        sa.Index("ix_operations_due", "next_poll_at"),
+        # Only what is due: a finished row's next_poll_at is NULL, and every claim compares it.
+        sa.Index(
+            "ix_operations_due",
+            "next_poll_at",
+            sqlite_where=sa.text("next_poll_at IS NOT NULL"),
+            postgresql_where=sa.text("next_poll_at IS NOT NULL"),
+        ),
         sa.Index("ix_operations_state_id", "state", "id"),
         sa.Index("ix_operations_caller_id", "caller", "id"),
         # Operations in flight per agent are counted from here (quotas), end states skipped.
