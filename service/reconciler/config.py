@@ -254,7 +254,7 @@ class RetentionSettings(SettingsTable):
     # A pruned operation's tombstone, which answers its id and its key's retry with 410.
     tombstones_days: Days = 90.0
     sweep_seconds: Seconds = 60.0  # how often a replica looks for what to prune
-    batch_size: Count = 100  # operations (or events) per transaction
+    batch_size: Count = 25  # operations (or events) per transaction
 
 
 class HookSpec(SettingsTable):

@@ -10,8 +10,12 @@ holds the database for long.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
+import anyio.from_thread
 import anyio.to_thread
+from sqlalchemy.engine import Connection
 
 from reconciler.core.clock import isoformat
 from reconciler.core.errors import StorageError
@@ -25,6 +29,13 @@ from reconciler.storage.retention import Removed
 log = logging.getLogger("reconciler.engine.retention")
 
 SWEEP_TURN_SECONDS = 10.0
+# The sweep works at most a tenth of the time (a pause of nine times each batch's
+# length): it shares the process, the GIL and, on SQLite, the one write lock and the WAL
+# with live work. Draining a 200,000-operation backlog flat out took the SQLite service's
+# hint-to-completion p99 from 11.8 ms to 506 ms; at a quarter of the time, to 88 ms; at a
+# tenth, to 48 ms, still pruning about 470 operations a second (bench/lag.py --backlog).
+# A sweep that keeps up with the day's work prunes a minute's worth a turn, unnoticed.
+PAUSE_RATIO = 9.0
 
 
 class RetentionSweep:
@@ -40,6 +51,16 @@ class RetentionSweep:
     def enabled(self) -> bool:
         return not self.policy.keeps_everything
 
+    def _queued(self, fn: Callable[[Connection], Any]) -> Any:
+        """One transaction, queued with the service's other writes (from the run's thread)."""
+        db = self.deps.db
+
+        def write() -> Any:
+            with db.write() as conn:
+                return fn(conn)
+
+        return anyio.from_thread.run(db.run_write, write)
+
     async def sweep(self) -> Removed:
         """One turn: prune what the windows allow now, unless another replica is at it."""
         rt = self.deps
@@ -52,6 +73,8 @@ class RetentionSweep:
             lease_seconds=rt.settings.scheduler.lease_seconds,
             max_seconds=SWEEP_TURN_SECONDS,
             on_batch=lambda batch: rt.metrics.pruned(batch.tables),
+            transact=self._queued,
+            pause_ratio=PAUSE_RATIO,
         )
         try:
             removed = await anyio.to_thread.run_sync(

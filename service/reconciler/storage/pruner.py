@@ -4,6 +4,11 @@ sweep's lease, until nothing is left to remove or the run's time is up.
 The background sweep (``engine.retention``) and ``reconciler db prune`` both run this;
 so at most one of them prunes at a time across replicas, and a run killed between two
 batches leaves whole operations only (each batch commits alone) and a lease that lapses.
+
+How a transaction is run is the caller's (``transact``): the command opens its own, the
+sweep queues each batch behind the service's other writes (``Database.run_write``), so
+that on SQLite, whose one write lock is not handed out in turn, a webhook's write waits
+for at most one batch, never for a whole run of them.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy.engine import Connection
 
@@ -36,6 +41,8 @@ PRUNED_TABLES = (
 )
 # Two pruners that read one log head: the loser's batch is rolled back and taken again.
 CONFLICT_ATTEMPTS = 5
+# Runs one write transaction: hands ``fn`` a connection in one and returns its result.
+Transact = Callable[[Callable[[Connection], T]], T]
 
 
 class LeaseHeld(Exception):
@@ -57,15 +64,27 @@ class Pruner:
     lease_seconds: float = 30.0
     max_seconds: float | None = None  # a run stops after this long (the sweep's turn)
     on_batch: Callable[[Removed], None] | None = None
+    transact: Transact[Any] | None = None  # default: a transaction of ``db`` opened here
+    # After each batch, a pause this many times as long as the batch took: the sweep shares
+    # its process (and the GIL, and on SQLite the one write lock) with live work.
+    pause_ratio: float = 0.0
+
+    def _in_transaction(self, fn: Callable[[Connection], T]) -> T:
+        if self.transact is not None:
+            return cast(T, self.transact(fn))
+        with self.db.write() as conn:
+            return fn(conn)
 
     def run(self, cutoffs: Cutoffs) -> Removed:
         """Prune everything the cutoffs allow (within ``max_seconds``); raise ``LeaseHeld``
         when another holds the lease."""
         self._take_lease()
-        started = renewed = time.monotonic()
+        started = renewed = batch_started = time.monotonic()
         total = Removed()
         try:
             for batch in self._batches(cutoffs):
+                if self.pause_ratio:
+                    time.sleep((time.monotonic() - batch_started) * self.pause_ratio)
                 total.merge(batch)
                 if self.on_batch is not None:
                     self.on_batch(batch)
@@ -76,20 +95,25 @@ class Pruner:
                 if time.monotonic() - renewed > self.lease_seconds / 2:
                     self._take_lease()
                     renewed = time.monotonic()
+                batch_started = time.monotonic()
         finally:
-            with self.db.write() as conn:
-                retention.give_back(conn, retention.SWEEP_LEASE, self.owner)
+            self._in_transaction(
+                lambda conn: retention.give_back(conn, retention.SWEEP_LEASE, self.owner)
+            )
         return total
 
     def _take_lease(self) -> None:
         now = self.now()
         until = now + timedelta(seconds=self.lease_seconds)
-        with self.db.write() as conn:
+
+        def take(conn: Connection) -> tuple[str, datetime] | None:
             if retention.take_lease(conn, retention.SWEEP_LEASE, self.owner, now, until):
-                return
-            holder = retention.lease_holder(conn, retention.SWEEP_LEASE)
-        owner, expires = holder if holder is not None else ("another pruner", until)
-        raise LeaseHeld(owner, expires)
+                return None
+            return retention.lease_holder(conn, retention.SWEEP_LEASE) or ("another", until)
+
+        held = self._in_transaction(take)
+        if held is not None:
+            raise LeaseHeld(*held)
 
     def _batches(self, cutoffs: Cutoffs) -> Iterator[Removed]:
         if cutoffs.operations is not None:
@@ -128,8 +152,7 @@ class Pruner:
     def _write(self, fn: Callable[[Connection], T]) -> T:
         for attempt in range(CONFLICT_ATTEMPTS):
             try:
-                with self.db.write() as conn:
-                    return fn(conn)
+                return self._in_transaction(fn)
             except Conflict:
                 if attempt == CONFLICT_ATTEMPTS - 1:
                     raise

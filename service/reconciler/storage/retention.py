@@ -50,12 +50,14 @@ _SETTLED_STEPS = sorted(status.value for status in SETTLED_STEPS)
 
 # Finished: what may be pruned, the SQL twin of ``core.states.is_done`` plus "no work left".
 # SQLite plans without statistics: its unary ``+`` keeps it off the state index and the due
-# index (whose NULL range is every finished row) and on ``ix_operations_finished``.
+# index (whose NULL range is every finished row) and on ``ix_operations_finished``. The
+# steps are counted in a scalar subquery, one index probe per picked row: PostgreSQL made
+# a NOT EXISTS an anti-join that read the whole steps table for every batch.
 FINISHED = (
     "done_at IS NOT NULL AND done_at < ? AND [[state|+state]] IN (?*) AND NOT escalation_open "
-    "AND NOT completion_pending AND [[next_poll_at|+next_poll_at]] IS NULL AND NOT EXISTS ("
-    "SELECT 1 FROM completion_steps s WHERE s.operation_id = operations.id "
-    "AND NOT (s.status IN (?*)))"
+    "AND NOT completion_pending AND [[next_poll_at|+next_poll_at]] IS NULL AND ("
+    "SELECT count(*) FROM completion_steps s WHERE s.operation_id = operations.id "
+    "AND NOT (s.status IN (?*))) = 0"
 )
 _FINISHED_PARAMS = ("done_at", "state", "completion_steps.status")
 _FINISHED_PARAMS_ELSEWHERE = ("operations.done_at", "operations.state", "completion_steps.status")
