@@ -91,7 +91,7 @@ _STATUS_READ_OVERDUE = Sql(
     "status-read-overdue",
     OPS,
     f"SELECT id FROM operations WHERE next_poll_at < ? AND {_STATE} IN (?*) AND {_FREE} "
-    "AND (delay_source IS NULL OR NOT (delay_source IN (?*))) LIMIT 1",
+    "AND (delay_source IS NULL OR NOT (delay_source IN (?*))) ORDER BY next_poll_at LIMIT 1",
     params=("next_poll_at", "state", "lease_expires_at", "delay_source"),
 )
 _STATUS_READS_DUE = Sql(
