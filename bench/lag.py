@@ -73,7 +73,14 @@ for _path in (str(ROOT / "service"), str(ROOT)):
 import httpx  # noqa: E402
 from bench import retention  # noqa: E402
 from bench.poller import cpu_seconds, spawn, stop  # noqa: E402
-from bench.support import SMOKE_HELP, free_port, percentile, smoke, wait_ready  # noqa: E402
+from bench.support import (  # noqa: E402
+    SMOKE_HELP,
+    free_port,
+    fresh_database,
+    percentile,
+    smoke,
+    wait_ready,
+)
 from tests.support import loopback  # noqa: E402
 
 from reconciler.core import states  # noqa: E402
@@ -581,30 +588,6 @@ class Round:
         return sum(1 for lag in self.lags if lag.via == via)
 
 
-@contextmanager
-def database(backend: str, work: Path, admin: str | None) -> Iterator[str]:
-    from reconciler.storage import migrate
-    from reconciler.storage.database import Database
-
-    factory = None
-    if backend == "postgresql":
-        from tests.support.databases import PostgresFactory
-
-        assert admin is not None
-        factory = PostgresFactory(admin)
-        url = factory.clone()
-    else:
-        url = f"sqlite:///{work / 'lag.db'}"
-    try:
-        db = Database(url)
-        migrate.upgrade(db)
-        db.dispose()
-        yield url
-    finally:
-        if factory is not None:
-            factory.close()
-
-
 def agent_token(db_url: str) -> str:
     from reconciler.core.clock import SystemClock
     from reconciler.storage.database import Database
@@ -702,7 +685,7 @@ def _pruned(metrics_text: str) -> int:
 
 
 def run_round(backend: str, args: argparse.Namespace, work: Path, backlog: int = 0) -> Round:
-    with database(backend, work, args.postgres) as db_url:
+    with fresh_database(backend, work, args.postgres, "lag.db") as db_url:
         token = agent_token(db_url)
         # Finished operations past the 30-day window: the sweep (every second in such a
         # round, in every round when --backlog is given) prunes them while the load runs.

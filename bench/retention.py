@@ -28,8 +28,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -42,7 +40,7 @@ for _path in (str(ROOT / "service"), str(ROOT)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from bench.support import SMOKE_HELP, smoke  # noqa: E402
+from bench.support import SMOKE_HELP, fresh_database, smoke  # noqa: E402
 
 BACKLOG_CALLER = "backlog"  # whose the seeded operations are (bench/lag.py counts the rest)
 CHILDREN = ("history", "operation_payloads", "completion_steps", "webhook_verdicts")
@@ -185,30 +183,6 @@ def rows_per_operation(entries: int) -> int:
     return 1 + entries + 2 + 1 + 1 + 1
 
 
-@contextmanager
-def fresh_database(backend: str, work: Path, admin: str | None) -> Iterator[str]:
-    from reconciler.storage import migrate
-    from reconciler.storage.database import Database
-
-    factory = None
-    if backend == "postgresql":
-        from tests.support.databases import PostgresFactory
-
-        assert admin is not None
-        factory = PostgresFactory(admin)
-        url = factory.clone()
-    else:
-        url = f"sqlite:///{work / 'retention.db'}"
-    try:
-        db = Database(url)
-        migrate.upgrade(db)
-        db.dispose()
-        yield url
-    finally:
-        if factory is not None:
-            factory.close()
-
-
 def time_ours(db_url: str, batch: int) -> tuple[float, int]:
     from reconciler.core.retention import RetentionPolicy, cutoffs
     from reconciler.storage.database import Database
@@ -256,11 +230,11 @@ def time_bare(db_url: str, made: list[tuple[str, str]], batch: int) -> float:
 
 def run_round(backend: str, args: argparse.Namespace, work: Path) -> tuple[float, float]:
     done_at = datetime.now(UTC) - timedelta(days=40)
-    with fresh_database(backend, work, args.postgres) as url:
+    with fresh_database(backend, work, args.postgres, "retention.db") as url:
         seed(url, args.operations, args.entries, done_at)
         ours, pruned = time_ours(url, args.batch)
         assert pruned == args.operations, (pruned, args.operations)
-    with fresh_database(backend, work, args.postgres) as url:
+    with fresh_database(backend, work, args.postgres, "retention.db") as url:
         made = seed(url, args.operations, args.entries, done_at)
         bare = time_bare(url, made, args.batch)
     return args.operations / ours, args.operations / bare

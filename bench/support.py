@@ -168,3 +168,30 @@ def run_wrk(
         err_count,
         answers.group(0) if answers else "",
     )
+
+
+@contextmanager
+def fresh_database(backend: str, work: Path, admin: str | None, name: str) -> Iterator[str]:
+    """A migrated throw-away database: a SQLite file ``name`` in ``work``, or on PostgreSQL
+    (``backend`` "postgresql", ``admin`` its URL) a clone of a migrated template, dropped
+    afterwards."""
+    from reconciler.storage import migrate
+    from reconciler.storage.database import Database
+
+    factory = None
+    if backend == "postgresql":
+        from tests.support.databases import PostgresFactory
+
+        assert admin is not None
+        factory = PostgresFactory(admin)
+        url = factory.clone()
+    else:
+        url = f"sqlite:///{work / name}"
+    try:
+        db = Database(url)
+        migrate.upgrade(db)
+        db.dispose()
+        yield url
+    finally:
+        if factory is not None:
+            factory.close()

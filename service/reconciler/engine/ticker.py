@@ -31,6 +31,21 @@ MIN_GAP = timedelta(milliseconds=2)
 TRUST_PLANNED = timedelta(milliseconds=50)
 
 
+def _one_at_a_time(
+    scheduler: AsyncIOScheduler, run: Callable[[], Awaitable[Any]], seconds: float, job_id: str
+) -> None:
+    """An interval job that never overlaps itself and runs once after a missed stretch."""
+    scheduler.add_job(
+        run,
+        "interval",
+        seconds=seconds,
+        id=job_id,
+        max_instances=1,
+        coalesce=True,
+        misfire_grace_time=None,
+    )
+
+
 class Scheduler:
     def __init__(
         self,
@@ -92,26 +107,10 @@ class Scheduler:
             # Webhook trust is kept on the same cadence: pending completions are judged
             # within a tick of their grace ending, and an outage's stretched waits are
             # withdrawn within a tick of the miss.
-            scheduler.add_job(
-                self._sweep,
-                "interval",
-                seconds=self.tick_seconds,
-                id=TRUST_JOB_ID,
-                max_instances=1,
-                coalesce=True,
-                misfire_grace_time=None,
-            )
+            _one_at_a_time(scheduler, self._sweep, self.tick_seconds, TRUST_JOB_ID)
         if self.retention_sweep is not None:
             # One turn at a time per replica; replicas take turns through the sweep's lease.
-            scheduler.add_job(
-                self._prune,
-                "interval",
-                seconds=self.retention_seconds,
-                id=RETENTION_JOB_ID,
-                max_instances=1,
-                coalesce=True,
-                misfire_grace_time=None,
-            )
+            _one_at_a_time(scheduler, self._prune, self.retention_seconds, RETENTION_JOB_ID)
         scheduler.start()
         self._scheduler = scheduler
 
