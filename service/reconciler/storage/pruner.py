@@ -1,23 +1,19 @@
-"""One prune run: batches of ``storage.retention`` in transactions of their own, under the
-sweep's lease, until nothing is left to remove or the run's time is up.
+"""A prune: batches of ``storage.retention``, each in a transaction of its own, under the
+sweep's lease, until nothing is left to remove or the turn's time is up.
 
-The background sweep (``engine.retention``) and ``reconciler db prune`` both run this;
-so at most one of them prunes at a time across replicas, and a run killed between two
+The background sweep (``engine.retention``, on the event loop, each batch queued with the
+service's own writes) and ``reconciler db prune`` (``Pruner.run``, here) drive the same
+pieces: ``steps`` lists the kinds of batch, and each step is run again until it removes
+nothing. At most one prune runs at a time across replicas, and a run killed between two
 batches leaves whole operations only (each batch commits alone) and a lease that lapses.
-
-How a transaction is run is the caller's (``transact``): the command opens its own, the
-sweep queues each batch behind the service's other writes (``Database.run_write``), so
-that on SQLite, whose one write lock is not handed out in turn, a webhook's write waits
-for at most one batch, never for a whole run of them.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar, cast
+from typing import TypeVar
 
 from sqlalchemy.engine import Connection
 
@@ -41,8 +37,8 @@ PRUNED_TABLES = (
 )
 # Two pruners that read one log head: the loser's batch is rolled back and taken again.
 CONFLICT_ATTEMPTS = 5
-# Runs one write transaction: hands ``fn`` a connection in one and returns its result.
-Transact = Callable[[Callable[[Connection], T]], T]
+# One kind of batch: removes up to a batch of rows in the caller's transaction.
+Step = Callable[[Connection], Removed]
 
 
 class LeaseHeld(Exception):
@@ -62,101 +58,89 @@ class Pruner:
     key: bytes | None
     batch_size: int = 100
     lease_seconds: float = 30.0
-    max_seconds: float | None = None  # a run stops after this long (the sweep's turn)
-    on_batch: Callable[[Removed], None] | None = None
-    transact: Transact[Any] | None = None  # default: a transaction of ``db`` opened here
-    # After each batch, a pause this many times as long as the batch took: the sweep shares
-    # its process (and the GIL, and on SQLite the one write lock) with live work.
-    pause_ratio: float = 0.0
 
-    def _in_transaction(self, fn: Callable[[Connection], T]) -> T:
-        if self.transact is not None:
-            return cast(T, self.transact(fn))
-        with self.db.write() as conn:
-            return fn(conn)
+    # --- the pieces (each a whole write transaction, to run wherever the caller writes) ---
 
-    def run(self, cutoffs: Cutoffs) -> Removed:
-        """Prune everything the cutoffs allow (within ``max_seconds``); raise ``LeaseHeld``
-        when another holds the lease."""
-        self._take_lease()
-        started = renewed = batch_started = time.monotonic()
-        total = Removed()
-        try:
-            for batch in self._batches(cutoffs):
-                if self.pause_ratio:
-                    time.sleep((time.monotonic() - batch_started) * self.pause_ratio)
-                total.merge(batch)
-                if self.on_batch is not None:
-                    self.on_batch(batch)
-                if self.max_seconds is not None and time.monotonic() - started > self.max_seconds:
-                    break
-                # Renewed once half of it is spent, not per batch: a transaction of its own
-                # per batch cost a tenth of the sweep's speed (bench/retention.py).
-                if time.monotonic() - renewed > self.lease_seconds / 2:
-                    self._take_lease()
-                    renewed = time.monotonic()
-                batch_started = time.monotonic()
-        finally:
-            self._in_transaction(
-                lambda conn: retention.give_back(conn, retention.SWEEP_LEASE, self.owner)
-            )
-        return total
-
-    def _take_lease(self) -> None:
+    def take_lease(self) -> None:
+        """Take or renew the lease; ``LeaseHeld`` when another holds it."""
         now = self.now()
         until = now + timedelta(seconds=self.lease_seconds)
-
-        def take(conn: Connection) -> tuple[str, datetime] | None:
+        with self.db.write() as conn:
             if retention.take_lease(conn, retention.SWEEP_LEASE, self.owner, now, until):
-                return None
-            return retention.lease_holder(conn, retention.SWEEP_LEASE) or ("another", until)
+                return
+            held = retention.lease_holder(conn, retention.SWEEP_LEASE) or ("another", until)
+        raise LeaseHeld(*held)
 
-        held = self._in_transaction(take)
-        if held is not None:
-            raise LeaseHeld(*held)
+    def give_back(self) -> None:
+        with self.db.write() as conn:
+            retention.give_back(conn, retention.SWEEP_LEASE, self.owner)
 
-    def _batches(self, cutoffs: Cutoffs) -> Iterator[Removed]:
-        if cutoffs.operations is not None:
-            while (batch := self._operations(cutoffs.operations)).operations:
-                yield batch
-        events = cutoffs.events
-        if events is not None:
-            with self.db.read() as conn:
-                providers = retention.event_providers(conn)
-            for provider in providers:
+    def providers(self) -> list[str]:
+        """The providers with webhook events (their expiry is a step each)."""
+        with self.db.read() as conn:
+            return retention.event_providers(conn)
 
-                def expire(conn: Connection, provider: str = provider) -> int:
-                    assert events is not None
-                    return retention.expire_events(conn, provider, events, self.batch_size)
-
-                while count := self._write(expire):
-                    yield Removed({"webhook_events": count})
-        tombstones = cutoffs.tombstones
-        if tombstones is not None:
-
-            def lapse(conn: Connection) -> int:
-                assert tombstones is not None
-                return retention.expire_tombstones(conn, tombstones, self.batch_size)
-
-            while count := self._write(lapse):
-                yield Removed({"tombstones": count})
-
-    def _operations(self, cutoff: datetime) -> Removed:
-        def batch(conn: Connection) -> Removed:
-            return retention.prune_batch(
-                conn, cutoff, self.now(), self.batch_size, f"retention:{self.owner}", self.key
+    def steps(self, cutoffs: Cutoffs, providers: Sequence[str]) -> list[Step]:
+        """The kinds of batch the cutoffs call for, finished operations first."""
+        found: list[Step] = []
+        operations, events, tombstones = cutoffs.operations, cutoffs.events, cutoffs.tombstones
+        actor = f"retention:{self.owner}"
+        if operations is not None:
+            found.append(
+                lambda conn: retention.prune_batch(
+                    conn, operations, self.now(), self.batch_size, actor, self.key
+                )
             )
+        if events is not None:
+            for provider in providers:
+                found.append(self._events_of(provider, events))
+        if tombstones is not None:
+            found.append(
+                lambda conn: Removed(
+                    {"tombstones": retention.expire_tombstones(conn, tombstones, self.batch_size)}
+                )
+            )
+        return found
 
-        return self._write(batch)
+    def _events_of(self, provider: str, before: datetime) -> Step:
+        def expire(conn: Connection) -> Removed:
+            count = retention.expire_events(conn, provider, before, self.batch_size)
+            return Removed({"webhook_events": count})
 
-    def _write(self, fn: Callable[[Connection], T]) -> T:
+        return expire
+
+    def batch(self, step: Step) -> Removed:
+        """One batch of ``step`` in a transaction of its own (taken again after a collision
+        with another pruner on the retention log)."""
         for attempt in range(CONFLICT_ATTEMPTS):
             try:
-                return self._in_transaction(fn)
+                with self.db.write() as conn:
+                    return step(conn)
             except Conflict:
                 if attempt == CONFLICT_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")
+
+    # --- a whole run, here and now (``reconciler db prune``) -------------------------------
+
+    def run(self, cutoffs: Cutoffs) -> Removed:
+        """Prune everything the cutoffs allow, flat out; ``LeaseHeld`` when another holds
+        the lease."""
+        self.take_lease()
+        total = Removed()
+        try:
+            renewed = self.now()
+            for step in self.steps(cutoffs, self.providers()):
+                while (batch := self.batch(step)).removed:
+                    total.merge(batch)
+                    # Renewed once half of it is spent, not per batch: a transaction of its
+                    # own per batch cost a tenth of the sweep's speed (bench/retention.py).
+                    if (self.now() - renewed).total_seconds() > self.lease_seconds / 2:
+                        self.take_lease()
+                        renewed = self.now()
+        finally:
+            self.give_back()
+        return total
 
 
 def dry_run(db: Database, cutoffs: Cutoffs) -> Removed:

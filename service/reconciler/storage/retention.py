@@ -6,9 +6,9 @@ pending, no completion work left, nothing scheduled) oldest first, deletes their
 history, payloads, completion steps, escalations, webhook verdicts and events and then
 the rows, leaves a tombstone for each and appends one record to the retention log
 (``core.retention``), all in one transaction. On PostgreSQL the picked rows are locked
-``SKIP LOCKED``, so a row a worker or a webhook holds is left for a later batch; a
-second pruner that read the same log head fails on the record's sequence number and
-its batch is rolled back whole.
+``SKIP LOCKED``, so a row a worker or a webhook holds is left for a later batch, and two
+pruners' batches take turns (a transaction lock taken first); should two records still
+claim one sequence number, the second fails and its batch is rolled back whole.
 """
 
 from __future__ import annotations
@@ -147,6 +147,15 @@ _LEAVE_TOMBSTONE = Sql(
     f"INSERT INTO tombstones ({', '.join(_TOMBSTONE_COLUMNS)}) "
     f"VALUES ({', '.join(['?'] * len(_TOMBSTONE_COLUMNS))})",
     params=_TOMBSTONE_COLUMNS,
+)
+# PostgreSQL: prune batches take turns (a transaction lock, taken before any other), so two
+# pruners neither pick the same rows nor race for the log's next record. SQLite serialises
+# every write already.
+_TAKE_TURN = Sql(
+    "retention-turn",
+    RETENTION_LOG,
+    "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))",
+    params=(AS_IS,),
 )
 _LOG_COLUMNS = tuple(c.name for c in RETENTION_LOG.c)
 _LOG_HEAD = Sql(
@@ -292,12 +301,19 @@ class Removed:
     def operations(self) -> int:
         return self.tables.get("operations", 0)
 
+    @property
+    def removed(self) -> bool:
+        """Whether any row went (a batch that removed nothing ends its kind's run)."""
+        return any(count > 0 for count in self.tables.values())
+
 
 def prune_batch(
     conn: Connection, cutoff: datetime, now: datetime, limit: int, actor: str, key: bytes | None
 ) -> Removed:
     """Prune up to ``limit`` finished operations done before ``cutoff``, in the caller's
     transaction: their rows, a tombstone each and one retention record."""
+    if conn.dialect.name == "postgresql":
+        _TAKE_TURN.run(conn, "reconciler-retention")
     picked = _PICK.rows(conn, cutoff, _ENDED, _SETTLED_STEPS, limit)
     removed = Removed()
     if not picked:
