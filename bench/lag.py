@@ -690,7 +690,11 @@ def run_round(backend: str, args: argparse.Namespace, work: Path, backlog: int =
         # Finished operations past the 30-day window: the sweep (every second in such a
         # round, in every round when --backlog is given) prunes them while the load runs.
         old = datetime.now(UTC) - timedelta(days=40)
-        seeded = frozenset(op for op, _ in retention.seed(db_url, backlog, 10, old))
+        seeded = (
+            frozenset(op for op, _ in retention.seed(db_url, backlog, 10, old))
+            if backlog
+            else frozenset()
+        )
         sim_port, port = free_port(), free_port()
         log = work / "lag.log"
         secret = _webhook_secret()

@@ -43,7 +43,7 @@ sys.path[:0] = [
 
 import httpx  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
-from bench.support import ROOT, free_port, percentile, wait_ready  # noqa: E402
+from bench.support import ROOT, free_port, percentile, stop, wait_ready  # noqa: E402
 from tests.support.poison_provider import (  # noqa: E402
     PoisonProvider,
     write_service_config,
@@ -105,12 +105,7 @@ def service(work: Path, provider_url: str, db_url: str, source: Path | None) -> 
         wait_ready(f"http://127.0.0.1:{port}/readyz", timeout=120)
         yield Service(proc, f"http://127.0.0.1:{port}", log, made.stdout.strip())
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop(proc)
 
 
 @contextmanager

@@ -78,11 +78,9 @@ async def providers_page(request: Request) -> Response:
     rt = runtime_of(request)
 
     window = provider_charts.Window.ending_at(rt.clock.now())
-    kept: dict[str, Any] = {}
 
-    def load() -> tuple[Any, Any, list[str], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    def load() -> tuple[Any, Any, list[str], dict[str, Any], dict[str, Any], dict[str, Any], Any]:
         with rt.db.read() as conn:
-            kept["progress"] = retention.progress(conn, rt.clock.now())
             webhooks = provider_stats.webhook_counts(conn)
             seen = providers_seen(conn)
             named = set(rt.providers) | set(seen) | set(webhooks)
@@ -102,9 +100,10 @@ async def providers_page(request: Request) -> Response:
                 provider_stats.hourly(conn, window.starts, window.end),
                 markers,
                 trust,
+                retention.progress(conn, rt.clock.now()),
             )
 
-    webhooks, reads, seen, hours, markers, trust = await rt.db.run(load)
+    webhooks, reads, seen, hours, markers, trust, progress = await rt.db.run(load)
     size = await rt.db.run(rt.db.size_bytes)
     rejected, statuses, calls = _process_figures(rt)
     names = sorted(set(rt.providers) | set(seen) | set(webhooks))
@@ -139,7 +138,7 @@ async def providers_page(request: Request) -> Response:
             "storage": {
                 "size": size,
                 "settings": rt.settings.retention,
-                "progress": kept["progress"],
+                "progress": progress,
                 "removed": {t[0]: int(v) for t, v in totals(rt.metrics.retention_removed).items()},
             },
         },

@@ -88,8 +88,9 @@ class RetentionSweep:
         clock = rt.clock.monotonic
         started = renewed = clock()
         total = Removed()
-        providers = await rt.db.run(pruner.providers)
-        for step in pruner.steps(cutoffs(self.policy, rt.clock.now()), providers):
+        limits = cutoffs(self.policy, rt.clock.now())
+        providers = await rt.db.run(pruner.providers) if limits.events is not None else []
+        for step in pruner.steps(limits, providers):
             while True:
                 began = clock()
                 batch = await rt.db.run_write(pruner.batch, step)

@@ -130,7 +130,8 @@ class Pruner:
         total = Removed()
         try:
             renewed = self.now()
-            for step in self.steps(cutoffs, self.providers()):
+            providers = self.providers() if cutoffs.events is not None else []
+            for step in self.steps(cutoffs, providers):
                 while (batch := self.batch(step)).removed:
                     total.merge(batch)
                     # Renewed once half of it is spent, not per batch: a transaction of its
