@@ -19,7 +19,9 @@ from standardwebhooks import Webhook
 
 from reconciler.config import HookSpec
 from reconciler.core.errors import ConfigError
+from reconciler.core.vocabulary import HistoryKind
 from reconciler.engine.hooks import load_hooks
+from reconciler.storage.journal import Entry
 from tests.support import hooks
 from tests.support.steps import StepRig, step_rig
 
@@ -377,3 +379,36 @@ async def test_the_write_that_records_the_last_hook_starts_the_callback(
         # Every slot went back: the hooks' and the host's shares are whole again.
         shares = rig.worker.shares
         assert shares.used("cb:127.0.0.1") == 0 and shares.used(":hooks") == 0
+
+
+async def test_the_hint_to_completion_lag_is_observed_once_a_round(
+    tmp_path: Path, db_url: str, hook_log: Path
+) -> None:
+    """The lag is observed when the round's first step starts; the callback, started
+    later in a share of its own, resumes the round and observes nothing more."""
+    receiver = Receiver()
+    async with step_rig(
+        tmp_path,
+        db_url,
+        hooks=(hooks.RECORD,),
+        callbacks=CALLBACKS,
+        callback_transport=httpx.MockTransport(receiver.handle),
+    ) as rig:
+        op_id = await finished(rig, callback_url=CALLBACK_URL)
+        rt = rig.runtime
+        with rt.db.write() as conn:
+            rt.journal.write(
+                conn,
+                rig.row(op_id),
+                now=rig.clock.now(),
+                entries=[Entry(kind=HistoryKind.HINT, actor="test", cause="webhook:test")],
+            )
+        rig.advance(2)
+        await rig.step(op_id)  # the hook: the round starts
+        await rig.step(op_id)  # the callback
+        assert len(receiver.requests) == 1
+        [count] = [
+            s.value for s in rt.metrics.lag.collect()[0].samples if s.name.endswith("_count")
+        ]
+        [total] = [s.value for s in rt.metrics.lag.collect()[0].samples if s.name.endswith("_sum")]
+        assert (count, total) == (1, 2.0)

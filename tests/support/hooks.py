@@ -53,6 +53,7 @@ from tests.support.servers import serve_asgi
 LOG_ENV = "RECONCILER_TEST_HOOK_LOG"
 SLEEP_ENV = "RECONCILER_TEST_HOOK_SLEEP"
 KILL_ENV = "RECONCILER_TEST_HOOK_KILL"
+GATE_ENV = "RECONCILER_TEST_HOOK_GATE"  # a file: ``gated`` returns once it exists
 STARTED = "started"
 
 RECORD = "tests.support.hooks:record"
@@ -63,6 +64,8 @@ RECORD_THEN_CRASH = "tests.support.hooks:record_then_crash"
 EFFECT = "tests.support.hooks:effect"
 FAILING_EFFECT = "tests.support.hooks:failing_effect"
 FAILS_WHEN_ASKED = "tests.support.hooks:fails_when_asked"
+GATED = "tests.support.hooks:gated"
+EFFECT_THEN_CRASH_JOINED = "tests.support.hooks:effect_then_crash_when_joined"
 EFFECTS_TABLE = "hook_effects"
 
 
@@ -101,6 +104,17 @@ def slow(operation: Mapping[str, Any], idempotency_key: str) -> None:
     _append(_line(operation, idempotency_key))
 
 
+def gated(operation: Mapping[str, Any], idempotency_key: str) -> None:
+    """Says it started, then returns once the file named by ``GATE_ENV`` exists (at most
+    60 s): operations held here are let go together."""
+    _append(f"{_line(operation, idempotency_key)} {STARTED}")
+    gate = Path(os.environ[GATE_ENV])
+    deadline = time.monotonic() + 60
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _append(_line(operation, idempotency_key))
+
+
 def fails_when_asked(operation: Mapping[str, Any], idempotency_key: str) -> None:
     """Fails for an operation whose metadata says ``{"hook": "fail"}``; else does nothing."""
     if (operation.get("metadata") or {}).get("hook") == "fail":
@@ -134,6 +148,30 @@ def effect(operation: Mapping[str, Any], idempotency_key: str, conn: Connection)
         {"k": idempotency_key, "o": operation["id"]},
     )
     _crash_once()
+
+
+# Effects written per PostgreSQL transaction id, in this process.
+_EFFECTS_IN: Counter[int] = Counter()
+# How long the first effect of a transaction keeps it open: the writes that arrive
+# meanwhile queue behind it, and the next transaction carries several of them.
+_ALONE_SECONDS = 0.2
+
+
+def effect_then_crash_when_joined(
+    operation: Mapping[str, Any], idempotency_key: str, conn: Connection
+) -> None:
+    """``effect`` whose process dies at the second effect written in one transaction: a
+    commit shared by several operations' writes, killed before it commits (PostgreSQL)."""
+    conn.execute(
+        sa.text(f"INSERT INTO {EFFECTS_TABLE} (idempotency_key, operation_id) VALUES (:k, :o)"),
+        {"k": idempotency_key, "o": operation["id"]},
+    )
+    transaction = int(conn.execute(sa.text("SELECT txid_current()")).scalar_one())
+    _EFFECTS_IN[transaction] += 1
+    if _EFFECTS_IN[transaction] >= 2:
+        _crash_once()
+    elif not Path(os.environ[KILL_ENV]).exists():
+        time.sleep(_ALONE_SECONDS)
 
 
 def failing_effect(operation: Mapping[str, Any], idempotency_key: str, conn: Connection) -> None:

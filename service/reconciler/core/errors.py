@@ -239,6 +239,12 @@ class StorageUnavailable(StorageError):
     code = "storage_unavailable"
 
 
+class WriteCycle(StorageUnavailable):
+    """PostgreSQL failed the transaction to break a lock cycle (a deadlock) or a
+    serialization conflict: nothing of it was written, and it may simply run again. Not
+    an outage of the database."""
+
+
 class StaleWrite(StorageError):
     """Another writer changed the record first (version or lease moved). Nothing was written."""
 

@@ -232,7 +232,7 @@ class StepContext:
             return done, nxt, released
 
         attempts = APPLY_ATTEMPTS if retry else 1
-        done, nxt, released = await rt.db.run_joined(once, attempts=attempts)
+        done, nxt, released = await rt.db.run_joined(once, attempts=attempts, key=op.id)
         if flow is not None:
             flow.wrote(done.op, nxt, released)
         await self._changed(op, nxt.op if nxt is not None else done.op)

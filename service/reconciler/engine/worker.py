@@ -438,7 +438,7 @@ class Worker:
             rt.journal.write(conn, op, now=rt.clock.now(), changes={"next_poll_at": None})
 
         with contextlib.suppress(StaleWrite):
-            await rt.db.run_joined(park)
+            await rt.db.run_joined(park, key=op.id)
 
     async def _release(self, op_id: str, last: OperationRecord | None) -> None:
         rt = self.deps
@@ -447,7 +447,7 @@ class Worker:
             return store.release(conn, [op_id], self.owner)
 
         try:
-            released = await rt.db.run_joined(release)
+            released = await rt.db.run_joined(release, key=op_id)
         except StorageUnavailable:
             return  # the lease expires on its own
         if op_id in released:

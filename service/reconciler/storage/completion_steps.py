@@ -72,6 +72,24 @@ def _ensure_sql(rows: int) -> Sql:
     )
 
 
+@cache
+def _ensure_and_read_sql(rows: int) -> Sql:
+    """PostgreSQL: ``_ensure_sql`` and ``_OF_ROUND`` in one statement. The rows it makes
+    come from the INSERT's RETURNING; those that were there come from the table, whose
+    snapshot (the statement's start) does not hold the new ones, so none comes twice."""
+    insert = _ensure_sql(rows)
+    columns = ", ".join(_STEP_COLUMNS)
+    return Sql(
+        "steps-ensure-and-read",
+        STEPS,
+        f"WITH made AS ({insert.text} RETURNING {columns}) SELECT {columns} FROM made "
+        f"UNION ALL SELECT {columns} FROM completion_steps "
+        "WHERE operation_id = ? AND round = ? AND step IN (?*)",
+        params=(*insert.params, "operation_id", "round", "step"),
+        returns=_STEP_COLUMNS,
+    )
+
+
 _OF_ROUND = Sql(
     "steps-of-round",
     STEPS,
@@ -113,7 +131,8 @@ def ensure_all(conn: Connection, op: OperationRecord, names: Sequence[str]) -> l
     """This round's rows of the named steps, in that order; made ``pending`` the first time.
 
     One INSERT for the missing ones (the unique key decides, so concurrent handlers
-    cannot both make a row) and one SELECT for all of them.
+    cannot both make a row) and one SELECT for all of them; on PostgreSQL both in one
+    statement, read again only if a row another transaction made meanwhile is missing.
     """
     if not names:
         return []
@@ -127,12 +146,17 @@ def ensure_all(conn: Connection, op: OperationRecord, names: Sequence[str]) -> l
             step_key(op, name),
             0,
         ]
-    _ensure_sql(len(names)).run(conn, *params)
+    of_round = (op.id, op.completion_round, list(names))
+    if conn.dialect.name == "postgresql":
+        rows = _ensure_and_read_sql(len(names)).rows(conn, *params, *of_round)
+        if len(rows) < len(names):
+            rows = _OF_ROUND.rows(conn, *of_round)
+    else:
+        _ensure_sql(len(names)).run(conn, *params)
+        rows = _OF_ROUND.rows(conn, *of_round)
     found = {
         step: StepRow(step, StepStatus(status), attempts, next_attempt_at, key)
-        for step, status, attempts, next_attempt_at, key in _OF_ROUND.rows(
-            conn, op.id, op.completion_round, list(names)
-        )
+        for step, status, attempts, next_attempt_at, key in rows
     }
     return [found[name] for name in names]
 

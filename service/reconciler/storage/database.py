@@ -35,8 +35,15 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from reconciler.core.errors import Conflict, StaleWrite, StorageUnavailable, UnstorableContent
+from reconciler.core.errors import (
+    Conflict,
+    StaleWrite,
+    StorageUnavailable,
+    UnstorableContent,
+    WriteCycle,
+)
 from reconciler.storage import after_commit as committed
+from reconciler.storage import notify
 from reconciler.storage.availability import Availability, WriteFailure, classify
 from reconciler.storage.fastsql import run
 from reconciler.storage.writer import JOIN_LIMIT, Writer
@@ -52,6 +59,12 @@ WAL_TRUNCATE_BYTES = 16 * 1024 * 1024
 JOURNAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 CHECKPOINT_WAIT_MS = 50
 WRITE_QUEUE_LIMIT = 10_000
+# Write transactions in flight at once on PostgreSQL. Each carries what queued behind the
+# one before it, so fewer threads mean fuller, fewer commits (bench/peer_dbos.py, 1,000
+# operations: 8 threads 6.6 commits and 24.3 ms of CPU an operation, service and server;
+# 4: 6.2 and 23.7; 2: 5.3 and 22.4; the same throughput). Four keep some parallelism for
+# a transaction that waits on a row lock or on the disk.
+POSTGRES_WRITERS = 4
 # A PostgreSQL connection unused this long is pinged before use: a server restart or an
 # idle timeout (the server's or a pooler's) closes connections nobody is using, and the
 # first statement on one would fail. Pinging every checkout (pool_pre_ping) cost 2 to
@@ -67,6 +80,11 @@ _JSON_TEXT = json.JSONEncoder(separators=(",", ":"))
 _RETURNED_AT = "reconciler_returned_at"
 # A lost race is retried on fresh data this many times before StaleWrite reaches the caller.
 STALE_ATTEMPTS = 5
+# PostgreSQL's answers that a transaction was chosen to break a deadlock (40P01) or lost a
+# serialization conflict (40001): nothing was written, and running it again is the cure.
+_CYCLE_STATES = frozenset({"40P01", "40001"})
+# Times a joined transaction that met one is run again before its callers are told to retry.
+CYCLE_ATTEMPTS = 5
 
 
 def retry_stale(fn: Callable[[], T], attempts: int = STALE_ATTEMPTS) -> T:
@@ -169,6 +187,8 @@ def translate_errors() -> Iterator[None]:
             "the content cannot be stored; retrying the same content will not help"
         ) from exc
     except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+        if getattr(exc.orig, "sqlstate", None) in _CYCLE_STATES:
+            raise WriteCycle("the write met a lock cycle and was undone; retry") from exc
         raise StorageUnavailable("the database is unavailable; retry later") from exc
     except sa.exc.DBAPIError as exc:
         if exc.connection_invalidated:
@@ -183,11 +203,12 @@ def savepoint(conn: Connection, name: str) -> Iterator[None]:
     back to raises ``StorageUnavailable``: the transaction is then lost as a whole."""
     with translate_errors():
         run(conn, f"SAVEPOINT {name}")
-    queued = committed.mark(conn)
+    queued, gathered = committed.mark(conn), notify.mark(conn)
     try:
         yield
     except BaseException:
         committed.undo(conn, queued)
+        notify.undo(conn, gathered)
         with translate_errors():
             run(conn, f"ROLLBACK TO {name}")
             run(conn, f"RELEASE {name}")
@@ -216,6 +237,10 @@ def constraint_name(exc: BaseException) -> str | None:
     if not isinstance(cause, sa.exc.IntegrityError):
         return None
     return _constraint(cause)
+
+
+class _OneFailed(Exception):
+    """One of the writes sharing a transaction failed on its own; the transaction is gone."""
 
 
 class Database:
@@ -259,14 +284,16 @@ class Database:
         # to 100 ms) and lack of order let some writers starve for seconds under load.
         # Other processes (the CLI, a second service) still meet the busy timeout.
         self._write_lock = threading.Lock() if self.sqlite else None
-        # Write transactions begun by this process (``reconciler_write_transactions_total``).
+        # Write transactions begun by this process (``reconciler_write_transactions_total``),
+        # and those PostgreSQL undid to break a lock cycle (``WriteCycle``).
         self.write_transactions = 0
+        self.write_cycles = 0
         self._count_guard = threading.Lock()
 
     @property
     def joins_writes(self) -> bool:
         """Whether writes queued together share one transaction (``run_joined``)."""
-        return self.sqlite
+        return True
 
     @property
     def dialect(self) -> str:
@@ -293,10 +320,15 @@ class Database:
         try:
             with translate_errors(), self.engine.begin() as conn:
                 committed.begin(conn)
+                notify.begin(conn)
                 before = _changes(conn)
                 yield conn
+                notify.send(conn)
                 changed = before is None or _changes(conn) != before
                 pending = committed.take(conn)
+        except WriteCycle:
+            self.write_cycles += 1
+            raise  # the database works: two transactions met, and this one gives way
         except StorageUnavailable as exc:
             self.availability.failed(classify(exc))
             raise
@@ -313,11 +345,24 @@ class Database:
         comes with the attempts it may make after a lost race (``retry_stale``).
 
         Alone, a write is exactly ``retry_stale`` of ``write``: an attempt that loses its
-        race costs the whole transaction. Together, each attempt runs in a savepoint: one
-        that fails (a lost race, a conflict, a bug) leaves nothing behind and the others
-        still commit. A storage failure in any of them fails the transaction for all: the
-        database, not that write, is what broke.
+        race costs the whole transaction. Together, one that fails (a lost race, a
+        conflict, a bug) leaves nothing behind and the others still commit. A storage
+        failure in any of them fails the transaction for all: the database, not that
+        write, is what broke. A transaction PostgreSQL undid to break a lock cycle
+        (``WriteCycle``) is run again whole, up to ``CYCLE_ATTEMPTS`` times: nothing of it
+        was written, and its writes are functions of the connection that decide again.
         """
+        for attempt in range(CYCLE_ATTEMPTS):
+            try:
+                return self._together(writes)
+            except WriteCycle:
+                if attempt == CYCLE_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _together(
+        self, writes: Sequence[tuple[Callable[[Connection], Any], int]]
+    ) -> list[tuple[Any, BaseException | None]]:
         if len(writes) == 1:
             write, attempts = writes[0]
 
@@ -326,6 +371,13 @@ class Database:
                     return write(conn)
 
             return [(retry_stale(alone, attempts), None)]
+        if not self.sqlite:
+            # A savepoint is two round trips more per write on PostgreSQL (SQLite's cost
+            # nothing): first all of them plainly, and only if one fails, each in its own.
+            try:
+                return self._all_or_none(writes)
+            except _OneFailed:
+                pass
         outcomes: list[tuple[Any, BaseException | None]] = []
         with self.write() as conn:
             for write, attempts in writes:
@@ -341,6 +393,22 @@ class Database:
                 except Exception as exc:
                     outcomes.append((None, exc))
         return outcomes
+
+    def _all_or_none(
+        self, writes: Sequence[tuple[Callable[[Connection], Any], int]]
+    ) -> list[tuple[Any, BaseException | None]]:
+        """``writes`` in one transaction with no savepoints; ``_OneFailed`` (the whole
+        transaction rolled back) as soon as one of them fails for a reason of its own."""
+        results: list[Any] = []
+        with self.write() as conn:
+            for write, _attempts in writes:
+                try:
+                    results.append(write(conn))
+                except (StorageUnavailable, sa.exc.OperationalError, sa.exc.InterfaceError):
+                    raise
+                except Exception as exc:
+                    raise _OneFailed() from exc
+        return [(result, None) for result in results]
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
@@ -382,16 +450,20 @@ class Database:
         """
         return await self.writer.run(fn, *args, wait=wait)
 
-    async def run_joined(self, fn: Callable[..., T], *args: Any, attempts: int = 1) -> T:
-        """Run ``fn(conn, *args)`` in a write transaction, on SQLite shared with the other
-        such writes queued with it (``write_together``): fewer commits under load. A lost
-        race (``StaleWrite``) is run again ``attempts - 1`` times on fresh data.
+    async def run_joined(
+        self, fn: Callable[..., T], *args: Any, attempts: int = 1, key: str = ""
+    ) -> T:
+        """Run ``fn(conn, *args)`` in a write transaction shared with the other such writes
+        queued with it (``write_together``): fewer commits under load. A lost race
+        (``StaleWrite``) is run again ``attempts - 1`` times on fresh data.
 
-        PostgreSQL keeps a transaction per write: its writers run in parallel, and a shared
-        transaction would lock many operations' rows in no fixed order, which two
-        replicas' shared transactions could do in opposite orders (a deadlock).
+        ``key`` is the operation id whose row the write locks ("" for a write over many
+        rows, which goes first): a shared transaction runs its writes in key order, so
+        two of them, on this replica or another, take the rows they share in the same
+        order and do not wait on each other in a cycle. A cycle met anyway (rows locked
+        in another order inside one write) undoes that one transaction, which runs again.
         """
-        return await self.writer.run_joined(fn, *args, attempts=attempts)
+        return await self.writer.run_joined(fn, *args, attempts=attempts, key=key)
 
     @property
     def writer(self) -> Writer:
@@ -401,7 +473,7 @@ class Database:
                     # SQLite takes one writer at a time: more threads would only queue on
                     # its lock. PostgreSQL writes to different rows in parallel.
                     self._writer = Writer(
-                        threads=1 if self.sqlite else 8,
+                        threads=1 if self.sqlite else POSTGRES_WRITERS,
                         queue_limit=WRITE_QUEUE_LIMIT,
                         wait_seconds=self.write_wait_seconds,
                         join=self.write_together,

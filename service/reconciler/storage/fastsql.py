@@ -41,6 +41,11 @@ RowDecoder = Callable[[Sequence[Any]], Sequence[Any]]
 AS_IS = ""  # a parameter or result that belongs to no column: passed and returned as it is
 
 _LIST = "(?*)"
+# A plain INSERT of one row's values: on PostgreSQL ``many`` sends its rows as one
+# statement of many VALUES groups (one round trip and one execution, not one per row).
+_ONE_ROW_INSERT = re.compile(r"^(INSERT INTO \w+ \([^)]*\) VALUES )(\([?, ]*\))$")
+# At most this many rows to one such statement (PostgreSQL takes 65,535 values at most).
+MANY_ROWS = 500
 _PG_LIST = re.compile(r"\b([\w.]+) IN \(\?\*\)")
 _EITHER = re.compile(r"\[\[(.*?)\|(.*?)\]\]")
 
@@ -187,9 +192,11 @@ class _Prepared:
         "order",
         "parts",
         "results",
+        "row_texts",
         "spread",
         "text",
         "texts",
+        "values_group",
     )
 
     def __init__(self, sql: Sql, codec: Codec) -> None:
@@ -206,6 +213,9 @@ class _Prepared:
         # SQLite: one mark per value, so the text depends on the lists' lengths.
         self.spread = codec.sqlite and bool(self.lists)
         self.parts = text.split(_LIST)
+        one_row = None if codec.sqlite or self.lists else _ONE_ROW_INSERT.match(text)
+        self.values_group = one_row.groups() if one_row is not None else None
+        self.row_texts: dict[int, str] = {}  # PostgreSQL's many-row INSERT, by its rows
         if not codec.sqlite:
             text = _PG_LIST.sub(r"\1 = ANY(?)", text)
             if _LIST in text:
@@ -229,6 +239,18 @@ class _Prepared:
             else:
                 out.append(value if code is None or value is None else code(value))
         return out
+
+    def rows_text(self, n: int) -> str | None:
+        """The statement for ``n`` rows at once (None: it has no such form)."""
+        if self.values_group is None:
+            return None
+        found = self.row_texts.get(n)
+        if found is None:
+            head, group = self.values_group
+            found = _dialect_text(head + ", ".join(repeat(group, n)), self.codec)
+            if len(self.row_texts) < 64:
+                self.row_texts[n] = found
+        return found
 
     def decoder(self, cursor: Any) -> RowDecoder:
         found = self.decode
@@ -304,7 +326,8 @@ class Sql:
         return run(conn, prepared.text_for(values), prepared.params(values))
 
     def many(self, conn: Connection, rows: Sequence[Sequence[Any]]) -> int | None:
-        """Execute once per row of values (``executemany``); the rows changed, if known."""
+        """Execute once per row of values (``executemany``; a plain INSERT on PostgreSQL: one
+        statement of many rows); the rows changed, if known."""
         if not rows:
             return 0
         prepared = self._for(conn)
@@ -313,6 +336,14 @@ class Sql:
         params = [prepared.params(row) for row in rows]
         if len(params) == 1:
             return int(run(conn, prepared.text, params[0]).rowcount)
+        if prepared.values_group is not None:
+            changed = 0
+            for start in range(0, len(params), MANY_ROWS):
+                chunk = params[start : start + MANY_ROWS]
+                text = prepared.rows_text(len(chunk))
+                flat = [value for row in chunk for value in row]
+                changed += int(run(conn, str(text), flat).rowcount)
+            return changed
         cursor = run(conn, prepared.text, params, many=True)
         return cursor.rowcount if conn.dialect.supports_sane_multi_rowcount else None
 

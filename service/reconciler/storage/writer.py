@@ -15,9 +15,11 @@ finishes several jobs before the loop runs again wakes it once, not once each.
 
 Writes that can share a transaction (``run_joined``: a function of the connection) are
 taken together: a writer that finds more of them queued behind the one it took hands all
-of them to ``join`` (``Database.write_together``), one transaction in which each has a
-savepoint of its own, and answers each only after that transaction committed. What is
-not joinable keeps its own transaction and its place in the queue.
+of them to ``join`` (``Database.write_together``), one transaction in which a write that
+fails undoes only itself, and answers each only after that transaction committed. The
+writes run in the order of their keys (the operation each locks), so two such
+transactions take shared rows in one order. What is not joinable keeps its own
+transaction and its place in the queue.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class _Job:
     abandoned: bool = field(default=False)
     joins: bool = field(default=False)  # ``fn(conn, *args)``, for ``join``
     attempts: int = field(default=1)
+    key: str = field(default="")  # the operation whose row it locks: the order joined
 
     def joined(self) -> Joined:
         return (lambda conn: self.fn(conn, *self.args)), self.attempts
@@ -161,10 +164,13 @@ class Writer:
         """Run ``fn(*args)`` on a writer thread; wait at most ``wait`` (default: the bound)."""
         return await self._submit(fn, args, wait, joins=False)
 
-    async def run_joined(self, fn: Callable[..., T], *args: Any, attempts: int = 1) -> T:
+    async def run_joined(
+        self, fn: Callable[..., T], *args: Any, attempts: int = 1, key: str = ""
+    ) -> T:
         """Run ``fn(conn, *args)`` in a write transaction it may share with the other
-        joined writes queued with it (at most ``join_limit``), through ``join``."""
-        return await self._submit(fn, args, None, joins=True, attempts=attempts)
+        joined writes queued with it (at most ``join_limit``), through ``join``, which
+        takes them in ``key`` order (queue order among equal keys)."""
+        return await self._submit(fn, args, None, joins=True, attempts=attempts, key=key)
 
     async def _submit(
         self,
@@ -174,6 +180,7 @@ class Writer:
         *,
         joins: bool,
         attempts: int = 1,
+        key: str = "",
     ) -> T:
         bound = self.wait_seconds if wait is None else wait
         loop = asyncio.get_running_loop()
@@ -182,7 +189,7 @@ class Writer:
             mailbox = self._mailbox = _Mailbox(loop)
         future = loop.create_future()
         deadline = time.monotonic() + bound
-        job = _Job(fn, args, deadline, mailbox, future, joins=joins, attempts=attempts)
+        job = _Job(fn, args, deadline, mailbox, future, joins=joins, attempts=attempts, key=key)
         try:
             self._queue.put_nowait(job)
         except queue.Full:
@@ -255,6 +262,7 @@ class Writer:
     def _run_joined(self, jobs: list[_Job]) -> None:
         # The transaction waits for the lock no longer than the most hurried of its callers.
         self._local.deadline = min(job.deadline for job in jobs)
+        jobs.sort(key=lambda job: job.key)  # stable: one operation's writes keep their order
         try:
             outcomes = self._join([job.joined() for job in jobs])
         except BaseException as exc:  # the transaction failed: none of them was written

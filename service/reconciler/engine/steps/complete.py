@@ -128,7 +128,11 @@ class CompleteStep:
     def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep:
         """Begin (or resume) the round: its step rows, and the first unfinished step started."""
         rows = tuple(steps.ensure_all(conn, op, self.steps_for(op)))
-        return self._advance(conn, op, rows, 0, now, [], last_hint_at(conn, op.id))
+        # The lag is observed when the round's first step starts; a round resumed (a
+        # step begun already: the callback after the hooks, a retry) has nothing to add.
+        fresh = all(r.status is steps.StepStatus.PENDING and r.attempts == 0 for r in rows)
+        hinted_at = last_hint_at(conn, op.id) if fresh else None
+        return self._advance(conn, op, rows, 0, now, [], hinted_at)
 
     async def __call__(self, op: OperationRecord, prep: Prep | None = None) -> None:
         ctx = self.ctx

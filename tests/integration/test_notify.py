@@ -1,0 +1,78 @@
+"""Notifications travel with their commit, gathered into one statement (PostgreSQL).
+
+A listener on a connection of its own hears a transaction's notifications once it
+commits, each once, in the order first gathered; a rolled-back transaction sends none,
+and a savepoint rolled back takes back only what was gathered inside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from reconciler.core.errors import StaleWrite
+from reconciler.storage.database import Database, savepoint
+from reconciler.storage.notify import CHANGE_CHANNEL, WAKE_CHANNEL, notify_in_transaction
+from tests.support.databases import PostgresFactory, need_postgres
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def pg(postgres_factory: PostgresFactory | None) -> Iterator[tuple[Database, psycopg.Connection]]:
+    factory = need_postgres(postgres_factory)
+    url = factory.clone()
+    db = Database(url)
+    dsn = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    listener = psycopg.connect(dsn, autocommit=True)
+    listener.execute(f"LISTEN {WAKE_CHANNEL}")
+    listener.execute(f"LISTEN {CHANGE_CHANNEL}")
+    try:
+        yield db, listener
+    finally:
+        listener.close()
+        db.dispose()
+        factory.release(url)
+
+
+def _heard(listener: psycopg.Connection) -> list[tuple[str, str]]:
+    # The notifications of a committed transaction are delivered together; a short wait
+    # for more only bounds the test when none came.
+    return [(n.channel, n.payload) for n in listener.notifies(timeout=0.3)]
+
+
+def test_a_transactions_notifications_arrive_once_each_after_its_commit(
+    pg: tuple[Database, psycopg.Connection],
+) -> None:
+    db, listener = pg
+    with db.write() as conn:
+        notify_in_transaction(conn, CHANGE_CHANNEL, "op_1")
+        notify_in_transaction(conn, WAKE_CHANNEL)
+        notify_in_transaction(conn, CHANGE_CHANNEL, "op_1")
+        notify_in_transaction(conn, CHANGE_CHANNEL, "op_2")
+        assert _heard(listener) == []  # nothing before the commit
+    assert _heard(listener) == [
+        (CHANGE_CHANNEL, "op_1"),
+        (WAKE_CHANNEL, ""),
+        (CHANGE_CHANNEL, "op_2"),
+    ]
+
+
+def test_a_rollback_sends_nothing_and_a_savepoint_takes_back_only_its_own(
+    pg: tuple[Database, psycopg.Connection],
+) -> None:
+    db, listener = pg
+    with pytest.raises(StaleWrite), db.write() as conn:
+        notify_in_transaction(conn, CHANGE_CHANNEL, "lost")
+        raise StaleWrite("lost")
+    with db.write() as conn:
+        notify_in_transaction(conn, CHANGE_CHANNEL, "kept")
+        with pytest.raises(StaleWrite), savepoint(conn, "attempt"):
+            notify_in_transaction(conn, CHANGE_CHANNEL, "undone")
+            notify_in_transaction(conn, CHANGE_CHANNEL, "kept")
+            raise StaleWrite("lost")
+        notify_in_transaction(conn, WAKE_CHANNEL)
+    assert _heard(listener) == [(CHANGE_CHANNEL, "kept"), (WAKE_CHANNEL, "")]
