@@ -20,8 +20,10 @@ import sqlalchemy as sa
 from reconciler.api import webhooks
 from reconciler.core.clock import ManualClock
 from reconciler.core.errors import StorageUnavailable, UnstorableContent
+from reconciler.core.vocabulary import HistoryKind
 from reconciler.storage.database import Database
-from reconciler.storage.journal import Journal
+from reconciler.storage.history import history_of
+from reconciler.storage.journal import Entry, Journal
 from reconciler.storage.tables import OPS
 from tests.integration.test_webhook_endpoint import event_body, open_endpoint
 from tests.support.factories import insert_operation
@@ -68,6 +70,23 @@ def test_a_value_postgres_refuses_is_unstorable_content(db: Database) -> None:
     assert refused.value.code == "content_unstorable"
     assert isinstance(refused.value.__cause__, sa.exc.DataError)
     assert _remote_state(db, op.id) == "queued"
+
+
+def test_a_history_value_too_long_for_its_column_is_refused_never_cut(db: Database) -> None:
+    """The row's change and its history entry are one statement on PostgreSQL, with the
+    entry's values cast to their columns' types: a cause past its column's length must
+    still be refused (a cast to a shorter VARCHAR would cut it, and the chain's hash
+    would no longer match the stored text), and nothing of the write is kept."""
+    if db.sqlite:
+        pytest.skip("SQLite does not enforce VARCHAR lengths")
+    journal = Journal()
+    op = insert_operation(db, journal, NOW, remote_state="queued")
+    entry = Entry(kind=HistoryKind.NOTE, actor="test", cause="c" * 501)
+    with pytest.raises(UnstorableContent), db.write() as conn:
+        journal.write(conn, op, now=NOW, changes={"remote_state": "running"}, entries=[entry])
+    assert _remote_state(db, op.id) == "queued"
+    with db.read() as conn:
+        assert [h.cause for h in history_of(conn, op.id)] == ["test:create"]
 
 
 def test_ping_answers_on_a_live_database(db: Database) -> None:

@@ -17,12 +17,14 @@ columns: ``changes`` may name them and they are written to their own table
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
 from typing import Any, Protocol
 
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
 from reconciler.core.chain import HASHED_FIELDS, entry_hash
@@ -113,6 +115,47 @@ def _update(keys: tuple[str, ...], guarded: bool) -> Sql:
     )
 
 
+# Each history value cast to its column's type: in a VALUES list that is not an INSERT's
+# own, PostgreSQL would otherwise take an untyped parameter for text. The cast has no
+# length (a cast to VARCHAR(n) would cut a longer value short where the INSERT refuses it).
+_TYPED_HISTORY_ROW = "({})".format(
+    ", ".join(
+        "CAST(? AS {})".format(
+            re.sub(r"\(\d+\)", "", HISTORY.c[c].type.compile(dialect=postgresql.dialect()))
+        )
+        for c in HISTORY_COLUMNS
+    )
+)
+
+
+@cache
+def _update_and_append(keys: tuple[str, ...], guarded: bool, entries: int) -> Sql:
+    """PostgreSQL: ``_update`` and the history rows it comes with, in one statement. The
+    rows are appended only if the UPDATE matched (its guards held): the statement's row
+    count is the rows appended, so 0 means a lost race, as the UPDATE's own would."""
+    update = _update(keys, guarded)
+    columns = ", ".join(HISTORY_COLUMNS)
+    return Sql(
+        "operation-write-and-append",
+        OPS,
+        f"WITH moved AS ({update.text} RETURNING id) INSERT INTO history ({columns}) "
+        f"SELECT * FROM (VALUES {', '.join([_TYPED_HISTORY_ROW] * entries)}) "
+        f"AS entry ({columns}) WHERE EXISTS (SELECT 1 FROM moved)",
+        params=(*update.params, *[f"history.{c}" for c in HISTORY_COLUMNS] * entries),
+    )
+
+
+_INSERT_AND_APPEND = Sql(
+    "operation-insert-and-append",
+    OPS,
+    f"WITH made AS ({_INSERT_OPERATION.text} RETURNING id) "
+    f"INSERT INTO history ({', '.join(HISTORY_COLUMNS)}) "
+    f"SELECT * FROM (VALUES {_TYPED_HISTORY_ROW}) AS entry ({', '.join(HISTORY_COLUMNS)}) "
+    "WHERE EXISTS (SELECT 1 FROM made)",
+    params=(*_INSERT_OPERATION.params, *[f"history.{c}" for c in HISTORY_COLUMNS]),
+)
+
+
 def _history_row(row: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(row[c] for c in HISTORY_COLUMNS)
 
@@ -161,9 +204,14 @@ class Journal:
                 "updated_at": now,
             },
         )
-        _INSERT_OPERATION.run(conn, *[getattr(op, c) for c in OPS_COLUMNS])
+        row = [getattr(op, c) for c in OPS_COLUMNS]
+        first = _history_row({**fields, "prev_hash": "", "hash": digest})
+        if conn.dialect.name == "postgresql":
+            _INSERT_AND_APPEND.run(conn, *row, *first)  # one round trip for both rows
+        else:
+            _INSERT_OPERATION.run(conn, *row)
+            _APPEND_HISTORY.run(conn, *first)
         payloads.store(conn, op.id, {name: getattr(op, name) for name in PAYLOADS})
-        _APPEND_HISTORY.run(conn, *_history_row({**fields, "prev_hash": "", "hash": digest}))
         after_commit(
             conn,
             lambda: log.info(
@@ -198,7 +246,15 @@ class Journal:
         params += [op.id, op.version, op.state]
         if lease is not None:
             params += [lease.owner, now]
-        if _update(keys, lease is not None).run(conn, *params).rowcount != 1:
+        if rows and conn.dialect.name == "postgresql":
+            # One round trip for the row and its history.
+            statement = _update_and_append(keys, lease is not None, len(rows))
+            values = [value for row in rows for value in _history_row(row)]
+            moved = statement.run(conn, *params, *values).rowcount == len(rows)
+            rows = []
+        else:
+            moved = _update(keys, lease is not None).run(conn, *params).rowcount == 1
+        if not moved:
             raise StaleWrite(
                 f"operation {op.id} changed since version {op.version} was read"
                 + (" or the lease was lost" if lease is not None else "")
