@@ -24,7 +24,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any, Protocol
 
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.engine import Connection
 
 from reconciler.core.chain import HASHED_FIELDS, entry_hash
@@ -121,7 +121,7 @@ def _update(keys: tuple[str, ...], guarded: bool) -> Sql:
 _TYPED_HISTORY_ROW = "({})".format(
     ", ".join(
         "CAST(? AS {})".format(
-            re.sub(r"\(\d+\)", "", HISTORY.c[c].type.compile(dialect=postgresql.dialect()))
+            re.sub(r"\(\d+\)", "", HISTORY.c[c].type.compile(dialect=PGDialect()))
         )
         for c in HISTORY_COLUMNS
     )
