@@ -17,14 +17,13 @@ columns: ``changes`` may name them and they are written to their own table
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
 from typing import Any, Protocol
 
-from sqlalchemy.dialects.postgresql.base import PGDialect
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core.chain import HASHED_FIELDS, entry_hash
@@ -115,16 +114,22 @@ def _update(keys: tuple[str, ...], guarded: bool) -> Sql:
     )
 
 
+def _cast_type(column: sa.Column[Any]) -> str:
+    """The PostgreSQL type a value of ``column`` is cast to, with no length: a cast to
+    VARCHAR(n) would cut a longer value short where the INSERT refuses it."""
+    kind = column.type
+    if isinstance(kind, sa.TypeDecorator):
+        kind = kind.impl_instance
+    for family, name in ((sa.DateTime, "TIMESTAMP"), (sa.Integer, "INTEGER"), (sa.JSON, "JSON")):
+        if isinstance(kind, family):
+            return name
+    return "TEXT"
+
+
 # Each history value cast to its column's type: in a VALUES list that is not an INSERT's
-# own, PostgreSQL would otherwise take an untyped parameter for text. The cast has no
-# length (a cast to VARCHAR(n) would cut a longer value short where the INSERT refuses it).
+# own, PostgreSQL would otherwise take an untyped parameter for text.
 _TYPED_HISTORY_ROW = "({})".format(
-    ", ".join(
-        "CAST(? AS {})".format(
-            re.sub(r"\(\d+\)", "", HISTORY.c[c].type.compile(dialect=PGDialect()))
-        )
-        for c in HISTORY_COLUMNS
-    )
+    ", ".join(f"CAST(? AS {_cast_type(HISTORY.c[c])})" for c in HISTORY_COLUMNS)
 )
 
 
