@@ -98,9 +98,10 @@ class StepRig:
         body = {"provider": "sim", "request": request or {"report": "q3"}, **fields}
         rt = self.runtime
         req = parse_create(body, rt.providers, rt.check_callback_url)
-        op, _ = create_operation(
-            rt.db, rt.journal, AGENT, req, rt.limits_for(req.provider), self.clock.now()
-        )
+        with rt.db.write() as conn:
+            op, _ = create_operation(
+                conn, rt.journal, AGENT, req, rt.limits_for(req.provider), self.clock.now()
+            )
         return op.id
 
     def cancel(self, op_id: str, reason: str | None = None) -> OperationRecord:

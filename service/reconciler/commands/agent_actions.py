@@ -25,7 +25,7 @@ from reconciler.commands.validation import (
     parse_create,
 )
 from reconciler.core import states
-from reconciler.core.errors import InvalidRequest, NotFound
+from reconciler.core.errors import Conflict, InvalidRequest, NotFound
 from reconciler.core.operation_view import as_replayed, history_entry_view
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
@@ -33,6 +33,7 @@ from reconciler.core.strict_json import require_field_text, shown
 from reconciler.providers.provider_view import provider_view
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
+from reconciler.storage.database import NEW_OPERATION
 from reconciler.storage.history import history_page
 from reconciler.storage.operation_reads import operation_views
 from reconciler.storage.tokens import Principal
@@ -167,16 +168,14 @@ async def _start(rt: Runtime, who: Principal, req: CreateOperation) -> tuple[Ope
     check_provider_request(req, rt.providers[req.provider])
     limits = rt.limits_for(req.provider)
     tracing = rt.tracing
-    op, created = await rt.db.run_write(
-        creating.create_operation,
-        rt.db,
-        rt.journal,
-        who,
-        req,
-        limits,
-        rt.clock.now(),
-        tracing.current(),
-    )
+    args = (rt.journal, who, req, limits, rt.clock.now(), tracing.current())
+    try:
+        op, created = await rt.db.run_joined(creating.create_operation, *args, key=NEW_OPERATION)
+    except Conflict:
+        if req.idempotency_key is None:
+            raise
+        # Lost a race with a request carrying the same key: now it finds that one stored.
+        op, created = await rt.db.run_joined(creating.create_operation, *args, key=NEW_OPERATION)
     if tracing.enabled:
         tracing.note(operation=op.id, provider=op.provider, created=created)
         if not created:

@@ -18,14 +18,13 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core import ids
 from reconciler.core.canonical import request_fingerprint, same_json
-from reconciler.core.errors import Conflict, Gone, IdempotencyConflict, InvalidRequest
+from reconciler.core.errors import Gone, IdempotencyConflict, InvalidRequest
 from reconciler.core.limits import ProviderLimits
 from reconciler.core.quotas import RATE_WINDOW, Quota, check_quota
 from reconciler.core.records import OperationRecord, new_operation
 from reconciler.core.states import State
 from reconciler.storage import operations as store
 from reconciler.storage import retention
-from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tokens import Principal
@@ -114,7 +113,7 @@ def _check_quota(conn: Connection, principal: Principal, quota: Quota, now: date
 
 
 def create_operation(
-    db: Database,
+    conn: Connection,
     journal: Journal,
     principal: Principal,
     req: CreateOperation,
@@ -122,21 +121,23 @@ def create_operation(
     now: datetime,
     trace: StoredTrace | None = None,
 ) -> tuple[OperationRecord, bool]:
-    """Store the operation durably (``create_pending``) before any provider call.
+    """Store the operation durably (``create_pending``) before any provider call, in the
+    caller's write transaction (``Database.run_joined``, ``key=NEW_OPERATION``).
 
     Returns the operation and whether it is new. The same key with the same request and
-    terms returns the stored operation; with anything else it is a conflict. ``trace``:
-    the agent's request's span, whose trace the operation's story joins (tracing on).
+    terms returns the stored operation; with anything else it is a conflict. A request
+    that loses a race with another carrying its key raises ``Conflict`` from the unique
+    key: run again, it finds the winner. ``trace``: the agent's request's span, whose
+    trace the operation's story joins (tracing on).
     """
     deadline, budget = _within(limits, req)
     fingerprint = request_fingerprint(req.provider, req.request)
     key = req.idempotency_key
     if key is not None:
-        with db.read() as conn:
-            existing = store.find_by_key(conn, principal.name, key)
-            stone = None if existing else retention.tombstone_for_key(conn, principal.name, key)
+        existing = store.find_by_key(conn, principal.name, key)
         if existing is not None:
             return _same_operation(existing, req, fingerprint, deadline, budget), False
+        stone = retention.tombstone_for_key(conn, principal.name, key)
         if stone is not None:
             _refuse_pruned(stone, key, fingerprint)
     op = new_operation(
@@ -162,31 +163,20 @@ def create_operation(
         max_transport_failures=limits.max_transport_failures,
         next_poll_at=now,
     )
-    try:
-        with db.write() as conn:
-            _check_quota(conn, principal, limits.quota, now)
-            journal.insert(
-                conn,
-                op,
-                actor=f"agent:{principal.name}",
-                cause="agent_request:create",
-                now=now,
-                detail={
-                    "request_fingerprint": fingerprint,
-                    "idempotency_key": key,
-                    "deadline_at": op.deadline_at.isoformat(),
-                    "max_status_requests": budget,
-                    "trace_id": op.trace_id,
-                },
-            )
-            notify_in_transaction(conn, WAKE_CHANNEL)
-    except Conflict:
-        # Lost a race with a concurrent request carrying the same key: that one is stored.
-        if key is None:
-            raise
-        with db.read() as conn:
-            existing = store.find_by_key(conn, principal.name, key)
-        if existing is None:
-            raise
-        return _same_operation(existing, req, fingerprint, deadline, budget), False
+    _check_quota(conn, principal, limits.quota, now)
+    journal.insert(
+        conn,
+        op,
+        actor=f"agent:{principal.name}",
+        cause="agent_request:create",
+        now=now,
+        detail={
+            "request_fingerprint": fingerprint,
+            "idempotency_key": key,
+            "deadline_at": op.deadline_at.isoformat(),
+            "max_status_requests": budget,
+            "trace_id": op.trace_id,
+        },
+    )
+    notify_in_transaction(conn, WAKE_CHANNEL)
     return op, True

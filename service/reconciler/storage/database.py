@@ -85,6 +85,9 @@ STALE_ATTEMPTS = 5
 _CYCLE_STATES = frozenset({"40P01", "40001"})
 # Times a joined transaction that met one is run again before its callers are told to retry.
 CYCLE_ATTEMPTS = 5
+# The ``run_joined`` key of a write that makes a new operation: after every operation id,
+# so it runs last in its transaction (its row is new; nobody waits on it before then).
+NEW_OPERATION = "\U0010ffff"
 
 
 def retry_stale(fn: Callable[[], T], attempts: int = STALE_ATTEMPTS) -> T:

@@ -216,7 +216,9 @@ class Journal:
         else:
             _INSERT_OPERATION.run(conn, *row)
             _APPEND_HISTORY.run(conn, *first)
-        payloads.store(conn, op.id, {name: getattr(op, name) for name in PAYLOADS})
+        # A new operation has no parts to remove: only those it has are written.
+        parts = {name: value for name in PAYLOADS if (value := getattr(op, name)) is not None}
+        payloads.store(conn, op.id, parts)
         after_commit(
             conn,
             lambda: log.info(
