@@ -18,8 +18,9 @@ from reconciler.core.errors import IllegalTransition, StaleWrite
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, TRANSITIONS, State
 from reconciler.core.vocabulary import HistoryKind
+from reconciler.storage import completion_steps as steps
 from reconciler.storage.database import Database
-from reconciler.storage.journal import Journal, Lease
+from reconciler.storage.journal import Entry, Journal, Lease
 from reconciler.storage.operations import load_operation
 from reconciler.storage.tables import HISTORY, OPS
 from tests.support.factories import insert_operation
@@ -113,6 +114,37 @@ def test_stale_version_is_refused(db: Database, clock: ManualClock) -> None:
     with pytest.raises(StaleWrite), db.write() as conn:
         journal.transition(conn, op, State.FAILED, actor="b", cause="c", now=clock.now())
     assert [h["to_state"] for h in _history(db, op.id)] == ["create_pending", "accepted"]
+
+
+@pytest.mark.parametrize("entries", [0, 2], ids=["no-entries", "two-entries"])
+def test_what_comes_also_is_written_with_the_row_or_not_at_all(
+    db: Database, clock: ManualClock, entries: int
+) -> None:
+    """``also`` (a completion step's record) is written with the row's change, on
+    PostgreSQL in its statement; a lost race leaves none of it once its write is undone."""
+    journal = Journal()
+    op = insert_operation(db, journal, clock.now())
+    [row] = _ensured(db, op)
+    notes = [Entry(kind=HistoryKind.NOTE, actor="a", cause=f"n{i}") for i in range(entries)]
+    with db.write() as conn:
+        after = journal.write(
+            conn, op, now=clock.now(), entries=notes, also=(steps.running(op, row, clock.now()),)
+        )
+    assert _ensured(db, op)[0].status is steps.StepStatus.RUNNING
+    assert len(_history(db, op.id)) == 1 + entries
+    with pytest.raises(StaleWrite), db.write() as conn:  # ``op`` is an old version now
+        journal.write(
+            conn, op, now=clock.now(), entries=notes, also=(steps.done(op, "s", clock.now()),)
+        )
+    assert _ensured(db, op)[0].status is steps.StepStatus.RUNNING
+    assert len(_history(db, op.id)) == 1 + entries
+    with db.read() as conn:
+        assert load_operation(conn, op.id).version == after.version
+
+
+def _ensured(db: Database, op: OperationRecord) -> list[steps.StepRow]:
+    with db.write() as conn:
+        return steps.ensure_all(conn, op, ["s"])
 
 
 def test_lease_guard_refuses_an_expired_or_foreign_lease(db: Database, clock: ManualClock) -> None:

@@ -25,7 +25,7 @@ from reconciler.storage.journal import Entry
 from tests.support import hooks
 from tests.support.steps import StepRig, step_rig
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
 CALLBACK_URL = "http://127.0.0.1:9/cb/agent"
 MAX_ATTEMPTS = 3

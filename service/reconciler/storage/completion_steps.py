@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from reconciler.core.records import OperationRecord
-from reconciler.storage.fastsql import Sql
+from reconciler.storage.fastsql import Bound, Sql
 from reconciler.storage.tables import STEPS
 
 
@@ -166,41 +166,42 @@ def ensure(conn: Connection, op: OperationRecord, step: str) -> StepRow:
     return ensure_all(conn, op, [step])[0]
 
 
-def _set(
-    conn: Connection, op: OperationRecord, step: str, values: Mapping[str, Any], only: str = ""
-) -> int:
-    """UPDATE one step row of this round (``only``: an extra condition on its status)."""
+# A step row's change, written with the operation's own (``Journal.write(also=...)``).
+StepChange = Bound
+
+
+def _change(
+    op: OperationRecord, step: str, values: Mapping[str, Any], only: str = ""
+) -> StepChange:
+    """The UPDATE of one step row of this round (``only``: an extra condition on its status)."""
     keys = tuple(values)
     params = [*[values[k] for k in keys], op.id, op.completion_round, step]
-    return int(_set_sql(keys, bool(only)).run(conn, *params, *([only] if only else [])).rowcount)
+    return Bound(_set_sql(keys, bool(only)), (*params, *([only] if only else [])))
 
 
-def mark_running(conn: Connection, op: OperationRecord, row: StepRow, now: datetime) -> None:
-    """Recorded before the step runs: a crash from here on means "may have run"."""
+def running(op: OperationRecord, row: StepRow, now: datetime) -> StepChange:
+    """Recorded before the step runs: a crash from here on means "may have run". Written
+    with the operation's row (``Journal.write(also=...)``), under its lease."""
     values = {"status": StepStatus.RUNNING.value, "attempts": row.attempts + 1, "started_at": now}
-    _set(conn, op, row.step, values)
+    return _change(op, row.step, values)
 
 
-def mark_done(conn: Connection, op: OperationRecord, step: str, now: datetime) -> None:
+def done(op: OperationRecord, step: str, now: datetime) -> StepChange:
+    """The step finished (only a running one), written with the operation's row."""
     values = {"status": StepStatus.DONE.value, "finished_at": now, "last_error": None}
-    _set(conn, op, step, values, only=StepStatus.RUNNING.value)
+    return _change(op, step, values, only=StepStatus.RUNNING.value)
 
 
-def mark_failed(
-    conn: Connection,
-    op: OperationRecord,
-    step: str,
-    error: str,
-    *,
-    give_up: bool,
-    retry_at: datetime | None,
-) -> None:
+def failed(
+    op: OperationRecord, step: str, error: str, *, give_up: bool, retry_at: datetime | None
+) -> StepChange:
+    """The step failed: pending again until ``retry_at``, or given up."""
     values = {
         "status": (StepStatus.GAVE_UP if give_up else StepStatus.PENDING).value,
         "last_error": error,
         "next_attempt_at": None if give_up else retry_at,
     }
-    _set(conn, op, step, values)
+    return _change(op, step, values)
 
 
 def reopen_given_up(conn: Connection, op: OperationRecord) -> None:

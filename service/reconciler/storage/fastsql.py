@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from itertools import repeat
 from typing import Any
@@ -365,6 +366,18 @@ class Sql:
         """The first column of the first row (None: no row)."""
         row = self.first(conn, *values)
         return None if row is None else row[0]
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A statement with its values, to run now or inside another's (``Journal.write``'s
+    ``also``: on PostgreSQL a CTE of its statement, one round trip for both)."""
+
+    sql: Sql
+    values: tuple[Any, ...]
+
+    def run(self, conn: Connection) -> Any:
+        return self.sql.run(conn, *self.values)
 
 
 def run(conn: Connection, sql: str, params: Any = (), *, many: bool = False) -> Any:

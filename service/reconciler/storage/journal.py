@@ -33,7 +33,7 @@ from reconciler.core.states import END_STATES, State, check_transition
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.storage import payloads
 from reconciler.storage.after_commit import after_commit
-from reconciler.storage.fastsql import Sql
+from reconciler.storage.fastsql import AS_IS, Bound, Sql
 from reconciler.storage.notify import CHANGE_CHANNEL, notify_in_transaction
 from reconciler.storage.tables import HISTORY, OPS
 
@@ -133,32 +133,63 @@ _TYPED_HISTORY_ROW = "({})".format(
 )
 
 
+def _qualified(sql: Sql, param: str) -> str:
+    """``param`` of ``sql`` named from the operations table (``table.column``)."""
+    if param == AS_IS or "." in param or sql.table is None or sql.table is OPS:
+        return param
+    return f"{sql.table.name}.{param}"
+
+
 @cache
-def _update_and_append(keys: tuple[str, ...], guarded: bool, entries: int) -> Sql:
-    """PostgreSQL: ``_update`` and the history rows it comes with, in one statement. The
-    rows are appended only if the UPDATE matched (its guards held): the statement's row
-    count is the rows appended, so 0 means a lost race, as the UPDATE's own would."""
+def _update_and_append(
+    keys: tuple[str, ...], guarded: bool, entries: int, also: tuple[Sql, ...] = ()
+) -> Sql:
+    """PostgreSQL: ``_update``, the history rows it comes with and the ``also`` statements,
+    in one statement. The rows are appended only if the UPDATE matched (its guards held):
+    the statement's row count is the rows appended (or, with none, the rows updated), so 0
+    means a lost race, as the UPDATE's own would. The ``also`` statements run either way;
+    a lost race rolls back what it ran in (``StaleWrite`` always undoes its write)."""
     update = _update(keys, guarded)
     columns = ", ".join(HISTORY_COLUMNS)
+    ctes = [f"also_{i} AS ({sql.text})" for i, sql in enumerate(also)]
+    params = [_qualified(sql, p) for sql in also for p in sql.params]
+    if not entries:
+        return Sql(
+            "operation-write-also",
+            OPS,
+            f"WITH {', '.join(ctes)} {update.text}",
+            params=(*params, *update.params),
+        )
     return Sql(
         "operation-write-and-append",
         OPS,
-        f"WITH moved AS ({update.text} RETURNING id) INSERT INTO history ({columns}) "
+        f"WITH {', '.join([*ctes, f'moved AS ({update.text} RETURNING id)'])} "
+        f"INSERT INTO history ({columns}) "
         f"SELECT * FROM (VALUES {', '.join([_TYPED_HISTORY_ROW] * entries)}) "
         f"AS entry ({columns}) WHERE EXISTS (SELECT 1 FROM moved)",
-        params=(*update.params, *[f"history.{c}" for c in HISTORY_COLUMNS] * entries),
+        params=(*params, *update.params, *[f"history.{c}" for c in HISTORY_COLUMNS] * entries),
     )
 
 
-_INSERT_AND_APPEND = Sql(
-    "operation-insert-and-append",
-    OPS,
-    f"WITH made AS ({_INSERT_OPERATION.text} RETURNING id) "
-    f"INSERT INTO history ({', '.join(HISTORY_COLUMNS)}) "
-    f"SELECT * FROM (VALUES {_TYPED_HISTORY_ROW}) AS entry ({', '.join(HISTORY_COLUMNS)}) "
-    "WHERE EXISTS (SELECT 1 FROM made)",
-    params=(*_INSERT_OPERATION.params, *[f"history.{c}" for c in HISTORY_COLUMNS]),
-)
+@cache
+def _insert_and_append(also: tuple[Sql, ...]) -> Sql:
+    """PostgreSQL: a new operation's row, its first history entry and the ``also``
+    statements (its parts), in one statement."""
+    columns = ", ".join(HISTORY_COLUMNS)
+    ctes = [f"also_{i} AS ({sql.text})" for i, sql in enumerate(also)]
+    return Sql(
+        "operation-insert-and-append",
+        OPS,
+        f"WITH {', '.join([*ctes, f'made AS ({_INSERT_OPERATION.text} RETURNING id)'])} "
+        f"INSERT INTO history ({columns}) "
+        f"SELECT * FROM (VALUES {_TYPED_HISTORY_ROW}) AS entry ({columns}) "
+        "WHERE EXISTS (SELECT 1 FROM made)",
+        params=(
+            *[_qualified(sql, p) for sql in also for p in sql.params],
+            *_INSERT_OPERATION.params,
+            *[f"history.{c}" for c in HISTORY_COLUMNS],
+        ),
+    )
 
 
 def _history_row(row: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -211,14 +242,18 @@ class Journal:
         )
         row = [getattr(op, c) for c in OPS_COLUMNS]
         first = _history_row({**fields, "prev_hash": "", "hash": digest})
+        # A new operation has no parts to remove: only those it has are written.
+        parts = {name: value for name in PAYLOADS if (value := getattr(op, name)) is not None}
+        written = payloads.changes(op.id, parts)
         if conn.dialect.name == "postgresql":
-            _INSERT_AND_APPEND.run(conn, *row, *first)  # one round trip for both rows
+            # One round trip for the row, its first entry and its parts.
+            statement = _insert_and_append(tuple(b.sql for b in written))
+            statement.run(conn, *[v for b in written for v in b.values], *row, *first)
         else:
             _INSERT_OPERATION.run(conn, *row)
             _APPEND_HISTORY.run(conn, *first)
-        # A new operation has no parts to remove: only those it has are written.
-        parts = {name: value for name in PAYLOADS if (value := getattr(op, name)) is not None}
-        payloads.store(conn, op.id, parts)
+            for change in written:
+                change.run(conn)
         after_commit(
             conn,
             lambda: log.info(
@@ -239,8 +274,12 @@ class Journal:
         changes: Mapping[str, Any] | None = None,
         entries: Sequence[Entry] = (),
         lease: Lease | None = None,
+        also: Sequence[Bound] = (),
     ) -> OperationRecord:
-        """Apply ``changes`` and append ``entries`` if ``op`` is still current; return it."""
+        """Apply ``changes`` and append ``entries`` if ``op`` is still current; return it.
+
+        ``also``: statements on other tables that belong to this change (a completion
+        step's record), run first; on PostgreSQL inside the same statement."""
         changes = dict(changes or {})
         unknown = set(changes) - self._columns
         if unknown:
@@ -253,13 +292,19 @@ class Journal:
         params += [op.id, op.version, op.state]
         if lease is not None:
             params += [lease.owner, now]
-        if rows and conn.dialect.name == "postgresql":
-            # One round trip for the row and its history.
-            statement = _update_and_append(keys, lease is not None, len(rows))
+        if conn.dialect.name == "postgresql" and (rows or also or parts):
+            # One round trip for the row, its history and what belongs with it.
+            also = (*also, *payloads.changes(op.id, parts))
+            parts = {}
+            sqls = tuple(b.sql for b in also)
+            statement = _update_and_append(keys, lease is not None, len(rows), sqls)
             values = [value for row in rows for value in _history_row(row)]
-            moved = statement.run(conn, *params, *values).rowcount == len(rows)
+            before = [value for b in also for value in b.values]
+            moved = statement.run(conn, *before, *params, *values).rowcount == max(1, len(rows))
             rows = []
         else:
+            for bound in also:
+                bound.run(conn)
             moved = _update(keys, lease is not None).run(conn, *params).rowcount == 1
         if not moved:
             raise StaleWrite(

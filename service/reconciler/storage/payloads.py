@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from reconciler.core.records import PAYLOADS
-from reconciler.storage.fastsql import Sql
+from reconciler.storage.fastsql import Bound, Sql
 from reconciler.storage.tables import PAYLOAD_TABLE
 
 _DELETE = Sql(
@@ -57,14 +57,23 @@ def split(changes: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return row, parts
 
 
-def store(conn: Connection, operation_id: str, parts: Mapping[str, Any]) -> None:
-    """Write the given parts (insert, or replace that part only); None removes a part."""
+def changes(operation_id: str, parts: Mapping[str, Any]) -> list[Bound]:
+    """The statements that write the given parts (insert, or replace that part only); None
+    removes a part. For ``Journal.write``'s ``also``, or ``store``."""
     gone = [name for name, value in parts.items() if value is None]
-    if gone:
-        _DELETE.run(conn, operation_id, gone)
-    _UPSERT.many(
-        conn, [(operation_id, name, value) for name, value in parts.items() if value is not None]
-    )
+    out = [Bound(_DELETE, (operation_id, gone))] if gone else []
+    out += [
+        Bound(_UPSERT, (operation_id, name, value))
+        for name, value in parts.items()
+        if value is not None
+    ]
+    return out
+
+
+def store(conn: Connection, operation_id: str, parts: Mapping[str, Any]) -> None:
+    """Write the given parts now (see ``changes``)."""
+    for change in changes(operation_id, parts):
+        change.run(conn)
 
 
 def load(

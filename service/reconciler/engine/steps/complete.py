@@ -225,9 +225,11 @@ class CompleteStep:
         now: datetime,
         entries: list[Entry],
         hinted_at: datetime | None = None,
+        also: tuple[steps.StepChange, ...] = (),
     ) -> Prep:
         """From step ``start`` on: start the first unfinished step, or wait for its retry,
-        or record the round finished; ``entries`` (the last step's record) go with it."""
+        or record the round finished; ``entries`` (the last step's record) and ``also``
+        (its step row's change) go with it, in the operation's write."""
         ctx = self.ctx
         journal = ctx.deps.journal
         held = share_of(op)
@@ -244,6 +246,7 @@ class CompleteStep:
                     entries=entries,
                     changes={"next_poll_at": row.next_attempt_at, "completion_lane": lane},
                     lease=ctx.lease,
+                    also=also,
                 )
                 return Prep(later, Plan(rows, hinted_at=hinted_at), final=True)
             if lane != held:
@@ -257,12 +260,19 @@ class CompleteStep:
                     entries=entries,
                     changes={"completion_lane": lane},
                     lease=ctx.lease,
+                    also=also,
                 )
                 return Prep(moved, Plan(rows, hinted_at=hinted_at), final=True)
             # Marked running before it runs: a crash from now on means "may have run". The
             # row is touched under the lease, so a worker that lost it cannot start a step.
-            steps.mark_running(conn, op, row, now)
-            touched = journal.write(conn, op, now=now, entries=entries, lease=ctx.lease)
+            touched = journal.write(
+                conn,
+                op,
+                now=now,
+                entries=entries,
+                lease=ctx.lease,
+                also=(*also, steps.running(op, row, now)),
+            )
             running = replace(row, status=StepStatus.RUNNING, attempts=row.attempts + 1)
             keys = None
             if row.step == CALLBACK_STEP and self.callbacks is not None:
@@ -277,7 +287,7 @@ class CompleteStep:
             return Prep(touched, plan)
         if State(op.state) not in END_STATES:
             # Reopened meanwhile by a decision: keep the schedule its flow set.
-            after = journal.write(conn, op, now=now, entries=entries, lease=ctx.lease)
+            after = journal.write(conn, op, now=now, entries=entries, lease=ctx.lease, also=also)
             return Prep(after, Plan(rows, hinted_at=hinted_at), final=True)
         entry = Entry(
             kind=HistoryKind.NOTE,
@@ -292,6 +302,7 @@ class CompleteStep:
             entries=[*entries, entry],
             lease=ctx.lease,
             changes={"completion_pending": False, "next_poll_at": None, "delay_source": None},
+            also=also,
         )
         return Prep(closed, Plan(rows, hinted_at=hinted_at), final=True)
 
@@ -359,7 +370,6 @@ class CompleteStep:
         row = plan.current
         assert row is not None
         if outcome.done:
-            steps.mark_done(conn, op, row.step, now)
             entry = Entry(
                 kind=HistoryKind.STEP,
                 actor=self.ctx.actor,
@@ -372,7 +382,8 @@ class CompleteStep:
                 },
             )
             rows = self._with(plan, replace(row, status=StepStatus.DONE))
-            return self._advance(conn, op, rows, plan.index + 1, now, [entry])
+            done = (steps.done(op, row.step, now),)
+            return self._advance(conn, op, rows, plan.index + 1, now, [entry], also=done)
         attempts = row.attempts
         decision = after_failure(
             attempts,
@@ -385,7 +396,7 @@ class CompleteStep:
         retry_at = decision.at if isinstance(decision, RetryStepAt) else None
         give_up = retry_at is None
         reason = outcome.reason[:500]
-        steps.mark_failed(conn, op, row.step, reason, give_up=give_up, retry_at=retry_at)
+        failed = steps.failed(op, row.step, reason, give_up=give_up, retry_at=retry_at)
         entry = Entry(
             kind=HistoryKind.STEP,
             actor=self.ctx.actor,
@@ -407,9 +418,11 @@ class CompleteStep:
                 entries=[entry],
                 changes={"next_poll_at": retry_at},
                 lease=self.ctx.lease,
+                also=(failed,),
             )
-            failed = replace(row, status=StepStatus.PENDING, next_attempt_at=retry_at)
-            return Prep(waiting, Plan(self._with(plan, failed)), final=True)
+            pending = replace(row, status=StepStatus.PENDING, next_attempt_at=retry_at)
+            return Prep(waiting, Plan(self._with(plan, pending)), final=True)
+        failed.run(conn)
         detail = f"{row.step} failed after {attempts} attempt(s): {reason}"
         escalated = self.ctx.escalate_in(
             conn, op, EscalationReason.CALLBACK_UNDELIVERABLE, detail, before=[entry]
