@@ -49,10 +49,12 @@ class _StateCounts(Collector):
 
 
 class _WriteCount(Collector):
-    """The database's count of write transactions begun by this process (no query)."""
+    """The database's counts of write transactions begun by this process, and of those
+    PostgreSQL undid to break a lock cycle (no query)."""
 
-    def __init__(self, count: Callable[[], int]) -> None:
+    def __init__(self, count: Callable[[], int], cycles: Callable[[], int]) -> None:
         self._count = count
+        self._cycles = cycles
 
     def collect(self) -> Iterable[Metric]:
         family = CounterMetricFamily(
@@ -61,6 +63,12 @@ class _WriteCount(Collector):
         )
         family.add_metric([], float(self._count()))
         yield family
+        cycles = CounterMetricFamily(
+            "reconciler_write_cycles",
+            "Write transactions PostgreSQL undid to break a lock cycle; each ran again.",
+        )
+        cycles.add_metric([], float(self._cycles()))
+        yield cycles
 
 
 class _TrustGauges(Collector):
@@ -223,8 +231,8 @@ class Metrics:
     def watch_states(self, counts: Callable[[], dict[str, int]]) -> None:
         self.registry.register(_StateCounts(counts))
 
-    def watch_writes(self, count: Callable[[], int]) -> None:
-        self.registry.register(_WriteCount(count))
+    def watch_writes(self, count: Callable[[], int], cycles: Callable[[], int]) -> None:
+        self.registry.register(_WriteCount(count, cycles))
 
     def watch_database_size(self, size: Callable[[], int]) -> None:
         self.registry.register(_DatabaseSize(size))

@@ -106,7 +106,7 @@ class Runtime:
         self.db.availability.on_recovery(self.request_failures.succeeded)
         self.metrics.watch_states(self._state_counts)
         self.metrics.watch_trust(self.trust_views)
-        self.metrics.watch_writes(lambda: self.db.write_transactions)
+        self.metrics.watch_writes(lambda: self.db.write_transactions, lambda: self.db.write_cycles)
         self.metrics.watch_database_size(self.db.size_bytes)
 
     def trust_views(self) -> dict[str, TrustView]:

@@ -61,10 +61,10 @@ CHECKPOINT_WAIT_MS = 50
 WRITE_QUEUE_LIMIT = 10_000
 # Write transactions in flight at once on PostgreSQL. Each carries what queued behind the
 # one before it, so fewer threads mean fuller, fewer commits (bench/peer_dbos.py, 1,000
-# operations: 8 threads 6.6 commits and 24.3 ms of CPU an operation, service and server;
-# 4: 6.2 and 23.7; 2: 5.3 and 22.4; the same throughput). Four keep some parallelism for
-# a transaction that waits on a row lock or on the disk.
-POSTGRES_WRITERS = 4
+# operations, fsync on, medians of 2 rounds: 8 threads 58.6 ops/s, 4.4 commits and
+# 20.8 ms of CPU an operation, service and server; 4: 60.0, 4.2, 20.5; 2: 61.3, 2.8,
+# 18.8). Two still let one transaction run while another waits on a row lock or the disk.
+POSTGRES_WRITERS = 2
 # A PostgreSQL connection unused this long is pinged before use: a server restart or an
 # idle timeout (the server's or a pooler's) closes connections nobody is using, and the
 # first statement on one would fail. Pinging every checkout (pool_pre_ping) cost 2 to
@@ -330,7 +330,8 @@ class Database:
                 changed = before is None or _changes(conn) != before
                 pending = committed.take(conn)
         except WriteCycle:
-            self.write_cycles += 1
+            with self._count_guard:
+                self.write_cycles += 1
             raise  # the database works: two transactions met, and this one gives way
         except StorageUnavailable as exc:
             self.availability.failed(classify(exc))
