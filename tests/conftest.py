@@ -93,6 +93,16 @@ def db_url(backend: str, tmp_path: Path, postgres_factory: PostgresFactory | Non
         with sqlite_url(tmp_path) as url:
             yield url
         return
+    yield from _postgres_clone(postgres_factory)
+
+
+@pytest.fixture
+def pg_url(postgres_factory: PostgresFactory | None) -> Iterator[str]:
+    """A migrated, empty PostgreSQL database, for tests of what only PostgreSQL does."""
+    yield from _postgres_clone(postgres_factory)
+
+
+def _postgres_clone(postgres_factory: PostgresFactory | None) -> Iterator[str]:
     factory = need_postgres(postgres_factory)
     url = factory.clone()
     try:
@@ -151,9 +161,4 @@ def module_db_url(
         with sqlite_url(tmp_path_factory.mktemp("module-db")) as url:
             yield url
         return
-    factory = need_postgres(postgres_factory)
-    url = factory.clone()
-    try:
-        yield url
-    finally:
-        factory.release(url)
+    yield from _postgres_clone(postgres_factory)

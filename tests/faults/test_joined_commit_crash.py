@@ -12,7 +12,6 @@ done, and no callback recorded as sent is sent again.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -23,7 +22,6 @@ from reconciler.demo.sim import create_app as create_sim
 from reconciler.storage.database import Database
 from reconciler.storage.tokens import create_token
 from tests.support import hooks
-from tests.support.databases import PostgresFactory, need_postgres
 from tests.support.faults import submit
 from tests.support.hooks import serve_receiver
 from tests.support.process import service_config, service_env, service_process
@@ -37,16 +35,6 @@ OPERATIONS = 12
 LEASE_SECONDS = 3.0  # the restarted service takes over once the killed one's lease expired
 JOB = {"scenario": "success", "duration": 0.2}
 HOOKS = [hooks.GATED, {"target": hooks.EFFECT_THEN_CRASH_JOINED, "transactional": True}]
-
-
-@pytest.fixture
-def pg_url(postgres_factory: PostgresFactory | None) -> Iterator[str]:
-    factory = need_postgres(postgres_factory)
-    url = factory.clone()
-    try:
-        yield url
-    finally:
-        factory.release(url)
 
 
 def test_a_joined_commit_killed_before_it_commits_loses_and_doubles_nothing(

@@ -20,7 +20,6 @@ import sqlalchemy as sa
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
-from tests.support.databases import PostgresFactory, need_postgres
 from tests.support.faults import TcpProxy
 from tests.support.stack import running_stack
 from tests.support.waiting import wait_until
@@ -29,16 +28,6 @@ pytestmark = pytest.mark.postgres
 
 WINDOW = 4.0  # the create and cancel windows in these tests
 OUTAGE = 2 * WINDOW
-
-
-@pytest.fixture
-def pg_url(postgres_factory: PostgresFactory | None) -> Iterator[str]:
-    factory = need_postgres(postgres_factory)
-    url = factory.clone()
-    try:
-        yield url
-    finally:
-        factory.release(url)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from reconciler.core.errors import Conflict, StorageUnavailable
 from reconciler.storage.database import Database, _postgres_engine, translate_errors
-from reconciler.storage.fastsql import AS_IS, Sql, codec_for, run
+from reconciler.storage.fastsql import AS_IS, MANY_ROWS, Sql, codec_for, run
 from reconciler.storage.journal import Journal
 from reconciler.storage.tables import EVENTS, OPS, PAYLOAD_TABLE
 from reconciler.storage.webhook_events import EVENT_COLUMNS
@@ -256,6 +256,19 @@ def test_a_list_mark_takes_any_length_and_postgres_one_text(db: Database) -> Non
     else:
         assert prepared.text_for((["a"], "sim")) == prepared.text_for((["a", "b", "c"], "sim"))
         assert "event_id = ANY(%s)" in prepared.text and "FOR UPDATE" in prepared.text
+
+
+def test_many_rows_of_a_plain_insert_are_stored_whole(db: Database) -> None:
+    """On PostgreSQL ``many`` sends a plain INSERT's rows as statements of up to
+    ``MANY_ROWS`` rows each: every row arrives, in its values, and the count is right."""
+    n = MANY_ROWS + 3
+    rows = [_event_row(f"m{i:04d}", INSTANTS[i % len(INSTANTS)], f'{{"i":{i}}}') for i in range(n)]
+    with db.write() as conn:
+        assert _INSERT_EVENT.many(conn, rows) == n
+        stored = _EVENTS_IN.rows(conn, [r[1] for r in rows], "sim")
+    assert [(r[0], r[1]) for r in stored] == [(row[1], row[2]) for row in rows]
+    if not db.sqlite:
+        assert _INSERT_EVENT._for(conn).rows_text(2) is not None
 
 
 def test_a_statement_names_a_column_for_each_mark() -> None:

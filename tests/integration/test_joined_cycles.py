@@ -26,7 +26,6 @@ from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
 from reconciler.storage.journal import Entry, Journal
-from tests.support.databases import PostgresFactory, need_postgres
 from tests.support.factories import new_operation
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -41,16 +40,13 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def replicas(postgres_factory: PostgresFactory | None) -> Iterator[tuple[Database, Database]]:
-    factory = need_postgres(postgres_factory)
-    url = factory.clone()
-    a, b = Database(url), Database(url)
+def replicas(pg_url: str) -> Iterator[tuple[Database, Database]]:
+    a, b = Database(pg_url), Database(pg_url)
     try:
         yield a, b
     finally:
         a.dispose()
         b.dispose()
-        factory.release(url)
 
 
 def _seed(db: Database, n: int) -> list[OperationRecord]:

@@ -16,17 +16,14 @@ import sqlalchemy as sa
 from reconciler.core.errors import StaleWrite
 from reconciler.storage.database import Database, savepoint
 from reconciler.storage.notify import CHANGE_CHANNEL, WAKE_CHANNEL, notify_in_transaction
-from tests.support.databases import PostgresFactory, need_postgres
 
 pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def pg(postgres_factory: PostgresFactory | None) -> Iterator[tuple[Database, psycopg.Connection]]:
-    factory = need_postgres(postgres_factory)
-    url = factory.clone()
-    db = Database(url)
-    dsn = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+def pg(pg_url: str) -> Iterator[tuple[Database, psycopg.Connection]]:
+    db = Database(pg_url)
+    dsn = sa.make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
     listener = psycopg.connect(dsn, autocommit=True)
     listener.execute(f"LISTEN {WAKE_CHANNEL}")
     listener.execute(f"LISTEN {CHANGE_CHANNEL}")
@@ -35,7 +32,6 @@ def pg(postgres_factory: PostgresFactory | None) -> Iterator[tuple[Database, psy
     finally:
         listener.close()
         db.dispose()
-        factory.release(url)
 
 
 def _heard(listener: psycopg.Connection) -> list[tuple[str, str]]:

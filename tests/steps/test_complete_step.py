@@ -83,6 +83,17 @@ async def finished(rig: StepRig, **fields: Any) -> str:
     return op_id
 
 
+def _one_hook_rig(tmp_path: Path, db_url: str, receiver: Receiver) -> Any:
+    """A rig with one recording hook and a callback to ``receiver``."""
+    return step_rig(
+        tmp_path,
+        db_url,
+        hooks=(hooks.RECORD,),
+        callbacks=CALLBACKS,
+        callback_transport=httpx.MockTransport(receiver.handle),
+    )
+
+
 def failures(rig: StepRig, op_id: str) -> list[dict[str, Any]]:
     return [e.detail or {} for e in rig.history(op_id) if e.cause == "step_failed:callback"]
 
@@ -355,13 +366,7 @@ async def test_the_write_that_records_the_last_hook_starts_the_callback(
     slot of it before it records the last hook, so that record also marks the callback
     running, and the callback goes out without a transaction of its own to start it."""
     receiver = Receiver()
-    async with step_rig(
-        tmp_path,
-        db_url,
-        hooks=(hooks.RECORD,),
-        callbacks=CALLBACKS,
-        callback_transport=httpx.MockTransport(receiver.handle),
-    ) as rig:
+    async with _one_hook_rig(tmp_path, db_url, receiver) as rig:
         op_id = await finished(rig, callback_url=CALLBACK_URL)
         db = rig.runtime.db
         writes = db.write_transactions
@@ -387,13 +392,7 @@ async def test_the_hint_to_completion_lag_is_observed_once_a_round(
     """The lag is observed when the round's first step starts; the callback, started
     later in a share of its own, resumes the round and observes nothing more."""
     receiver = Receiver()
-    async with step_rig(
-        tmp_path,
-        db_url,
-        hooks=(hooks.RECORD,),
-        callbacks=CALLBACKS,
-        callback_transport=httpx.MockTransport(receiver.handle),
-    ) as rig:
+    async with _one_hook_rig(tmp_path, db_url, receiver) as rig:
         op_id = await finished(rig, callback_url=CALLBACK_URL)
         rt = rig.runtime
         with rt.db.write() as conn:
