@@ -4,14 +4,16 @@ tombstone and its retention record, or stays whole, whatever moment the kill lan
 
 The kill lands while a batch waits for a lock the test holds: on PostgreSQL the batch has
 already deleted rows in its transaction (it waits for the retention log), on SQLite it
-waits for the write lock between two batches. Nothing is ordered by sleeping: the test
-polls the database for the first committed batch and for the batch's wait.
+waits for the write lock between two batches, which the test takes between batches until
+it sees one committed. Nothing is ordered by sleeping: the test polls the database for
+the first committed batch and for the batch's wait.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -43,18 +45,28 @@ def _log_records(db: Database) -> int:
 
 @contextmanager
 def _held(db: Database) -> Iterator[None]:
-    """A lock the prune's next batch needs, held until the block ends."""
+    """A lock the prune's next batch needs, taken once a first batch committed and held
+    until the block ends. On SQLite the write lock itself: taken again and again between
+    batches (each try waits for the running one) until a committed record is seen under
+    it, so the prune cannot finish while the test looks."""
     if db.sqlite:
         path = sa.make_url(db.url).database
         assert path
         conn = sqlite3.connect(path, timeout=30, isolation_level=None)
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            deadline = time.monotonic() + 60
+            while True:
+                conn.execute("BEGIN IMMEDIATE")
+                if conn.execute("SELECT count(*) FROM retention_log").fetchone()[0] >= 1:
+                    break
+                conn.execute("ROLLBACK")
+                assert time.monotonic() < deadline, "no batch committed within 60 s"
             yield
             conn.execute("ROLLBACK")
         finally:
             conn.close()
         return
+    wait_until(lambda: _log_records(db) >= 1, 60, "the first batch to commit")
     with db.engine.connect() as conn:
         conn.execute(sa.text("LOCK TABLE retention_log IN ACCESS EXCLUSIVE MODE"))
         yield
@@ -113,12 +125,11 @@ def test_a_prune_killed_mid_batch_leaves_whole_operations(
         db_url,
         "http://127.0.0.1:9",
         scheduler={"lease_seconds": 1.0},
-        retention={"batch_size": 4},
+        retention={"batch_size": 1},  # many short batches: the kill lands among them
     )
     argv = ["db", "prune", "--older-than", "30d", "--config", str(config)]
     proc = forked.reconciler(argv, service_env(), ROOT, tmp_path / "prune.log")
     try:
-        wait_until(lambda: _log_records(db) >= 1, 60, "the first batch to commit")
         with _held(db):
             if not db.sqlite:
                 wait_until(lambda: _waiting_on_lock(db), 30, "a batch to wait mid-transaction")

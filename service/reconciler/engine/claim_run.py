@@ -62,7 +62,7 @@ class ClaimRun:
         self.sent_status_read = False
 
     def _release_in(self, conn: Connection, op_id: str) -> None:
-        store.release(conn, [op_id], self.worker.owner)
+        store.release_at_commit(conn, op_id, self.worker.owner)
 
     def _keeps(self, after: OperationRecord) -> bool:
         """Inside a write: whether this task could go on with ``after`` in its next share."""

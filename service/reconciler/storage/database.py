@@ -43,7 +43,7 @@ from reconciler.core.errors import (
     WriteCycle,
 )
 from reconciler.storage import after_commit as committed
-from reconciler.storage import notify
+from reconciler.storage import commit_tail
 from reconciler.storage.availability import Availability, WriteFailure, classify
 from reconciler.storage.fastsql import run
 from reconciler.storage.writer import JOIN_LIMIT, Writer
@@ -206,12 +206,12 @@ def savepoint(conn: Connection, name: str) -> Iterator[None]:
     back to raises ``StorageUnavailable``: the transaction is then lost as a whole."""
     with translate_errors():
         run(conn, f"SAVEPOINT {name}")
-    queued, gathered = committed.mark(conn), notify.mark(conn)
+    queued, gathered = committed.mark(conn), commit_tail.mark(conn)
     try:
         yield
     except BaseException:
         committed.undo(conn, queued)
-        notify.undo(conn, gathered)
+        commit_tail.undo(conn, gathered)
         with translate_errors():
             run(conn, f"ROLLBACK TO {name}")
             run(conn, f"RELEASE {name}")
@@ -323,10 +323,10 @@ class Database:
         try:
             with translate_errors(), self.engine.begin() as conn:
                 committed.begin(conn)
-                notify.begin(conn)
+                commit_tail.begin(conn)
                 before = _changes(conn)
                 yield conn
-                notify.send(conn)
+                commit_tail.send(conn)
                 changed = before is None or _changes(conn) != before
                 pending = committed.take(conn)
         except WriteCycle:

@@ -4,10 +4,9 @@ Guarantee: a replica hears of a change exactly when it commits, never for one th
 rolled back: writers notify inside the change's own transaction. SQLite has one
 process, whose wake-ups stay in memory (``engine.wakeups``).
 
-A transaction's notifications are gathered on its connection and sent in one statement
-just before it commits (``Database.write``): a joined transaction of many steps would
-otherwise spend a round trip on each, most of them the same wake-up again. A savepoint
-rolled back takes back what was gathered inside it, as PostgreSQL would.
+A transaction's notifications are sent in one statement just before it commits
+(``storage.commit_tail``): a joined transaction of many steps would otherwise spend a
+round trip on each, most of them the same wake-up again.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 
 from sqlalchemy.engine import Connection
 
+from reconciler.storage import commit_tail
 from reconciler.storage.fastsql import AS_IS, Sql
 
 WAKE_CHANNEL = "reconciler_wake"
@@ -26,39 +26,22 @@ _NOTIFY = Sql(
     "SELECT pg_notify(c, p) FROM unnest(CAST(? AS text[]), CAST(? AS text[])) AS n(c, p)",
     params=(AS_IS, AS_IS),
 )
-_KEY = "reconciler_notifications"
+_KIND = "notify"
 
 
 def notify_in_transaction(conn: Connection, channel: str, payload: str = "") -> None:
     """Queue a cross-replica notification that fires only if this transaction commits."""
     if conn.dialect.name == "postgresql":
-        # A dict: ordered, and a notification gathered twice is sent once (as PostgreSQL
+        # Sent with the transaction's tail; one gathered twice is sent once (as PostgreSQL
         # itself folds a transaction's repeats).
-        conn.info.setdefault(_KEY, {})[(channel, payload)] = None
+        commit_tail.gather(conn, _KIND, (channel, payload))
 
 
-def begin(conn: Connection) -> None:
-    """A write transaction begins: nothing is gathered."""
-    conn.info.pop(_KEY, None)
+def _send(conn: Connection, gathered: list[tuple[str, str]]) -> None:
+    _NOTIFY.run(conn, [c for c, _ in gathered], [p for _, p in gathered])
 
 
-def mark(conn: Connection) -> int:
-    """How many notifications are gathered now (a savepoint's start)."""
-    return len(conn.info.get(_KEY, ()))
-
-
-def undo(conn: Connection, since: int) -> None:
-    """Drop what was gathered after ``since`` (rolled back to a savepoint)."""
-    gathered: dict[tuple[str, str], None] = conn.info.get(_KEY, {})
-    for key in list(gathered)[since:]:
-        del gathered[key]
-
-
-def send(conn: Connection) -> None:
-    """Send what the transaction gathered, in one statement, as its last before the commit."""
-    gathered: dict[tuple[str, str], None] | None = conn.info.pop(_KEY, None)
-    if gathered:
-        _NOTIFY.run(conn, [c for c, _ in gathered], [p for _, p in gathered])
+commit_tail.sends(_KIND, _send)
 
 
 async def notifications(

@@ -34,7 +34,7 @@ from reconciler.core.errors import Gone, InvalidRequest, NotFound
 from reconciler.core.records import PAYLOADS, OperationRecord
 from reconciler.core.states import END_STATES, REOPENABLE, State
 from reconciler.core.strict_json import shown
-from reconciler.storage import payloads
+from reconciler.storage import commit_tail, payloads
 from reconciler.storage.fastsql import AS_IS, Sql
 from reconciler.storage.models import record_of_values
 from reconciler.storage.retention import tombstone_of
@@ -447,6 +447,30 @@ def due_status_reads(
     states = [s.value for s in STATUS_READ_STATES]
     rows = _STATUS_READS_DUE.rows(conn, now, states, now, list(skip_sources), limit)
     return [record_of_values(row) for row in rows]
+
+
+_RELEASE_KIND = "release"
+
+
+def release_at_commit(conn: Connection, operation_id: str, owner: str) -> None:
+    """Give a lease back as this transaction ends: on PostgreSQL with every other lease
+    it gives back, in one statement (``commit_tail``); on SQLite at once. For a step's
+    last write, which needs no answer: the row's next due time is in the record."""
+    if conn.dialect.name == "postgresql":
+        commit_tail.gather(conn, _RELEASE_KIND, (owner, operation_id))
+    else:
+        release(conn, [operation_id], owner)
+
+
+def _release_gathered(conn: Connection, gathered: list[tuple[str, str]]) -> None:
+    by_owner: dict[str, list[str]] = {}
+    for owner, op_id in gathered:
+        by_owner.setdefault(owner, []).append(op_id)
+    for owner, leased in by_owner.items():
+        _RELEASE.run(conn, leased, owner)
+
+
+commit_tail.sends(_RELEASE_KIND, _release_gathered)
 
 
 def release(conn: Connection, operation_ids: Sequence[str], owner: str) -> dict[str, Any]:

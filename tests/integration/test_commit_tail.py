@@ -1,21 +1,29 @@
-"""Notifications travel with their commit, gathered into one statement (PostgreSQL).
+"""A transaction's tail (PostgreSQL): notifications and leases given back are gathered
+and written as its last statements, one per kind.
 
 A listener on a connection of its own hears a transaction's notifications once it
 commits, each once, in the order first gathered; a rolled-back transaction sends none,
-and a savepoint rolled back takes back only what was gathered inside it.
+and a savepoint rolled back takes back only what was gathered inside it. Leases given
+back in one transaction are all free once it commits, and one given back inside a
+savepoint rolled back stays held.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from reconciler.core.errors import StaleWrite
+from reconciler.storage import operations as store
 from reconciler.storage.database import Database, savepoint
+from reconciler.storage.journal import Journal
 from reconciler.storage.notify import CHANGE_CHANNEL, WAKE_CHANNEL, notify_in_transaction
+from tests.support.factories import insert_operation
 
 pytestmark = pytest.mark.postgres
 
@@ -72,3 +80,37 @@ def test_a_rollback_sends_nothing_and_a_savepoint_takes_back_only_its_own(
             raise StaleWrite("lost")
         notify_in_transaction(conn, WAKE_CHANNEL)
     assert _heard(listener) == [(CHANGE_CHANNEL, "kept"), (WAKE_CHANNEL, "")]
+
+
+def test_leases_given_back_in_a_transaction_are_free_after_its_commit(
+    pg: tuple[Database, psycopg.Connection],
+) -> None:
+    db, _ = pg
+    journal = Journal()
+    now = datetime.now(UTC)
+    ops = []
+    for _ in range(3):
+        op = insert_operation(db, journal, now)
+        with db.write() as conn:
+            ops.append(
+                journal.write(
+                    conn,
+                    op,
+                    now=now,
+                    changes={"lease_owner": "w1", "lease_expires_at": now + timedelta(minutes=5)},
+                )
+            )
+    with db.write() as conn:
+        store.release_at_commit(conn, ops[0].id, "w1")
+        with pytest.raises(StaleWrite), savepoint(conn, "attempt"):
+            store.release_at_commit(conn, ops[1].id, "w1")
+            raise StaleWrite("lost")
+        store.release_at_commit(conn, ops[2].id, "w1")
+        store.release_at_commit(conn, ops[2].id, "w1")  # twice: one statement all the same
+        assert [_owner(conn, op.id) for op in ops] == ["w1", "w1", "w1"]  # not yet
+    with db.read() as conn:
+        assert [_owner(conn, op.id) for op in ops] == [None, "w1", None]
+
+
+def _owner(conn: Connection, op_id: str) -> str | None:
+    return store.load_records(conn, [op_id])[0].lease_owner
