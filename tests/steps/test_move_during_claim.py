@@ -89,22 +89,15 @@ async def test_the_next_claim_lets_the_waiting_task_move_first(tmp_path: Path, d
         assert worker.shares.free(HOOKS) == free - 1
 
 
-@pytest.mark.parametrize("joins", [False, True], ids=["own-transactions", "shared-commits"])
-async def test_a_slot_held_ahead_waits_for_the_claim_where_writes_do_not_share_commits(
-    tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch, joins: bool
+async def test_a_slot_held_ahead_is_refused_at_once_while_a_claim_is_in_flight(
+    tmp_path: Path, db_url: str
 ) -> None:
-    """The slot a task holds ahead of its write (the completion's, the callback's) waits
-    for the claim in flight where each write is a transaction of its own (PostgreSQL's
-    way, here on SQLite's lock so the claim can be held); where queued writes share a
-    commit it is refused at once, and the write goes ahead."""
+    """The slot a task holds ahead of its write (the completion's, the callback's) does not
+    wait for the claim in flight: queued writes share a commit, so the write goes ahead."""
     async with step_rig(tmp_path, db_url) as rig:
         worker = rig.worker
-        monkeypatch.setattr(type(rig.runtime.db), "joins_writes", property(lambda _db: joins))
         free = worker.shares.free(HOOKS)
         async with held_claim(db_url, worker) as tick:
-            take = asyncio.ensure_future(worker.take(HOOKS))
-            await turns()
-            assert take.done() is joins
-        assert await asyncio.wait_for(take, 10) is not joins
+            assert worker.take(HOOKS) is False
         assert await tick == 0
-        assert worker.shares.free(HOOKS) == free - (0 if joins else 1)
+        assert worker.shares.free(HOOKS) == free

@@ -176,7 +176,7 @@ class ClaimRun:
         task into it or gives it back."""
         if self.completion_slot is not None or lane == self.share:
             return
-        if await self.worker.take(lane):
+        if self.worker.take(lane):
             self.completion_slot = lane
 
     def _settle_completion(self) -> None:

@@ -167,20 +167,16 @@ class Worker:
             self._claims_over.set()
         return claimed
 
-    async def take(self, key: str) -> bool:
+    def take(self, key: str) -> bool:
         """One slot of share ``key`` for a task of ours, held ahead of a write that may hand
-        the operation to it (see ``_after_claim``).
+        the operation to it; False at once when none is free.
 
-        Waiting holds that write back. Where each write is a transaction of its own
-        (PostgreSQL) the one it saves is worth it; where queued writes share a commit
-        (SQLite) it is not (measured: more CPU per operation, fewer operations a
-        second), and the step's own move waits for the claim instead.
+        It does not wait for a claim in flight (``_after_claim``): that would hold the
+        write back, and queued writes share a commit, so the write saves no transaction
+        (measured: more CPU per operation, fewer operations a second). The step's own
+        move waits for the claim instead.
         """
-        if self.shares.take(key):
-            return True
-        if self.deps.db.joins_writes:
-            return False
-        return await self._after_claim(key) and self.shares.take(key)
+        return self.shares.take(key)
 
     async def move(self, frm: str, to: str) -> bool:
         """Move a running operation to share ``to`` (see ``Shares.move``, ``_after_claim``)."""

@@ -46,7 +46,7 @@ from reconciler.storage import after_commit as committed
 from reconciler.storage import commit_tail
 from reconciler.storage.availability import Availability, WriteFailure, classify
 from reconciler.storage.fastsql import run
-from reconciler.storage.writer import JOIN_LIMIT, Writer
+from reconciler.storage.writer import Writer
 
 T = TypeVar("T")
 
@@ -294,11 +294,6 @@ class Database:
         self._count_guard = threading.Lock()
 
     @property
-    def joins_writes(self) -> bool:
-        """Whether writes queued together share one transaction (``run_joined``)."""
-        return True
-
-    @property
     def dialect(self) -> str:
         return self.engine.dialect.name
 
@@ -481,7 +476,6 @@ class Database:
                         queue_limit=WRITE_QUEUE_LIMIT,
                         wait_seconds=self.write_wait_seconds,
                         join=self.write_together,
-                        join_limit=JOIN_LIMIT if self.joins_writes else 1,
                         on_timeout=lambda _: self.availability.failed(WriteFailure.LOCKED),
                     )
         return self._writer

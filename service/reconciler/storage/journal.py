@@ -140,60 +140,51 @@ def _qualified(sql: Sql, param: str) -> str:
     return f"{sql.table.name}.{param}"
 
 
-@cache
-def _update_and_append(
-    keys: tuple[str, ...], guarded: bool, entries: int, also: tuple[Sql, ...] = ()
-) -> Sql:
-    """PostgreSQL: ``_update``, the history rows it comes with and the ``also`` statements,
-    in one statement. The rows are appended only if the UPDATE matched (its guards held):
-    the statement's row count is the rows appended (or, with none, the rows updated), so 0
-    means a lost race, as the UPDATE's own would. The ``also`` statements run either way;
-    a lost race rolls back what it ran in (``StaleWrite`` always undoes its write)."""
-    update = _update(keys, guarded)
-    columns = ", ".join(HISTORY_COLUMNS)
+def _with_history(name: str, head: Sql, also: tuple[Sql, ...], entries: int) -> Sql:
+    """PostgreSQL: ``also``, then ``head`` (the operation's row), then ``entries`` history
+    rows appended only if ``head`` touched the row, as one statement. Its row count is the
+    rows appended (without entries, the rows ``head`` touched), so 0 means a lost race.
+    The ``also`` statements run either way; a lost race rolls back what it ran in
+    (``StaleWrite`` always undoes its write)."""
     ctes = [f"also_{i} AS ({sql.text})" for i, sql in enumerate(also)]
     params = [_qualified(sql, p) for sql in also for p in sql.params]
     if not entries:
-        return Sql(
-            "operation-write-also",
-            OPS,
-            f"WITH {', '.join(ctes)} {update.text}",
-            params=(*params, *update.params),
-        )
+        return Sql(name, OPS, f"WITH {', '.join(ctes)} {head.text}", (*params, *head.params))
+    columns = ", ".join(HISTORY_COLUMNS)
     return Sql(
-        "operation-write-and-append",
+        name,
         OPS,
-        f"WITH {', '.join([*ctes, f'moved AS ({update.text} RETURNING id)'])} "
+        f"WITH {', '.join([*ctes, f'touched AS ({head.text} RETURNING id)'])} "
         f"INSERT INTO history ({columns}) "
         f"SELECT * FROM (VALUES {', '.join([_TYPED_HISTORY_ROW] * entries)}) "
-        f"AS entry ({columns}) WHERE EXISTS (SELECT 1 FROM moved)",
-        params=(*params, *update.params, *[f"history.{c}" for c in HISTORY_COLUMNS] * entries),
+        f"AS entry ({columns}) WHERE EXISTS (SELECT 1 FROM touched)",
+        params=(*params, *head.params, *[f"history.{c}" for c in HISTORY_COLUMNS] * entries),
     )
+
+
+@cache
+def _update_and_append(
+    keys: tuple[str, ...], guarded: bool, entries: int, also: tuple[Sql, ...]
+) -> Sql:
+    """``_update`` with its history and what comes ``also``, in one statement."""
+    return _with_history("operation-write-and-append", _update(keys, guarded), also, entries)
 
 
 @cache
 def _insert_and_append(also: tuple[Sql, ...]) -> Sql:
-    """PostgreSQL: a new operation's row, its first history entry and the ``also``
-    statements (its parts), in one statement."""
-    columns = ", ".join(HISTORY_COLUMNS)
-    ctes = [f"also_{i} AS ({sql.text})" for i, sql in enumerate(also)]
-    return Sql(
-        "operation-insert-and-append",
-        OPS,
-        f"WITH {', '.join([*ctes, f'made AS ({_INSERT_OPERATION.text} RETURNING id)'])} "
-        f"INSERT INTO history ({columns}) "
-        f"SELECT * FROM (VALUES {_TYPED_HISTORY_ROW}) AS entry ({columns}) "
-        "WHERE EXISTS (SELECT 1 FROM made)",
-        params=(
-            *[_qualified(sql, p) for sql in also for p in sql.params],
-            *_INSERT_OPERATION.params,
-            *[f"history.{c}" for c in HISTORY_COLUMNS],
-        ),
-    )
+    """A new operation's row, its first history entry and its parts, in one statement."""
+    return _with_history("operation-insert-and-append", _INSERT_OPERATION, also, 1)
 
 
 def _history_row(row: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(row[c] for c in HISTORY_COLUMNS)
+
+
+def _stale(op: OperationRecord, lease: Lease | None) -> StaleWrite:
+    return StaleWrite(
+        f"operation {op.id} changed since version {op.version} was read"
+        + (" or the lease was lost" if lease is not None else "")
+    )
 
 
 @dataclass
@@ -292,25 +283,20 @@ class Journal:
         params += [op.id, op.version, op.state]
         if lease is not None:
             params += [lease.owner, now]
+        guarded = lease is not None
         if conn.dialect.name == "postgresql" and (rows or also or parts):
             # One round trip for the row, its history and what belongs with it.
             also = (*also, *payloads.changes(op.id, parts))
-            parts = {}
-            sqls = tuple(b.sql for b in also)
-            statement = _update_and_append(keys, lease is not None, len(rows), sqls)
-            values = [value for row in rows for value in _history_row(row)]
+            statement = _update_and_append(keys, guarded, len(rows), tuple(b.sql for b in also))
             before = [value for b in also for value in b.values]
-            moved = statement.run(conn, *before, *params, *values).rowcount == max(1, len(rows))
-            rows = []
-        else:
-            for bound in also:
-                bound.run(conn)
-            moved = _update(keys, lease is not None).run(conn, *params).rowcount == 1
-        if not moved:
-            raise StaleWrite(
-                f"operation {op.id} changed since version {op.version} was read"
-                + (" or the lease was lost" if lease is not None else "")
-            )
+            values = [value for row in rows for value in _history_row(row)]
+            if statement.run(conn, *before, *params, *values).rowcount != max(1, len(rows)):
+                raise _stale(op, lease)
+            return with_changes(op, changes)
+        for bound in also:
+            bound.run(conn)
+        if _update(keys, guarded).run(conn, *params).rowcount != 1:
+            raise _stale(op, lease)
         if parts:
             payloads.store(conn, op.id, parts)
         _APPEND_HISTORY.many(conn, [_history_row(row) for row in rows])
