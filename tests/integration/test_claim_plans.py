@@ -16,9 +16,7 @@ table where most rows are in flight and not due, and many are done.
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
@@ -35,6 +33,7 @@ from reconciler.storage import fastsql, retention
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.journal import OPS
+from tests.support.statements import Ran, recording
 
 pytestmark = pytest.mark.both_backends
 
@@ -69,26 +68,6 @@ def seeded(module_db_url: str) -> tuple[str, list[str], datetime]:
     finally:
         db.dispose()
     return module_db_url, due_ids, now
-
-
-Ran = tuple[str, Any]
-
-
-@contextmanager
-def recording(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Ran]]:
-    """Every statement run through ``storage.fastsql`` meanwhile (text and parameters)."""
-    ran: list[Ran] = []
-    lock = threading.Lock()
-    real = fastsql.run
-
-    def record(conn: Any, sql: str, params: Any = (), *, many: bool = False) -> Any:
-        with lock:
-            ran.append((sql, params[0] if many else params))
-        return real(conn, sql, params, many=many)
-
-    with monkeypatch.context() as patched:
-        patched.setattr(fastsql, "run", record)
-        yield ran
 
 
 def _tick(

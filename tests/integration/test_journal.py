@@ -19,8 +19,9 @@ from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, TRANSITIONS, State
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.storage import completion_steps as steps
+from reconciler.storage.audit import verify
 from reconciler.storage.database import Database
-from reconciler.storage.journal import Entry, Journal, Lease
+from reconciler.storage.journal import Entry, Journal, Lease, Step
 from reconciler.storage.operations import load_operation
 from reconciler.storage.tables import HISTORY, OPS
 from tests.support.factories import insert_operation
@@ -106,6 +107,62 @@ def test_forbidden_transition_raises_and_writes_nothing(
     assert _history(db, op.id) == before
 
 
+def test_a_move_through_a_state_is_two_moves_in_one_write(db: Database, clock: ManualClock) -> None:
+    """``through``: each state passed is a move of its own in the history (checked against
+    the state table, chained), and the row changes once."""
+    journal = Journal()
+    op = insert_operation(db, journal, clock.now())
+    with db.write() as conn:
+        after = journal.transition(
+            conn,
+            op,
+            State.OBSERVING,
+            actor="w",
+            cause="observing",
+            now=clock.now(),
+            changes={"remote_job_id": "job-1"},
+            through=[Step(State.ACCEPTED, "create_confirmed_job", {"job_id": "job-1"})],
+        )
+    assert (after.state, after.version, after.remote_job_id) == (
+        "observing",
+        op.version + 1,
+        "job-1",
+    )
+    moves = [(h["from_state"], h["to_state"], h["cause"]) for h in _history(db, op.id)[1:]]
+    assert moves == [
+        ("create_pending", "accepted", "create_confirmed_job"),
+        ("accepted", "observing", "observing"),
+    ]
+    assert verify(db, None).fault is None
+    with db.read() as conn:
+        stored = load_operation(conn, op.id)
+    assert (stored.state, stored.version, stored.history_head) == (
+        after.state,
+        after.version,
+        after.history_head,
+    )
+
+
+def test_a_move_through_a_state_the_table_forbids_writes_nothing(
+    db: Database, clock: ManualClock
+) -> None:
+    journal = Journal()
+    op = insert_operation(db, journal, clock.now())
+    with pytest.raises(IllegalTransition), db.write() as conn:
+        journal.transition(
+            conn,
+            op,
+            State.OBSERVING,
+            actor="w",
+            cause="c",
+            now=clock.now(),
+            through=[Step(State.RESULT_COLLECTING, "c")],
+        )
+    with db.read() as conn:
+        assert load_operation(conn, op.id).version == op.version
+    assert len(_history(db, op.id)) == 1
+
+
 def test_stale_version_is_refused(db: Database, clock: ManualClock) -> None:
     journal = Journal()
     op = insert_operation(db, journal, clock.now())
@@ -144,7 +201,7 @@ def test_what_comes_also_is_written_with_the_row_or_not_at_all(
 
 def _ensured(db: Database, op: OperationRecord) -> list[steps.StepRow]:
     with db.write() as conn:
-        return steps.ensure_all(conn, op, ["s"])
+        return steps.ensure_all(conn, op, ["s"])[0]
 
 
 def test_lease_guard_refuses_an_expired_or_foreign_lease(db: Database, clock: ManualClock) -> None:

@@ -1,7 +1,7 @@
 """Stored history for the console's charts: hours of completions, verdicts, a long story.
 
 Written through the service's own storage functions (``Journal``,
-``storage.trust.record_verdict`` and ``count_completions``), so the health row
+``storage.trust.verdict_row`` and ``count_completions``), so the health row
 and its transitions are what the service would have stored. Every moment is
 at least two clock hours before ``now``: a test that reads the page a little
 later, in the next hour, still finds every mark inside the window; the story's
@@ -76,15 +76,14 @@ def completed_hours(
         op, judged_at = ops[0], ops[0].done_at
         assert judged_at is not None
         with db.write() as conn:
-            trust.record_verdict(
-                conn,
+            trust.verdict_row(
                 op,
                 verdict,
                 asked_at=judged_at - timedelta(seconds=1),
                 seen_at=judged_at,
                 hinted_at=judged_at - timedelta(seconds=2) if verdict is Verdict.LATE else None,
                 settle_after=None,
-            )
+            ).run(conn)
             changes = trust.count_completions(conn, provider, [(verdict, op.id)], judged_at, policy)
             transitions += [(judged_at, c.after.value) for c in changes]
     return ProviderHistory(window, reads, transitions)

@@ -28,7 +28,8 @@ class OperationRecord:
     """One operation: its row's columns in table order, then its payloads.
 
     The payloads (``PAYLOADS``) live in their own table, written once each; a record
-    read with its row carries all but ``request``, which only the create step reads.
+    read with its row carries all but ``request``, which only the create step reads (from
+    the record when the claim read it along, as PostgreSQL's does for a create not sent).
     """
 
     id: str

@@ -17,7 +17,10 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from reconciler.core.records import OperationRecord
+from reconciler.core.vocabulary import HistoryKind
 from reconciler.storage.fastsql import Bound, Sql
+from reconciler.storage.history import LAST_HINT, last_hint_at
+from reconciler.storage.journal import Also
 from reconciler.storage.tables import STEPS
 
 
@@ -74,19 +77,27 @@ def _ensure_sql(rows: int) -> Sql:
 
 @cache
 def _ensure_and_read_sql(rows: int) -> Sql:
-    """PostgreSQL: ``_ensure_sql`` and ``_OF_ROUND`` in one statement. The rows it makes
-    come from the INSERT's RETURNING; those that were there come from the table, whose
-    snapshot (the statement's start) does not hold the new ones, so none comes twice."""
+    """PostgreSQL: ``_ensure_sql`` and ``_OF_ROUND`` in one statement, each row with the
+    operation's last webhook hint (``history.LAST_HINT``: the lag's start). The rows it
+    makes come from the INSERT's RETURNING; those that were there come from the table,
+    whose snapshot (the statement's start) does not hold the new ones, so none comes twice."""
     insert = _ensure_sql(rows)
     columns = ", ".join(_STEP_COLUMNS)
+    hint = "(SELECT at FROM hint)"
     return Sql(
         "steps-ensure-and-read",
         STEPS,
-        f"WITH made AS ({insert.text} RETURNING {columns}) SELECT {columns} FROM made "
-        f"UNION ALL SELECT {columns} FROM completion_steps "
-        "WHERE operation_id = ? AND round = ? AND step IN (?*)",
-        params=(*insert.params, "operation_id", "round", "step"),
-        returns=_STEP_COLUMNS,
+        f"WITH made AS ({insert.text} RETURNING {columns}), hint AS ({LAST_HINT.text}) "
+        f"SELECT {columns}, {hint} FROM made UNION ALL SELECT {columns}, {hint} "
+        "FROM completion_steps WHERE operation_id = ? AND round = ? AND step IN (?*)",
+        params=(
+            *insert.params,
+            *(f"history.{name}" for name in LAST_HINT.params),
+            "operation_id",
+            "round",
+            "step",
+        ),
+        returns=(*_STEP_COLUMNS, "history.at"),
     )
 
 
@@ -127,15 +138,20 @@ def _set_sql(keys: tuple[str, ...], only: bool) -> Sql:
     )
 
 
-def ensure_all(conn: Connection, op: OperationRecord, names: Sequence[str]) -> list[StepRow]:
+def ensure_all(
+    conn: Connection, op: OperationRecord, names: Sequence[str]
+) -> tuple[list[StepRow], datetime | None]:
     """This round's rows of the named steps, in that order; made ``pending`` the first time.
+    With them, when the round is fresh (no step begun yet), the operation's last webhook
+    hint: where the lag metric starts.
 
     One INSERT for the missing ones (the unique key decides, so concurrent handlers
     cannot both make a row) and one SELECT for all of them; on PostgreSQL both in one
-    statement, read again only if a row another transaction made meanwhile is missing.
+    statement, with the hint, read again only if a row another transaction made meanwhile
+    is missing.
     """
     if not names:
-        return []
+        return [], None
     params: list[Any] = []
     for name in names:
         params += [
@@ -147,27 +163,37 @@ def ensure_all(conn: Connection, op: OperationRecord, names: Sequence[str]) -> l
             0,
         ]
     of_round = (op.id, op.completion_round, list(names))
+    hint: datetime | None = None
+    hint_read = False
     if conn.dialect.name == "postgresql":
-        rows = _ensure_and_read_sql(len(names)).rows(conn, *params, *of_round)
+        rows = _ensure_and_read_sql(len(names)).rows(
+            conn, *params, op.id, HistoryKind.HINT.value, *of_round
+        )
         if len(rows) < len(names):
             rows = _OF_ROUND.rows(conn, *of_round)
+        else:
+            hint, hint_read = rows[0][-1], True
     else:
         _ensure_sql(len(names)).run(conn, *params)
         rows = _OF_ROUND.rows(conn, *of_round)
     found = {
         step: StepRow(step, StepStatus(status), attempts, next_attempt_at, key)
-        for step, status, attempts, next_attempt_at, key in rows
+        for step, status, attempts, next_attempt_at, key, *_ in rows
     }
-    return [found[name] for name in names]
+    ordered = [found[name] for name in names]
+    fresh = all(r.status is StepStatus.PENDING and r.attempts == 0 for r in ordered)
+    if not fresh:
+        return ordered, None
+    return ordered, hint if hint_read else last_hint_at(conn, op.id)
 
 
 def ensure(conn: Connection, op: OperationRecord, step: str) -> StepRow:
     """The step's row for this round, made ``pending`` the first time it is asked for."""
-    return ensure_all(conn, op, [step])[0]
+    return ensure_all(conn, op, [step])[0][0]
 
 
 # A step row's change, written with the operation's own (``Journal.write(also=...)``).
-StepChange = Bound
+StepChange = Also
 
 
 def _change(

@@ -34,7 +34,7 @@ _PAGE = Sql(
     params=("operation_id", "seq", AS_IS),
     returns=ENTRY_COLUMNS,
 )
-_LAST_HINT = Sql(
+LAST_HINT = Sql(
     "history-last-hint",
     HISTORY,
     "SELECT at FROM history WHERE operation_id = ? AND kind = ? ORDER BY seq DESC LIMIT 1",
@@ -84,7 +84,7 @@ def history_page(
 
 
 def last_hint_at(conn: Connection, operation_id: str) -> datetime | None:
-    value = _LAST_HINT.value(conn, operation_id, HistoryKind.HINT.value)
+    value = LAST_HINT.value(conn, operation_id, HistoryKind.HINT.value)
     return value if isinstance(value, datetime) else None
 
 

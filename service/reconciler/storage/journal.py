@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cache
+from functools import cache, partial
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -54,6 +54,21 @@ class Entry:
     from_state: State | None = None
     to_state: State | None = None
     at: datetime | None = None
+
+
+# A statement on another table that belongs to an operation's change and is written with
+# it (``Journal.write(also=...)``): a completion step's record, a verdict, a part.
+Also = Bound
+
+
+@dataclass(frozen=True)
+class Step:
+    """A state an operation passes through on its way in one write (``transition(through=)``):
+    its own history entry, checked against the state table like the move it leads to."""
+
+    to: State
+    cause: str
+    detail: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -187,6 +202,25 @@ def _stale(op: OperationRecord, lease: Lease | None) -> StaleWrite:
     )
 
 
+def _log_move(operation_id: str, move: Entry) -> None:
+    frm, to = move.from_state, move.to_state
+    assert frm is not None and to is not None
+    log.info(
+        "operation %s: %s -> %s (%s)",
+        operation_id,
+        frm.value,
+        to.value,
+        move.cause,
+        extra={
+            "operation_id": operation_id,
+            "from_state": frm.value,
+            "to_state": to.value,
+            "actor": move.actor,
+            "cause": move.cause,
+        },
+    )
+
+
 @dataclass
 class Journal:
     key: bytes | None = None
@@ -265,7 +299,7 @@ class Journal:
         changes: Mapping[str, Any] | None = None,
         entries: Sequence[Entry] = (),
         lease: Lease | None = None,
-        also: Sequence[Bound] = (),
+        also: Sequence[Also] = (),
     ) -> OperationRecord:
         """Apply ``changes`` and append ``entries`` if ``op`` is still current; return it.
 
@@ -380,13 +414,34 @@ class Journal:
         entries: Sequence[Entry] = (),
         lease: Lease | None = None,
         before: Sequence[Entry] = (),
+        also: Sequence[Also] = (),
+        through: Sequence[Step] = (),
     ) -> OperationRecord:
         """Move ``op`` to ``to`` with its evidence; raises ``IllegalTransition`` before writing.
 
         ``before`` entries (the observation that caused the move) precede the transition in
-        the history; ``entries`` follow it.
+        the history; ``entries`` follow it; ``also`` as for ``write``. ``through``: states
+        passed on the way, each recorded as a move of its own, in the same write (the
+        accepted job that is watched at once: one statement, not one per move).
         """
-        frm = State(op.state)
+        start = State(op.state)
+        frm = start
+        passed: list[Entry] = []
+        for step in through:
+            check_transition(frm, step.to)
+            if step.to in END_STATES:
+                raise ValueError("an end state is where a move ends, not a state it passes")
+            passed.append(
+                Entry(
+                    kind=HistoryKind.TRANSITION,
+                    actor=actor,
+                    cause=step.cause,
+                    detail=step.detail,
+                    from_state=frm,
+                    to_state=step.to,
+                )
+            )
+            frm = step.to
         check_transition(frm, to)
         all_changes: dict[str, Any] = {"state": to.value}
         if to in END_STATES:
@@ -399,7 +454,7 @@ class Journal:
                 next_poll_at=now,
                 delay_source=None,
             )
-        elif frm in END_STATES:
+        elif start in END_STATES:
             all_changes["done_at"] = None
         all_changes.update(changes or {})
         entry = Entry(
@@ -412,26 +467,17 @@ class Journal:
             delay_source=DelaySource(ds) if (ds := all_changes.get("delay_source")) else None,
         )
         after = self.write(
-            conn, op, now=now, changes=all_changes, entries=[*before, entry, *entries], lease=lease
+            conn,
+            op,
+            now=now,
+            changes=all_changes,
+            entries=[*before, *passed, entry, *entries],
+            lease=lease,
+            also=also,
         )
         # Said once the move is committed: a rolled-back move is no move.
-        after_commit(
-            conn,
-            lambda: log.info(
-                "operation %s: %s -> %s (%s)",
-                op.id,
-                frm.value,
-                to.value,
-                cause,
-                extra={
-                    "operation_id": op.id,
-                    "from_state": frm.value,
-                    "to_state": to.value,
-                    "actor": actor,
-                    "cause": cause,
-                },
-            ),
-        )
+        for moved in (*passed, entry):
+            after_commit(conn, partial(_log_move, op.id, moved))
         # Waiters on other replicas learn of the change when (and only if) it commits.
         notify_in_transaction(conn, CHANGE_CHANNEL, op.id)
         return after

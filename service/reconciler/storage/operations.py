@@ -31,7 +31,7 @@ from sqlalchemy.engine import Connection
 from reconciler.core import ids
 from reconciler.core.completion_lanes import CALLBACK_PREFIX
 from reconciler.core.errors import Gone, InvalidRequest, NotFound
-from reconciler.core.records import PAYLOADS, OperationRecord
+from reconciler.core.records import FIELDS, PAYLOADS, OperationRecord
 from reconciler.core.states import END_STATES, REOPENABLE, State
 from reconciler.core.strict_json import shown
 from reconciler.storage import commit_tail, payloads
@@ -45,6 +45,12 @@ MAX_PAGE = 200
 BAD_CURSOR = "cursor is not valid; pass the next_cursor of a previous page"
 OPS_COLUMNS = tuple(c.name for c in OPS.c)
 _COLUMN_LIST = ", ".join(OPS_COLUMNS)
+# A whole record: the row's columns, and on PostgreSQL its parts in the same statement.
+_RECORD_LIST = f"{_COLUMN_LIST}[[, {payloads.inline()}|]]"
+# The claim's: with the create request of those whose next step sends it.
+_SENDS_REQUEST = f"state = '{State.CREATE_PENDING.value}'"
+_CLAIMED_LIST = f"{_COLUMN_LIST}[[, {payloads.inline(_SENDS_REQUEST)}|]]"
+_RECORD_RETURNS = (*OPS_COLUMNS, *payloads.INLINE_RETURNS)
 # Free to claim: never leased, or the lease ran out.
 _FREE = "(lease_expires_at IS NULL OR lease_expires_at <= ?)"
 # The due reads are found by ``next_poll_at`` (``ix_operations_due``: the few rows due, not
@@ -61,31 +67,31 @@ IN_FLIGHT = tuple(s.value for s in State if s not in END_STATES)
 _BY_IDS = Sql(
     "operations-by-id",
     OPS,
-    f"SELECT {_COLUMN_LIST} FROM operations WHERE id IN (?*)",
+    f"SELECT {_RECORD_LIST} FROM operations WHERE id IN (?*)",
     params=("id",),
-    returns=OPS_COLUMNS,
+    returns=_RECORD_RETURNS,
 )
 _BY_IDS_LOCKED = Sql(
     "operations-by-id-locked",
     OPS,
-    f"SELECT {_COLUMN_LIST} FROM operations WHERE id IN (?*) [[FOR UPDATE|]]",
+    f"SELECT {_RECORD_LIST} FROM operations WHERE id IN (?*) [[FOR UPDATE|]]",
     params=("id",),
-    returns=OPS_COLUMNS,
+    returns=_RECORD_RETURNS,
 )
 _BY_KEY = Sql(
     "operation-by-key",
     OPS,
-    f"SELECT {_COLUMN_LIST} FROM operations WHERE caller = ? AND idempotency_key = ?",
+    f"SELECT {_RECORD_LIST} FROM operations WHERE caller = ? AND idempotency_key = ?",
     params=("caller", "idempotency_key"),
-    returns=OPS_COLUMNS,
+    returns=_RECORD_RETURNS,
 )
 _CLAIM = Sql(
     "operations-claim",
     OPS,
     f"UPDATE operations SET lease_owner = ?, lease_expires_at = ? "
-    f"WHERE id IN (?*) AND {_FREE} RETURNING {_COLUMN_LIST}",
+    f"WHERE id IN (?*) AND {_FREE} RETURNING {_CLAIMED_LIST}",
     params=("lease_owner", "lease_expires_at", "id", "lease_expires_at"),
-    returns=OPS_COLUMNS,
+    returns=_RECORD_RETURNS,
 )
 _STATUS_READ_OVERDUE = Sql(
     "status-read-overdue",
@@ -177,18 +183,21 @@ def _page_sql(
     return Sql(
         "operations-page",
         OPS,
-        f"SELECT {_COLUMN_LIST} FROM operations WHERE {' AND '.join(where)} "
+        f"SELECT {_RECORD_LIST} FROM operations WHERE {' AND '.join(where)} "
         "ORDER BY id DESC LIMIT ?",
         params=(*params, AS_IS),
-        returns=OPS_COLUMNS,
+        returns=_RECORD_RETURNS,
     )
 
 
 def records_of(conn: Connection, rows: Sequence[Sequence[Any]]) -> list[OperationRecord]:
     """Records from decoded rows in ``OPS_COLUMNS`` order (``records.COLUMNS``), with their
-    parts after the columns, as the record's fields run."""
+    parts after the columns, as the record's fields run: read here unless the rows carry
+    them already (``_RECORD_LIST`` on PostgreSQL)."""
     if not rows:
         return []
+    if len(rows[0]) == len(FIELDS):
+        return [record_of_values(row) for row in rows]
     parts = payloads.load(conn, [row[0] for row in rows])  # the id is the first column
     built = []
     for row in rows:

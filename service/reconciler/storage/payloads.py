@@ -48,6 +48,30 @@ WITH_ROW = ("meta", "status_body", "result")
 REQUEST = "request"
 
 
+def _part(name: str) -> str:
+    return (
+        "(SELECT value FROM operation_payloads "
+        f"WHERE operation_id = operations.id AND name = '{name}')"
+    )
+
+
+def inline(request_when: str = "") -> str:
+    """PostgreSQL reads an operation's parts with its row, in the same statement: one
+    subquery per part, each a lookup of the parts' primary key, in ``PAYLOADS`` order after
+    the row's columns (``records_of``). A claim or a lookup is then one round trip, not
+    two; SQLite keeps its second statement (``load``), which costs it no round trip. The
+    request only for the rows where ``request_when`` (SQL) holds, else never."""
+    return ", ".join(
+        _part(name)
+        if name in WITH_ROW
+        else (f"CASE WHEN {request_when} THEN {_part(name)} END" if request_when else "NULL")
+        for name in PAYLOADS
+    )
+
+
+INLINE_RETURNS = ("operation_payloads.value",) * len(PAYLOADS)
+
+
 def split(changes: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``changes`` as (row columns, payloads)."""
     row: dict[str, Any] = {}

@@ -28,7 +28,7 @@ from reconciler.core.trust import Change, Health, TrustPolicy, TrustState, Trust
 from reconciler.core.trust import count as count_verdict
 from reconciler.core.trust import view as trust_view_of
 from reconciler.core.vocabulary import DelaySource
-from reconciler.storage.fastsql import AS_IS, Sql
+from reconciler.storage.fastsql import AS_IS, Bound, Sql
 from reconciler.storage.journal import OPS_COLUMNS
 from reconciler.storage.models import record_of_values
 from reconciler.storage.tables import EVENTS, HEALTH, OPS, VERDICTS
@@ -265,8 +265,7 @@ def count_completions(
     return changes
 
 
-def record_verdict(
-    conn: Connection,
+def verdict_row(
     op: OperationRecord,
     verdict: Verdict,
     *,
@@ -274,9 +273,10 @@ def record_verdict(
     seen_at: datetime,
     hinted_at: datetime | None,
     settle_after: datetime | None,
-) -> None:
-    _INSERT_VERDICT.run(
-        conn,
+) -> Bound:
+    """How ``op``'s end was first learned of: a row written with the move that records the
+    end (``Journal.transition(also=...)``), so the evidence exists exactly when the move does."""
+    values = (
         op.id,
         op.provider,
         op.remote_job_id,
@@ -287,6 +287,7 @@ def record_verdict(
         settle_after,
         None if verdict is Verdict.PENDING else seen_at,
     )
+    return Bound(_INSERT_VERDICT, values)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """The job id confirmed (by the create's answer or a lookup): ``accepted``, then watched.
 
-One transaction: the operation is accepted with the evidence, webhooks that came for
-the job before its id was known are attached to it (orphans), and the operation then
-moves on: a cancel that arrived before the job id is applied now that there is a job,
-otherwise the first status read is set (``core.next_read.first_poll``; at once when an
-orphan webhook already announced something: docs/design.md#intake).
+One write: the operation is accepted with the evidence, webhooks that came for the job
+before its id was known are attached to it (orphans), and the operation moves on in the
+same statement (``Journal.transition(through=...)``): a cancel that arrived before the
+job id is applied now that there is a job, otherwise the first status read is set
+(``core.next_read.first_poll``; at once when an orphan webhook already announced
+something: docs/design.md#intake).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.providers.adapter import CreateOutcome
-from reconciler.storage.journal import Entry
+from reconciler.storage.journal import Entry, Step
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.trust import is_trusted
 from reconciler.storage.webhook_events import attach_orphans
@@ -55,18 +56,6 @@ async def accept_job(
             "last_http_at": call.sent_at,
             "last_provider_request_id": call.provider_request_id,
         }
-        after = journal.transition(
-            conn,
-            fresh,
-            State.ACCEPTED,
-            actor=ctx.actor,
-            cause=f"{via}_confirmed_job",
-            now=now,
-            detail=evidence,
-            changes=changes,
-            before=before,
-            lease=ctx.lease,
-        )
         orphans = attach_orphans(conn, op.provider, job_id, op.id)
         hints = [
             Entry(
@@ -78,16 +67,21 @@ async def accept_job(
             )
             for event_id in orphans
         ]
-        if after.cancel_requested_at is not None:
+        # Accepted, and on to the next state in the same write: one statement, each move
+        # its own history entry.
+        accepted = Step(State.ACCEPTED, f"{via}_confirmed_job", evidence)
+        if fresh.cancel_requested_at is not None:
             # A cancel arrived before the job id: apply it now that there is a job.
             return journal.transition(
                 conn,
-                after,
+                fresh,
                 State.CANCEL_REQUESTED,
                 actor=ctx.actor,
                 cause="held_cancel_applied",
                 now=now,
-                changes={"next_poll_at": now},
+                changes={**changes, "next_poll_at": now},
+                before=before,
+                through=[accepted],
                 entries=hints,
                 lease=ctx.lease,
             )
@@ -105,13 +99,15 @@ async def accept_job(
             notify_in_transaction(conn, WAKE_CHANNEL)
         return journal.transition(
             conn,
-            after,
+            fresh,
             State.OBSERVING,
             actor=ctx.actor,
             cause="observing",
             now=now,
             detail={"next_poll_at": isoformat(nxt["next_poll_at"])},
-            changes=nxt,
+            changes={**changes, **nxt},
+            before=before,
+            through=[accepted],
             entries=hints,
             lease=ctx.lease,
         )

@@ -45,7 +45,6 @@ from reconciler.engine.shares import share_of
 from reconciler.outbound.callbacks import CallbackClient, receiver_host
 from reconciler.storage import completion_steps as steps
 from reconciler.storage.completion_steps import StepRow, StepStatus
-from reconciler.storage.history import last_hint_at
 from reconciler.storage.journal import Entry
 from reconciler.storage.operation_reads import view_of
 from reconciler.storage.tokens import callback_keys
@@ -127,12 +126,10 @@ class CompleteStep:
 
     def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep:
         """Begin (or resume) the round: its step rows, and the first unfinished step started."""
-        rows = tuple(steps.ensure_all(conn, op, self.steps_for(op)))
         # The lag is observed when the round's first step starts; a round resumed (a
-        # step begun already: the callback after the hooks, a retry) has nothing to add.
-        fresh = all(r.status is steps.StepStatus.PENDING and r.attempts == 0 for r in rows)
-        hinted_at = last_hint_at(conn, op.id) if fresh else None
-        return self._advance(conn, op, rows, 0, now, [], hinted_at)
+        # step begun already: the callback after the hooks, a retry) has no hint to add.
+        rows, hinted_at = steps.ensure_all(conn, op, self.steps_for(op))
+        return self._advance(conn, op, tuple(rows), 0, now, [], hinted_at)
 
     async def __call__(self, op: OperationRecord, prep: Prep | None = None) -> None:
         ctx = self.ctx

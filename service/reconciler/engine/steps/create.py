@@ -79,7 +79,7 @@ class CreateStep:
         if plan_create(op, now, settling_of(self.ctx.spec(op))) != FirstSend():
             return None
         charged = self._reserve_in(conn, op, {"create_attempts": 1}, [], now)
-        return Prep(charged, load_request(conn, op.id))
+        return Prep(charged, op.request if op.request is not None else load_request(conn, op.id))
 
     async def __call__(self, op: OperationRecord, prep: Prep | None = None) -> None:
         ctx = self.ctx
@@ -233,7 +233,9 @@ class CreateStep:
             charged, request = prepared.op, prepared.data
         else:
             charged = await self._reserve(op, {"create_attempts": op.create_attempts + 1}, before)
-            request = await ctx.deps.db.run(self._request, op.id)
+            request = op.request
+            if request is None:
+                request = await ctx.deps.db.run(self._request, op.id)
         spec = ctx.spec(op)
         body = apply_set(request, spec.create.set, template_values(op, spec))
         outcome = await ctx.call(

@@ -47,7 +47,7 @@ from reconciler.engine.flow import Prep
 from reconciler.providers.adapter import StatusOutcome
 from reconciler.storage import trust as health
 from reconciler.storage.history import notes_with_cause
-from reconciler.storage.journal import Entry
+from reconciler.storage.journal import Also, Entry
 
 MAX_KEPT_STATUS_BYTES = 65_536
 # States in which a status answer may still be applied after a concurrent write.
@@ -271,7 +271,7 @@ class PollStep:
                 transport_error=obs.transport_error,
             )
         # The evidence is stored before the move, the health counted last (see below).
-        verdict = self._judge(conn, op, outcome, now)
+        verdict, evidence = self._judge(conn, op, outcome, now)
         if isinstance(decision, Collect):
             body = outcome.call.body
             size = len(outcome.call.body_bytes or b"")
@@ -292,9 +292,12 @@ class PollStep:
                 changes=changes,
                 before=[*lead, entry],
                 lease=ctx.lease,
+                also=evidence,
             )
         else:
-            after = self._finish(conn, op, decision, outcome.view, changes, [*lead, entry], now)
+            after = self._finish(
+                conn, op, decision, outcome.view, changes, [*lead, entry], now, evidence
+            )
         self._count(conn, op, verdict, now)
         return after
 
@@ -309,10 +312,11 @@ class PollStep:
 
     def _judge(
         self, conn: Connection, op: OperationRecord, outcome: StatusOutcome, now: datetime
-    ) -> Verdict | None:
-        """Store how this terminal state was first learned of (the evidence of the health)."""
+    ) -> tuple[Verdict | None, tuple[Also, ...]]:
+        """How this terminal state was first learned of, and its row (the evidence of the
+        health), written with the move."""
         if not self._trust_applies(op):
-            return None
+            return None, ()
         policy = self.ctx.trust_policy(self.ctx.spec(op))
         asked = outcome.call.sent_at
         since = op.last_http_at or op.accepted_at or op.created_at
@@ -328,8 +332,7 @@ class PollStep:
         )
         verdict = judge_read(None, asked, hinted, outage=outage)
         first = verdict is Verdict.WEBHOOK_FIRST
-        health.record_verdict(
-            conn,
+        row = health.verdict_row(
             op,
             verdict,
             asked_at=asked,
@@ -337,7 +340,7 @@ class PollStep:
             hinted_at=hinted if first else None,
             settle_after=settle_after(now, policy) if verdict is Verdict.PENDING else None,
         )
-        return verdict
+        return verdict, (row,)
 
     def _count(
         self, conn: Connection, op: OperationRecord, verdict: Verdict | None, now: datetime
@@ -415,6 +418,7 @@ class PollStep:
         changes: dict[str, Any],
         evidence: list[Entry],
         now: datetime,
+        also: tuple[Also, ...],
     ) -> OperationRecord:
         ctx = self.ctx
         provider_error = getattr(view, "error", None)
@@ -439,6 +443,7 @@ class PollStep:
             changes=changes,
             before=evidence,
             lease=ctx.lease,
+            also=also,
         )
 
 
