@@ -369,13 +369,16 @@ async def test_the_write_that_records_the_last_hook_starts_the_callback(
     async with _one_hook_rig(tmp_path, db_url, receiver) as rig:
         op_id = await finished(rig, callback_url=CALLBACK_URL)
         db = rig.runtime.db
-        writes = db.write_transactions
+        writes, version = db.write_transactions, rig.row(op_id).version
         assert await rig.tick() == 1
         assert len(receiver.requests) == 1 and len(hooks.read_runs(hook_log)) == 1
         assert hooks.completion_finished(db, op_id)
         # The claim (it starts the hook), the hook's record (it starts the callback), and
         # the callback's record (it closes the round and gives the lease back).
         assert db.write_transactions - writes == 3
+        # The hook's record moves the operation to the callback's share and starts the
+        # callback in one change of the row, not a move and then a start.
+        assert rig.row(op_id).version - version == 3
         steps = hooks.completion_steps(db, op_id)
         assert {n: (r["status"], r["attempts"]) for n, r in steps.items()} == {
             f"hook:{hooks.RECORD}": ("done", 1),

@@ -226,8 +226,8 @@ class StepContext:
             done = built if isinstance(built, Prep) else Prep(built)
             if ends_step and (final or done.final) and done.op.step_failures:
                 done = replace(done, op=self._clear_failures(conn, done.op))
-            nxt, released = (None, False)
-            if flow is not None:
+            nxt, released = (done.next, False)
+            if flow is not None and nxt is None:
                 nxt, released = flow.after_write(conn, done.op, self.now(), final or done.final)
             return done, nxt, released
 

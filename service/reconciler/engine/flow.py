@@ -43,12 +43,15 @@ class Prep:
     """A step prepared in a write that committed: the record after it, and the step's data.
 
     ``final`` (set by a build that decides it inside its transaction): this write ends
-    the step, as ``final=True`` on the write would say.
+    the step, as ``final=True`` on the write would say. ``next``: the next step, which
+    this write started itself in its own statement (the callback after the hooks, in a
+    share of its own: ``Flow.continues``); the flow takes it as what it would have prepared.
     """
 
     op: OperationRecord
     data: Any = None
     final: bool = False
+    next: Prep | None = None
 
 
 class Preparer(Protocol):
@@ -103,6 +106,12 @@ class Flow:
             return None, True
         step = self.next_step(after, now)
         return (step.prepare(conn, after, now) if step is not None else None), False
+
+    def continues(self, after: OperationRecord, now: datetime) -> bool:
+        """Inside a write: whether ``after_write`` would prepare the next step on ``after``
+        (nothing released, a step of a share this task holds or may move into)."""
+        due = after.next_poll_at is not None and after.next_poll_at <= now
+        return due and self.keeps(after) and self.next_step(after, now) is not None
 
     def wrote(self, after: OperationRecord, prep: Prep | None, released: bool) -> None:
         """On the loop, once the write committed."""

@@ -35,11 +35,11 @@ from reconciler.core.completion_retry import (
     RetryStepAt,
     after_failure,
 )
-from reconciler.core.records import OperationRecord
+from reconciler.core.records import OperationRecord, with_changes
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import EscalationReason, HistoryKind
 from reconciler.engine.context import StepContext
-from reconciler.engine.flow import Prep, flow_var
+from reconciler.engine.flow import Flow, Prep, flow_var
 from reconciler.engine.hooks import Hook
 from reconciler.engine.shares import share_of
 from reconciler.outbound.callbacks import CallbackClient, receiver_host
@@ -85,6 +85,14 @@ class Outcome:
     retry_after: str | None = None
     permanent: bool = False
     http_status: int | None = None
+
+
+def _starts_there(flow: Flow | None, op: OperationRecord, lane: str, now: datetime) -> bool:
+    """Whether the step due in share ``lane`` may start in this write, with the move: the
+    write that records a step's outcome, when the task would go on with the operation
+    there (a slot of it held: ``Flow.reserve``, ``Flow.continues``). One statement, not a
+    move, a read of the round's rows and a start."""
+    return flow is not None and flow.continues(with_changes(op, {"completion_lane": lane}), now)
 
 
 def completion_retry_policy(settings: CallbackSettings) -> CompletionRetryPolicy:
@@ -176,9 +184,10 @@ class CompleteStep:
         """A transactional hook: called inside the write that records its step, so its
         effects and the step's ``done`` commit together or not at all (exactly once)."""
         now = self.ctx.now()
+        flow = flow_var.get()  # read here: the build runs on a writer thread
 
         def build(conn: Connection, fresh: OperationRecord) -> Prep:
-            return self._record(conn, fresh, plan, self._call_in(conn, hook, plan), now)
+            return self._record(conn, fresh, plan, self._call_in(conn, hook, plan), now, flow)
 
         return await self.ctx.apply_plan(op, build)
 
@@ -200,8 +209,9 @@ class CompleteStep:
 
     async def _recorded(self, op: OperationRecord, plan: Plan, outcome: Outcome) -> Prep:
         now = self.ctx.now()
+        flow = flow_var.get()  # read here: the build runs on a writer thread
         return await self.ctx.apply_plan(
-            op, lambda conn, fresh: self._record(conn, fresh, plan, outcome, now)
+            op, lambda conn, fresh: self._record(conn, fresh, plan, outcome, now, flow)
         )
 
     def _observe_lag(self, op: OperationRecord, plan: Plan) -> None:
@@ -223,10 +233,12 @@ class CompleteStep:
         entries: list[Entry],
         hinted_at: datetime | None = None,
         also: tuple[steps.StepChange, ...] = (),
+        flow: Flow | None = None,
     ) -> Prep:
         """From step ``start`` on: start the first unfinished step, or wait for its retry,
         or record the round finished; ``entries`` (the last step's record) and ``also``
-        (its step row's change) go with it, in the operation's write."""
+        (its step row's change) go with it, in the operation's write. ``flow``: the task's,
+        when a step due in another share may start in this write (``_starts_there``)."""
         ctx = self.ctx
         journal = ctx.deps.journal
         held = share_of(op)
@@ -246,7 +258,8 @@ class CompleteStep:
                     also=also,
                 )
                 return Prep(later, Plan(rows, hinted_at=hinted_at), final=True)
-            if lane != held:
+            moved_here = lane != held and not _starts_there(flow, op, lane, now)
+            if moved_here:
                 # The step runs in another share (the callback after the hooks, or a host
                 # of its own): hand the operation over due now; it is started there, so a
                 # full share never holds a step marked running that nobody runs.
@@ -267,6 +280,7 @@ class CompleteStep:
                 op,
                 now=now,
                 entries=entries,
+                changes={"completion_lane": lane} if lane != held else None,
                 lease=ctx.lease,
                 also=(*also, steps.running(op, row, now)),
             )
@@ -281,6 +295,11 @@ class CompleteStep:
                 keys,
                 hinted_at,
             )
+            if lane != held:
+                # Started in the share this task moves into: this step ends here, and the
+                # task goes on with the started one there (``Prep.next``).
+                ended = Plan(rows, hinted_at=hinted_at)
+                return Prep(touched, ended, final=True, next=Prep(touched, plan))
             return Prep(touched, plan)
         if State(op.state) not in END_STATES:
             # Reopened meanwhile by a decision: keep the schedule its flow set.
@@ -361,9 +380,16 @@ class CompleteStep:
         )
 
     def _record(
-        self, conn: Connection, op: OperationRecord, plan: Plan, outcome: Outcome, now: datetime
+        self,
+        conn: Connection,
+        op: OperationRecord,
+        plan: Plan,
+        outcome: Outcome,
+        now: datetime,
+        flow: Flow | None,
     ) -> Prep:
-        """The running step's outcome, and in the same transaction what comes after it."""
+        """The running step's outcome, and in the same transaction what comes after it
+        (``flow``: the task's, see ``_advance``)."""
         row = plan.current
         assert row is not None
         if outcome.done:
@@ -380,7 +406,7 @@ class CompleteStep:
             )
             rows = self._with(plan, replace(row, status=StepStatus.DONE))
             done = (steps.done(op, row.step, now),)
-            return self._advance(conn, op, rows, plan.index + 1, now, [entry], also=done)
+            return self._advance(conn, op, rows, plan.index + 1, now, [entry], also=done, flow=flow)
         attempts = row.attempts
         decision = after_failure(
             attempts,
