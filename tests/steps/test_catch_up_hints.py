@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from reconciler.core.vocabulary import DelaySource
 from reconciler.engine.catch_up import spread_overdue
 from reconciler.storage.tables import OPS
+from tests.support.statements import Ran, recording
 from tests.support.steps import StepRig, step_rig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
@@ -67,3 +68,31 @@ async def test_reads_overdue_by_their_own_schedule_are_still_spread(
         ids = await _observing(rig, DelaySource.LOCAL_BACKOFF)
         assert _spread(rig) == OPERATIONS
         assert all("catch_up" in rig.causes(op_id) for op_id in ids)
+
+
+async def test_claims_look_for_a_burst_once_a_second_and_still_spread_one(
+    tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe for long-overdue reads is a statement every claim would run (many a second
+    under load): it runs once a second at most, and a burst is still spread."""
+    async with step_rig(tmp_path, db_url) as rig:
+        ids = await _observing(rig, DelaySource.LOCAL_BACKOFF)
+        with rig.runtime.db.write() as conn:  # not due: the first claim finds nothing
+            conn.execute(sa.update(OPS).values(next_poll_at=rig.clock.now() + timedelta(hours=1)))
+        with recording(monkeypatch) as first:
+            await rig.tick()
+        rig.advance(0.5)
+        with recording(monkeypatch) as second:
+            await rig.tick()
+        assert _probes(first) == 1 and _probes(second) == 0
+        with rig.runtime.db.write() as conn:
+            conn.execute(sa.update(OPS).values(next_poll_at=rig.clock.now() - OVERDUE))
+        rig.advance(0.5)
+        await rig.tick()
+        assert all("catch_up" in rig.causes(op_id) for op_id in ids)
+
+
+def _probes(ran: list[Ran]) -> int:
+    return sum(
+        1 for sql, _ in ran if sql.startswith("SELECT id FROM operations WHERE next_poll_at <")
+    )

@@ -7,8 +7,16 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from reconciler.core.catch_up import Overdue, spread, window_seconds
+from reconciler.core.catch_up import (
+    PROBE_EVERY_SECONDS,
+    Overdue,
+    probe_due,
+    spread,
+    window_seconds,
+)
 from reconciler.engine.shares import Shares
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -65,3 +73,32 @@ def test_shares_never_lend_a_slot_across_providers() -> None:
     assert shares.give("b") is True  # b was full: its waiting work may be claimed now
     assert shares.move("a", "b") and shares.free("a") == 1 and shares.free("b") == 0
     assert shares.free("unknown") == 0
+
+
+@given(
+    since=st.floats(min_value=0, max_value=3600),
+    gap=st.floats(min_value=0, max_value=600),
+    after=st.floats(min_value=0.01, max_value=600),
+)
+def test_a_burst_is_looked_for_before_any_read_is_much_later_than_the_threshold(
+    since: float, gap: float, after: float
+) -> None:
+    """Looked for at ``last`` and not looked for since: every look skipped was within a
+    fifth of the threshold (and a second) of the last, so a read not overdue by the
+    threshold then is overdue by at most 1.2 times it, and a look is due by then."""
+    last = NOW + timedelta(seconds=since)
+    now = last + timedelta(seconds=gap)
+    every = min(PROBE_EVERY_SECONDS, after / 5)
+    due = probe_due(last, now, timedelta(seconds=after))
+    if gap >= every + 1e-5:  # timedelta keeps microseconds: clear of the boundary
+        assert due
+    if gap < every - 1e-5:
+        assert not due
+
+
+def test_the_first_look_and_a_clock_gone_back_look_at_once() -> None:
+    assert probe_due(None, NOW, timedelta(seconds=5))
+    assert probe_due(NOW, NOW - timedelta(seconds=1), timedelta(seconds=5))
+    assert not probe_due(NOW, NOW + timedelta(milliseconds=999), timedelta(seconds=5))
+    assert probe_due(NOW, NOW + timedelta(seconds=1), timedelta(seconds=5))
+    assert probe_due(NOW, NOW + timedelta(milliseconds=200), timedelta(seconds=1))

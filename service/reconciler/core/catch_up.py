@@ -18,6 +18,23 @@ from datetime import datetime, timedelta
 
 # Below this the cadence of a read is not trusted for the rate (a hint, a first read).
 MIN_INTERVAL_SECONDS = 1.0
+# The claim looks for long-overdue reads at most this often, and at least five times as
+# often as a read must be overdue to be spread.
+PROBE_EVERY_SECONDS = 1.0
+
+
+def probe_due(last: datetime | None, now: datetime, overdue_after: timedelta) -> bool:
+    """Whether a claim looks for long-overdue reads now (``last``: when one last looked).
+
+    A read that was not overdue by ``overdue_after`` at the last look is overdue by at
+    most ``now - last`` more, so looking every fifth of ``overdue_after`` (and every
+    second at most) still finds a burst before any read is overdue by 1.2 times it; the
+    claims in between (many a second under load) skip the probe's statement.
+    """
+    if last is None or now < last:
+        return True
+    every = min(timedelta(seconds=PROBE_EVERY_SECONDS), overdue_after / 5)
+    return now - last >= every
 
 
 @dataclass(frozen=True)

@@ -48,9 +48,14 @@ def _overdue(op: OperationRecord, default_interval: float) -> Overdue:
     )
 
 
+def overdue_after(rt: EngineDeps) -> timedelta:
+    return timedelta(seconds=rt.settings.scheduler.catch_up_after_seconds)
+
+
 def spread_overdue(conn: Connection, rt: EngineDeps, now: datetime, actor: str) -> int:
-    """Spread the due reads of every provider that has one long overdue; returns how many."""
-    late_by = timedelta(seconds=rt.settings.scheduler.catch_up_after_seconds)
+    """Spread the due reads of every provider that has one long overdue; returns how many.
+    The claim calls it when ``core.catch_up.probe_due`` says so."""
+    late_by = overdue_after(rt)
     if not store.any_status_read_due_before(conn, now, now - late_by, NOT_SPREAD):
         return 0  # nothing long overdue (the usual case): no reason to look at every due read
     by_provider: dict[str, list[OperationRecord]] = defaultdict(list)

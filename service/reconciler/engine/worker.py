@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.catch_up import probe_due
 from reconciler.core.completion_lanes import choose
 from reconciler.core.errors import (
     Bug,
@@ -37,7 +38,7 @@ from reconciler.core.errors import (
 )
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
-from reconciler.engine.catch_up import spread_overdue
+from reconciler.engine.catch_up import overdue_after, spread_overdue
 from reconciler.engine.claim_run import ClaimRun
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Prep, Preparer, flow_var
@@ -112,6 +113,7 @@ class Worker:
         self._movers = 0  # tasks waiting on it: the tick lets them in after its claim
         self._again = False
         self._stopping = False
+        self._probed_at: datetime | None = None  # the last claim that looked for a burst
 
     @property
     def owner(self) -> str:
@@ -226,9 +228,11 @@ class Worker:
         # inside a step of theirs now, and picks the claim up when it is done.
         busy = frozenset(self._working)
         asks = {key: self._ask(key, n) for key, n in wants.items()}
+        probe = probe_due(self._probed_at, now, overdue_after(rt))
 
         def claim(conn: Connection, prepare: bool) -> dict[str, list[_Claimed]]:
-            spread_overdue(conn, rt, now, self.ctx.actor)
+            if probe:
+                spread_overdue(conn, rt, now, self.ctx.actor)
             out: dict[str, list[_Claimed]] = {}
             for key, ask in asks.items():
                 claimed = store.claim_records(
@@ -260,6 +264,8 @@ class Worker:
             return {}
         finally:
             self.shares.claiming = False
+        if probe:
+            self._probed_at = now
         self._claim_log.succeeded()
         for c in (c for batch in claims.values() for c in batch):
             if c.previous is not None and c.previous != self.owner:
