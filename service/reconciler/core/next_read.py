@@ -367,7 +367,9 @@ def after_answer(
     at, source = wait.at, wait.source
     state = State(op.state)
     if op.cancel_deadline_at is not None and state is State.CANCELLING:
-        at, source = cancel_window_read(at, source, op.cancel_deadline_at, floor, policy)
+        # A Retry-After already run out (``Retry-After: 0``) holds nothing back.
+        held = floor if floor is not None and floor > now else None
+        at, source = cancel_window_read(at, source, op.cancel_deadline_at, held, policy)
         at = max(at, now)  # a window that closed while we asked is settled now, not before
     if hinted_since(op, obs.at):
         at, source = hinted_wait(at, source, floor, now)
