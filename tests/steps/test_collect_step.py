@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 
 from reconciler.core.collect import INLINE_RESULT_BYTES, MAX_FAILED_ITEMS
 from tests.support.provider_mock import Job, error, result_document
+from tests.support.statements import recording
 from tests.support.steps import StepRig, step_rig
 
 pytestmark = pytest.mark.anyio
@@ -200,3 +202,24 @@ async def test_a_webhook_hint_during_the_fetch_does_not_fetch_again(
         rig.provider.script("result", hinted_meanwhile)
         assert (await rig.step(op_id)).state == "succeeded"
         assert len(rig.provider.sent("result")) == 1
+
+
+async def test_the_confirming_read_counts_the_fetch_in_its_own_write(
+    tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The task that confirms the end goes on to fetch the result: the write that records
+    the confirmation counts the fetch too (``Flow.ahead``), where a write of the fetch's
+    own did it before. The count is still made before the fetch is sent."""
+    async with step_rig(tmp_path, db_url) as rig:
+        op_id = await done_at_provider(rig)
+        rig.advance_to_due(op_id)
+        with recording(monkeypatch) as ran:
+            assert await rig.tick() == 1
+        op = rig.row(op_id)
+        assert op.state == "succeeded" and op.result_attempts == 1
+        # A write of the count alone: the row's version, history head and the count.
+        alone = re.compile(r"SET history_head = \S+, history_seq = \S+, result_attempts = \S+, up")
+        assert [sql for sql, _ in ran if alone.search(sql)] == []
+        [confirmed] = [e for e in rig.history(op_id) if e.cause == "status_confirmed_done"]
+        assert [r.endpoint for r in rig.provider.requests] == ["create", "status", "result"]
+        assert confirmed.to_state == "result_collecting"

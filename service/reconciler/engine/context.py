@@ -178,7 +178,7 @@ class StepContext:
     async def apply(
         self,
         op: OperationRecord,
-        build: Callable[[Connection, OperationRecord], OperationRecord],
+        build: Callable[[Connection, OperationRecord], OperationRecord | Prep],
         *,
         final: bool = False,
     ) -> OperationRecord:
@@ -225,7 +225,10 @@ class StepContext:
             built = build(conn, current)
             done = built if isinstance(built, Prep) else Prep(built)
             if ends_step and (final or done.final) and done.op.step_failures:
-                done = replace(done, op=self._clear_failures(conn, done.op))
+                cleared = self._clear_failures(conn, done.op)
+                # A next step this write started holds its record: the cleared one now.
+                ahead = replace(done.next, op=cleared) if done.next is not None else None
+                done = replace(done, op=cleared, next=ahead)
             nxt, released = (done.next, False)
             if flow is not None and nxt is None:
                 nxt, released = flow.after_write(conn, done.op, self.now(), final or done.final)

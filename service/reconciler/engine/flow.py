@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from sqlalchemy.engine import Connection
 
@@ -58,6 +58,13 @@ class Preparer(Protocol):
     """A step that can do its first write inside another transaction."""
 
     def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None: ...
+
+
+@runtime_checkable
+class Charges(Protocol):
+    """A step whose first write is a count on its row and nothing else (``Flow.ahead``)."""
+
+    def charge(self, op: OperationRecord, now: datetime) -> dict[str, Any] | None: ...
 
 
 async def _no_slot() -> None:
@@ -106,6 +113,15 @@ class Flow:
             return None, True
         step = self.next_step(after, now)
         return (step.prepare(conn, after, now) if step is not None else None), False
+
+    def ahead(self, after: OperationRecord, now: datetime) -> dict[str, Any] | None:
+        """Inside a write, before it: the changes the next step's first write would make on
+        ``after`` when they are all it writes (a count before a send: ``Charges``), so the
+        write can make them itself and hand the flow the step prepared (``Prep.next``)."""
+        if not self.continues(after, now):
+            return None
+        step = self.next_step(after, now)
+        return step.charge(after, now) if isinstance(step, Charges) else None
 
     def continues(self, after: OperationRecord, now: datetime) -> bool:
         """Inside a write: whether ``after_write`` would prepare the next step on ``after``

@@ -64,13 +64,21 @@ class CollectStep:
         """The fetch is counted before it is sent (its failures are budgeted)."""
         return self.ctx.change_in(conn, op, now, result_attempts=op.result_attempts + 1)
 
-    def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
-        """The count of the fetch, inside the transaction that hands the operation over
-        (the confirming status read's, usually)."""
+    def charge(self, op: OperationRecord, now: datetime) -> dict[str, Any] | None:
+        """What ``prepare`` writes on ``op``: the fetch's count (``Flow.ahead``)."""
         plan = plan_collect(self.ctx.spec(op).result is not None, op.remote_job_id)
         if plan is not CollectPlan.FETCH:
             return None
-        return Prep(self._charge(conn, op, now))
+        return {"result_attempts": op.result_attempts + 1}
+
+    def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
+        """The count of the fetch, inside the transaction that hands the operation over
+        (the confirming status read's, usually, which makes the count itself when it can:
+        ``charge``)."""
+        changes = self.charge(op, now)
+        if changes is None:
+            return None
+        return Prep(self.ctx.change_in(conn, op, now, **changes))
 
     async def __call__(self, op: OperationRecord, prep: Prep | None = None) -> None:
         ctx = self.ctx

@@ -38,12 +38,12 @@ from reconciler.core.poll_values import (
     Wait,
 )
 from reconciler.core.provider_calls import call_detail
-from reconciler.core.records import OperationRecord
+from reconciler.core.records import OperationRecord, with_changes
 from reconciler.core.states import State
 from reconciler.core.trust import Verdict, judge_read, settle_after
 from reconciler.core.vocabulary import DelaySource, HistoryKind, RemoteCategory
 from reconciler.engine.context import STORAGE_OUTAGE, StepContext
-from reconciler.engine.flow import Prep
+from reconciler.engine.flow import Flow, Prep, flow_var
 from reconciler.providers.adapter import StatusOutcome
 from reconciler.storage import trust as health
 from reconciler.storage.history import notes_with_cause
@@ -198,11 +198,12 @@ class PollStep:
         # fact, so it is decided and applied on the fresh record rather than lost.
         tracing = ctx.deps.tracing
         seen: dict[str, Any] | None = {} if tracing.enabled else None
+        flow = flow_var.get()  # read here: the write runs on a writer thread
         with contextlib.suppress(StaleWrite):
             # Lost every race, or the lease: the next claim reads afresh and decides again.
             await ctx.apply(
                 charged,
-                lambda conn, fresh: self._apply(conn, fresh, outcome, look, seen),
+                lambda conn, fresh: self._apply(conn, fresh, outcome, look, seen, flow),
                 final=True,
             )
         if seen:
@@ -222,10 +223,12 @@ class PollStep:
         outcome: StatusOutcome,
         look: decisions.LastLook | None = None,
         seen: dict[str, Any] | None = None,
-    ) -> OperationRecord:
+        flow: Flow | None = None,
+    ) -> OperationRecord | Prep:
         """Write what the answer means for the row as it is now (``decisions.decide_read``;
         ``seen``, when given, is told the decision and the next wait's source: the status
-        read's span). ``look``: the last look after the cancel window or our own outage."""
+        read's span). ``look``: the last look after the cancel window or our own outage.
+        ``flow``: the task's, whose next step (the fetch) may be counted in this write."""
         if State(op.state) not in READ_STATES:
             return op  # moved on meanwhile (an operator's decision): the answer is moot
         ctx = self.ctx
@@ -281,6 +284,9 @@ class PollStep:
                 delay_source=None,
                 result_attempts=0,
             )
+            moved = {**changes, "state": State.RESULT_COLLECTING.value}
+            ahead = flow.ahead(with_changes(op, moved), now) if flow is not None else None
+            changes.update(ahead or {})
             after = journal.transition(
                 conn,
                 op,
@@ -298,8 +304,10 @@ class PollStep:
             after = self._finish(
                 conn, op, decision, outcome.view, changes, [*lead, entry], now, evidence
             )
+            ahead = None
         self._count(conn, op, verdict, now)
-        return after
+        # The fetch counted here is the next step's first write, made (``Flow.ahead``).
+        return Prep(after, final=True, next=Prep(after)) if ahead else after
 
     def _trust_applies(self, op: OperationRecord) -> bool:
         """Trust is about how the provider announces its jobs' ends, so: observing reads only.
