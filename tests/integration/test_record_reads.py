@@ -50,7 +50,8 @@ def test_every_read_of_a_record_carries_its_parts_but_the_request(db: Database) 
         by_id = store.load_records(conn, [op_id], lock=True)
     with db.read() as conn:
         unlocked = store.get_operation(conn, op_id)
-        by_key = store.find_by_key(conn, "agent-1", "key-1")
+        by_key, stone = store.find_key(conn, "agent-1", "key-1")
+        assert stone is None
         page = store.list_operations(
             conn, Principal("ops", Scope.OPERATOR), state=None, provider=None, limit=5, cursor=None
         )

@@ -134,10 +134,9 @@ def create_operation(
     fingerprint = request_fingerprint(req.provider, req.request)
     key = req.idempotency_key
     if key is not None:
-        existing = store.find_by_key(conn, principal.name, key)
+        existing, stone = store.find_key(conn, principal.name, key)
         if existing is not None:
             return _same_operation(existing, req, fingerprint, deadline, budget), False
-        stone = retention.tombstone_for_key(conn, principal.name, key)
         if stone is not None:
             _refuse_pruned(stone, key, fingerprint)
     op = new_operation(

@@ -32,12 +32,18 @@ from reconciler.core import ids
 from reconciler.core.completion_lanes import CALLBACK_PREFIX
 from reconciler.core.errors import Gone, InvalidRequest, NotFound
 from reconciler.core.records import FIELDS, PAYLOADS, OperationRecord
+from reconciler.core.retention import key_digest
 from reconciler.core.states import END_STATES, REOPENABLE, State
 from reconciler.core.strict_json import shown
 from reconciler.storage import commit_tail, payloads
 from reconciler.storage.fastsql import AS_IS, Sql
 from reconciler.storage.models import record_of_values
-from reconciler.storage.retention import tombstone_of
+from reconciler.storage.retention import (
+    TOMBSTONE_BY_KEY,
+    TOMBSTONE_COLUMNS,
+    Tombstone,
+    tombstone_of,
+)
 from reconciler.storage.tables import OPS
 from reconciler.storage.tokens import Principal
 
@@ -81,9 +87,25 @@ _BY_IDS_LOCKED = Sql(
 _BY_KEY = Sql(
     "operation-by-key",
     OPS,
-    f"SELECT {_RECORD_LIST} FROM operations WHERE caller = ? AND idempotency_key = ?",
+    f"SELECT {_COLUMN_LIST} FROM operations WHERE caller = ? AND idempotency_key = ?",
     params=("caller", "idempotency_key"),
-    returns=_RECORD_RETURNS,
+    returns=OPS_COLUMNS,
+)
+# PostgreSQL: the operation with the key and the latest tombstone of one with it, in one
+# statement (a create asks for both; each side may be missing, so both join one row).
+_BY_KEY_OR_STONE = Sql(
+    "operation-or-tombstone-by-key",
+    OPS,
+    f"SELECT {', '.join(f'operations.{c}' for c in OPS_COLUMNS)}, {payloads.inline()}, "
+    f"{', '.join(f'stone.{c}' for c in TOMBSTONE_COLUMNS)} FROM (SELECT 1) AS one "
+    "LEFT JOIN operations ON operations.caller = ? AND operations.idempotency_key = ? "
+    f"LEFT JOIN LATERAL ({TOMBSTONE_BY_KEY.text}) AS stone ON true",
+    params=(
+        "caller",
+        "idempotency_key",
+        *(f"tombstones.{p}" for p in TOMBSTONE_BY_KEY.params),
+    ),
+    returns=(*_RECORD_RETURNS, *(f"tombstones.{c}" for c in TOMBSTONE_COLUMNS)),
 )
 _CLAIM = Sql(
     "operations-claim",
@@ -262,9 +284,24 @@ def visible_operation(conn: Connection, operation_id: str, principal: Principal)
     raise NotFound(f"operation {shown(operation_id)} does not exist")
 
 
-def find_by_key(conn: Connection, caller: str, key: str) -> OperationRecord | None:
-    found = records_of(conn, _BY_KEY.rows(conn, caller, key))
-    return found[0] if found else None
+def find_key(
+    conn: Connection, caller: str, key: str
+) -> tuple[OperationRecord | None, Tombstone | None]:
+    """The caller's operation with this idempotency key, and else the tombstone of the
+    last one retention pruned (``Gone`` for a key reused); on PostgreSQL in one statement."""
+    if conn.dialect.name != "postgresql":
+        found = records_of(conn, _BY_KEY.rows(conn, caller, key))
+        if found:
+            return found[0], None
+        stone = TOMBSTONE_BY_KEY.first(conn, caller, key_digest(key))
+        return None, None if stone is None else Tombstone(*stone)
+    row = _BY_KEY_OR_STONE.first(conn, caller, key, caller, key_digest(key))
+    assert row is not None  # the one row the statement always has
+    width = len(FIELDS)
+    if row[0] is not None:
+        return record_of_values(row[:width]), None
+    stone = row[width:]
+    return None, None if stone[0] is None else Tombstone(*stone)
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,7 @@ _COUNT_CHILDREN = {
         ("webhook_verdicts", VERDICTS),
     )
 }
-_TOMBSTONE_COLUMNS = (
+TOMBSTONE_COLUMNS = (
     "operation_id",
     "caller",
     "key_digest",
@@ -144,9 +144,9 @@ _TOMBSTONE_COLUMNS = (
 _LEAVE_TOMBSTONE = Sql(
     "tombstone-insert",
     TOMBSTONES,
-    f"INSERT INTO tombstones ({', '.join(_TOMBSTONE_COLUMNS)}) "
-    f"VALUES ({', '.join(['?'] * len(_TOMBSTONE_COLUMNS))})",
-    params=_TOMBSTONE_COLUMNS,
+    f"INSERT INTO tombstones ({', '.join(TOMBSTONE_COLUMNS)}) "
+    f"VALUES ({', '.join(['?'] * len(TOMBSTONE_COLUMNS))})",
+    params=TOMBSTONE_COLUMNS,
 )
 # PostgreSQL: prune batches take turns (a transaction lock, taken before any other), so two
 # pruners neither pick the same rows nor race for the log's next record. SQLite serialises
@@ -215,20 +215,20 @@ _COUNT_TOMBSTONES = Sql(
     "SELECT count(*) FROM tombstones WHERE pruned_at < ?",
     params=("pruned_at",),
 )
-_TOMBSTONE_BY_KEY = Sql(
+TOMBSTONE_BY_KEY = Sql(
     "tombstone-by-key",
     TOMBSTONES,
-    f"SELECT {', '.join(_TOMBSTONE_COLUMNS)} FROM tombstones "
+    f"SELECT {', '.join(TOMBSTONE_COLUMNS)} FROM tombstones "
     "WHERE caller = ? AND key_digest = ? ORDER BY pruned_at DESC LIMIT 1",
     params=("caller", "key_digest"),
-    returns=_TOMBSTONE_COLUMNS,
+    returns=TOMBSTONE_COLUMNS,
 )
 _TOMBSTONE_OF = Sql(
     "tombstone-of",
     TOMBSTONES,
-    f"SELECT {', '.join(_TOMBSTONE_COLUMNS)} FROM tombstones WHERE operation_id = ?",
+    f"SELECT {', '.join(TOMBSTONE_COLUMNS)} FROM tombstones WHERE operation_id = ?",
     params=("operation_id",),
-    returns=_TOMBSTONE_COLUMNS,
+    returns=TOMBSTONE_COLUMNS,
 )
 _LOG_TOTALS = Sql(
     "retention-log-totals",
@@ -390,11 +390,6 @@ def expire_tombstones(conn: Connection, cutoff: datetime, limit: int) -> int:
 
 def count_expired_tombstones(conn: Connection, cutoff: datetime) -> int:
     return int(_COUNT_TOMBSTONES.value(conn, cutoff) or 0)
-
-
-def tombstone_for_key(conn: Connection, caller: str, key: str) -> Tombstone | None:
-    row = _TOMBSTONE_BY_KEY.first(conn, caller, key_digest(key))
-    return None if row is None else Tombstone(*row)
 
 
 def tombstone_of(conn: Connection, operation_id: str) -> Tombstone | None:
