@@ -33,11 +33,13 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from reconciler.core.states import State
+from reconciler.core.trust import TrustState
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.storage.fastsql import AS_IS, Sql
 from reconciler.storage.journal import Entry, Journal
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tables import EVENTS, OPS
+from reconciler.storage.trust import is_trusted
 
 log = logging.getLogger("reconciler.webhooks")
 
@@ -148,6 +150,16 @@ _LOCK_JOBS = Sql(
     "FROM (SELECT unnest(CAST(? AS text[])) AS k ORDER BY 1) AS jobs",
     params=(AS_IS,),
 )
+# The accept step's job lock with the provider's trust state, in one statement: the state
+# read as the statement starts is as current as one read just before the lock.
+_LOCK_JOB_READING_TRUST = Sql(
+    "job-lock-trust",
+    EVENTS,
+    "SELECT pg_advisory_xact_lock(hashtextextended(?, 0)), "
+    "(SELECT state FROM provider_health WHERE provider = ?)",
+    params=(AS_IS, "provider_health.provider"),
+    returns=(AS_IS, "provider_health.state"),
+)
 _ATTACH_ORPHANS = Sql(
     "orphans-attach",
     EVENTS,
@@ -180,6 +192,10 @@ def _record_repeats(conn: Connection, repeats: list[IncomingEvent]) -> dict[int,
     return out
 
 
+def _job_key(provider: str, job_id: str) -> str:
+    return f"{provider}\x1f{job_id}"
+
+
 def lock_jobs(conn: Connection, jobs: Iterable[tuple[str, str]]) -> None:
     """Take this transaction's per-job lock for each ``(provider, job id)`` (PostgreSQL).
 
@@ -187,7 +203,7 @@ def lock_jobs(conn: Connection, jobs: Iterable[tuple[str, str]]) -> None:
     one always sees the other's commit; otherwise an event committed alongside the create
     answer is missed by both and stays an orphan. SQLite serialises all writes already.
     """
-    keys = sorted({f"{provider}\x1f{job}" for provider, job in jobs})
+    keys = sorted({_job_key(provider, job) for provider, job in jobs})
     if not keys or conn.dialect.name != "postgresql":
         return
     if len(keys) == 1:
@@ -374,8 +390,24 @@ def write_batch(
     return [o if o is not None else Outcome.DUPLICATE for o in outcomes]
 
 
-def attach_orphans(conn: Connection, provider: str, job_id: str, operation_id: str) -> list[str]:
-    """Events that arrived before the job id was known become this operation's hint."""
-    lock_jobs(conn, [(provider, job_id)])  # an event committing meanwhile is seen here
+@dataclass(frozen=True)
+class Attached:
+    events: list[str]  # the orphan events' ids, now this operation's hint
+    trusted: bool  # the provider's webhooks are trusted now (when asked: ``trust``)
+
+
+def attach_orphans(
+    conn: Connection, provider: str, job_id: str, operation_id: str, *, trust: bool = False
+) -> Attached:
+    """Events that arrived before the job id was known become this operation's hint. With
+    them, when ``trust``, whether the provider's webhooks are trusted now: the accept
+    step's other question, read on PostgreSQL in the job lock's statement."""
+    # The lock first: an event committing meanwhile is seen by the attach below.
+    if trust and conn.dialect.name == "postgresql":
+        row = _LOCK_JOB_READING_TRUST.first(conn, _job_key(provider, job_id), provider)
+        trusted = row is not None and row[1] == TrustState.TRUSTED.value
+    else:
+        lock_jobs(conn, [(provider, job_id)])
+        trusted = trust and is_trusted(conn, provider)
     rows = _ATTACH_ORPHANS.rows(conn, operation_id, provider, job_id)
-    return [str(row[0]) for row in rows]
+    return Attached([str(row[0]) for row in rows], trusted)

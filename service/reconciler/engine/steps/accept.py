@@ -25,7 +25,6 @@ from reconciler.engine.context import StepContext
 from reconciler.providers.adapter import CreateOutcome
 from reconciler.storage.journal import Entry, Step
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
-from reconciler.storage.trust import is_trusted
 from reconciler.storage.webhook_events import attach_orphans
 
 
@@ -56,7 +55,8 @@ async def accept_job(
             "last_http_at": call.sent_at,
             "last_provider_request_id": call.provider_request_id,
         }
-        orphans = attach_orphans(conn, op.provider, job_id, op.id)
+        attached = attach_orphans(conn, op.provider, job_id, op.id, trust=adaptive)
+        orphans = attached.events
         hints = [
             Entry(
                 kind=HistoryKind.HINT,
@@ -87,8 +87,9 @@ async def accept_job(
             )
         # The create answer is the first observation: while the provider's webhooks are
         # trusted, even the first fallback read waits the stretched schedule.
-        trusted = adaptive and is_trusted(conn, op.provider)
-        first, source = first_poll(now, op.deadline_at, ctx.deps.rng, policy, trusted=trusted)
+        first, source = first_poll(
+            now, op.deadline_at, ctx.deps.rng, policy, trusted=attached.trusted
+        )
         nxt: dict[str, Any] = {"next_poll_at": first, "delay_source": source.value}
         if orphans:
             nxt = {
