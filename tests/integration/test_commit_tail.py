@@ -1,5 +1,5 @@
 """A transaction's tail (PostgreSQL): notifications and leases given back are gathered
-and written as its last statements, one per kind.
+and written as its last statement, every kind in it.
 
 A listener on a connection of its own hears a transaction's notifications once it
 commits, each once, in the order first gathered; a rolled-back transaction sends none,
@@ -24,6 +24,7 @@ from reconciler.storage.database import Database, savepoint
 from reconciler.storage.journal import Journal
 from reconciler.storage.notify import CHANGE_CHANNEL, WAKE_CHANNEL, notify_in_transaction
 from tests.support.factories import insert_operation
+from tests.support.statements import recording
 
 pytestmark = pytest.mark.postgres
 
@@ -114,3 +115,28 @@ def test_leases_given_back_in_a_transaction_are_free_after_its_commit(
 
 def _owner(conn: Connection, op_id: str) -> str | None:
     return store.load_records(conn, [op_id])[0].lease_owner
+
+
+def test_leases_and_notifications_go_as_one_statement_and_both_take_effect(
+    pg: tuple[Database, psycopg.Connection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both kinds in one transaction: one round trip (each a CTE of one statement), and
+    each takes effect as if sent alone, two owners' leases included."""
+    db, listener = pg
+    journal = Journal()
+    now = datetime.now(UTC)
+    held = []
+    for owner in ("w1", "w2"):
+        op = insert_operation(db, journal, now)
+        lease = {"lease_owner": owner, "lease_expires_at": now + timedelta(minutes=5)}
+        with db.write() as conn:
+            held.append(journal.write(conn, op, now=now, changes=lease))
+    with recording(monkeypatch) as ran, db.write() as conn:
+        store.release_at_commit(conn, held[0].id, "w1")
+        store.release_at_commit(conn, held[1].id, "w2")
+        notify_in_transaction(conn, CHANGE_CHANNEL, held[0].id)
+    [(statement, _)] = ran  # the notifications, and one release for each owner
+    assert statement.startswith("WITH part_0 AS MATERIALIZED") and "part_2" in statement
+    assert _heard(listener) == [(CHANGE_CHANNEL, held[0].id)]
+    with db.read() as conn:
+        assert [_owner(conn, op.id) for op in held] == [None, None]

@@ -380,6 +380,14 @@ class Bound:
         return self.sql.run(conn, *self.values)
 
 
+def qualified(sql: Sql, param: str, table: sa.Table | None) -> str:
+    """``param`` of ``sql`` as a statement on ``table`` names it (``other_table.column``),
+    for ``sql`` run inside that statement."""
+    if param == AS_IS or "." in param or sql.table is None or sql.table is table:
+        return param
+    return f"{sql.table.name}.{param}"
+
+
 def run(conn: Connection, sql: str, params: Any = (), *, many: bool = False) -> Any:
     """Run ``sql`` on the connection's own driver cursor, inside its transaction.
 

@@ -33,7 +33,7 @@ from reconciler.core.states import END_STATES, State, check_transition
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.storage import payloads
 from reconciler.storage.after_commit import after_commit
-from reconciler.storage.fastsql import AS_IS, Bound, Sql
+from reconciler.storage.fastsql import Bound, Sql, qualified
 from reconciler.storage.notify import CHANGE_CHANNEL, notify_in_transaction
 from reconciler.storage.tables import HISTORY, OPS
 
@@ -148,13 +148,6 @@ _TYPED_HISTORY_ROW = "({})".format(
 )
 
 
-def _qualified(sql: Sql, param: str) -> str:
-    """``param`` of ``sql`` named from the operations table (``table.column``)."""
-    if param == AS_IS or "." in param or sql.table is None or sql.table is OPS:
-        return param
-    return f"{sql.table.name}.{param}"
-
-
 def _with_history(name: str, head: Sql, also: tuple[Sql, ...], entries: int) -> Sql:
     """PostgreSQL: ``also``, then ``head`` (the operation's row), then ``entries`` history
     rows appended only if ``head`` touched the row, as one statement. Its row count is the
@@ -162,7 +155,7 @@ def _with_history(name: str, head: Sql, also: tuple[Sql, ...], entries: int) -> 
     The ``also`` statements run either way; a lost race rolls back what it ran in
     (``StaleWrite`` always undoes its write)."""
     ctes = [f"also_{i} AS ({sql.text})" for i, sql in enumerate(also)]
-    params = [_qualified(sql, p) for sql in also for p in sql.params]
+    params = [qualified(sql, p, OPS) for sql in also for p in sql.params]
     if not entries:
         return Sql(name, OPS, f"WITH {', '.join(ctes)} {head.text}", (*params, *head.params))
     columns = ", ".join(HISTORY_COLUMNS)

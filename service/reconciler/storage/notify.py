@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from sqlalchemy.engine import Connection
 
 from reconciler.storage import commit_tail
-from reconciler.storage.fastsql import AS_IS, Sql
+from reconciler.storage.fastsql import AS_IS, Bound, Sql
 
 WAKE_CHANNEL = "reconciler_wake"
 CHANGE_CHANNEL = "reconciler_change"
@@ -37,8 +37,8 @@ def notify_in_transaction(conn: Connection, channel: str, payload: str = "") -> 
         commit_tail.gather(conn, _KIND, (channel, payload))
 
 
-def _send(conn: Connection, gathered: list[tuple[str, str]]) -> None:
-    _NOTIFY.run(conn, [c for c, _ in gathered], [p for _, p in gathered])
+def _send(gathered: list[tuple[str, str]]) -> list[Bound]:
+    return [Bound(_NOTIFY, ([c for c, _ in gathered], [p for _, p in gathered]))]
 
 
 commit_tail.sends(_KIND, _send)

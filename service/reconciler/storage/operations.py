@@ -36,7 +36,7 @@ from reconciler.core.retention import key_digest
 from reconciler.core.states import END_STATES, REOPENABLE, State
 from reconciler.core.strict_json import shown
 from reconciler.storage import commit_tail, payloads
-from reconciler.storage.fastsql import AS_IS, Sql
+from reconciler.storage.fastsql import AS_IS, Bound, Sql
 from reconciler.storage.models import record_of_values
 from reconciler.storage.retention import (
     TOMBSTONE_BY_KEY,
@@ -508,12 +508,11 @@ def release_at_commit(conn: Connection, operation_id: str, owner: str) -> None:
         release(conn, [operation_id], owner)
 
 
-def _release_gathered(conn: Connection, gathered: list[tuple[str, str]]) -> None:
+def _release_gathered(gathered: list[tuple[str, str]]) -> list[Bound]:
     by_owner: dict[str, list[str]] = {}
     for owner, op_id in gathered:
         by_owner.setdefault(owner, []).append(op_id)
-    for owner, leased in by_owner.items():
-        _RELEASE.run(conn, leased, owner)
+    return [Bound(_RELEASE, (leased, owner)) for owner, leased in by_owner.items()]
 
 
 commit_tail.sends(_RELEASE_KIND, _release_gathered)
