@@ -201,7 +201,7 @@ def test_what_comes_also_is_written_with_the_row_or_not_at_all(
 
 def _ensured(db: Database, op: OperationRecord) -> list[steps.StepRow]:
     with db.write() as conn:
-        return steps.ensure_all(conn, op, ["s"])[0]
+        return steps.ensure_all(conn, op, ["s"]).rows
 
 
 def test_lease_guard_refuses_an_expired_or_foreign_lease(db: Database, clock: ManualClock) -> None:

@@ -22,7 +22,9 @@ from reconciler.core.errors import ConfigError
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.engine.hooks import load_hooks
 from reconciler.storage.journal import Entry
+from reconciler.storage.tokens import SALTS
 from tests.support import hooks
+from tests.support.statements import recording
 from tests.support.steps import StepRig, step_rig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
@@ -99,7 +101,7 @@ def failures(rig: StepRig, op_id: str) -> list[dict[str, Any]]:
 
 
 async def test_hooks_then_the_callback_run_once_each_in_order(
-    tmp_path: Path, db_url: str, hook_log: Path
+    tmp_path: Path, db_url: str, hook_log: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     receiver = Receiver()
     async with step_rig(
@@ -116,8 +118,12 @@ async def test_hooks_then_the_callback_run_once_each_in_order(
         assert op.next_poll_at is not None and op.next_poll_at <= rig.clock.now()
         assert receiver.requests == [] and len(hooks.read_runs(hook_log)) == len(HOOKS)
         assert hooks.completion_steps(rig.runtime.db, op_id)["callback"]["attempts"] == 0
-        op = await rig.step(op_id)
+        with recording(monkeypatch) as ran:
+            op = await rig.step(op_id)
         assert not op.completion_pending and op.next_poll_at is None
+        # The agent's signing salts came with the round's rows (PostgreSQL: one statement).
+        salts = [sql for sql, _ in ran if sql.startswith(SALTS.text.split(" WHERE")[0])]
+        assert len(salts) == (1 if rig.runtime.db.sqlite else 0)
         assert hooks.completion_finished(rig.runtime.db, op_id)
         # Each hook once, in the configured order, with its own idempotency key.
         runs = hooks.read_runs(hook_log)

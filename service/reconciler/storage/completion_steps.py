@@ -22,6 +22,7 @@ from reconciler.storage.fastsql import Bound, Sql
 from reconciler.storage.history import LAST_HINT, last_hint_at
 from reconciler.storage.journal import Also
 from reconciler.storage.tables import STEPS
+from reconciler.storage.tokens import SALTS
 
 
 class StepStatus(StrEnum):
@@ -76,28 +77,32 @@ def _ensure_sql(rows: int) -> Sql:
 
 
 @cache
-def _ensure_and_read_sql(rows: int) -> Sql:
+def _ensure_and_read_sql(rows: int, salts: bool) -> Sql:
     """PostgreSQL: ``_ensure_sql`` and ``_OF_ROUND`` in one statement, each row with the
-    operation's last webhook hint (``history.LAST_HINT``: the lag's start). The rows it
-    makes come from the INSERT's RETURNING; those that were there come from the table,
-    whose snapshot (the statement's start) does not hold the new ones, so none comes twice."""
+    operation's last webhook hint (``history.LAST_HINT``: the lag's start) and, with
+    ``salts``, its caller's row of ``tokens.SALTS`` (the callback's signing keys). The
+    rows it makes come from the INSERT's RETURNING; those that were there come from the
+    table, whose snapshot (the statement's start) does not hold the new ones, so none
+    comes twice."""
     insert = _ensure_sql(rows)
     columns = ", ".join(_STEP_COLUMNS)
-    hint = "(SELECT at FROM hint)"
+    ctes = [f"made AS ({insert.text} RETURNING {columns})", f"hint AS ({LAST_HINT.text})"]
+    params = [*insert.params, *(f"history.{name}" for name in LAST_HINT.params)]
+    extra, join, returns = "(SELECT at FROM hint)", "", ["history.at"]
+    if salts:
+        ctes.append(f"salts AS ({SALTS.text} LIMIT 1)")
+        params += [f"api_tokens.{name}" for name in SALTS.params]
+        extra += ", " + ", ".join(f"salts.{name}" for name in SALTS.returns)
+        join = " LEFT JOIN salts ON true"
+        returns += [f"api_tokens.{name}" for name in SALTS.returns]
     return Sql(
         "steps-ensure-and-read",
         STEPS,
-        f"WITH made AS ({insert.text} RETURNING {columns}), hint AS ({LAST_HINT.text}) "
-        f"SELECT {columns}, {hint} FROM made UNION ALL SELECT {columns}, {hint} "
-        "FROM completion_steps WHERE operation_id = ? AND round = ? AND step IN (?*)",
-        params=(
-            *insert.params,
-            *(f"history.{name}" for name in LAST_HINT.params),
-            "operation_id",
-            "round",
-            "step",
-        ),
-        returns=(*_STEP_COLUMNS, "history.at"),
+        f"WITH {', '.join(ctes)} SELECT {columns}, {extra} FROM made{join} UNION ALL "
+        f"SELECT {columns}, {extra} FROM completion_steps{join} "
+        "WHERE operation_id = ? AND round = ? AND step IN (?*)",
+        params=(*params, "operation_id", "round", "step"),
+        returns=(*_STEP_COLUMNS, *returns),
     )
 
 
@@ -138,20 +143,30 @@ def _set_sql(keys: tuple[str, ...], only: bool) -> Sql:
     )
 
 
+@dataclass(frozen=True)
+class Round:
+    """A completion round's step rows as ``ensure_all`` found them, with what came along."""
+
+    rows: list[StepRow]
+    hinted_at: datetime | None  # the last webhook hint, when no step has begun (the lag)
+    salts: Sequence[Any] | None = None  # the caller's ``tokens.SALTS`` row (None: none)
+    salts_read: bool = False  # whether ``salts`` was read (else read it when needed)
+
+
 def ensure_all(
-    conn: Connection, op: OperationRecord, names: Sequence[str]
-) -> tuple[list[StepRow], datetime | None]:
+    conn: Connection, op: OperationRecord, names: Sequence[str], *, salts: bool = False
+) -> Round:
     """This round's rows of the named steps, in that order; made ``pending`` the first time.
     With them, when the round is fresh (no step begun yet), the operation's last webhook
-    hint: where the lag metric starts.
+    hint: where the lag metric starts; and with ``salts`` on PostgreSQL the caller's
+    callback salts (what signs a callback step's request), read in the same statement.
 
     One INSERT for the missing ones (the unique key decides, so concurrent handlers
     cannot both make a row) and one SELECT for all of them; on PostgreSQL both in one
-    statement, with the hint, read again only if a row another transaction made meanwhile
-    is missing.
+    statement, read again only if a row another transaction made meanwhile is missing.
     """
     if not names:
-        return [], None
+        return Round([], None)
     params: list[Any] = []
     for name in names:
         params += [
@@ -163,16 +178,21 @@ def ensure_all(
             0,
         ]
     of_round = (op.id, op.completion_round, list(names))
-    hint: datetime | None = None
-    hint_read = False
+    width = len(_STEP_COLUMNS)
+    along: Sequence[Any] = ()
     if conn.dialect.name == "postgresql":
-        rows = _ensure_and_read_sql(len(names)).rows(
-            conn, *params, op.id, HistoryKind.HINT.value, *of_round
+        rows = _ensure_and_read_sql(len(names), salts).rows(
+            conn,
+            *params,
+            op.id,
+            HistoryKind.HINT.value,
+            *((op.caller,) if salts else ()),
+            *of_round,
         )
         if len(rows) < len(names):
             rows = _OF_ROUND.rows(conn, *of_round)
         else:
-            hint, hint_read = rows[0][-1], True
+            along = rows[0][width:]
     else:
         _ensure_sql(len(names)).run(conn, *params)
         rows = _OF_ROUND.rows(conn, *of_round)
@@ -182,14 +202,18 @@ def ensure_all(
     }
     ordered = [found[name] for name in names]
     fresh = all(r.status is StepStatus.PENDING and r.attempts == 0 for r in ordered)
-    if not fresh:
-        return ordered, None
-    return ordered, hint if hint_read else last_hint_at(conn, op.id)
+    hinted_at = None
+    if fresh:
+        hinted_at = along[0] if along else last_hint_at(conn, op.id)
+    if len(along) > 1:
+        row = along[1:]
+        return Round(ordered, hinted_at, row if row[0] is not None else None, True)
+    return Round(ordered, hinted_at)
 
 
 def ensure(conn: Connection, op: OperationRecord, step: str) -> StepRow:
     """The step's row for this round, made ``pending`` the first time it is asked for."""
-    return ensure_all(conn, op, [step])[0][0]
+    return ensure_all(conn, op, [step]).rows[0]
 
 
 # A step row's change, written with the operation's own (``Journal.write(also=...)``).

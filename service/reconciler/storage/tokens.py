@@ -16,8 +16,10 @@ import hashlib
 import hmac
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy.engine import Connection
 
@@ -57,7 +59,7 @@ _REVOKE = Sql(
     "UPDATE api_tokens SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL",
     params=("revoked_at", "name"),
 )
-_SALTS = Sql(
+SALTS = Sql(
     "token-salts",
     TOKENS,
     "SELECT scope, callback_salt, previous_callback_salt, previous_callback_until "
@@ -158,7 +160,7 @@ def revoke_token(conn: Connection, name: str, now: datetime) -> TokenInfo:
 
 def callback_salt(conn: Connection, name: str) -> str | None:
     """The salt of the agent's current callback secret (None: it signs with the shared one)."""
-    row = _SALTS.first(conn, name)
+    row = SALTS.first(conn, name)
     if row is None:
         raise NotFound(f"no token named {name!r}; 'reconciler tokens list' shows the names")
     return row[1]  # type: ignore[no-any-return]
@@ -166,7 +168,7 @@ def callback_salt(conn: Connection, name: str) -> str | None:
 
 def rotate_callback_salt(conn: Connection, name: str, now: datetime, window: timedelta) -> str:
     """A new callback salt for agent ``name``; the previous one verifies until ``window`` ends."""
-    row = _SALTS.first(conn, name)
+    row = SALTS.first(conn, name)
     if row is None:
         raise NotFound(f"no token named {name!r}; 'reconciler tokens list' shows the names")
     scope, current = row[0], row[1]
@@ -183,7 +185,11 @@ def callback_keys(
 ) -> list[bytes] | None:
     """The keys that sign a callback to ``caller``: its own, and in a rotation window the
     previous one too. None when the caller has no token (nothing may sign for it)."""
-    row = _SALTS.first(conn, caller)
+    return keys_of(SALTS.first(conn, caller), service_key, now)
+
+
+def keys_of(row: Sequence[Any] | None, service_key: bytes, now: datetime) -> list[bytes] | None:
+    """``callback_keys`` from the caller's row of ``SALTS`` as read (None: it has none)."""
     if row is None:
         return None
     _, current, previous, until = row

@@ -47,12 +47,14 @@ from reconciler.storage import completion_steps as steps
 from reconciler.storage.completion_steps import StepRow, StepStatus
 from reconciler.storage.journal import Entry
 from reconciler.storage.operation_reads import view_of
-from reconciler.storage.tokens import callback_keys
+from reconciler.storage.tokens import callback_keys, keys_of
 from reconciler.tracing import SpanName, Tracing
 
 log = logging.getLogger("reconciler.engine.steps.complete")
 
 CALLBACK_STEP = "callback"
+# The caller's callback salts were not read with the round's rows: read them when needed.
+_UNREAD = object()
 
 
 def webhook_id(op: OperationRecord) -> str:
@@ -136,8 +138,11 @@ class CompleteStep:
         """Begin (or resume) the round: its step rows, and the first unfinished step started."""
         # The lag is observed when the round's first step starts; a round resumed (a
         # step begun already: the callback after the hooks, a retry) has no hint to add.
-        rows, hinted_at = steps.ensure_all(conn, op, self.steps_for(op))
-        return self._advance(conn, op, tuple(rows), 0, now, [], hinted_at)
+        names = self.steps_for(op)
+        signs = CALLBACK_STEP in names and self.callbacks is not None
+        found = steps.ensure_all(conn, op, names, salts=signs)
+        salts = found.salts if found.salts_read else _UNREAD
+        return self._advance(conn, op, tuple(found.rows), 0, now, [], found.hinted_at, salts=salts)
 
     async def __call__(self, op: OperationRecord, prep: Prep | None = None) -> None:
         ctx = self.ctx
@@ -234,6 +239,7 @@ class CompleteStep:
         hinted_at: datetime | None = None,
         also: tuple[steps.StepChange, ...] = (),
         flow: Flow | None = None,
+        salts: Any = _UNREAD,
     ) -> Prep:
         """From step ``start`` on: start the first unfinished step, or wait for its retry,
         or record the round finished; ``entries`` (the last step's record) and ``also``
@@ -287,7 +293,7 @@ class CompleteStep:
             running = replace(row, status=StepStatus.RUNNING, attempts=row.attempts + 1)
             keys = None
             if row.step == CALLBACK_STEP and self.callbacks is not None:
-                keys = self._agent_keys(conn, touched, now)
+                keys = self._agent_keys(conn, touched, now, salts)
             plan = Plan(
                 (*rows[:index], running, *rows[index + 1 :]),
                 index,
@@ -323,12 +329,15 @@ class CompleteStep:
         return Prep(closed, Plan(rows, hinted_at=hinted_at), final=True)
 
     def _agent_keys(
-        self, conn: Connection, op: OperationRecord, now: datetime
+        self, conn: Connection, op: OperationRecord, now: datetime, salts: Any
     ) -> list[bytes] | None:
-        """The calling agent's own signing keys: no agent can forge another's callbacks."""
+        """The calling agent's own signing keys: no agent can forge another's callbacks.
+        ``salts``: its salts as read with the round's rows, or ``_UNREAD``."""
         service_key = self.ctx.deps.callback_key
         assert service_key is not None  # callbacks exist only with a signing key
-        return callback_keys(conn, op.caller, service_key, now)
+        if salts is _UNREAD:
+            return callback_keys(conn, op.caller, service_key, now)
+        return keys_of(salts, service_key, now)
 
     async def _run(self, op: OperationRecord, plan: Plan) -> Outcome:
         row = plan.current
