@@ -57,14 +57,6 @@ MAX_HELD_SECONDS = 600.0
 MOVER_TURNS = 4
 
 
-class _Ask(NamedTuple):
-    """What one share's claim asks for: how many, which rows, and how to choose among them."""
-
-    limit: int
-    share: store.ShareFilter
-    pick: store.Pick | None = None
-
-
 class _Claimed(NamedTuple):
     op: OperationRecord
     previous: str | None  # the holder of an expired lease taken over
@@ -233,12 +225,9 @@ class Worker:
         def claim(conn: Connection, prepare: bool) -> dict[str, list[_Claimed]]:
             if probe:
                 spread_overdue(conn, rt, now, self.ctx.actor)
-            out: dict[str, list[_Claimed]] = {}
-            for key, ask in asks.items():
-                claimed = store.claim_records(
-                    conn, self.owner, now, lease, ask.limit, ask.share, ask.pick
-                )
-                out[key] = [
+            claims = store.claim_shares(conn, self.owner, now, lease, asks)
+            return {
+                key: [
                     _Claimed(
                         op,
                         previous,
@@ -248,7 +237,8 @@ class Worker:
                     )
                     for op, previous in claimed
                 ]
-            return out
+                for key, claimed in claims.items()
+            }
 
         self.shares.claiming = True
         try:
@@ -276,18 +266,18 @@ class Worker:
                 )
         return claims
 
-    def _ask(self, key: str, n: int) -> _Ask:
+    def _ask(self, key: str, n: int) -> store.Ask:
         """The claim of one share, taken on the loop (the claim itself runs in a thread)."""
         if key == HOOKS:
-            return _Ask(n, store.ShareFilter(completion=True, lanes=store.Lanes.HOOKS))
+            return store.Ask(n, store.ShareFilter(completion=True, lanes=store.Lanes.HOOKS))
         if key == CALLBACKS:
             shares = self.shares
             room, cap = shares.host_room(), shares.host_cap
             share = store.ShareFilter(
                 completion=True, lanes=store.Lanes.CALLBACKS, exclude=tuple(shares.full_hosts())
             )
-            return _Ask(n, share, lambda found: choose(found, room, cap, n))
-        return _Ask(n, store.ShareFilter(provider=key, completion=False))
+            return store.Ask(n, share, lambda found: choose(found, room, cap, n))
+        return store.Ask(n, store.ShareFilter(provider=key, completion=False))
 
     def _prepare_claimed(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
         step = self.preparer(op, now)

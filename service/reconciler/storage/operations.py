@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -414,13 +414,30 @@ def _due_sql(provider: bool, completion: bool | None, lanes: Lanes | None, exclu
     return Sql(
         "claim-due",
         OPS,
-        f"SELECT id, lease_owner, completion_lane FROM operations WHERE {' AND '.join(where)} "
-        "ORDER BY next_poll_at LIMIT ? [[FOR UPDATE SKIP LOCKED|]]",
+        f"SELECT id, lease_owner, completion_lane, next_poll_at FROM operations "
+        f"WHERE {' AND '.join(where)} ORDER BY next_poll_at LIMIT ? [[FOR UPDATE SKIP LOCKED|]]",
         params=(*params, AS_IS),
+        returns=(AS_IS, AS_IS, AS_IS, "next_poll_at"),
     )
 
 
-def _due(conn: Connection, now: datetime, limit: int, share: ShareFilter | None) -> list[Any]:
+@cache
+def _due_together(parts: tuple[Sql, ...]) -> Sql:
+    """PostgreSQL: several shares' ``_due_sql`` as one statement, each row led by the
+    number of its share, in share order, earliest due first within each."""
+    ctes = ", ".join(f"share_{i} AS ({sql.text})" for i, sql in enumerate(parts))
+    picks = " UNION ALL ".join(f"SELECT {i}, * FROM share_{i}" for i in range(len(parts)))
+    return Sql(
+        "claim-due-together",
+        OPS,
+        f"WITH {ctes} {picks} ORDER BY 1, 5",
+        params=[p for sql in parts for p in sql.params],
+        returns=(AS_IS, AS_IS, AS_IS, AS_IS, "next_poll_at"),
+    )
+
+
+def _due_of(share: ShareFilter | None, now: datetime, limit: int) -> tuple[Sql, list[Any]]:
+    """One share's ``_due_sql`` and its values."""
     share = share or ShareFilter()
     sql = _due_sql(share.provider is not None, share.completion, share.lanes, bool(share.exclude))
     values: list[Any] = [now, now]
@@ -432,11 +449,24 @@ def _due(conn: Connection, now: datetime, limit: int, share: ShareFilter | None)
         values.append(f"{CALLBACK_PREFIX}%")
     if share.lanes is Lanes.CALLBACKS and share.exclude:
         values.append(share.exclude)
-    return sql.rows(conn, *values, limit)
+    return sql, [*values, limit]
 
 
 # Given the due candidates (id, lane), earliest first: the ids to claim.
 Pick = Callable[[list[tuple[str, str]]], list[str]]
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One share's part of a claim: how many at most, which rows, how to choose among them
+    (``Pick``: per-host caps; None: the earliest)."""
+
+    limit: int
+    share: ShareFilter | None = None
+    pick: Pick | None = None
+
+
+Claimed = list[tuple[OperationRecord, str | None]]
 
 
 def claim_records(
@@ -447,7 +477,7 @@ def claim_records(
     limit: int,
     share: ShareFilter | None = None,
     pick: Pick | None = None,
-) -> list[tuple[OperationRecord, str | None]]:
+) -> Claimed:
     """Lease up to ``limit`` due operations to ``owner``, earliest due first.
 
     Returns each claimed operation as stored once the lease is ours, with the previous
@@ -457,17 +487,44 @@ def claim_records(
     claimers can never both win a row. ``share`` limits the claim to what one share of
     the worker can start now; ``pick`` chooses among the candidates (per-host caps).
     """
-    rows = _due(conn, now, limit, share)
-    candidates = {row[0]: row[1] for row in rows}
-    if pick is not None:
-        chosen = set(pick([(row[0], row[2] or "") for row in rows]))
-        candidates = {k: v for k, v in candidates.items() if k in chosen}
-    if not candidates:
-        return []
+    return claim_shares(conn, owner, now, lease_seconds, {"": Ask(limit, share, pick)})[""]
+
+
+def claim_shares(
+    conn: Connection, owner: str, now: datetime, lease_seconds: float, asks: Mapping[str, Ask]
+) -> dict[str, Claimed]:
+    """``claim_records`` for several shares at once (their filters are disjoint). On
+    PostgreSQL every share's candidates are one statement and every lease one more: a
+    claim is two round trips, not two a share. SQLite reads share by share."""
+    found: dict[str, list[Any]] = {}
+    if conn.dialect.name == "postgresql" and len(asks) > 1:
+        parts = [_due_of(ask.share, now, ask.limit) for ask in asks.values()]
+        keys = list(asks)
+        together = _due_together(tuple(sql for sql, _ in parts))
+        for index, *row in together.rows(conn, *[v for _, values in parts for v in values]):
+            found.setdefault(keys[index], []).append(row)
+    else:
+        for key, ask in asks.items():
+            sql, values = _due_of(ask.share, now, ask.limit)
+            found[key] = sql.rows(conn, *values)
+    share_of: dict[str, str] = {}
+    previous: dict[str, str | None] = {}
+    for key, rows in found.items():
+        pick = asks[key].pick
+        chosen = set(pick([(r[0], r[2] or "") for r in rows])) if pick is not None else None
+        for row in rows:
+            if chosen is None or row[0] in chosen:
+                share_of[row[0]] = key
+                previous[row[0]] = row[1]
+    out: dict[str, Claimed] = {key: [] for key in asks}
+    if not previous:
+        return out
     until = now + timedelta(seconds=lease_seconds)
-    ops = records_of(conn, _CLAIM.rows(conn, owner, until, list(candidates), now))
+    ops = records_of(conn, _CLAIM.rows(conn, owner, until, list(previous), now))
     ops.sort(key=lambda op: op.next_poll_at or now)
-    return [(op, candidates[op.id]) for op in ops]
+    for op in ops:
+        out[share_of[op.id]].append((op, previous[op.id]))
+    return out
 
 
 def any_status_read_due_before(
