@@ -25,6 +25,7 @@ from reconciler.storage.journal import Entry, Journal, Lease, Step
 from reconciler.storage.operations import load_operation
 from reconciler.storage.tables import HISTORY, OPS
 from tests.support.factories import insert_operation
+from tests.support.statements import recording
 
 pytestmark = pytest.mark.both_backends
 
@@ -161,6 +162,42 @@ def test_a_move_through_a_state_the_table_forbids_writes_nothing(
     with db.read() as conn:
         assert load_operation(conn, op.id).version == op.version
     assert len(_history(db, op.id)) == 1
+
+
+def test_many_rows_are_written_at_once_or_not_at_all(
+    db: Database, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``write_many`` (a webhook batch's hints): each row its own values and history, in
+    one UPDATE on PostgreSQL; one row changed meanwhile refuses the batch."""
+    journal = Journal()
+    ops = [insert_operation(db, journal, clock.now()) for _ in range(3)]
+    clock.advance(1)
+    due = [clock.now() + timedelta(seconds=i) for i in range(3)]
+
+    def items(
+        of: list[OperationRecord],
+    ) -> list[tuple[OperationRecord, dict[str, object], list[Entry]]]:
+        note = Entry(kind=HistoryKind.HINT, actor="provider:sim", cause="webhook:e")
+        return [
+            (op, {"next_poll_at": at, "completion_pending": False}, [note])
+            for op, at in zip(of, due, strict=True)
+        ]
+
+    with recording(monkeypatch) as ran, db.write() as conn:
+        journal.write_many(conn, items(ops), now=clock.now())
+    [update] = [sql for sql, _ in ran if sql.startswith("UPDATE operations")]
+    assert ("FROM (VALUES" in update) is not db.sqlite  # SQLite: one executemany
+    with db.read() as conn:
+        after = [load_operation(conn, op.id) for op in ops]
+    assert [op.next_poll_at for op in after] == due
+    assert [op.version for op in after] == [op.version + 1 for op in ops]
+    assert all(len(_history(db, op.id)) == 2 for op in ops)
+    assert verify(db, None).fault is None
+    # The first two as read now, the third as it was: the batch is refused whole.
+    with pytest.raises(StaleWrite), db.write() as conn:
+        journal.write_many(conn, items([*after[:2], ops[2]]), now=clock.now())
+    with db.read() as conn:
+        assert [load_operation(conn, op.id).version for op in ops] == [a.version for a in after]
 
 
 def test_stale_version_is_refused(db: Database, clock: ManualClock) -> None:
