@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from reconciler.core.records import PAYLOADS
+from reconciler.core.records import PAYLOADS, OperationRecord
 from reconciler.storage.fastsql import Bound, Sql
 from reconciler.storage.tables import PAYLOAD_TABLE
 
@@ -110,6 +110,12 @@ def load(
     for op_id, name, value in _LOAD.rows(conn, operation_ids, names):
         out[op_id][name] = value
     return out
+
+
+def request_of(conn: Connection, op: OperationRecord) -> Any:
+    """The create request: the record's when its read carried it (PostgreSQL's claim of a
+    create not sent), else read now."""
+    return op.request if op.request is not None else load_request(conn, op.id)
 
 
 def load_request(conn: Connection, operation_id: str) -> Any:

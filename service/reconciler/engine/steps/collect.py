@@ -56,20 +56,22 @@ def _errors_ref(op: OperationRecord, ctx: StepContext) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _count(op: OperationRecord) -> dict[str, Any]:
+    return {"result_attempts": op.result_attempts + 1}
+
+
 class CollectStep:
     def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
 
     def _charge(self, conn: Connection, op: OperationRecord, now: datetime) -> OperationRecord:
         """The fetch is counted before it is sent (its failures are budgeted)."""
-        return self.ctx.change_in(conn, op, now, result_attempts=op.result_attempts + 1)
+        return self.ctx.change_in(conn, op, now, **_count(op))
 
     def charge(self, op: OperationRecord, now: datetime) -> dict[str, Any] | None:
         """What ``prepare`` writes on ``op``: the fetch's count (``Flow.ahead``)."""
         plan = plan_collect(self.ctx.spec(op).result is not None, op.remote_job_id)
-        if plan is not CollectPlan.FETCH:
-            return None
-        return {"result_attempts": op.result_attempts + 1}
+        return _count(op) if plan is CollectPlan.FETCH else None
 
     def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
         """The count of the fetch, inside the transaction that hands the operation over

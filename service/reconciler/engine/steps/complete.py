@@ -53,8 +53,6 @@ from reconciler.tracing import SpanName, Tracing
 log = logging.getLogger("reconciler.engine.steps.complete")
 
 CALLBACK_STEP = "callback"
-# The caller's callback salts were not read with the round's rows: read them when needed.
-_UNREAD = object()
 
 
 def webhook_id(op: OperationRecord) -> str:
@@ -141,8 +139,7 @@ class CompleteStep:
         names = self.steps_for(op)
         signs = CALLBACK_STEP in names and self.callbacks is not None
         found = steps.ensure_all(conn, op, names, salts=signs)
-        salts = found.salts if found.salts_read else _UNREAD
-        return self._advance(conn, op, tuple(found.rows), 0, now, [], found.hinted_at, salts=salts)
+        return self._advance(conn, op, tuple(found.rows), 0, now, [], found.hinted_at, found=found)
 
     async def __call__(self, op: OperationRecord, prep: Prep | None = None) -> None:
         ctx = self.ctx
@@ -239,12 +236,13 @@ class CompleteStep:
         hinted_at: datetime | None = None,
         also: tuple[steps.StepChange, ...] = (),
         flow: Flow | None = None,
-        salts: Any = _UNREAD,
+        found: steps.Round | None = None,
     ) -> Prep:
         """From step ``start`` on: start the first unfinished step, or wait for its retry,
         or record the round finished; ``entries`` (the last step's record) and ``also``
         (its step row's change) go with it, in the operation's write. ``flow``: the task's,
-        when a step due in another share may start in this write (``_starts_there``)."""
+        when a step due in another share may start in this write (``_starts_there``);
+        ``found``: the round as ``prepare`` read it, with what came along."""
         ctx = self.ctx
         journal = ctx.deps.journal
         held = share_of(op)
@@ -293,7 +291,7 @@ class CompleteStep:
             running = replace(row, status=StepStatus.RUNNING, attempts=row.attempts + 1)
             keys = None
             if row.step == CALLBACK_STEP and self.callbacks is not None:
-                keys = self._agent_keys(conn, touched, now, salts)
+                keys = self._agent_keys(conn, touched, now, found)
             plan = Plan(
                 (*rows[:index], running, *rows[index + 1 :]),
                 index,
@@ -329,15 +327,15 @@ class CompleteStep:
         return Prep(closed, Plan(rows, hinted_at=hinted_at), final=True)
 
     def _agent_keys(
-        self, conn: Connection, op: OperationRecord, now: datetime, salts: Any
+        self, conn: Connection, op: OperationRecord, now: datetime, found: steps.Round | None
     ) -> list[bytes] | None:
         """The calling agent's own signing keys: no agent can forge another's callbacks.
-        ``salts``: its salts as read with the round's rows, or ``_UNREAD``."""
+        Its salts are read here unless they came with the round's rows (``found``)."""
         service_key = self.ctx.deps.callback_key
         assert service_key is not None  # callbacks exist only with a signing key
-        if salts is _UNREAD:
-            return callback_keys(conn, op.caller, service_key, now)
-        return keys_of(salts, service_key, now)
+        if found is not None and found.salts_read:
+            return keys_of(found.salts, service_key, now)
+        return callback_keys(conn, op.caller, service_key, now)
 
     async def _run(self, op: OperationRecord, plan: Plan) -> Outcome:
         row = plan.current

@@ -55,7 +55,7 @@ from reconciler.providers.create_set import apply_set
 from reconciler.providers.spec import IdempotencyMode, ProviderSpec
 from reconciler.storage.history import notes_with_cause
 from reconciler.storage.journal import Entry
-from reconciler.storage.payloads import load_request
+from reconciler.storage.payloads import request_of
 
 
 def settling_of(spec: ProviderSpec) -> Settling:
@@ -79,7 +79,7 @@ class CreateStep:
         if plan_create(op, now, settling_of(self.ctx.spec(op))) != FirstSend():
             return None
         charged = self._reserve_in(conn, op, {"create_attempts": 1}, [], now)
-        return Prep(charged, op.request if op.request is not None else load_request(conn, op.id))
+        return Prep(charged, request_of(conn, op))
 
     async def __call__(self, op: OperationRecord, prep: Prep | None = None) -> None:
         ctx = self.ctx
@@ -233,9 +233,7 @@ class CreateStep:
             charged, request = prepared.op, prepared.data
         else:
             charged = await self._reserve(op, {"create_attempts": op.create_attempts + 1}, before)
-            request = op.request
-            if request is None:
-                request = await ctx.deps.db.run(self._request, op.id)
+            request = await ctx.deps.db.run(self._request, op)
         spec = ctx.spec(op)
         body = apply_set(request, spec.create.set, template_values(op, spec))
         outcome = await ctx.call(
@@ -313,10 +311,10 @@ class CreateStep:
     ) -> None:
         await self._escalate(op, EscalationReason.CREATE_UNKNOWN, unsettled.detail, before)
 
-    def _request(self, op_id: str) -> Any:
+    def _request(self, op: OperationRecord) -> Any:
         """The create body as stored (read only here: it is the operation's largest part)."""
         with self.ctx.deps.db.read() as conn:
-            return load_request(conn, op_id)
+            return request_of(conn, op)
 
     async def _ambiguous_or_stop(
         self,
