@@ -20,7 +20,7 @@ import anyio.to_thread
 
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Secret, Settings
 from reconciler.core.clock import Clock, SystemClock
-from reconciler.core.completion_lanes import first_lane
+from reconciler.core.completion_lanes import first_lane, round_steps
 from reconciler.core.errors import ConfigError, InvalidRequest
 from reconciler.core.ids import worker_id
 from reconciler.core.limits import ProviderLimits
@@ -40,10 +40,10 @@ from reconciler.providers.http_adapter import build_adapter
 from reconciler.providers.loader import load_providers
 from reconciler.providers.result_fetch import URL_NAME
 from reconciler.providers.spec import ProviderSpec, WebhookSpec, webhook_secrets
+from reconciler.storage import completion_steps, trust
 from reconciler.storage import operations as store
-from reconciler.storage import trust
 from reconciler.storage.database import Database
-from reconciler.storage.journal import Journal
+from reconciler.storage.journal import Also, Journal
 from reconciler.storage.operation_reads import ViewBatcher
 from reconciler.storage.tokens import Principal
 from reconciler.telemetry import OFF, Telemetry
@@ -149,6 +149,12 @@ class Runtime:
             host = receiver_host(op.callback_url, allow) if op.callback_url else None
             return first_lane(has_hooks, host)
 
+        hook_names = [spec.target for spec in settings.hooks]
+
+        def round_rows(op: OperationRecord) -> list[Also]:
+            names = round_steps(hook_names, bool(op.callback_url))
+            return [completion_steps.made(op, names)] if names else []
+
         runtime = cls(
             settings=settings,
             db=Database(
@@ -157,7 +163,11 @@ class Runtime:
                 write_wait_seconds=settings.server.write_wait_seconds,
                 now=clock.now,
             ),
-            journal=Journal(key=key.reveal().encode("utf-8") if key else None, first_lane=first),
+            journal=Journal(
+                key=key.reveal().encode("utf-8") if key else None,
+                first_lane=first,
+                round_rows=round_rows,
+            ),
             providers=providers,
             environ=env,
             clock=clock,

@@ -420,3 +420,47 @@ async def test_the_hint_to_completion_lag_is_observed_once_a_round(
         ]
         [total] = [s.value for s in rt.metrics.lag.collect()[0].samples if s.name.endswith("_sum")]
         assert (count, total) == (1, 2.0)
+
+
+async def test_each_claim_starts_the_step_it_expects_in_one_statement(
+    tmp_path: Path, db_url: str, hook_log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The move that ends an operation makes its round's rows, pending. A claim of the
+    hooks' share then starts the hook, and one of the host's share the callback, each in
+    the statement of the operation's own write (PostgreSQL); a round that stands otherwise
+    (its rows gone, here) is read and made as before."""
+    receiver = Receiver()
+    async with _one_hook_rig(tmp_path, db_url, receiver) as rig:
+        db = rig.runtime.db
+        op_id = await finished(rig, callback_url=CALLBACK_URL)
+        made = hooks.completion_steps(db, op_id)
+        assert {n: (r["status"], r["attempts"]) for n, r in made.items()} == {
+            f"hook:{hooks.RECORD}": ("pending", 0),
+            "callback": ("pending", 0),
+        }
+        for share in (":hooks", "cb:127.0.0.1"):
+            with recording(monkeypatch) as ran:
+                op = await rig.step(op_id)
+            on_steps = [sql for sql, _ in ran if "completion_steps" in sql]
+            # PostgreSQL: the start and the step's record, nothing read first.
+            assert len(on_steps) == (2 if not db.sqlite else 4), (share, on_steps)
+        assert not op.completion_pending and len(receiver.requests) == 1
+        assert len(hooks.read_runs(hook_log)) == 1
+        steps = hooks.completion_steps(db, op_id)
+        assert {n: (r["status"], r["attempts"]) for n, r in steps.items()} == {
+            f"hook:{hooks.RECORD}": ("done", 1),
+            "callback": ("done", 1),
+        }
+
+        # A second operation whose round's rows are gone: made and read by the claim.
+        other = await finished(rig, callback_url=CALLBACK_URL)
+        with db.write() as conn:
+            conn.exec_driver_sql(f"DELETE FROM completion_steps WHERE operation_id = '{other}'")
+        await rig.step(other)
+        await rig.step(other)
+        steps = hooks.completion_steps(db, other)
+        assert {n: (r["status"], r["attempts"]) for n, r in steps.items()} == {
+            f"hook:{hooks.RECORD}": ("done", 1),
+            "callback": ("done", 1),
+        }
+        assert len(receiver.requests) == 2 and len(hooks.read_runs(hook_log)) == 2

@@ -14,6 +14,15 @@ from collections.abc import Iterable, Mapping, Sequence
 
 HOOKS_LANE = ":hooks"
 CALLBACK_PREFIX = "cb:"
+CALLBACK_STEP = "callback"
+
+
+def round_steps(hooks: Sequence[str], has_callback: bool) -> list[str]:
+    """A completion round's steps, in the order they run: each hook, then the callback."""
+    steps = [f"hook:{name}" for name in hooks]
+    if has_callback:
+        steps.append(CALLBACK_STEP)
+    return steps
 
 
 def callback_lane(host: str) -> str:

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import HistoryKind
-from reconciler.storage.fastsql import Bound, Sql
+from reconciler.storage.fastsql import AS_IS, Bound, Sql
 from reconciler.storage.history import LAST_HINT, last_hint_at
 from reconciler.storage.journal import Also
 from reconciler.storage.tables import STEPS
@@ -153,6 +153,140 @@ class Round:
     salts_read: bool = False  # whether ``salts`` was read (else read it when needed)
 
 
+def _new_rows(op: OperationRecord, names: Sequence[str]) -> list[Any]:
+    """The values of ``_ensure_sql`` for ``names``: each pending, never tried."""
+    params: list[Any] = []
+    for name in names:
+        params += [
+            op.id,
+            op.completion_round,
+            name,
+            StepStatus.PENDING.value,
+            step_key(op, name),
+            0,
+        ]
+    return params
+
+
+def made(op: OperationRecord, names: Sequence[str]) -> Also:
+    """The round's rows, pending, made by the move that opens the round (its end state:
+    ``Journal.transition``), so the step that begins the round finds them and starts its
+    step in one statement (``start_expected``). ``ensure_all`` still makes any missing."""
+    return Bound(_ensure_sql(len(names)), tuple(_new_rows(op, names)))
+
+
+_DONE_BEFORE = "(o.step IN (?*) AND o.status = ?)"
+_FRESH_AFTER = "(o.step IN (?*) AND o.status = ? AND o.attempts = 0 AND o.next_attempt_at IS NULL)"
+
+
+@cache
+def _start_sql(hint: bool, salts: bool) -> Sql:
+    """PostgreSQL: mark one step of a round running if the round stands as expected, every
+    step before it done and every one after it never tried; returns its attempts after,
+    and with ``hint`` the last webhook hint, with ``salts`` the caller's ``tokens.SALTS``
+    row (one statement with the operation's write: ``Journal.write_if``)."""
+    returns = ["attempts"]
+    params: list[str] = ["status", "started_at"]
+    source = ""
+    if salts:
+        source = f" FROM (SELECT 1) AS one LEFT JOIN ({SALTS.text} LIMIT 1) AS salts ON true"
+        params += [f"api_tokens.{name}" for name in SALTS.params]
+        returns += [f"salts.{name}" for name in SALTS.returns]
+    params += [
+        "operation_id",
+        "round",
+        "step",
+        "status",
+        "next_attempt_at",
+        "operation_id",
+        "round",
+        "step",
+        "status",
+        "step",
+        "status",
+        AS_IS,
+    ]
+    returning = ", ".join(f"completion_steps.{c}" if c == "attempts" else c for c in returns)
+    if hint:
+        returning += f", ({LAST_HINT.text})"
+        params += [f"history.{name}" for name in LAST_HINT.params]
+    return Sql(
+        "step-start-expected",
+        STEPS,
+        "UPDATE completion_steps SET status = ?, attempts = completion_steps.attempts + 1, "
+        f"started_at = ?{source} WHERE completion_steps.operation_id = ? "
+        "AND completion_steps.round = ? AND completion_steps.step = ? "
+        "AND completion_steps.status = ? AND (completion_steps.next_attempt_at IS NULL "
+        "OR completion_steps.next_attempt_at <= ?) AND (SELECT count(*) FROM completion_steps o "
+        f"WHERE o.operation_id = ? AND o.round = ? AND ({_DONE_BEFORE} OR {_FRESH_AFTER})) = ? "
+        f"RETURNING {returning}",
+        params=params,
+        returns=[
+            "attempts",
+            *(f"api_tokens.{name}" for name in SALTS.returns if salts),
+            *(["history.at"] if hint else []),
+        ],
+    )
+
+
+@dataclass(frozen=True)
+class Started:
+    """What ``start_expected``'s statement answered: the step's attempts now, and what came
+    along (the last webhook hint, the caller's salts row: as in ``Round``)."""
+
+    attempts: int
+    hinted_at: datetime | None
+    salts: Sequence[Any] | None
+    salts_read: bool
+
+
+def start_expected(
+    op: OperationRecord,
+    names: Sequence[str],
+    index: int,
+    now: datetime,
+    *,
+    hint: bool,
+    salts: bool,
+) -> Bound:
+    """The gate of ``Journal.write_if`` that starts step ``index`` of ``names`` (due now)
+    when the steps before it are done and those after it untried: what a claim of the
+    round's share expects (the hooks of a round just opened, the callback after them).
+    Anything else (a row missing, a retry waiting) changes nothing, and the caller reads
+    the round (``ensure_all``)."""
+    values: list[Any] = [StepStatus.RUNNING.value, now]
+    if salts:
+        values.append(op.caller)
+    values += [
+        op.id,
+        op.completion_round,
+        names[index],
+        StepStatus.PENDING.value,
+        now,
+        op.id,
+        op.completion_round,
+        list(names[:index]),
+        StepStatus.DONE.value,
+        list(names[index + 1 :]),
+        StepStatus.PENDING.value,
+        len(names) - 1,
+    ]
+    if hint:
+        values += [op.id, HistoryKind.HINT.value]
+    return Bound(_start_sql(hint, salts), tuple(values))
+
+
+def started(row: Sequence[Any], *, hint: bool, salts: bool) -> Started:
+    """``start_expected``'s answer row, as read back by ``Journal.write_if``."""
+    attempts, rest = int(row[0]), row[1:]
+    found: Sequence[Any] | None = None
+    if salts:
+        found, rest = rest[: len(SALTS.returns)], rest[len(SALTS.returns) :]
+        if found[0] is None:
+            found = None
+    return Started(attempts, rest[0] if hint else None, found, salts)
+
+
 def ensure_all(
     conn: Connection, op: OperationRecord, names: Sequence[str], *, salts: bool = False
 ) -> Round:
@@ -167,16 +301,7 @@ def ensure_all(
     """
     if not names:
         return Round([], None)
-    params: list[Any] = []
-    for name in names:
-        params += [
-            op.id,
-            op.completion_round,
-            name,
-            StepStatus.PENDING.value,
-            step_key(op, name),
-            0,
-        ]
+    params = _new_rows(op, names)
     of_round = (op.id, op.completion_round, list(names))
     width = len(_STEP_COLUMNS)
     along: Sequence[Any] = ()

@@ -33,7 +33,7 @@ from reconciler.core.states import END_STATES, State, check_transition
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.storage import payloads
 from reconciler.storage.after_commit import after_commit
-from reconciler.storage.fastsql import MANY_ROWS, Bound, Sql, qualified
+from reconciler.storage.fastsql import AS_IS, MANY_ROWS, Bound, Sql, qualified
 from reconciler.storage.notify import CHANGE_CHANNEL, notify_in_transaction
 from reconciler.storage.tables import HISTORY, OPS
 
@@ -213,6 +213,23 @@ def _insert_and_append(also: tuple[Sql, ...]) -> Sql:
     return _with_history("operation-insert-and-append", _INSERT_OPERATION, also, 1)
 
 
+@cache
+def _update_if(keys: tuple[str, ...], gate: Sql) -> Sql:
+    """PostgreSQL: ``gate`` (a statement on another table that returns what it changed),
+    and the lease-guarded ``_update`` only if it changed something, in one statement;
+    answers the gate's rows, each with whether the operation's row was written."""
+    head = _update(keys, True)
+    return Sql(
+        "operation-write-if",
+        OPS,
+        f"WITH gate AS ({gate.text}), touched AS ({head.text} "
+        "AND EXISTS (SELECT 1 FROM gate) RETURNING id) "
+        "SELECT gate.*, (SELECT count(*) FROM touched) FROM gate",
+        params=(*(qualified(gate, p, OPS) for p in gate.params), *head.params),
+        returns=(*(qualified(gate, r, OPS) for r in gate.returns), AS_IS),
+    )
+
+
 def _history_row(row: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(row[c] for c in HISTORY_COLUMNS)
 
@@ -249,6 +266,9 @@ class Journal:
     # The lane a completion round starts in (``core.completion_lanes``); None: unset, which
     # the claim takes as the hooks lane.
     first_lane: Callable[[OperationRecord], str | None] | None = None
+    # The rows of the completion round a move to an end state opens (``completion_steps.
+    # made``), written with that move; None: the completion handler makes them itself.
+    round_rows: Callable[[OperationRecord], Sequence[Also]] | None = None
     _columns: frozenset[str] = field(
         default_factory=lambda: frozenset(c.name for c in OPS.c) | frozenset(PAYLOADS)
     )
@@ -357,6 +377,36 @@ class Journal:
             payloads.store(conn, op.id, parts)
         _APPEND_HISTORY.many(conn, [_history_row(row) for row in rows])
         return with_changes(op, changes)
+
+    def write_if(
+        self,
+        conn: Connection,
+        op: OperationRecord,
+        gate: Bound,
+        *,
+        now: datetime,
+        lease: Lease,
+        changes: Mapping[str, Any] | None = None,
+    ) -> tuple[OperationRecord, Sequence[Any]] | None:
+        """PostgreSQL: ``write`` of ``changes`` (row columns, no history) under ``lease``,
+        made only if ``gate`` changes a row, in one statement with it: a step started where
+        the round stands as expected. Returns the record after and the gate's answer row;
+        None when the gate changed nothing (nor was anything written). A gate that changed
+        a row of an operation not current any more raises ``StaleWrite``, which undoes it."""
+        changes = dict(changes or {})
+        changes.update(version=op.version + 1, updated_at=now)
+        keys = tuple(sorted(changes))
+        if set(keys) - {c.name for c in OPS.c}:
+            raise ValueError("write_if writes row columns only")
+        params = [changes[k] for k in keys]
+        params += [op.id, op.version, op.state, lease.owner, now]
+        rows = _update_if(keys, gate.sql).rows(conn, *gate.values, *params)
+        if not rows:
+            return None
+        *answer, touched = rows[0]
+        if touched != 1:
+            raise _stale(op, lease)
+        return with_changes(op, changes), answer
 
     def _chain(
         self, op_id: str, head: str, seq: int, entries: Sequence[Entry], now: datetime
@@ -489,6 +539,8 @@ class Journal:
         elif start in END_STATES:
             all_changes["done_at"] = None
         all_changes.update(changes or {})
+        if to in END_STATES and self.round_rows is not None:
+            also = (*also, *self.round_rows(with_changes(op, all_changes)))
         entry = Entry(
             kind=HistoryKind.TRANSITION,
             actor=actor,

@@ -29,7 +29,7 @@ import anyio.to_thread
 from sqlalchemy.engine import Connection
 
 from reconciler.config import CallbackSettings
-from reconciler.core.completion_lanes import HOOKS_LANE, callback_lane
+from reconciler.core.completion_lanes import CALLBACK_STEP, HOOKS_LANE, callback_lane, round_steps
 from reconciler.core.completion_retry import (
     CompletionRetryPolicy,
     RetryStepAt,
@@ -51,8 +51,6 @@ from reconciler.storage.tokens import callback_keys, keys_of
 from reconciler.tracing import SpanName, Tracing
 
 log = logging.getLogger("reconciler.engine.steps.complete")
-
-CALLBACK_STEP = "callback"
 
 
 def webhook_id(op: OperationRecord) -> str:
@@ -127,10 +125,7 @@ class CompleteStep:
         return callback_lane(receiver_host(op.callback_url, self.ctx.deps.allow_hosts))
 
     def steps_for(self, op: OperationRecord) -> list[str]:
-        steps = [f"hook:{name}" for name in self.hooks]
-        if op.callback_url:
-            steps.append(CALLBACK_STEP)
-        return steps
+        return round_steps(list(self.hooks), bool(op.callback_url))
 
     def prepare(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep:
         """Begin (or resume) the round: its step rows, and the first unfinished step started."""
@@ -138,8 +133,53 @@ class CompleteStep:
         # step begun already: the callback after the hooks, a retry) has no hint to add.
         names = self.steps_for(op)
         signs = CALLBACK_STEP in names and self.callbacks is not None
+        if conn.dialect.name == "postgresql":
+            expected = self._start_expected(conn, op, names, now, signs)
+            if expected is not None:
+                return expected
         found = steps.ensure_all(conn, op, names, salts=signs)
         return self._advance(conn, op, tuple(found.rows), 0, now, [], found.hinted_at, found=found)
+
+    def _start_expected(
+        self, conn: Connection, op: OperationRecord, names: list[str], now: datetime, signs: bool
+    ) -> Prep | None:
+        """PostgreSQL: the step of the held share started in one statement, when the round
+        stands as a claim of that share expects (its rows made with the move that opened
+        it; the steps before done, those after untried). None: it stands otherwise, and
+        nothing was written."""
+        held = share_of(op)
+        index = next((i for i, n in enumerate(names) if self.lane_of(op, n) == held), None)
+        if index is None:
+            return None
+        name = names[index]
+        hint, salts = index == 0, signs and name == CALLBACK_STEP
+        gate = steps.start_expected(op, names, index, now, hint=hint, salts=salts)
+        found = self.ctx.deps.journal.write_if(conn, op, gate, now=now, lease=self.ctx.lease)
+        if found is None:
+            return None
+        touched, answer = found
+        begun = steps.started(answer, hint=hint, salts=salts)
+        rows = tuple(
+            StepRow(
+                n,
+                StepStatus.DONE
+                if i < index
+                else StepStatus.RUNNING
+                if i == index
+                else StepStatus.PENDING,
+                begun.attempts if i == index else 0,
+                None,
+                steps.step_key(op, n),
+            )
+            for i, n in enumerate(names)
+        )
+        hinted_at = begun.hinted_at if index == 0 and begun.attempts == 1 else None
+        keys = None
+        if salts:
+            round_ = steps.Round(list(rows), hinted_at, begun.salts, salts_read=True)
+            keys = self._agent_keys(conn, touched, now, round_)
+        plan = Plan(rows, index, view_of(conn, touched, now), keys, hinted_at)
+        return Prep(touched, plan)
 
     async def __call__(self, op: OperationRecord, prep: Prep | None = None) -> None:
         ctx = self.ctx
