@@ -24,12 +24,13 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from reconciler.core.trust import Health
+from reconciler.core.trust import Health, TrustState
 from reconciler.engine.trust import TrustKeeper
 from reconciler.storage import trust as store
 from reconciler.storage.tables import VERDICTS
 from reconciler.storage.webhook_events import IncomingEvent, Outcome, write_batch
 from tests.support.stack import QUICK_POLLING
+from tests.support.statements import recording
 from tests.support.steps import StepRig, step_rig
 
 pytestmark = pytest.mark.anyio
@@ -191,3 +192,37 @@ async def test_a_webhook_an_earlier_read_answered_does_not_make_the_end_webhook_
         assert verdict["verdict"] == "pending"
         health = await settled_health(rig)
         assert (health.webhook_first, health.late, health.missed) == (0, 0, 1)
+
+
+@pytest.mark.both_backends
+async def test_a_trusted_providers_webhook_first_end_is_counted_by_the_move_itself(
+    tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a provider is trusted, a webhook-first end cannot change its state: the count
+    rides with the move that records the end (PostgreSQL: in its statement), and nothing
+    reads the health row. Before that, the health's own rules count it (and trust it)."""
+    async with step_rig(tmp_path, db_url, provider=PROVIDER) as rig:
+        for n in range(3):
+            op_id, job_id = await observing(rig)
+            rig.provider.finish(job_id)
+            rig.advance(1)
+            assert store_webhook(rig, f"evt_{n}", job_id, rig.clock.now()) is Outcome.HINTED
+            rig.advance(0.01)
+            with recording(monkeypatch) as ran:
+                op = await rig.step(op_id)
+            assert op.state == "result_collecting"
+            health_sql = [sql for sql, _ in ran if "provider_health" in sql]
+            with rig.runtime.db.read() as conn:
+                health = store.load_health(conn, "sim")
+            assert health.webhook_first == n + 1
+            stored = [sql for sql in health_sql if "SET state = " in sql]
+            if n < 2:  # learning: the row is read, locked and stored by the health's rules
+                assert stored
+                continue
+            assert health.state is TrustState.TRUSTED
+            assert not stored
+            if rig.runtime.db.sqlite:
+                assert len(health_sql) == 1
+            else:
+                [move] = health_sql
+                assert "INSERT INTO webhook_verdicts" in move

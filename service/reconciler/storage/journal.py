@@ -61,6 +61,15 @@ class Entry:
 Also = Bound
 
 
+@dataclass(eq=False)
+class Checked:
+    """An ``also`` whose writer needs to know whether it changed a row (a count kept only
+    in one state, with another way when it is not): the write that ran it sets ``changed``."""
+
+    bound: Bound
+    changed: bool | None = None
+
+
 @dataclass(frozen=True)
 class Step:
     """A state an operation passes through on its way in one write (``transition(through=)``):
@@ -177,16 +186,25 @@ _TYPED_HISTORY_ROW = "({})".format(
 )
 
 
-def _with_history(name: str, head: Sql, also: tuple[Sql, ...], entries: int) -> Sql:
+def _with_history(
+    name: str, head: Sql, also: tuple[Sql, ...], entries: int, checked: int = -1
+) -> Sql:
     """PostgreSQL: ``also``, then ``head`` (the operation's row), then ``entries`` history
     rows appended only if ``head`` touched the row, as one statement. Its row count is the
     rows appended (without entries, the rows ``head`` touched), so 0 means a lost race.
     The ``also`` statements run either way; a lost race rolls back what it ran in
-    (``StaleWrite`` always undoes its write)."""
-    ctes = [f"also_{i} AS ({sql.text})" for i, sql in enumerate(also)]
+    (``StaleWrite`` always undoes its write). ``checked``: the index of an ``also`` whose
+    rows changed each returned row answers (``Checked``)."""
+    ctes = [
+        f"also_{i} AS ({sql.text}{' RETURNING 1' if i == checked else ''})"
+        for i, sql in enumerate(also)
+    ]
     params = [qualified(sql, p, OPS) for sql in also for p in sql.params]
+    answer = f" RETURNING (SELECT count(*) FROM also_{checked})" if checked >= 0 else ""
     if not entries:
-        return Sql(name, OPS, f"WITH {', '.join(ctes)} {head.text}", (*params, *head.params))
+        return Sql(
+            name, OPS, f"WITH {', '.join(ctes)} {head.text}{answer}", (*params, *head.params)
+        )
     columns = ", ".join(HISTORY_COLUMNS)
     return Sql(
         name,
@@ -194,17 +212,19 @@ def _with_history(name: str, head: Sql, also: tuple[Sql, ...], entries: int) -> 
         f"WITH {', '.join([*ctes, f'touched AS ({head.text} RETURNING id)'])} "
         f"INSERT INTO history ({columns}) "
         f"SELECT * FROM (VALUES {', '.join([_TYPED_HISTORY_ROW] * entries)}) "
-        f"AS entry ({columns}) WHERE EXISTS (SELECT 1 FROM touched)",
+        f"AS entry ({columns}) WHERE EXISTS (SELECT 1 FROM touched){answer}",
         params=(*params, *head.params, *[f"history.{c}" for c in HISTORY_COLUMNS] * entries),
     )
 
 
 @cache
 def _update_and_append(
-    keys: tuple[str, ...], guarded: bool, entries: int, also: tuple[Sql, ...]
+    keys: tuple[str, ...], guarded: bool, entries: int, also: tuple[Sql, ...], checked: int
 ) -> Sql:
     """``_update`` with its history and what comes ``also``, in one statement."""
-    return _with_history("operation-write-and-append", _update(keys, guarded), also, entries)
+    return _with_history(
+        "operation-write-and-append", _update(keys, guarded), also, entries, checked
+    )
 
 
 @cache
@@ -341,12 +361,13 @@ class Journal:
         changes: Mapping[str, Any] | None = None,
         entries: Sequence[Entry] = (),
         lease: Lease | None = None,
-        also: Sequence[Also] = (),
+        also: Sequence[Also | Checked] = (),
     ) -> OperationRecord:
         """Apply ``changes`` and append ``entries`` if ``op`` is still current; return it.
 
         ``also``: statements on other tables that belong to this change (a completion
-        step's record), run first; on PostgreSQL inside the same statement."""
+        step's record), run first; on PostgreSQL inside the same statement. At most one
+        of them ``Checked``, told whether it changed a row."""
         changes = dict(changes or {})
         unknown = set(changes) - self._columns
         if unknown:
@@ -360,17 +381,32 @@ class Journal:
         if lease is not None:
             params += [lease.owner, now]
         guarded = lease is not None
+        checks = [b for b in also if isinstance(b, Checked)]
+        if len(checks) > 1:
+            raise ValueError("a write tells at most one statement whether it changed a row")
         if conn.dialect.name == "postgresql" and (rows or also or parts):
             # One round trip for the row, its history and what belongs with it.
-            also = (*also, *payloads.changes(op.id, parts))
-            statement = _update_and_append(keys, guarded, len(rows), tuple(b.sql for b in also))
-            before = [value for b in also for value in b.values]
+            bounds = (
+                *(b.bound if isinstance(b, Checked) else b for b in also),
+                *payloads.changes(op.id, parts),
+            )
+            checked = next((i for i, b in enumerate(also) if isinstance(b, Checked)), -1)
+            statement = _update_and_append(
+                keys, guarded, len(rows), tuple(b.sql for b in bounds), checked
+            )
+            before = [value for b in bounds for value in b.values]
             values = [value for row in rows for value in _history_row(row)]
-            if statement.run(conn, *before, *params, *values).rowcount != max(1, len(rows)):
+            cursor = statement.run(conn, *before, *params, *values)
+            if cursor.rowcount != max(1, len(rows)):
                 raise _stale(op, lease)
+            if checks:
+                checks[0].changed = int(cursor.fetchone()[0]) > 0
             return with_changes(op, changes)
         for bound in also:
-            bound.run(conn)
+            if isinstance(bound, Checked):
+                bound.changed = bound.bound.run(conn).rowcount > 0
+            else:
+                bound.run(conn)
         if _update(keys, guarded).run(conn, *params).rowcount != 1:
             raise _stale(op, lease)
         if parts:
@@ -496,7 +532,7 @@ class Journal:
         entries: Sequence[Entry] = (),
         lease: Lease | None = None,
         before: Sequence[Entry] = (),
-        also: Sequence[Also] = (),
+        also: Sequence[Also | Checked] = (),
         through: Sequence[Step] = (),
     ) -> OperationRecord:
         """Move ``op`` to ``to`` with its evidence; raises ``IllegalTransition`` before writing.

@@ -226,15 +226,16 @@ def _store(conn: Connection, provider: str, health: Health, version: int, now: d
         raise StaleWrite(f"provider {provider}: webhook health changed since version {version}")
 
 
-def _trusted_increment(conn: Connection, provider: str, count: int, now: datetime) -> bool:
+def trusted_increment(provider: str, count: int, now: datetime) -> Bound:
     """The steady state in one atomic statement: a trusted provider's webhook-first count.
 
     The increments are expressions on the row as it is when locked, so concurrent writers
     add up; the state is untouched (``core.trust.count`` never moves a trusted provider on
-    a webhook-first completion). False when the provider is not trusted: count normally.
+    a webhook-first completion). It changes no row when the provider is not trusted: then
+    count normally (``count_completions(..., increment_tried=True)``). Run on its own, or
+    with the write that stores the evidence (``Journal.write``'s ``Checked``).
     """
-    cursor = _INCREMENT.run(conn, count, count, now, provider, TrustState.TRUSTED.value)
-    return bool(cursor.rowcount == 1)
+    return Bound(_INCREMENT, (count, count, now, provider, TrustState.TRUSTED.value))
 
 
 def count_completions(
@@ -243,16 +244,21 @@ def count_completions(
     judged: Sequence[tuple[Verdict, str]],
     now: datetime,
     policy: TrustPolicy,
+    *,
+    increment_tried: bool = False,
 ) -> list[Change]:
     """Count judged completions ``(verdict, operation id)`` into the provider's health, in order.
 
     Call last in the transaction that stores the evidence: the health row stays locked
     (PostgreSQL) from here to the commit, and nothing else waits on it meanwhile.
+    ``increment_tried``: ``trusted_increment`` of these ran already and changed nothing.
     """
     if not judged:
         return []
-    if all(v is Verdict.WEBHOOK_FIRST for v, _ in judged) and _trusted_increment(
-        conn, provider, len(judged), now
+    if (
+        not increment_tried
+        and all(v is Verdict.WEBHOOK_FIRST for v, _ in judged)
+        and trusted_increment(provider, len(judged), now).run(conn).rowcount == 1
     ):
         return []  # already trusted: more webhook-first completions cannot change the state
     health, version = _locked(conn, provider, now)

@@ -47,7 +47,7 @@ from reconciler.engine.flow import Flow, Prep, flow_var
 from reconciler.providers.adapter import StatusOutcome
 from reconciler.storage import trust as health
 from reconciler.storage.history import notes_with_cause
-from reconciler.storage.journal import Also, Entry
+from reconciler.storage.journal import Also, Checked, Entry
 
 MAX_KEPT_STATUS_BYTES = 65_536
 # States in which a status answer may still be applied after a concurrent write.
@@ -305,7 +305,7 @@ class PollStep:
                 conn, op, decision, outcome.view, changes, [*lead, entry], now, evidence
             )
             ahead = None
-        self._count(conn, op, verdict, now)
+        self._count(conn, op, verdict, now, evidence)
         # The fetch counted here is the next step's first write, made (``Flow.ahead``).
         return Prep(after, final=True, next=Prep(after)) if ahead else after
 
@@ -320,7 +320,7 @@ class PollStep:
 
     def _judge(
         self, conn: Connection, op: OperationRecord, outcome: StatusOutcome, now: datetime
-    ) -> tuple[Verdict | None, tuple[Also, ...]]:
+    ) -> tuple[Verdict | None, tuple[Also | Checked, ...]]:
         """How this terminal state was first learned of, and its row (the evidence of the
         health), written with the move."""
         if not self._trust_applies(op):
@@ -348,17 +348,30 @@ class PollStep:
             hinted_at=hinted if first else None,
             settle_after=settle_after(now, policy) if verdict is Verdict.PENDING else None,
         )
+        if first:
+            # A trusted provider's count rides with the move (``_count`` does the rest).
+            return verdict, (row, Checked(health.trusted_increment(op.provider, 1, now)))
         return verdict, (row,)
 
     def _count(
-        self, conn: Connection, op: OperationRecord, verdict: Verdict | None, now: datetime
+        self,
+        conn: Connection,
+        op: OperationRecord,
+        verdict: Verdict | None,
+        now: datetime,
+        evidence: tuple[Also | Checked, ...],
     ) -> None:
         """A webhook-first completion counts into the health now, the last write before commit.
 
+        A trusted provider's was counted by the move's own statement (``_judge``); another's
+        state may change with it, which the health's own rules decide here.
         A read that found the end first is judged once the grace is over (``engine.trust``):
         a webhook may still follow.
         """
         if verdict is not Verdict.WEBHOOK_FIRST:
+            return
+        tried = next((b for b in evidence if isinstance(b, Checked)), None)
+        if tried is not None and tried.changed:
             return
         health.count_completions(
             conn,
@@ -366,6 +379,7 @@ class PollStep:
             [(Verdict.WEBHOOK_FIRST, op.id)],
             now,
             self.ctx.trust_policy(self.ctx.spec(op)),
+            increment_tried=tried is not None,
         )
 
     def _record(
@@ -426,7 +440,7 @@ class PollStep:
         changes: dict[str, Any],
         evidence: list[Entry],
         now: datetime,
-        also: tuple[Also, ...],
+        also: tuple[Also | Checked, ...],
     ) -> OperationRecord:
         ctx = self.ctx
         provider_error = getattr(view, "error", None)
