@@ -17,7 +17,13 @@ from reconciler.core.states import State
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.tables import EVENTS, HISTORY, OPS
-from reconciler.storage.webhook_events import IncomingEvent, Outcome, attach_orphans, write_batch
+from reconciler.storage.webhook_events import (
+    IncomingEvent,
+    Outcome,
+    attach_orphans,
+    lock_job_for_accept,
+    write_batch,
+)
 from tests.support.factories import insert_operation
 
 pytestmark = pytest.mark.both_backends
@@ -261,7 +267,9 @@ def test_event_racing_the_create_answer_is_not_left_an_orphan(
 
     def accept() -> None:
         with db.write() as conn:
-            after = journal.transition(
+            # As the accept step: the job's lock, then the write that attaches orphans.
+            lock_job_for_accept(conn, op.provider, "job_race", trust=True)
+            journal.transition(
                 conn,
                 op,
                 State.ACCEPTED,
@@ -269,8 +277,8 @@ def test_event_racing_the_create_answer_is_not_left_an_orphan(
                 cause="create_confirmed_job",
                 now=NOW,
                 changes={"remote_job_id": "job_race"},
+                also=[attach_orphans(op.provider, "job_race", op.id)],
             )
-            attach_orphans(conn, after.provider, "job_race", after.id, trust=True)
             accepted_open.set()
             event_done.wait(1.0)  # give the event every chance to commit in between
 

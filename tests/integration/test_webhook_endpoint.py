@@ -809,9 +809,11 @@ def test_orphan_is_attached_when_the_job_id_is_learned(tmp_path: Path, db_url: s
         entries = stack.history(op_id)
         hint = next(e for e in entries if e["cause"] == "webhook:evt_early")
         assert hint["kind"] == "hint" and hint["detail"]["orphan"] is True
+        # Attached by the accept's write, and made the hint in the same transaction: the
+        # entry follows the move to observing and brings the first read forward.
         observing = next(e for e in entries if e["to"] == "observing")
-        assert observing["delay_source"] == "webhook_hint"
-        assert read["seq"] > hint["seq"]
+        assert observing["seq"] < hint["seq"] < read["seq"]
+        assert hint["delay_source"] == "webhook_hint"
         # Without the orphan the first read would be 60 s away (SLOW_POLLING).
         assert len(status_reads(stack, job_id)) == 1
 

@@ -14,7 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
+from reconciler.storage.webhook_events import IncomingEvent, Outcome, write_batch
 from tests.support.provider_mock import answer, error, refused
+from tests.support.statements import recording
 from tests.support.steps import StepRig, step_rig
 
 pytestmark = pytest.mark.anyio
@@ -275,3 +277,41 @@ async def test_a_cancel_before_anything_was_sent_ends_cancelled_without_a_call(
         await rig.run(op_id, ["cancelled"])
         assert rig.provider.requests == []
         assert "completion_finished" in rig.causes(op_id)
+
+
+@pytest.mark.both_backends
+async def test_the_accept_attaches_orphans_in_its_write_and_hints_only_with_some(
+    tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write that accepts the job attaches the events that came for it before its id
+    was known, in its own statement on PostgreSQL; with none, nothing is read after it.
+    With one, the same transaction makes it the hint and the first read due at once."""
+    async with step_rig(tmp_path, db_url) as rig:
+        op_id = rig.submit({"report": "q3"})
+        with recording(monkeypatch) as ran:
+            op = await rig.step(op_id)
+        assert op.state == "observing" and op.next_poll_at is not None
+        assert op.next_poll_at > rig.clock.now()  # no orphan: the first read waits
+        attach = [sql for sql, _ in ran if "UPDATE webhook_events" in sql]
+        assert len(attach) == 1
+        assert ("UPDATE operations" in attach[0]) is not rig.runtime.db.sqlite
+        assert not [sql for sql, _ in ran if sql.startswith("SELECT event_id")]
+
+        other = rig.submit({"report": "q4"})
+        event = IncomingEvent(
+            provider="sim",
+            event_id="evt_early",
+            remote_job_id="job-2",
+            body_sha256="0" * 64,
+            body="{}",
+            received_at=rig.clock.now(),
+        )
+        with rig.runtime.db.write() as conn:
+            assert write_batch(conn, rig.runtime.journal, [event], rig.clock.now()) == [
+                Outcome.ORPHAN
+            ]
+        op = await rig.step(other)
+        assert op.remote_job_id == "job-2" and op.next_poll_at == rig.clock.now()
+        hints = [e for e in rig.history(other) if e.kind == "hint"]
+        assert [h.cause for h in hints] == ["webhook:evt_early"]
+        assert rig.history(other)[-1] == hints[0]

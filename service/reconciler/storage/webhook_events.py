@@ -35,7 +35,7 @@ from sqlalchemy.engine import Connection
 from reconciler.core.states import State
 from reconciler.core.trust import TrustState
 from reconciler.core.vocabulary import DelaySource, HistoryKind
-from reconciler.storage.fastsql import AS_IS, Sql
+from reconciler.storage.fastsql import AS_IS, Bound, Sql
 from reconciler.storage.journal import Entry, Journal
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tables import EVENTS, OPS
@@ -164,8 +164,16 @@ _ATTACH_ORPHANS = Sql(
     "orphans-attach",
     EVENTS,
     "UPDATE webhook_events SET operation_id = ? WHERE provider = ? AND remote_job_id = ? "
-    "AND operation_id IS NULL AND NOT ignored RETURNING event_id",
+    "AND operation_id IS NULL AND NOT ignored",
     params=("operation_id", "provider", "remote_job_id"),
+)
+_ATTACHED = Sql(
+    "events-attached",
+    EVENTS,
+    "SELECT event_id FROM webhook_events WHERE provider = ? AND remote_job_id = ? "
+    "AND operation_id = ? AND NOT ignored ORDER BY received_at, id",
+    params=("provider", "remote_job_id", "operation_id"),
+    returns=("event_id",),
 )
 
 
@@ -390,24 +398,25 @@ def write_batch(
     return [o if o is not None else Outcome.DUPLICATE for o in outcomes]
 
 
-@dataclass(frozen=True)
-class Attached:
-    events: list[str]  # the orphan events' ids, now this operation's hint
-    trusted: bool  # the provider's webhooks are trusted now (when asked: ``trust``)
-
-
-def attach_orphans(
-    conn: Connection, provider: str, job_id: str, operation_id: str, *, trust: bool = False
-) -> Attached:
-    """Events that arrived before the job id was known become this operation's hint. With
-    them, when ``trust``, whether the provider's webhooks are trusted now: the accept
-    step's other question, read on PostgreSQL in the job lock's statement."""
-    # The lock first: an event committing meanwhile is seen by the attach below.
+def lock_job_for_accept(conn: Connection, provider: str, job_id: str, *, trust: bool) -> bool:
+    """The accept step's lock on its job, taken before its write: an event that committed
+    while it waited is seen by that write's attach (``attach_orphans``), and one that
+    comes after waits, then finds the job's operation. Returns, when ``trust``, whether
+    the provider's webhooks are trusted now (PostgreSQL: read in the lock's statement)."""
     if trust and conn.dialect.name == "postgresql":
         row = _LOCK_JOB_READING_TRUST.first(conn, _job_key(provider, job_id), provider)
-        trusted = row is not None and row[1] == TrustState.TRUSTED.value
-    else:
-        lock_jobs(conn, [(provider, job_id)])
-        trusted = trust and is_trusted(conn, provider)
-    rows = _ATTACH_ORPHANS.rows(conn, operation_id, provider, job_id)
-    return Attached([str(row[0]) for row in rows], trusted)
+        return row is not None and row[1] == TrustState.TRUSTED.value
+    lock_jobs(conn, [(provider, job_id)])
+    return trust and is_trusted(conn, provider)
+
+
+def attach_orphans(provider: str, job_id: str, operation_id: str) -> Bound:
+    """Events that arrived before the job id was known become this operation's: written
+    with the accept (``Journal.write``'s ``Checked``: whether there were any), under
+    ``lock_job_for_accept``. Their ids are then ``attached_events``."""
+    return Bound(_ATTACH_ORPHANS, (operation_id, provider, job_id))
+
+
+def attached_events(conn: Connection, provider: str, job_id: str, operation_id: str) -> list[str]:
+    """The ids of the job's events attached to an operation, oldest first."""
+    return [str(row[0]) for row in _ATTACHED.rows(conn, provider, job_id, operation_id)]

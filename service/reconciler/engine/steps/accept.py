@@ -4,13 +4,15 @@ One write: the operation is accepted with the evidence, webhooks that came for t
 before its id was known are attached to it (orphans), and the operation moves on in the
 same statement (``Journal.transition(through=...)``): a cancel that arrived before the
 job id is applied now that there is a job, otherwise the first status read is set
-(``core.next_read.first_poll``; at once when an orphan webhook already announced
-something: docs/design.md#intake).
+(``core.next_read.first_poll``). Orphans are rare: only when the write attached some
+does a second write in the same transaction make them the operation's hint, its read
+due at once (docs/design.md#intake).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -23,9 +25,13 @@ from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.providers.adapter import CreateOutcome
-from reconciler.storage.journal import Entry, Step
+from reconciler.storage.journal import Checked, Entry, Step
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
-from reconciler.storage.webhook_events import attach_orphans
+from reconciler.storage.webhook_events import (
+    attach_orphans,
+    attached_events,
+    lock_job_for_accept,
+)
 
 
 async def accept_job(
@@ -55,24 +61,16 @@ async def accept_job(
             "last_http_at": call.sent_at,
             "last_provider_request_id": call.provider_request_id,
         }
-        attached = attach_orphans(conn, op.provider, job_id, op.id, trust=adaptive)
-        orphans = attached.events
-        hints = [
-            Entry(
-                kind=HistoryKind.HINT,
-                actor=f"provider:{op.provider}",
-                cause=f"webhook:{event_id}",
-                detail={"event_id": event_id, "orphan": True},
-                delay_source=DelaySource.WEBHOOK_HINT,
-            )
-            for event_id in orphans
-        ]
+        trusted = lock_job_for_accept(conn, op.provider, job_id, trust=adaptive)
+        # Orphans are rare: the write attaches them in its own statement and says whether
+        # there were any; only then are they read and made the operation's hint.
+        orphans = Checked(attach_orphans(op.provider, job_id, op.id))
         # Accepted, and on to the next state in the same write: one statement, each move
         # its own history entry.
         accepted = Step(State.ACCEPTED, f"{via}_confirmed_job", evidence)
         if fresh.cancel_requested_at is not None:
             # A cancel arrived before the job id: apply it now that there is a job.
-            return journal.transition(
+            after = journal.transition(
                 conn,
                 fresh,
                 State.CANCEL_REQUESTED,
@@ -82,35 +80,56 @@ async def accept_job(
                 changes={**changes, "next_poll_at": now},
                 before=before,
                 through=[accepted],
-                entries=hints,
                 lease=ctx.lease,
+                also=(orphans,),
             )
+            return _hinted(conn, after, orphans, now, wake=False)
         # The create answer is the first observation: while the provider's webhooks are
         # trusted, even the first fallback read waits the stretched schedule.
-        first, source = first_poll(
-            now, op.deadline_at, ctx.deps.rng, policy, trusted=attached.trusted
-        )
-        nxt: dict[str, Any] = {"next_poll_at": first, "delay_source": source.value}
-        if orphans:
-            nxt = {
-                "next_poll_at": now,
-                "delay_source": DelaySource.WEBHOOK_HINT.value,
-                "hinted_at": now,
-            }
-            notify_in_transaction(conn, WAKE_CHANNEL)
-        return journal.transition(
+        first, source = first_poll(now, op.deadline_at, ctx.deps.rng, policy, trusted=trusted)
+        after = journal.transition(
             conn,
             fresh,
             State.OBSERVING,
             actor=ctx.actor,
             cause="observing",
             now=now,
-            detail={"next_poll_at": isoformat(nxt["next_poll_at"])},
-            changes={**changes, **nxt},
+            detail={"next_poll_at": isoformat(first)},
+            changes={**changes, "next_poll_at": first, "delay_source": source.value},
             before=before,
             through=[accepted],
-            entries=hints,
             lease=ctx.lease,
+            also=(orphans,),
         )
+        return _hinted(conn, after, orphans, now, wake=True)
+
+    def _hinted(
+        conn: Connection, after: OperationRecord, orphans: Checked, now: datetime, *, wake: bool
+    ) -> OperationRecord:
+        """The orphans the accept attached, if any, as the operation's hint: one entry each,
+        and (``wake``) its next read at once."""
+        if not orphans.changed:
+            return after
+        assert after.remote_job_id is not None
+        hints = [
+            Entry(
+                kind=HistoryKind.HINT,
+                actor=f"provider:{op.provider}",
+                cause=f"webhook:{event_id}",
+                detail={"event_id": event_id, "orphan": True},
+                delay_source=DelaySource.WEBHOOK_HINT,
+            )
+            for event_id in attached_events(conn, op.provider, after.remote_job_id, op.id)
+        ]
+        hint: dict[str, Any] = {}
+        if wake:
+            hint = {
+                "next_poll_at": now,
+                "delay_source": DelaySource.WEBHOOK_HINT.value,
+                "hinted_at": now,
+            }
+            notify_in_transaction(conn, WAKE_CHANNEL)
+        journal = ctx.deps.journal
+        return journal.write(conn, after, now=now, changes=hint, entries=hints, lease=ctx.lease)
 
     await ctx.apply(op, accept, final=True)
