@@ -185,13 +185,14 @@ def _start_sql(hint: bool, salts: bool) -> Sql:
     step before it done and every one after it never tried; returns its attempts after,
     and with ``hint`` the last webhook hint, with ``salts`` the caller's ``tokens.SALTS``
     row (one statement with the operation's write: ``Journal.write_if``)."""
-    returns = ["attempts"]
+    returning, returns = ["completion_steps.attempts"], ["attempts"]
     params: list[str] = ["status", "started_at"]
     source = ""
     if salts:
         source = f" FROM (SELECT 1) AS one LEFT JOIN ({SALTS.text} LIMIT 1) AS salts ON true"
         params += [f"api_tokens.{name}" for name in SALTS.params]
-        returns += [f"salts.{name}" for name in SALTS.returns]
+        returning += [f"salts.{name}" for name in SALTS.returns]
+        returns += [f"api_tokens.{name}" for name in SALTS.returns]
     params += [
         "operation_id",
         "round",
@@ -206,10 +207,10 @@ def _start_sql(hint: bool, salts: bool) -> Sql:
         "status",
         AS_IS,
     ]
-    returning = ", ".join(f"completion_steps.{c}" if c == "attempts" else c for c in returns)
     if hint:
-        returning += f", ({LAST_HINT.text})"
+        returning.append(f"({LAST_HINT.text})")
         params += [f"history.{name}" for name in LAST_HINT.params]
+        returns.append("history.at")
     return Sql(
         "step-start-expected",
         STEPS,
@@ -219,13 +220,9 @@ def _start_sql(hint: bool, salts: bool) -> Sql:
         "AND completion_steps.status = ? AND (completion_steps.next_attempt_at IS NULL "
         "OR completion_steps.next_attempt_at <= ?) AND (SELECT count(*) FROM completion_steps o "
         f"WHERE o.operation_id = ? AND o.round = ? AND ({_DONE_BEFORE} OR {_FRESH_AFTER})) = ? "
-        f"RETURNING {returning}",
+        f"RETURNING {', '.join(returning)}",
         params=params,
-        returns=[
-            "attempts",
-            *(f"api_tokens.{name}" for name in SALTS.returns if salts),
-            *(["history.at"] if hint else []),
-        ],
+        returns=returns,
     )
 
 

@@ -381,16 +381,16 @@ class Journal:
         if lease is not None:
             params += [lease.owner, now]
         guarded = lease is not None
-        checks = [b for b in also if isinstance(b, Checked)]
+        checks = [i for i, b in enumerate(also) if isinstance(b, Checked)]
         if len(checks) > 1:
             raise ValueError("a write tells at most one statement whether it changed a row")
+        checked = checks[0] if checks else -1
         if conn.dialect.name == "postgresql" and (rows or also or parts):
             # One round trip for the row, its history and what belongs with it.
             bounds = (
                 *(b.bound if isinstance(b, Checked) else b for b in also),
                 *payloads.changes(op.id, parts),
             )
-            checked = next((i for i, b in enumerate(also) if isinstance(b, Checked)), -1)
             statement = _update_and_append(
                 keys, guarded, len(rows), tuple(b.sql for b in bounds), checked
             )
@@ -399,8 +399,9 @@ class Journal:
             cursor = statement.run(conn, *before, *params, *values)
             if cursor.rowcount != max(1, len(rows)):
                 raise _stale(op, lease)
-            if checks:
-                checks[0].changed = int(cursor.fetchone()[0]) > 0
+            tally = also[checked] if checks else None
+            if isinstance(tally, Checked):
+                tally.changed = int(cursor.fetchone()[0]) > 0
             return with_changes(op, changes)
         for bound in also:
             if isinstance(bound, Checked):
@@ -432,7 +433,7 @@ class Journal:
         changes = dict(changes or {})
         changes.update(version=op.version + 1, updated_at=now)
         keys = tuple(sorted(changes))
-        if set(keys) - {c.name for c in OPS.c}:
+        if set(keys) - self._columns or set(keys) & set(PAYLOADS):
             raise ValueError("write_if writes row columns only")
         params = [changes[k] for k in keys]
         params += [op.id, op.version, op.state, lease.owner, now]

@@ -70,38 +70,32 @@ async def accept_job(
         accepted = Step(State.ACCEPTED, f"{via}_confirmed_job", evidence)
         if fresh.cancel_requested_at is not None:
             # A cancel arrived before the job id: apply it now that there is a job.
-            after = journal.transition(
-                conn,
-                fresh,
-                State.CANCEL_REQUESTED,
-                actor=ctx.actor,
-                cause="held_cancel_applied",
-                now=now,
-                changes={**changes, "next_poll_at": now},
-                before=before,
-                through=[accepted],
-                lease=ctx.lease,
-                also=(orphans,),
-            )
-            return _hinted(conn, after, orphans, now, wake=False)
-        # The create answer is the first observation: while the provider's webhooks are
-        # trusted, even the first fallback read waits the stretched schedule.
-        first, source = first_poll(now, op.deadline_at, ctx.deps.rng, policy, trusted=trusted)
+            to, cause = State.CANCEL_REQUESTED, "held_cancel_applied"
+            detail: dict[str, Any] | None = None
+            nxt: dict[str, Any] = {"next_poll_at": now}
+        else:
+            # The create answer is the first observation: while the provider's webhooks are
+            # trusted, even the first fallback read waits the stretched schedule.
+            first, source = first_poll(now, op.deadline_at, ctx.deps.rng, policy, trusted=trusted)
+            to, cause = State.OBSERVING, "observing"
+            detail = {"next_poll_at": isoformat(first)}
+            nxt = {"next_poll_at": first, "delay_source": source.value}
         after = journal.transition(
             conn,
             fresh,
-            State.OBSERVING,
+            to,
             actor=ctx.actor,
-            cause="observing",
+            cause=cause,
             now=now,
-            detail={"next_poll_at": isoformat(first)},
-            changes={**changes, "next_poll_at": first, "delay_source": source.value},
+            detail=detail,
+            changes={**changes, **nxt},
             before=before,
             through=[accepted],
             lease=ctx.lease,
             also=(orphans,),
         )
-        return _hinted(conn, after, orphans, now, wake=True)
+        # A cancel's read is due at once already; a watched job's comes forward.
+        return _hinted(conn, after, orphans, now, wake=to is State.OBSERVING)
 
     def _hinted(
         conn: Connection, after: OperationRecord, orphans: Checked, now: datetime, *, wake: bool

@@ -159,25 +159,17 @@ class CompleteStep:
             return None
         touched, answer = found
         begun = steps.started(answer, hint=hint, salts=salts)
-        rows = tuple(
-            StepRow(
-                n,
-                StepStatus.DONE
-                if i < index
-                else StepStatus.RUNNING
-                if i == index
-                else StepStatus.PENDING,
-                begun.attempts if i == index else 0,
-                None,
-                steps.step_key(op, n),
-            )
-            for i, n in enumerate(names)
+
+        def row(step: str, status: StepStatus, attempts: int = 0) -> StepRow:
+            return StepRow(step, status, attempts, None, steps.step_key(op, step))
+
+        rows = (
+            *(row(n, StepStatus.DONE) for n in names[:index]),
+            row(name, StepStatus.RUNNING, begun.attempts),
+            *(row(n, StepStatus.PENDING) for n in names[index + 1 :]),
         )
         hinted_at = begun.hinted_at if index == 0 and begun.attempts == 1 else None
-        keys = None
-        if salts:
-            round_ = steps.Round(list(rows), hinted_at, begun.salts, salts_read=True)
-            keys = self._agent_keys(conn, touched, now, round_)
+        keys = self._agent_keys(conn, touched, now, begun) if salts else None
         plan = Plan(rows, index, view_of(conn, touched, now), keys, hinted_at)
         return Prep(touched, plan)
 
@@ -367,7 +359,11 @@ class CompleteStep:
         return Prep(closed, Plan(rows, hinted_at=hinted_at), final=True)
 
     def _agent_keys(
-        self, conn: Connection, op: OperationRecord, now: datetime, found: steps.Round | None
+        self,
+        conn: Connection,
+        op: OperationRecord,
+        now: datetime,
+        found: steps.Round | steps.Started | None,
     ) -> list[bytes] | None:
         """The calling agent's own signing keys: no agent can forge another's callbacks.
         Its salts are read here unless they came with the round's rows (``found``)."""
