@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core.errors import StaleWrite
+from reconciler.core.states import State
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database, savepoint
 from reconciler.storage.journal import Journal
@@ -140,3 +141,32 @@ def test_leases_and_notifications_go_as_one_statement_and_both_take_effect(
     assert _heard(listener) == [(CHANGE_CHANNEL, held[0].id)]
     with db.read() as conn:
         assert [_owner(conn, op.id) for op in held] == [None, None]
+
+
+def test_a_move_sends_its_own_notification_in_its_statement_and_a_lost_one_none(
+    pg: tuple[Database, psycopg.Connection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operation's move notifies its waiters from the statement that makes it: no tail
+    is sent for it. A move that lost its race (its row changed since it was read) is
+    undone, and says nothing; one undone by a savepoint neither."""
+    db, listener = pg
+    journal = Journal()
+    now = datetime.now(UTC)
+    op = insert_operation(db, journal, now)
+    _heard(listener)  # the new operation's wake-up
+    moved = None
+    with recording(monkeypatch) as ran, db.write() as conn:
+        moved = journal.transition(
+            conn, op, State.ACCEPTED, actor="t", cause="t", now=now, changes={"remote_job_id": "j"}
+        )
+    assert [sql for sql, _ in ran if "pg_notify" in sql] == [ran[0][0]]
+    assert "UPDATE operations" in ran[0][0]
+    assert _heard(listener) == [(CHANGE_CHANNEL, op.id)]
+
+    with db.write() as conn:
+        with pytest.raises(StaleWrite), savepoint(conn, "attempt"):
+            journal.transition(conn, op, State.ACCEPTED, actor="t", cause="stale", now=now)
+        with pytest.raises(StaleWrite), savepoint(conn, "attempt"):
+            journal.transition(conn, moved, State.OBSERVING, actor="t", cause="undone", now=now)
+            raise StaleWrite("undone")
+    assert _heard(listener) == []

@@ -26,7 +26,7 @@ from reconciler.core.states import State
 from reconciler.storage import operations as store
 from reconciler.storage import retention
 from reconciler.storage.journal import Journal
-from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
+from reconciler.storage.notify import WAKE_CHANNEL
 from reconciler.storage.tokens import Principal
 from reconciler.tracing import StoredTrace
 from reconciler.wire import CreateOperation
@@ -176,6 +176,6 @@ def create_operation(
             "max_status_requests": budget,
             "trace_id": op.trace_id,
         },
+        notify=[(WAKE_CHANNEL, "")],
     )
-    notify_in_transaction(conn, WAKE_CHANNEL)
     return op, True

@@ -34,7 +34,12 @@ from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.storage import payloads
 from reconciler.storage.after_commit import after_commit
 from reconciler.storage.fastsql import AS_IS, MANY_ROWS, Bound, Sql, qualified
-from reconciler.storage.notify import CHANGE_CHANNEL, notify_in_transaction
+from reconciler.storage.notify import (
+    CHANGE_CHANNEL,
+    NOTIFY,
+    notify_in_transaction,
+    sending,
+)
 from reconciler.storage.tables import HISTORY, OPS
 
 log = logging.getLogger("reconciler.storage.journal")
@@ -187,14 +192,21 @@ _TYPED_HISTORY_ROW = "({})".format(
 
 
 def _with_history(
-    name: str, head: Sql, also: tuple[Sql, ...], entries: int, checked: int = -1
+    name: str,
+    head: Sql,
+    also: tuple[Sql, ...],
+    entries: int,
+    checked: int = -1,
+    noted: bool = False,
 ) -> Sql:
     """PostgreSQL: ``also``, then ``head`` (the operation's row), then ``entries`` history
     rows appended only if ``head`` touched the row, as one statement. Its row count is the
     rows appended (without entries, the rows ``head`` touched), so 0 means a lost race.
     The ``also`` statements run either way; a lost race rolls back what it ran in
     (``StaleWrite`` always undoes its write). ``checked``: the index of an ``also`` whose
-    rows changed each returned row answers (``Checked``)."""
+    rows changed each returned row answers (``Checked``). ``noted`` (with entries): the
+    notifications the write causes (``notify.NOTIFY``), sent only if it was made; counted,
+    so that every one is run, as a transaction's tail does."""
     ctes = [
         f"also_{i} AS ({sql.text}{' RETURNING 1' if i == checked else ''})"
         for i, sql in enumerate(also)
@@ -202,9 +214,16 @@ def _with_history(
     params = [qualified(sql, p, OPS) for sql in also for p in sql.params]
     answer = f" RETURNING (SELECT count(*) FROM also_{checked})" if checked >= 0 else ""
     if not entries:
+        if noted:
+            raise ValueError("a write without history sends its notifications at commit")
         return Sql(
             name, OPS, f"WITH {', '.join(ctes)} {head.text}{answer}", (*params, *head.params)
         )
+    sent = ""
+    if noted:
+        ctes.append(f"noted AS MATERIALIZED ({NOTIFY.text})")
+        params += list(NOTIFY.params)
+        sent = " AND (SELECT count(*) FROM noted) > 0"
     columns = ", ".join(HISTORY_COLUMNS)
     return Sql(
         name,
@@ -212,25 +231,30 @@ def _with_history(
         f"WITH {', '.join([*ctes, f'touched AS ({head.text} RETURNING id)'])} "
         f"INSERT INTO history ({columns}) "
         f"SELECT * FROM (VALUES {', '.join([_TYPED_HISTORY_ROW] * entries)}) "
-        f"AS entry ({columns}) WHERE EXISTS (SELECT 1 FROM touched){answer}",
+        f"AS entry ({columns}) WHERE EXISTS (SELECT 1 FROM touched){sent}{answer}",
         params=(*params, *head.params, *[f"history.{c}" for c in HISTORY_COLUMNS] * entries),
     )
 
 
 @cache
 def _update_and_append(
-    keys: tuple[str, ...], guarded: bool, entries: int, also: tuple[Sql, ...], checked: int
+    keys: tuple[str, ...],
+    guarded: bool,
+    entries: int,
+    also: tuple[Sql, ...],
+    checked: int,
+    noted: bool,
 ) -> Sql:
     """``_update`` with its history and what comes ``also``, in one statement."""
     return _with_history(
-        "operation-write-and-append", _update(keys, guarded), also, entries, checked
+        "operation-write-and-append", _update(keys, guarded), also, entries, checked, noted
     )
 
 
 @cache
-def _insert_and_append(also: tuple[Sql, ...]) -> Sql:
+def _insert_and_append(also: tuple[Sql, ...], noted: bool) -> Sql:
     """A new operation's row, its first history entry and its parts, in one statement."""
-    return _with_history("operation-insert-and-append", _INSERT_OPERATION, also, 1)
+    return _with_history("operation-insert-and-append", _INSERT_OPERATION, also, 1, noted=noted)
 
 
 @cache
@@ -280,6 +304,60 @@ def _log_move(operation_id: str, move: Entry) -> None:
     )
 
 
+@dataclass(frozen=True)
+class _Write:
+    """One ``Journal.write``, its values made: sent as one statement or as several."""
+
+    op: OperationRecord
+    lease: Lease | None
+    keys: tuple[str, ...]
+    params: list[Any]  # the UPDATE's values, its guards included
+    rows: list[dict[str, Any]]  # history rows
+    also: Sequence[Also | Checked]
+    parts: Mapping[str, Any]
+
+    def together(self, conn: Connection, checked: int, notify: Sequence[tuple[str, str]]) -> bool:
+        """PostgreSQL, one statement; True when it sent ``notify`` itself."""
+        bounds = (
+            *(b.bound if isinstance(b, Checked) else b for b in self.also),
+            *payloads.changes(self.op.id, self.parts),
+        )
+        noted = bool(notify and self.rows)
+        statement = _update_and_append(
+            self.keys,
+            self.lease is not None,
+            len(self.rows),
+            tuple(b.sql for b in bounds),
+            checked,
+            noted,
+        )
+        before = [value for b in bounds for value in b.values]
+        if noted:
+            before += sending(notify).values
+        values = [value for row in self.rows for value in _history_row(row)]
+        cursor = statement.run(conn, *before, *self.params, *values)
+        if cursor.rowcount != max(1, len(self.rows)):
+            raise _stale(self.op, self.lease)
+        tally = self.also[checked] if checked >= 0 else None
+        if isinstance(tally, Checked):
+            tally.changed = int(cursor.fetchone()[0]) > 0
+        return noted
+
+    def apart(self, conn: Connection) -> bool:
+        """A statement each (SQLite, or nothing to go with the row); sends no notification."""
+        for bound in self.also:
+            if isinstance(bound, Checked):
+                bound.changed = bound.bound.run(conn).rowcount > 0
+            else:
+                bound.run(conn)
+        if _update(self.keys, self.lease is not None).run(conn, *self.params).rowcount != 1:
+            raise _stale(self.op, self.lease)
+        if self.parts:
+            payloads.store(conn, self.op.id, self.parts)
+        _APPEND_HISTORY.many(conn, [_history_row(row) for row in self.rows])
+        return False
+
+
 @dataclass
 class Journal:
     key: bytes | None = None
@@ -302,8 +380,10 @@ class Journal:
         cause: str,
         now: datetime,
         detail: Mapping[str, Any] | None = None,
+        notify: Sequence[tuple[str, str]] = (),
     ) -> OperationRecord:
-        """Store a new operation with its first history entry (``-> create_pending``)."""
+        """Store a new operation with its first history entry (``-> create_pending``).
+        ``notify``: ``(channel, payload)`` the new operation causes, sent if it commits."""
         fields = {
             "operation_id": op.id,
             "seq": 1,
@@ -333,9 +413,10 @@ class Journal:
         parts = {name: value for name in PAYLOADS if (value := getattr(op, name)) is not None}
         written = payloads.changes(op.id, parts)
         if conn.dialect.name == "postgresql":
-            # One round trip for the row, its first entry and its parts.
-            statement = _insert_and_append(tuple(b.sql for b in written))
-            statement.run(conn, *[v for b in written for v in b.values], *row, *first)
+            # One round trip for the row, its first entry, its parts and its notifications.
+            statement = _insert_and_append(tuple(b.sql for b in written), bool(notify))
+            sent = sending(notify).values if notify else ()
+            statement.run(conn, *[v for b in written for v in b.values], *sent, *row, *first)
         else:
             _INSERT_OPERATION.run(conn, *row)
             _APPEND_HISTORY.run(conn, *first)
@@ -362,12 +443,15 @@ class Journal:
         entries: Sequence[Entry] = (),
         lease: Lease | None = None,
         also: Sequence[Also | Checked] = (),
+        notify: Sequence[tuple[str, str]] = (),
     ) -> OperationRecord:
         """Apply ``changes`` and append ``entries`` if ``op`` is still current; return it.
 
         ``also``: statements on other tables that belong to this change (a completion
         step's record), run first; on PostgreSQL inside the same statement. At most one
-        of them ``Checked``, told whether it changed a row."""
+        of them ``Checked``, told whether it changed a row. ``notify``: ``(channel,
+        payload)`` this change causes, sent if it commits (on PostgreSQL in its statement
+        when it appends history, else with the transaction's tail)."""
         changes = dict(changes or {})
         unknown = set(changes) - self._columns
         if unknown:
@@ -380,39 +464,18 @@ class Journal:
         params += [op.id, op.version, op.state]
         if lease is not None:
             params += [lease.owner, now]
-        guarded = lease is not None
         checks = [i for i, b in enumerate(also) if isinstance(b, Checked)]
         if len(checks) > 1:
             raise ValueError("a write tells at most one statement whether it changed a row")
-        checked = checks[0] if checks else -1
+        write = _Write(op, lease, keys, params, rows, also, parts)
         if conn.dialect.name == "postgresql" and (rows or also or parts):
             # One round trip for the row, its history and what belongs with it.
-            bounds = (
-                *(b.bound if isinstance(b, Checked) else b for b in also),
-                *payloads.changes(op.id, parts),
-            )
-            statement = _update_and_append(
-                keys, guarded, len(rows), tuple(b.sql for b in bounds), checked
-            )
-            before = [value for b in bounds for value in b.values]
-            values = [value for row in rows for value in _history_row(row)]
-            cursor = statement.run(conn, *before, *params, *values)
-            if cursor.rowcount != max(1, len(rows)):
-                raise _stale(op, lease)
-            tally = also[checked] if checks else None
-            if isinstance(tally, Checked):
-                tally.changed = int(cursor.fetchone()[0]) > 0
-            return with_changes(op, changes)
-        for bound in also:
-            if isinstance(bound, Checked):
-                bound.changed = bound.bound.run(conn).rowcount > 0
-            else:
-                bound.run(conn)
-        if _update(keys, guarded).run(conn, *params).rowcount != 1:
-            raise _stale(op, lease)
-        if parts:
-            payloads.store(conn, op.id, parts)
-        _APPEND_HISTORY.many(conn, [_history_row(row) for row in rows])
+            sent = write.together(conn, checks[0] if checks else -1, notify)
+        else:
+            sent = write.apart(conn)
+        if not sent:
+            for channel, payload in notify:
+                notify_in_transaction(conn, channel, payload)
         return with_changes(op, changes)
 
     def write_if(
@@ -595,10 +658,10 @@ class Journal:
             entries=[*before, *passed, entry, *entries],
             lease=lease,
             also=also,
+            # Waiters on other replicas learn of the change when (and only if) it commits.
+            notify=[(CHANGE_CHANNEL, op.id)],
         )
         # Said once the move is committed: a rolled-back move is no move.
         for moved in (*passed, entry):
             after_commit(conn, partial(_log_move, op.id, moved))
-        # Waiters on other replicas learn of the change when (and only if) it commits.
-        notify_in_transaction(conn, CHANGE_CHANNEL, op.id)
         return after

@@ -6,12 +6,14 @@ process, whose wake-ups stay in memory (``engine.wakeups``).
 
 A transaction's notifications are sent in one statement just before it commits
 (``storage.commit_tail``): a joined transaction of many steps would otherwise spend a
-round trip on each, most of them the same wake-up again.
+round trip on each, most of them the same wake-up again. A write that causes one
+itself (an operation's move, a new operation's wake-up) sends it in its own statement
+instead (``Journal.write``'s ``notify``).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from sqlalchemy.engine import Connection
 
@@ -20,13 +22,19 @@ from reconciler.storage.fastsql import AS_IS, Bound, Sql
 
 WAKE_CHANNEL = "reconciler_wake"
 CHANGE_CHANNEL = "reconciler_change"
-_NOTIFY = Sql(
+NOTIFY = Sql(
     "notify",
     None,
     "SELECT pg_notify(c, p) FROM unnest(CAST(? AS text[]), CAST(? AS text[])) AS n(c, p)",
     params=(AS_IS, AS_IS),
 )
 _KIND = "notify"
+
+
+def sending(items: Sequence[tuple[str, str]]) -> Bound:
+    """``(channel, payload)`` pairs as one statement (``NOTIFY``), to send now or inside the
+    write that causes them (``Journal.write``'s ``notify``)."""
+    return Bound(NOTIFY, ([c for c, _ in items], [p for _, p in items]))
 
 
 def notify_in_transaction(conn: Connection, channel: str, payload: str = "") -> None:
@@ -38,7 +46,7 @@ def notify_in_transaction(conn: Connection, channel: str, payload: str = "") -> 
 
 
 def _send(gathered: list[tuple[str, str]]) -> list[Bound]:
-    return [Bound(_NOTIFY, ([c for c, _ in gathered], [p for _, p in gathered]))]
+    return [sending(gathered)]
 
 
 commit_tail.sends(_KIND, _send)
