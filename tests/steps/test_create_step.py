@@ -315,3 +315,25 @@ async def test_the_accept_attaches_orphans_in_its_write_and_hints_only_with_some
         hints = [e for e in rig.history(other) if e.kind == "hint"]
         assert [h.cause for h in hints] == ["webhook:evt_early"]
         assert rig.history(other)[-1] == hints[0]
+
+
+@pytest.mark.both_backends
+async def test_a_claims_counts_go_out_in_one_statement_and_each_create_is_sent_once(
+    tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim counts every claimed create before it is sent; on PostgreSQL those counts
+    are one statement for them all (each row still guarded by its version), not one each."""
+    async with step_rig(tmp_path, db_url) as rig:
+        ids = [rig.submit({"report": f"q{n}"}) for n in range(3)]
+        with recording(monkeypatch) as ran:
+            assert await rig.tick() == 3
+        counts = [sql for sql, _ in ran if sql.startswith("UPDATE operations SET create_attempts")]
+        together = [sql for sql in counts if "FROM (VALUES" in sql]
+        if rig.runtime.db.sqlite:
+            assert (len(counts), len(together)) == (3, 0)
+        else:
+            assert (len(counts), len(together)) == (1, 1)
+        for op_id in ids:
+            op = rig.row(op_id)
+            assert op.state == "observing" and op.create_attempts == 1
+        assert len(rig.provider.sent("create")) == 3

@@ -48,6 +48,7 @@ from reconciler.engine.step_table import Step, Steps, step_table
 from reconciler.logs import OutageLog, operation_id_var
 from reconciler.storage import operations as store
 from reconciler.storage.availability import explain
+from reconciler.storage.journal import rows_together
 
 log = logging.getLogger("reconciler.engine.worker")
 
@@ -226,19 +227,24 @@ class Worker:
             if probe:
                 spread_overdue(conn, rt, now, self.ctx.actor)
             claims = store.claim_shares(conn, self.owner, now, lease, asks)
-            return {
-                key: [
-                    _Claimed(
-                        op,
-                        previous,
-                        self._prepare_claimed(conn, op, now)
-                        if prepare and op.id not in busy
-                        else None,
-                    )
-                    for op, previous in claimed
-                ]
-                for key, claimed in claims.items()
-            }
+            try:
+                # The steps' counts before their sends: one statement, not one each.
+                with rows_together(conn):
+                    return {
+                        key: [
+                            _Claimed(
+                                op,
+                                previous,
+                                self._prepare_claimed(conn, op, now)
+                                if prepare and op.id not in busy
+                                else None,
+                            )
+                            for op, previous in claimed
+                        ]
+                        for key, claimed in claims.items()
+                    }
+            except StaleWrite as exc:
+                raise _PrepFailed() from exc
 
         self.shares.claiming = True
         try:

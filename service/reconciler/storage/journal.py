@@ -17,7 +17,8 @@ columns: ``changes`` may name them and they are written to their own table
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache, partial
@@ -304,6 +305,33 @@ def _log_move(operation_id: str, move: Entry) -> None:
     )
 
 
+_GATHERED = "reconciler_row_writes"
+
+
+@contextmanager
+def rows_together(conn: Connection) -> Iterator[None]:
+    """PostgreSQL: the row-only writes made inside (no history, nothing with them: a claim's
+    counts before its steps send) are sent together as it ends, one statement for each set
+    of columns, instead of one each. For rows this transaction leased and holds locked, so
+    the writes' lease guard is left out and their version guard kept: a row changed anyway
+    raises ``StaleWrite`` for them all. Elsewhere, writes go out as they are made."""
+    if conn.dialect.name != "postgresql":
+        yield
+        return
+    gathered: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+    conn.info[_GATHERED] = gathered
+    try:
+        yield
+    finally:
+        conn.info.pop(_GATHERED, None)
+    for keys, values in gathered.items():
+        for start in range(0, len(values), MANY_ROWS):
+            chunk = values[start : start + MANY_ROWS]
+            flat = [v for row in chunk for v in row]
+            if _update_rows(keys, len(chunk)).run(conn, *flat).rowcount != len(chunk):
+                raise StaleWrite("an operation changed while its claim's counts were written")
+
+
 @dataclass(frozen=True)
 class _Write:
     """One ``Journal.write``, its values made: sent as one statement or as several."""
@@ -451,7 +479,8 @@ class Journal:
         step's record), run first; on PostgreSQL inside the same statement. At most one
         of them ``Checked``, told whether it changed a row. ``notify``: ``(channel,
         payload)`` this change causes, sent if it commits (on PostgreSQL in its statement
-        when it appends history, else with the transaction's tail)."""
+        when it appends history, else with the transaction's tail). A row-only write inside
+        ``rows_together`` goes out with the others there, when it ends."""
         changes = dict(changes or {})
         unknown = set(changes) - self._columns
         if unknown:
@@ -467,6 +496,12 @@ class Journal:
         checks = [i for i, b in enumerate(also) if isinstance(b, Checked)]
         if len(checks) > 1:
             raise ValueError("a write tells at most one statement whether it changed a row")
+        gathered = conn.info.get(_GATHERED)
+        if gathered is not None and not (rows or also or parts or notify):
+            gathered.setdefault(keys, []).append(
+                (*params[: len(keys)], op.id, op.version, op.state)
+            )
+            return with_changes(op, changes)
         write = _Write(op, lease, keys, params, rows, also, parts)
         if conn.dialect.name == "postgresql" and (rows or also or parts):
             # One round trip for the row, its history and what belongs with it.
