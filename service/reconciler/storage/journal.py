@@ -371,7 +371,7 @@ class _Write:
             tally.changed = int(cursor.fetchone()[0]) > 0
         return noted
 
-    def apart(self, conn: Connection) -> bool:
+    def apart(self, conn: Connection) -> None:
         """A statement each (SQLite, or nothing to go with the row); sends no notification."""
         for bound in self.also:
             if isinstance(bound, Checked):
@@ -383,7 +383,6 @@ class _Write:
         if self.parts:
             payloads.store(conn, self.op.id, self.parts)
         _APPEND_HISTORY.many(conn, [_history_row(row) for row in self.rows])
-        return False
 
 
 @dataclass
@@ -507,7 +506,8 @@ class Journal:
             # One round trip for the row, its history and what belongs with it.
             sent = write.together(conn, checks[0] if checks else -1, notify)
         else:
-            sent = write.apart(conn)
+            write.apart(conn)
+            sent = False
         if not sent:
             for channel, payload in notify:
                 notify_in_transaction(conn, channel, payload)
