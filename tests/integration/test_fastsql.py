@@ -255,7 +255,24 @@ def test_a_list_mark_takes_any_length_and_postgres_one_text(db: Database) -> Non
         assert prepared.text_for((["a", "b"], "sim")).count("?") == 3
     else:
         assert prepared.text_for((["a"], "sim")) == prepared.text_for((["a", "b", "c"], "sim"))
-        assert "event_id = ANY(%s)" in prepared.text and "FOR UPDATE" in prepared.text
+        assert "event_id = ANY($1)" in prepared.text and "FOR UPDATE" in prepared.text
+
+
+def test_a_long_statement_of_many_values_keeps_each_value_in_its_place(db: Database) -> None:
+    """PostgreSQL's marks are numbered in the text the server gets (the driver does not
+    parse it again), so a statement of more values than the driver would cache, with a
+    literal percent sign in it, reads each value back where it was put."""
+    n = 60
+    select = Sql(
+        "test-many-values",
+        None,
+        "SELECT '100%' AS pct, " + ", ".join(["?"] * n),
+        params=[AS_IS] * n,
+    )
+    with db.read() as conn:
+        row = select.first(conn, *[f"v{i}" for i in range(n)])
+    assert row is not None
+    assert list(row) == ["100%", *[f"v{i}" for i in range(n)]]
 
 
 def test_many_rows_of_a_plain_insert_are_stored_whole(db: Database) -> None:
