@@ -1,4 +1,6 @@
-"""The depth bound of strict JSON: the fast check answers exactly what the scan answers."""
+"""Strict JSON's fast checks answer exactly what their slow walks answer: the depth bound
+(a byte scan against a character scan) and the storable-text check (one encoding of the
+value against a walk of every string in it)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from reconciler.core.strict_json import (
     MAX_JSON_DEPTH,
     _depth_by_scan,
     _depth_ok,
+    first_unstorable,
+    is_storable,
     parse_json,
 )
 
@@ -51,3 +55,30 @@ def test_a_wide_document_passes_and_a_deep_one_is_refused() -> None:
     deep = "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1)
     with pytest.raises(InvalidRequest, match=f"nests deeper than {MAX_JSON_DEPTH} levels"):
         parse_json(deep.encode())
+
+
+# Strings with what no database stores (NUL, a lone surrogate) and what only looks like it
+# in JSON text (a backslash, the six characters of an escape).
+_chars = st.sampled_from(["a", "\x00", "\ud800", "\udfff", "\\", "u0000", "\\u0000", "é", "~", "/"])
+_words = st.lists(_chars, max_size=6).map("".join)
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | _words,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_words, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def _walked(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for key, child in value.items() for s in [key, *_walked(child)]]
+    if isinstance(value, list):
+        return [s for child in value for s in _walked(child)]
+    return []
+
+
+@given(_values)
+def test_the_storable_check_finds_exactly_what_a_walk_finds(value: object) -> None:
+    found = first_unstorable(value)
+    assert (found is None) == all(is_storable(s) for s in _walked(value))

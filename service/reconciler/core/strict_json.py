@@ -222,6 +222,8 @@ def _plain(ch: str) -> bool:
 # written with ensure_ascii=False a NUL is the escape ``\\u0000``.
 _UNSHOWABLE = re.compile("[\x00\ud800-\udfff]")
 _UNSHOWABLE_JSON = re.compile(r"[\ud800-\udfff]|\\u0000")
+# One encoder for every check (``json.dumps`` with options builds a new one each call).
+_AS_TEXT = json.JSONEncoder(ensure_ascii=False, default=str, check_circular=False)
 
 
 def visible(value: Any) -> Any:
@@ -253,9 +255,19 @@ def _escape_match(match: re.Match[str]) -> str:
     return f"\\u{ord(match.group()):04x}"
 
 
+def _surely_storable(value: Any) -> bool:
+    """True when every string in ``value`` can be stored, found by one encoding of it (the
+    usual case) rather than a walk; False means only "walk to find out"."""
+    if isinstance(value, str):
+        return is_storable(value)
+    return _UNSHOWABLE_JSON.search(_AS_TEXT.encode(value)) is None
+
+
 def first_unstorable(value: Any) -> tuple[str, str] | None:
     """The first string (member names too) no database can store, as (its JSON pointer,
     the string escaped); None when every string can be stored."""
+    if _surely_storable(value):
+        return None
     for path, text, _ in _strings(value):
         if not is_storable(text):
             return path or "/", escaped(text)
@@ -264,6 +276,8 @@ def first_unstorable(value: Any) -> tuple[str, str] | None:
 
 def require_text(body: Any) -> None:
     """Refuse text no database can store (NUL, a lone surrogate) anywhere in a body, by field."""
+    if _surely_storable(body):
+        return
     for path, text, is_name in _strings(body):
         if is_storable(text):
             continue

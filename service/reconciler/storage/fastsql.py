@@ -393,12 +393,18 @@ def qualified(sql: Sql, param: str, table: sa.Table | None) -> str:
     return f"{sql.table.name}.{param}"
 
 
+_raw_cursor: Any = None  # psycopg's RawCursor, imported at the first PostgreSQL statement
+
+
 def _cursor(conn: Connection) -> Any:
+    global _raw_cursor
     if conn.dialect.name == "sqlite":
         return conn.connection.cursor()
-    from psycopg import RawCursor  # PostgreSQL's driver is an optional dependency
+    if _raw_cursor is None:
+        from psycopg import RawCursor  # PostgreSQL's driver is an optional dependency
 
-    return RawCursor(conn.connection.driver_connection)  # type: ignore[arg-type]
+        _raw_cursor = RawCursor
+    return _raw_cursor(conn.connection.driver_connection)
 
 
 def run(conn: Connection, sql: str, params: Any = (), *, many: bool = False) -> Any:
