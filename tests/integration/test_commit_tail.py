@@ -24,7 +24,8 @@ from reconciler.storage import operations as store
 from reconciler.storage.database import Database, savepoint
 from reconciler.storage.journal import Journal
 from reconciler.storage.notify import CHANGE_CHANNEL, WAKE_CHANNEL, notify_in_transaction
-from tests.support.factories import insert_operation
+from reconciler.storage.tables import HISTORY, OPS, TOMBSTONES
+from tests.support.factories import insert_operation, new_operation
 from tests.support.statements import recording
 
 pytestmark = pytest.mark.postgres
@@ -170,3 +171,51 @@ def test_a_move_sends_its_own_notification_in_its_statement_and_a_lost_one_none(
             journal.transition(conn, moved, State.OBSERVING, actor="t", cause="undone", now=now)
             raise StaleWrite("undone")
     assert _heard(listener) == []
+
+
+def test_a_create_that_finds_its_key_free_wakes_once_and_one_that_finds_it_taken_not(
+    pg: tuple[Database, psycopg.Connection],
+) -> None:
+    """The insert that checks its key in its own statement sends the new operation's
+    wake-up only when it made the row: a second insert under the key (a retry) writes
+    nothing and says nothing, and neither does one under a pruned key's tombstone."""
+    db, listener = pg
+    journal = Journal()
+    now = datetime.now(UTC)
+    first = new_operation(now, caller="agent-k", idempotency_key="k-1")
+    wake = [(WAKE_CHANNEL, "")]
+    with db.write() as conn:
+        made = journal.insert_if_key_free(
+            conn, first, "d-1", actor="t", cause="t", now=now, notify=wake
+        )
+    assert made is not None and made.version == 1
+    assert _heard(listener) == [(WAKE_CHANNEL, "")]
+
+    retry = new_operation(now, caller="agent-k", idempotency_key="k-1")
+    with db.write() as conn:
+        conn.execute(
+            sa.insert(TOMBSTONES).values(
+                operation_id="op-pruned",
+                caller="agent-k",
+                key_digest="d-2",
+                request_fingerprint="f",
+                provider="sim",
+                state="succeeded",
+                done_at=now,
+                pruned_at=now,
+            )
+        )
+        pruned = new_operation(now, caller="agent-k", idempotency_key="k-2")
+        for op, digest in ((retry, "d-1"), (pruned, "d-2")):
+            assert (
+                journal.insert_if_key_free(
+                    conn, op, digest, actor="t", cause="t", now=now, notify=wake
+                )
+                is None
+            )
+    assert _heard(listener) == []
+    with db.read() as conn:
+        ids = conn.execute(sa.select(OPS.c.id).where(OPS.c.caller == "agent-k")).scalars().all()
+        entries = conn.execute(sa.select(sa.func.count()).select_from(HISTORY)).scalar()
+    assert ids == [first.id]
+    assert entries == 1

@@ -13,7 +13,9 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
+from reconciler.storage.tables import OPS, PAYLOAD_TABLE
 from reconciler.storage.webhook_events import IncomingEvent, Outcome, write_batch
 from tests.support.provider_mock import answer, error, refused
 from tests.support.statements import recording
@@ -337,3 +339,38 @@ async def test_a_claims_counts_go_out_in_one_statement_and_each_create_is_sent_o
             op = rig.row(op_id)
             assert op.state == "observing" and op.create_attempts == 1
         assert len(rig.provider.sent("create")) == 3
+
+
+@pytest.mark.both_backends
+async def test_a_keyed_create_checks_its_key_in_its_insert_and_a_retry_gets_the_first(
+    tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL a create with an idempotency key is one statement: the insert is made
+    only while the key is free, so no lookup runs before it. A retry of the key writes
+    nothing (no second row, entry or part) and gets the first operation back; SQLite looks
+    the key up first, as it always did."""
+    async with step_rig(tmp_path, db_url) as rig:
+        with recording(monkeypatch) as ran:
+            first = rig.submit({"report": "q3"}, idempotency_key="k-1")
+        lookups, tries = _key_statements(ran)
+        assert (lookups, tries) == ((1, 0) if rig.runtime.db.sqlite else (0, 1))
+
+        with recording(monkeypatch) as ran:
+            again = rig.submit({"report": "q3"}, idempotency_key="k-1")
+        assert again == first
+        lookups, tries = _key_statements(ran)
+        assert (lookups, tries) == ((1, 0) if rig.runtime.db.sqlite else (1, 1))
+
+        with rig.runtime.db.read() as conn:
+            rows = conn.execute(sa.select(OPS.c.id).where(OPS.c.idempotency_key == "k-1")).all()
+            parts = conn.execute(sa.select(sa.func.count()).select_from(PAYLOAD_TABLE)).scalar()
+        assert [r.id for r in rows] == [first]
+        assert [e.cause for e in rig.history(first)] == ["agent_request:create"]
+        assert parts == 1  # the request, once
+
+
+def _key_statements(ran: list[tuple[str, Any]]) -> tuple[int, int]:
+    """(key lookups, inserts that check the key themselves) among the statements run."""
+    lookups = [sql for sql, _ in ran if sql.startswith("SELECT") and "idempotency_key =" in sql]
+    tries = [sql for sql, _ in ran if "ON CONFLICT (caller, idempotency_key)" in sql]
+    return len(lookups), len(tries)

@@ -18,10 +18,11 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core import ids
 from reconciler.core.canonical import request_fingerprint, same_json
-from reconciler.core.errors import Gone, IdempotencyConflict, InvalidRequest
+from reconciler.core.errors import Gone, IdempotencyConflict, InvalidRequest, QuotaExceeded
 from reconciler.core.limits import ProviderLimits
 from reconciler.core.quotas import RATE_WINDOW, Quota, check_quota
 from reconciler.core.records import OperationRecord, new_operation
+from reconciler.core.retention import key_digest
 from reconciler.core.states import State
 from reconciler.storage import operations as store
 from reconciler.storage import retention
@@ -99,6 +100,27 @@ def _refuse_pruned(stone: retention.Tombstone, key: str, fingerprint: str) -> No
     )
 
 
+def _stored(
+    conn: Connection,
+    principal: Principal,
+    req: CreateOperation,
+    fingerprint: str,
+    deadline: float,
+    budget: int,
+) -> OperationRecord | None:
+    """The operation the request's key already started, if the retry asks for exactly it
+    (else a conflict, or ``Gone`` for a pruned one); None for a free key or none."""
+    key = req.idempotency_key
+    if key is None:
+        return None
+    existing, stone = store.find_key(conn, principal.name, key)
+    if existing is not None:
+        return _same_operation(existing, req, fingerprint, deadline, budget)
+    if stone is not None:
+        _refuse_pruned(stone, key, fingerprint)
+    return None
+
+
 def _check_quota(conn: Connection, principal: Principal, quota: Quota, now: datetime) -> None:
     if not (quota.max_in_flight or quota.max_per_minute):
         return
@@ -133,12 +155,6 @@ def create_operation(
     deadline, budget = _within(limits, req)
     fingerprint = request_fingerprint(req.provider, req.request)
     key = req.idempotency_key
-    if key is not None:
-        existing, stone = store.find_key(conn, principal.name, key)
-        if existing is not None:
-            return _same_operation(existing, req, fingerprint, deadline, budget), False
-        if stone is not None:
-            _refuse_pruned(stone, key, fingerprint)
     op = new_operation(
         id=ids.operation_id(now),
         provider=req.provider,
@@ -162,20 +178,45 @@ def create_operation(
         max_transport_failures=limits.max_transport_failures,
         next_poll_at=now,
     )
-    _check_quota(conn, principal, limits.quota, now)
-    journal.insert(
-        conn,
-        op,
-        actor=f"agent:{principal.name}",
-        cause="agent_request:create",
-        now=now,
-        detail={
-            "request_fingerprint": fingerprint,
-            "idempotency_key": key,
-            "deadline_at": op.deadline_at.isoformat(),
-            "max_status_requests": budget,
-            "trace_id": op.trace_id,
-        },
-        notify=[(WAKE_CHANNEL, "")],
+    actor, cause, wake = f"agent:{principal.name}", "agent_request:create", [(WAKE_CHANNEL, "")]
+    detail = {
+        "request_fingerprint": fingerprint,
+        "idempotency_key": key,
+        "deadline_at": op.deadline_at.isoformat(),
+        "max_status_requests": budget,
+        "trace_id": op.trace_id,
+    }
+    quota_checked = False
+    if key is not None and conn.dialect.name == "postgresql":
+        # The insert first, in one statement that checks the key is free: a retry, which
+        # finds it taken, looks it up after. The quota is counted before the insert; a
+        # retry refused by it still gets its operation back, as when the key came first.
+        try:
+            _check_quota(conn, principal, limits.quota, now)
+        except QuotaExceeded:
+            stored = _stored(conn, principal, req, fingerprint, deadline, budget)
+            if stored is None:
+                raise
+            return stored, False
+        quota_checked = True
+        made = journal.insert_if_key_free(
+            conn,
+            op,
+            str(key_digest(key)),
+            actor=actor,
+            cause=cause,
+            now=now,
+            detail=detail,
+            notify=wake,
+        )
+        if made is not None:
+            return made, True
+    stored = _stored(conn, principal, req, fingerprint, deadline, budget)
+    if stored is not None:
+        return stored, False
+    if not quota_checked:
+        _check_quota(conn, principal, limits.quota, now)
+    inserted = journal.insert(
+        conn, op, actor=actor, cause=cause, now=now, detail=detail, notify=wake
     )
-    return op, True
+    return inserted, True

@@ -41,7 +41,7 @@ from reconciler.storage.notify import (
     notify_in_transaction,
     sending,
 )
-from reconciler.storage.tables import HISTORY, OPS
+from reconciler.storage.tables import HISTORY, OPS, PAYLOAD_TABLE, TOMBSTONES
 
 log = logging.getLogger("reconciler.storage.journal")
 
@@ -259,6 +259,45 @@ def _insert_and_append(also: tuple[Sql, ...], noted: bool) -> Sql:
 
 
 @cache
+def _insert_if_key_free(parts: int, noted: bool) -> Sql:
+    """PostgreSQL: a new operation's row unless its caller's idempotency key is taken (by a
+    row, or by the tombstone of a pruned one), and only with it its parts, its first
+    history entry and its notifications, in one statement. Its row count is the entries
+    appended: 0 means the key was not free and nothing was written. Values are cast to
+    their columns' types: a VALUES list that is not an INSERT's own has none."""
+    columns = ", ".join(OPS_COLUMNS)
+    row = ", ".join(f"CAST(? AS {_cast_type(OPS.c[c])})" for c in OPS_COLUMNS)
+    value = _cast_type(PAYLOAD_TABLE.c.value)
+    ctes = [
+        f"touched AS (INSERT INTO operations ({columns}) SELECT * FROM (VALUES ({row})) "
+        f"AS v({columns}) WHERE NOT EXISTS (SELECT 1 FROM {TOMBSTONES.name} "
+        "WHERE caller = ? AND key_digest = ?) "
+        "ON CONFLICT (caller, idempotency_key) DO NOTHING RETURNING id)",
+        *(
+            f"part_{i} AS (INSERT INTO operation_payloads (operation_id, name, value) "
+            f"SELECT id, CAST(? AS TEXT), CAST(? AS {value}) FROM touched)"
+            for i in range(parts)
+        ),
+    ]
+    params = [*OPS_COLUMNS, "tombstones.caller", "tombstones.key_digest"]
+    params += ["operation_payloads.name", "operation_payloads.value"] * parts
+    sent = ""
+    if noted:
+        ctes.append(f"noted AS MATERIALIZED ({NOTIFY.text} WHERE EXISTS (SELECT 1 FROM touched))")
+        params += list(NOTIFY.params)
+        sent = " AND (SELECT count(*) FROM noted) >= 0"
+    history = ", ".join(HISTORY_COLUMNS)
+    return Sql(
+        "operation-insert-if-key-free",
+        OPS,
+        f"WITH {', '.join(ctes)} INSERT INTO history ({history}) "
+        f"SELECT * FROM (VALUES {_TYPED_HISTORY_ROW}) AS entry ({history}) "
+        f"WHERE EXISTS (SELECT 1 FROM touched){sent}",
+        params=(*params, *[f"history.{c}" for c in HISTORY_COLUMNS]),
+    )
+
+
+@cache
 def _update_if(keys: tuple[str, ...], gate: Sql) -> Sql:
     """PostgreSQL: ``gate`` (a statement on another table that returns what it changed),
     and the lease-guarded ``_update`` only if it changed something, in one statement;
@@ -330,6 +369,16 @@ def rows_together(conn: Connection) -> Iterator[None]:
             flat = [v for row in chunk for v in row]
             if _update_rows(keys, len(chunk)).run(conn, *flat).rowcount != len(chunk):
                 raise StaleWrite("an operation changed while its claim's counts were written")
+
+
+@dataclass(frozen=True)
+class _NewRow:
+    """A new operation as it is stored: its record, row values, first entry and parts."""
+
+    op: OperationRecord
+    row: tuple[Any, ...]
+    entry: tuple[Any, ...]
+    parts: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -411,6 +460,61 @@ class Journal:
     ) -> OperationRecord:
         """Store a new operation with its first history entry (``-> create_pending``).
         ``notify``: ``(channel, payload)`` the new operation causes, sent if it commits."""
+        new = self._first(op, actor, cause, now, detail)
+        if conn.dialect.name == "postgresql":
+            # One round trip for the row, its first entry, its parts and its notifications.
+            written = payloads.changes(new.op.id, new.parts)
+            statement = _insert_and_append(tuple(b.sql for b in written), bool(notify))
+            sent = sending(notify).values if notify else ()
+            statement.run(
+                conn, *[v for b in written for v in b.values], *sent, *new.row, *new.entry
+            )
+        else:
+            _INSERT_OPERATION.run(conn, *new.row)
+            _APPEND_HISTORY.run(conn, *new.entry)
+            payloads.store(conn, new.op.id, new.parts)
+        self._created(conn, new.op)
+        return new.op
+
+    def insert_if_key_free(
+        self,
+        conn: Connection,
+        op: OperationRecord,
+        key_digest: str,
+        *,
+        actor: str,
+        cause: str,
+        now: datetime,
+        detail: Mapping[str, Any] | None = None,
+        notify: Sequence[tuple[str, str]] = (),
+    ) -> OperationRecord | None:
+        """PostgreSQL: ``insert`` only while ``op``'s idempotency key is free (no operation
+        holds it, no tombstone of a pruned one: ``key_digest``); None when it is not, and
+        then nothing was written. One statement where a lookup and an insert were two; a
+        create that meets its key looks it up after (a retry, which is rarer)."""
+        if conn.dialect.name != "postgresql":
+            raise ValueError("an insert that checks its key in its statement is PostgreSQL's")
+        new = self._first(op, actor, cause, now, detail)
+        names = sorted(new.parts)
+        statement = _insert_if_key_free(len(names), bool(notify))
+        sent = sending(notify).values if notify else ()
+        values = [v for name in names for v in (name, new.parts[name])]
+        made = statement.run(
+            conn, *new.row, new.op.caller, key_digest, *values, *sent, *new.entry
+        ).rowcount
+        if made == 0:
+            return None
+        self._created(conn, new.op)
+        return new.op
+
+    def _first(
+        self,
+        op: OperationRecord,
+        actor: str,
+        cause: str,
+        now: datetime,
+        detail: Mapping[str, Any] | None,
+    ) -> _NewRow:
         fields = {
             "operation_id": op.id,
             "seq": 1,
@@ -434,21 +538,16 @@ class Journal:
                 "updated_at": now,
             },
         )
-        row = [getattr(op, c) for c in OPS_COLUMNS]
-        first = _history_row({**fields, "prev_hash": "", "hash": digest})
-        # A new operation has no parts to remove: only those it has are written.
-        parts = {name: value for name in PAYLOADS if (value := getattr(op, name)) is not None}
-        written = payloads.changes(op.id, parts)
-        if conn.dialect.name == "postgresql":
-            # One round trip for the row, its first entry, its parts and its notifications.
-            statement = _insert_and_append(tuple(b.sql for b in written), bool(notify))
-            sent = sending(notify).values if notify else ()
-            statement.run(conn, *[v for b in written for v in b.values], *sent, *row, *first)
-        else:
-            _INSERT_OPERATION.run(conn, *row)
-            _APPEND_HISTORY.run(conn, *first)
-            for change in written:
-                change.run(conn)
+        return _NewRow(
+            op=op,
+            row=tuple(getattr(op, c) for c in OPS_COLUMNS),
+            entry=_history_row({**fields, "prev_hash": "", "hash": digest}),
+            # A new operation has no parts to remove: only those it has are written.
+            parts={name: value for name in PAYLOADS if (value := getattr(op, name)) is not None},
+        )
+
+    @staticmethod
+    def _created(conn: Connection, op: OperationRecord) -> None:
         after_commit(
             conn,
             lambda: log.info(
@@ -458,7 +557,6 @@ class Journal:
                 extra={"operation_id": op.id, "provider": op.provider, "trace_id": op.trace_id},
             ),
         )
-        return op
 
     def write(
         self,
