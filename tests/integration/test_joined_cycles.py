@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.storage import operations as store
-from reconciler.storage.database import Database
+from reconciler.storage.database import CYCLE_ATTEMPTS, Database
 from reconciler.storage.history import history_of
 from reconciler.storage.journal import Entry, Journal
 from tests.support.factories import new_operation
@@ -148,7 +148,10 @@ async def test_a_cycle_met_anyway_runs_its_batch_again_and_loses_nothing(
         ]
     )
     assert outcomes == [first.id, second.id, second.id, first.id]
-    assert a.write_cycles + b.write_cycles == 1
+    # PostgreSQL fails one of the two. The batch it failed runs again at once, and on a
+    # loaded machine that rerun can meet the other transaction again before it commits,
+    # which PostgreSQL breaks the same way: every meeting is counted, none is an error.
+    assert 1 <= a.write_cycles + b.write_cycles < CYCLE_ATTEMPTS
     assert _notes(a, [first, second]) == {first.id: ["a", "b"], second.id: ["a", "b"]}
     # Two transactions meeting is not the database failing: no outage is recorded.
     assert not a.availability.outages_between(NOW - timedelta(days=1), datetime.now(UTC))
