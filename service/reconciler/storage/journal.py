@@ -220,20 +220,28 @@ def _with_history(
         return Sql(
             name, OPS, f"WITH {', '.join(ctes)} {head.text}{answer}", (*params, *head.params)
         )
-    sent = ""
     if noted:
         ctes.append(f"noted AS MATERIALIZED ({NOTIFY.text})")
         params += list(NOTIFY.params)
-        sent = " AND (SELECT count(*) FROM noted) > 0"
-    columns = ", ".join(HISTORY_COLUMNS)
+    ctes.append(f"touched AS ({head.text} RETURNING id)")
     return Sql(
         name,
         OPS,
-        f"WITH {', '.join([*ctes, f'touched AS ({head.text} RETURNING id)'])} "
-        f"INSERT INTO history ({columns}) "
-        f"SELECT * FROM (VALUES {', '.join([_TYPED_HISTORY_ROW] * entries)}) "
-        f"AS entry ({columns}) WHERE EXISTS (SELECT 1 FROM touched){sent}{answer}",
+        _appended(ctes, entries, noted) + answer,
         params=(*params, *head.params, *[f"history.{c}" for c in HISTORY_COLUMNS] * entries),
+    )
+
+
+def _appended(ctes: list[str], entries: int, noted: bool) -> str:
+    """``ctes``, one of them ``touched`` (the operation's row written), then ``entries``
+    history rows appended only if it wrote one; with ``noted``, only if the notifications
+    CTE ran too (counted, so that every one of them is sent)."""
+    columns = ", ".join(HISTORY_COLUMNS)
+    sent = " AND (SELECT count(*) FROM noted) > 0" if noted else ""
+    return (
+        f"WITH {', '.join(ctes)} INSERT INTO history ({columns}) "
+        f"SELECT * FROM (VALUES {', '.join([_TYPED_HISTORY_ROW] * entries)}) "
+        f"AS entry ({columns}) WHERE EXISTS (SELECT 1 FROM touched){sent}"
     )
 
 
@@ -281,18 +289,14 @@ def _insert_if_key_free(parts: int, noted: bool) -> Sql:
     ]
     params = [*OPS_COLUMNS, "tombstones.caller", "tombstones.key_digest"]
     params += ["operation_payloads.name", "operation_payloads.value"] * parts
-    sent = ""
     if noted:
+        # Only with the row: a key found taken commits nothing else, and must wake nobody.
         ctes.append(f"noted AS MATERIALIZED ({NOTIFY.text} WHERE EXISTS (SELECT 1 FROM touched))")
         params += list(NOTIFY.params)
-        sent = " AND (SELECT count(*) FROM noted) >= 0"
-    history = ", ".join(HISTORY_COLUMNS)
     return Sql(
         "operation-insert-if-key-free",
         OPS,
-        f"WITH {', '.join(ctes)} INSERT INTO history ({history}) "
-        f"SELECT * FROM (VALUES {_TYPED_HISTORY_ROW}) AS entry ({history}) "
-        f"WHERE EXISTS (SELECT 1 FROM touched){sent}",
+        _appended(ctes, 1, noted),
         params=(*params, *[f"history.{c}" for c in HISTORY_COLUMNS]),
     )
 
