@@ -186,8 +186,8 @@ def create_operation(
         "max_status_requests": budget,
         "trace_id": op.trace_id,
     }
-    quota_checked = False
-    if key is not None and conn.dialect.name == "postgresql":
+    insert_first = key is not None and conn.dialect.name == "postgresql"
+    if insert_first:
         # The insert first, in one statement that checks the key is free: a retry, which
         # finds it taken, looks it up after. The quota is counted before the insert; a
         # retry refused by it still gets its operation back, as when the key came first.
@@ -198,7 +198,6 @@ def create_operation(
             if stored is None:
                 raise
             return stored, False
-        quota_checked = True
         made = journal.insert_if_key_free(
             conn,
             op,
@@ -214,7 +213,7 @@ def create_operation(
     stored = _stored(conn, principal, req, fingerprint, deadline, budget)
     if stored is not None:
         return stored, False
-    if not quota_checked:
+    if not insert_first:  # counted above already
         _check_quota(conn, principal, limits.quota, now)
     inserted = journal.insert(
         conn, op, actor=actor, cause=cause, now=now, detail=detail, notify=wake

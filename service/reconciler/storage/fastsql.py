@@ -396,15 +396,15 @@ def qualified(sql: Sql, param: str, table: sa.Table | None) -> str:
 _raw_cursor: Any = None  # psycopg's RawCursor, imported at the first PostgreSQL statement
 
 
-def _cursor(conn: Connection) -> Any:
+def _cursor(conn: Connection, dbapi_conn: Any) -> Any:
     global _raw_cursor
     if conn.dialect.name == "sqlite":
-        return conn.connection.cursor()
+        return dbapi_conn.cursor()
     if _raw_cursor is None:
         from psycopg import RawCursor  # PostgreSQL's driver is an optional dependency
 
         _raw_cursor = RawCursor
-    return _raw_cursor(conn.connection.driver_connection)
+    return _raw_cursor(dbapi_conn.driver_connection)
 
 
 def run(conn: Connection, sql: str, params: Any = (), *, many: bool = False) -> Any:
@@ -416,7 +416,7 @@ def run(conn: Connection, sql: str, params: Any = (), *, many: bool = False) -> 
     ``translate_errors`` treats both paths alike. Parameters never go into the error.
     """
     dbapi_conn = conn.connection
-    cursor = _cursor(conn)
+    cursor = _cursor(conn, dbapi_conn)
     try:
         if many:
             cursor.executemany(sql, params)

@@ -168,7 +168,7 @@ class CompleteStep:
             row(name, StepStatus.RUNNING, begun.attempts),
             *(row(n, StepStatus.PENDING) for n in names[index + 1 :]),
         )
-        hinted_at = begun.hinted_at if index == 0 and begun.attempts == 1 else None
+        hinted_at = begun.hinted_at if begun.attempts == 1 else None  # read only with a hint
         keys = self._agent_keys(conn, touched, now, begun) if salts else None
         plan = Plan(rows, index, view_of(conn, touched, now), keys, hinted_at)
         return Prep(touched, plan)
