@@ -45,12 +45,10 @@ from reconciler.providers.adapter import (
     LookupOutcome,
     LookupVerdict,
     StatusOutcome,
+    Subject,
 )
-from reconciler.providers.http_adapter import (
-    HttpAdapter,
-    build_adapter,
-    render_path,
-)
+from reconciler.providers.call_request import fill_path
+from reconciler.providers.http_adapter import HttpAdapter, build_adapter
 from reconciler.providers.loader import parse_provider
 from reconciler.providers.result_check import check_result
 from reconciler.providers.spec import ProviderSpec
@@ -58,6 +56,13 @@ from reconciler.providers.transport import classify_transport_error
 from tests.support.servers import serve_asgi, serve_tcp, unused_port
 
 T = TypeVar("T")
+
+
+def subject(job_id: str | None, trace_id: str = "tr", *, key: str = "idem_1") -> Subject:
+    """What a call is about, as the engine gives it (``Subject.of`` an operation)."""
+    return Subject("op_1", key, trace_id, job_id)
+
+
 TOKEN = "tok-very-secret-42"
 ENV = {"ACME_TOKEN": TOKEN}
 RESULT = {"rows": [{"id": 1}, {"id": 2}], "summary": {"processed": 2, "failed": 0}}
@@ -297,7 +302,9 @@ def test_create_sends_idempotency_trace_and_bearer(provider: tuple[str, Recorder
     url, recorder = provider
     clock = ManualClock()
     outcome: CreateOutcome = _run(
-        lambda a: a.create({"report": "april", "rows": 3}, "idem_5b5c76c7", "tr_0830d3"),
+        lambda a: a.create(
+            {"report": "april", "rows": 3}, subject(None, "tr_0830d3", key="idem_5b5c76c7")
+        ),
         _spec(url),
         clock=clock,
     )
@@ -325,7 +332,9 @@ def test_create_sends_idempotency_trace_and_bearer(provider: tuple[str, Recorder
 
 def test_a_request_that_is_not_json_is_never_sent(provider: tuple[str, Recorder]) -> None:
     url, recorder = provider
-    outcome: CreateOutcome = _run(lambda a: a.create({"n": float("nan")}, "k", "t"), _spec(url))
+    outcome: CreateOutcome = _run(
+        lambda a: a.create({"n": float("nan")}, subject(None, "t")), _spec(url)
+    )
     assert outcome.call.refused == "the request body is not JSON" and not recorder.requests
     assert not outcome.call.maybe_delivered and outcome.job_id is None
 
@@ -334,10 +343,10 @@ def test_every_call_carries_the_trace_header(provider: tuple[str, Recorder]) -> 
     url, recorder = provider
 
     async def calls(adapter: HttpAdapter) -> None:
-        await adapter.lookup("idem known/1", "tr_1")
-        await adapter.status("job_1", "tr_2")
-        await adapter.cancel("job_1", "tr_3")
-        await adapter.fetch_result("job_1", None, "tr_4")
+        await adapter.lookup(subject(None, "tr_1", key="idem known/1"))
+        await adapter.status(subject("job_1", "tr_2"))
+        await adapter.cancel(subject("job_1", "tr_3"))
+        await adapter.fetch_result(subject("job_1", "tr_4"), None)
 
     _run(calls, _spec(url))
     assert [r.headers["x-trace-id"] for r in recorder.requests] == ["tr_1", "tr_2", "tr_3", "tr_4"]
@@ -349,17 +358,21 @@ def test_every_call_carries_the_trace_header(provider: tuple[str, Recorder]) -> 
 
 def test_lookup_puts_the_key_in_the_path(provider: tuple[str, Recorder]) -> None:
     url, recorder = provider
-    found: LookupOutcome = _run(lambda a: a.lookup("idem known/1", "tr"), _spec(url))
+    found: LookupOutcome = _run(
+        lambda a: a.lookup(subject(None, "tr", key="idem known/1")), _spec(url)
+    )
     assert recorder.last().raw_path == "/v1/jobs?idempotency_key=idem%20known%2F1"
     assert (found.verdict, found.job_id) == (LookupVerdict.FOUND, "job_1")
-    missing: LookupOutcome = _run(lambda a: a.lookup("idem other", "tr"), _spec(url))
+    missing: LookupOutcome = _run(
+        lambda a: a.lookup(subject(None, "tr", key="idem other")), _spec(url)
+    )
     assert (missing.verdict, missing.job_id) == (LookupVerdict.NOT_FOUND, None)
 
 
 def test_lookup_without_a_path_slot_sends_the_header(provider: tuple[str, Recorder]) -> None:
     url, recorder = provider
     spec = _spec(url, lookup__path="/v1/jobs")
-    found: LookupOutcome = _run(lambda a: a.lookup("idem known/1", "tr"), spec)
+    found: LookupOutcome = _run(lambda a: a.lookup(subject(None, "tr", key="idem known/1")), spec)
     assert recorder.last().headers["idempotency-key"] == "idem known/1"
     assert found.verdict is LookupVerdict.FOUND
 
@@ -367,14 +380,14 @@ def test_lookup_without_a_path_slot_sends_the_header(provider: tuple[str, Record
 def test_header_auth(provider: tuple[str, Recorder]) -> None:
     url, recorder = provider
     spec = _spec(url, auth={"type": "header", "name": "X-Api-Key", "value_env": "ACME_TOKEN"})
-    _run(lambda a: a.status("job_1", "tr"), spec)
+    _run(lambda a: a.status(subject("job_1", "tr")), spec)
     assert recorder.last().headers["x-api-key"] == TOKEN
     assert "authorization" not in recorder.last().headers
 
 
 def test_status_view_and_response_metadata(provider: tuple[str, Recorder]) -> None:
     url, _ = provider
-    outcome: StatusOutcome = _run(lambda a: a.status("job_1", "tr"), _spec(url))
+    outcome: StatusOutcome = _run(lambda a: a.status(subject("job_1", "tr")), _spec(url))
     assert outcome.call.http_status == 200 and outcome.call.provider_request_id == "req-job_1"
     view = outcome.view
     assert view is not None
@@ -385,17 +398,17 @@ def test_status_view_and_response_metadata(provider: tuple[str, Recorder]) -> No
 
 def test_job_ids_are_escaped_and_unsafe_ones_never_sent(provider: tuple[str, Recorder]) -> None:
     url, recorder = provider
-    _run(lambda a: a.status("a/b c?d", "tr"), _spec(url))
+    _run(lambda a: a.status(subject("a/b c?d", "tr")), _spec(url))
     assert recorder.last().raw_path == "/v1/jobs/a%2Fb%20c%3Fd"
     before = len(recorder.requests)
-    outcome: StatusOutcome = _run(lambda a: a.status("..", "tr"), _spec(url))
+    outcome: StatusOutcome = _run(lambda a: a.status(subject("..", "tr")), _spec(url))
     assert outcome.call.refused is not None and not outcome.call.maybe_delivered
     assert outcome.view is None and len(recorder.requests) == before
 
 
 def test_rate_limited_answer_keeps_retry_after(provider: tuple[str, Recorder]) -> None:
     url, _ = provider
-    outcome: StatusOutcome = _run(lambda a: a.status("limited", "tr"), _spec(url))
+    outcome: StatusOutcome = _run(lambda a: a.status(subject("limited", "tr")), _spec(url))
     assert (outcome.call.http_status, outcome.call.retry_after) == (429, "120")
     assert outcome.view is None
 
@@ -403,7 +416,7 @@ def test_rate_limited_answer_keeps_retry_after(provider: tuple[str, Recorder]) -
 @pytest.mark.parametrize("job_id", ["big", "big-stream"])
 def test_bodies_are_capped(provider: tuple[str, Recorder], job_id: str) -> None:
     url, _ = provider
-    outcome: StatusOutcome = _run(lambda a: a.status(job_id, "tr"), _spec(url))
+    outcome: StatusOutcome = _run(lambda a: a.status(subject(job_id, "tr")), _spec(url))
     call = outcome.call
     assert call.http_status == 200 and call.too_large
     assert call.body is None and call.body_bytes is None and outcome.view is None
@@ -411,7 +424,7 @@ def test_bodies_are_capped(provider: tuple[str, Recorder], job_id: str) -> None:
 
 def test_a_non_json_answer_is_named(provider: tuple[str, Recorder]) -> None:
     url, _ = provider
-    outcome: StatusOutcome = _run(lambda a: a.status("html", "tr"), _spec(url))
+    outcome: StatusOutcome = _run(lambda a: a.status(subject("html", "tr")), _spec(url))
     assert (
         outcome.call.parse_error
         == "the response is not JSON (content type 'text/html; charset=utf-8')"
@@ -425,7 +438,7 @@ def test_a_non_json_answer_is_named(provider: tuple[str, Recorder]) -> None:
 def test_result_by_path_passes_checks(provider: tuple[str, Recorder]) -> None:
     url, _ = provider
     spec = _spec(url)
-    call: CallResult = _run(lambda a: a.fetch_result("done", None, "tr"), spec)
+    call: CallResult = _run(lambda a: a.fetch_result(subject("done", "tr"), None), spec)
     check = check_result(spec, call, _status_body("done"))
     assert check.ok, check.problems
     assert check.summary == {"processed": 2} and check.size == len(RESULT_BYTES)
@@ -439,7 +452,7 @@ def test_result_by_path_passes_checks(provider: tuple[str, Recorder]) -> None:
 def test_result_is_capped_at_max_bytes(provider: tuple[str, Recorder]) -> None:
     url, _ = provider
     spec = _spec(url, result__max_bytes=16)
-    call: CallResult = _run(lambda a: a.fetch_result("done", None, "tr"), spec)
+    call: CallResult = _run(lambda a: a.fetch_result(subject("done", "tr"), None), spec)
     assert call.too_large and call.body_bytes is None
     assert check_result(spec, call, _status_body("done")).problems == (
         "the result is larger than 16 bytes",
@@ -454,7 +467,7 @@ def test_result_url_on_another_origin_gets_no_credentials(
     spec = _spec(url, result={"hosts": ["127.0.0.1"]})
     presigned = f"{storage_url}/files/out.csv?X-Amz-Signature=abc123"
     call: CallResult = _run(
-        lambda a: a.fetch_result("done", presigned, "t"), spec, guard=LOOPBACK_ALLOWED
+        lambda a: a.fetch_result(subject("done", "t"), presigned), spec, guard=LOOPBACK_ALLOWED
     )
     assert call.http_status == 200 and call.body_bytes == b"col\n1\n" and call.body is None
     assert "authorization" not in storage_seen.last().headers
@@ -462,7 +475,9 @@ def test_result_url_on_another_origin_gets_no_credentials(
     assert storage_seen.last().raw_path == "/files/out.csv?X-Amz-Signature=abc123"
     # A pre-signed query is a credential of its own: it stays out of the recorded target.
     assert call.target == f"{storage_url}/files/out.csv"
-    same: CallResult = _run(lambda a: a.fetch_result("done", "/v1/jobs/done/result", "t"), spec)
+    same: CallResult = _run(
+        lambda a: a.fetch_result(subject("done", "t"), "/v1/jobs/done/result"), spec
+    )
     assert json.loads(same.body_bytes or b"") == RESULT
     assert recorder.last().headers["authorization"] == f"Bearer {TOKEN}"
 
@@ -479,7 +494,7 @@ def test_redirects_to_another_origin_drop_credentials(
     )
     ref = f"{url}/redirect?to={storage_url}/files/out.csv"
     call: CallResult = _run(
-        lambda a: a.fetch_result("done", ref, "t"), spec, guard=LOOPBACK_ALLOWED
+        lambda a: a.fetch_result(subject("done", "t"), ref), spec, guard=LOOPBACK_ALLOWED
     )
     assert call.http_status == 200 and call.body_bytes == b"col\n1\n"
     assert recorder.last().headers["x-api-key"] == TOKEN
@@ -506,7 +521,7 @@ def test_a_result_url_on_another_loopback_port_is_never_requested(
     spec = _spec(url, result={"hosts": list(listed)})
     for ref in (f"{storage_url}/files/out.csv", f"{url}/redirect?to={storage_url}/files/x"):
         call: CallResult = _run(
-            lambda a, ref=ref: a.fetch_result("done", ref, "t"), spec, guard=NO_ALLOW_LIST
+            lambda a, ref=ref: a.fetch_result(subject("done", "t"), ref), spec, guard=NO_ALLOW_LIST
         )
         assert call.refused is not None and refusal in call.refused, call
     assert storage_seen.requests == []
@@ -516,14 +531,16 @@ def test_a_result_url_on_another_loopback_port_is_never_requested(
 @pytest.mark.parametrize("ref", ["file:///etc/passwd", "ftp://example.com/x", "out-file-1", None])
 def test_unusable_result_refs_are_refused(provider: tuple[str, Recorder], ref: str | None) -> None:
     url, recorder = provider
-    call: CallResult = _run(lambda a: a.fetch_result("done", ref, "t"), _spec(url, result=None))
+    call: CallResult = _run(
+        lambda a: a.fetch_result(subject("done", "t"), ref), _spec(url, result=None)
+    )
     assert call.refused is not None and call.http_status is None and not recorder.requests
 
 
 def test_result_path_with_result_ref(provider: tuple[str, Recorder]) -> None:
     url, recorder = provider
     spec = _spec(url, result__path="/v1/jobs/{result_ref}/result")
-    call: CallResult = _run(lambda a: a.fetch_result("job_1", "done", "t"), spec)
+    call: CallResult = _run(lambda a: a.fetch_result(subject("job_1", "t"), "done"), spec)
     assert json.loads(call.body_bytes or b"") == RESULT
     assert recorder.last().raw_path == "/v1/jobs/done/result"
 
@@ -533,7 +550,7 @@ def test_result_from_status_rereads_the_status(provider: tuple[str, Recorder]) -
     spec = _spec(
         url, result={"from_status": "/progress", "required": ["/total"], "summary": {"t": "/total"}}
     )
-    call: CallResult = _run(lambda a: a.fetch_result("job_1", None, "t"), spec)
+    call: CallResult = _run(lambda a: a.fetch_result(subject("job_1", "t"), None), spec)
     assert recorder.last().raw_path == "/v1/jobs/job_1"
     check = check_result(spec, call, call.body)
     assert check.ok and check.document == {"completed": 146, "total": 500}
@@ -542,7 +559,7 @@ def test_result_from_status_rereads_the_status(provider: tuple[str, Recorder]) -
 
 def test_cancel_without_a_cancel_table_is_refused(provider: tuple[str, Recorder]) -> None:
     url, recorder = provider
-    call: CallResult = _run(lambda a: a.cancel("job_1", "t"), _spec(url, cancel=None))
+    call: CallResult = _run(lambda a: a.cancel(subject("job_1", "t")), _spec(url, cancel=None))
     assert call.refused == "the provider file has no [cancel] table" and not recorder.requests
 
 
@@ -550,7 +567,9 @@ def test_cancel_without_a_cancel_table_is_refused(provider: tuple[str, Recorder]
 
 
 def _status_call(base_url: str, timeout: float = 5) -> StatusOutcome:
-    return _run(lambda a: a.status("job_1", "tr"), _spec(base_url, status__timeout_seconds=timeout))
+    return _run(
+        lambda a: a.status(subject("job_1", "tr")), _spec(base_url, status__timeout_seconds=timeout)
+    )
 
 
 def test_refused_port() -> None:
@@ -564,7 +583,7 @@ def test_refused_port() -> None:
 def test_server_silent_past_the_timeout(provider: tuple[str, Recorder]) -> None:
     url, _ = provider
     outcome: StatusOutcome = _run(
-        lambda a: a.status("slow", "tr"), _spec(url, status__timeout_seconds=0.3)
+        lambda a: a.status(subject("slow", "tr")), _spec(url, status__timeout_seconds=0.3)
     )
     assert outcome.call.transport_error is TransportError.TIMEOUT
     assert outcome.call.maybe_delivered  # the request went out; only the answer is missing
@@ -574,7 +593,7 @@ def test_server_silent_past_the_timeout(provider: tuple[str, Recorder]) -> None:
 def test_connection_closed_mid_response(provider: tuple[str, Recorder]) -> None:
     url, _ = provider
     spec = _spec(url, status__path="/half/{job_id}")
-    outcome: StatusOutcome = _run(lambda a: a.status("job_1", "tr"), spec)
+    outcome: StatusOutcome = _run(lambda a: a.status(subject("job_1", "tr")), spec)
     assert outcome.call.transport_error is TransportError.CONNECTION_RESET
     assert outcome.call.transport_detail is not None
     assert outcome.call.transport_detail.startswith("RemoteProtocolError: peer closed connection")
@@ -652,16 +671,15 @@ def test_classify_transport_error_for_plain_exceptions() -> None:
     assert classify_transport_error(RuntimeError("?")) == (TransportError.OTHER, True)
 
 
-def test_render_path() -> None:
-    assert render_path("/v3/{job_id}:cancel", job_id="operations/1", keep_slashes=True) == (
-        "/v3/operations/1:cancel"
-    )
-    assert render_path("/v3/{job_id}", job_id="operations/1") == "/v3/operations%2F1"
+def test_fill_path() -> None:
+    ops = {"job_id": "operations/1"}
+    assert fill_path("/v3/{job_id}:cancel", ops, keep_slashes=True) == "/v3/operations/1:cancel"
+    assert fill_path("/v3/{job_id}", ops) == "/v3/operations%2F1"
     for bad in ("operations/../admin", "a//b", "."):
         with pytest.raises(UnsafePathValue):
-            render_path("/v3/{job_id}", job_id=bad, keep_slashes=True)
+            fill_path("/v3/{job_id}", {"job_id": bad}, keep_slashes=True)
     with pytest.raises(UnsafePathValue):
-        render_path("/files/{result_ref}", job_id="j")
+        fill_path("/files/{result_ref}", {"job_id": "j"})
 
 
 # --- credentials and custom adapters ------------------------------------------------------
@@ -670,7 +688,7 @@ def test_render_path() -> None:
 def test_credentials_stay_out_of_reprs_and_results(provider: tuple[str, Recorder]) -> None:
     url, _ = provider
     spec = _spec(url)
-    outcome: StatusOutcome = _run(lambda a: a.status("job_1", "tr"), spec)
+    outcome: StatusOutcome = _run(lambda a: a.status(subject("job_1", "tr")), spec)
     assert TOKEN not in repr(outcome) and TOKEN not in repr(spec)
     assert TOKEN not in repr(HttpAdapter(spec, ENV))
 
@@ -686,18 +704,18 @@ class FakeAdapter:
     def __init__(self, spec: ProviderSpec, environ: Any) -> None:
         self.spec = spec
 
-    async def create(self, request_body: Any, idempotency_token: str, trace_id: str) -> Any: ...
-    async def lookup(self, idempotency_token: str, trace_id: str) -> Any: ...
-    async def status(self, job_id: str, trace_id: str) -> Any: ...
-    async def cancel(self, job_id: str, trace_id: str) -> Any: ...
-    async def fetch_result(self, job_id: str, result_ref: str | None, trace_id: str) -> Any: ...
+    async def create(self, request: Any, subject: Subject) -> Any: ...
+    async def lookup(self, subject: Subject) -> Any: ...
+    async def status(self, subject: Subject) -> Any: ...
+    async def cancel(self, subject: Subject) -> Any: ...
+    async def fetch_result(self, subject: Subject, result_ref: str | None) -> Any: ...
     async def aclose(self) -> None: ...
 
 
 class HalfAdapter:
     def __init__(self, spec: ProviderSpec, environ: Any) -> None: ...
 
-    async def status(self, job_id: str, trace_id: str) -> Any: ...
+    async def status(self, subject: Subject) -> Any: ...
 
     def aclose(self) -> None: ...
 
@@ -739,7 +757,9 @@ def test_a_url_with_user_info_is_refused_not_raised(
     storage_url, storage_seen = storage
     with_password = storage_url.replace("http://", "http://user:pw-secret@") + "/files/out.csv"
     ref = with_password if handed == "result_ref" else f"{url}/redirect?to={with_password}"
-    call: CallResult = _run(lambda a: a.fetch_result("done", ref, "t"), _spec(url, result=None))
+    call: CallResult = _run(
+        lambda a: a.fetch_result(subject("done", "t"), ref), _spec(url, result=None)
+    )
     assert call.refused == "the URL carries user info" and call.http_status is None
     assert "pw-secret" not in call.target
     assert not storage_seen.requests

@@ -20,6 +20,7 @@ import pytest
 from standardwebhooks import Webhook
 
 from reconciler.app import create_app
+from reconciler.providers.adapter import Subject
 from reconciler.providers.http_adapter import HttpAdapter
 from reconciler.storage.provider_stats import webhook_counts
 from tests.support.provider_mock import BASE_URL, FakeProvider, error
@@ -71,8 +72,8 @@ async def test_a_static_header_never_replaces_the_credential_or_the_trace_header
         fake = FakeProvider(rig.clock)
         adapter = HttpAdapter(spec, ENVIRON, httpx.MockTransport(fake.handle), clock=rig.clock)
         try:
-            await adapter.create({"report": "q3"}, "tok-1", "trace-1")
-            await adapter.status("job-1", "trace-1")
+            await adapter.create({"report": "q3"}, Subject("op_1", "tok-1", "trace-1"))
+            await adapter.status(Subject("op_1", "tok-1", "trace-1", "job-1"))
         finally:
             await adapter.aclose()
         for seen in fake.requests:

@@ -24,7 +24,7 @@ from reconciler.core.provider_calls import CallResult
 from reconciler.core.records import OperationRecord
 from reconciler.core.step_retry import StepRetryPolicy
 from reconciler.engine.context import StepContext
-from reconciler.providers.adapter import StatusOutcome
+from reconciler.providers.adapter import StatusOutcome, Subject
 from reconciler.providers.http_adapter import HttpAdapter
 from tests.support.steps import StepRig, step_rig
 
@@ -40,16 +40,16 @@ class DefectiveAdapter(HttpAdapter):
     fail_status = False
     fail_result = False
 
-    async def status(self, job_id: str, trace_id: str) -> StatusOutcome:
-        outcome = await super().status(job_id, trace_id)
+    async def status(self, subject: Subject) -> StatusOutcome:
+        outcome = await super().status(subject)
         if self.fail_status:
             raise RuntimeError(f"cannot read the answer (token={SECRET})")
         return outcome
 
-    async def fetch_result(self, job_id: str, result_ref: str | None, trace_id: str) -> CallResult:
+    async def fetch_result(self, subject: Subject, result_ref: str | None) -> CallResult:
         if self.fail_result:
             raise ValueError(f"http://user:{SECRET}@127.0.0.2/x")
-        return await super().fetch_result(job_id, result_ref, trace_id)
+        return await super().fetch_result(subject, result_ref)
 
 
 def defective(rig: StepRig) -> DefectiveAdapter:

@@ -36,7 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reconciler.core.provider_calls import CallResult
-from reconciler.providers.adapter import StatusOutcome
+from reconciler.providers.adapter import StatusOutcome, Subject
 from reconciler.providers.http_adapter import HttpAdapter
 from tests.support.process import toml_value
 
@@ -268,13 +268,13 @@ class PoisonAdapter(HttpAdapter):
     only, never its message.
     """
 
-    async def status(self, job_id: str, trace_id: str) -> StatusOutcome:
-        outcome = await super().status(job_id, trace_id)
+    async def status(self, subject: Subject) -> StatusOutcome:
+        outcome = await super().status(subject)
         if outcome.view is not None and outcome.view.remote_state == POISONED_WORD:
             raise RuntimeError(f"cannot read this answer (token={SECRET_WORD})")
         return outcome
 
-    async def fetch_result(self, job_id: str, result_ref: str | None, trace_id: str) -> CallResult:
+    async def fetch_result(self, subject: Subject, result_ref: str | None) -> CallResult:
         if result_ref is not None and result_ref.endswith(POISONED_RESULT):
             raise RuntimeError(f"cannot fetch this result (token={SECRET_WORD})")
-        return await super().fetch_result(job_id, result_ref, trace_id)
+        return await super().fetch_result(subject, result_ref)

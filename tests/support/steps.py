@@ -15,7 +15,7 @@ two until the operation reaches a state the test names.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -231,17 +231,19 @@ async def step_rig(
     seed: int = 7,
     table: dict[str, Any] | None = None,
     resolver: Resolver | None = None,
+    handler: Callable[[httpx.Request], httpx.Response] | None = None,
 ) -> AsyncIterator[StepRig]:
     """A rig whose provider calls go to a ``FakeProvider``, on the test's clock.
 
     ``provider`` updates sections of the sim's provider table, ``drop`` removes some;
     ``table`` replaces the whole table (for keys a section update cannot remove);
     with ``callback_transport`` the completion step delivers agent callbacks through it;
-    ``resolver`` answers for the host names of provider URLs on other hosts.
+    ``resolver`` answers for the host names of provider URLs on other hosts; ``handler``
+    answers the provider's calls instead of the ``FakeProvider`` (another API's shape).
     """
     clock = ManualClock()
     fake = FakeProvider(clock)
-    transport = httpx.MockTransport(fake.handle)
+    transport = httpx.MockTransport(handler or fake.handle)
     empty = tmp_path / "no-provider-files"
     empty.mkdir(exist_ok=True)
     settings = Settings(

@@ -24,7 +24,7 @@ from reconciler.api.webhooks import is_hint
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.collect import CollectDecision, RetryFetch, decide_collect
 from reconciler.core.create import may_have_landed
-from reconciler.core.errors import DecisionNotAllowed
+from reconciler.core.errors import DecisionNotAllowed, UnsafePathValue
 from reconciler.core.operator_decision import DecisionRequest, plan_decision
 from reconciler.core.poll import decide
 from reconciler.core.poll_values import Observation, PollPolicy, PollRecord, Stop, Wait
@@ -44,12 +44,13 @@ from reconciler.providers.adapter import (
     lookup_outcome,
     next_page,
 )
-from reconciler.providers.create_set import apply_set, fill, render, set_conflict
+from reconciler.providers.call_request import apply_set, set_conflict
 from reconciler.providers.loader import parse_provider
 from reconciler.providers.pointer import Pointer
 from reconciler.providers.result_check import check_result, line_rule
 from reconciler.providers.result_scan import Kind, ScanPlan, scan_bytes
 from reconciler.providers.spec import LineTest, ProviderSpec, SetRule
+from reconciler.providers.templates import compiled, render
 from tests.support.provider_mock import BASE_URL
 from tests.support.stack import sim_provider_table
 
@@ -83,7 +84,7 @@ def test_set_values_are_templates_also_when_nested() -> None:
         rule("/metadata/reconciler_key", "{idempotency_key}"),
         rule("/webhook", "{webhook_url}"),
         rule("/webhook_events_filter", ["completed", "{operation_id}"]),
-        rule("/tags", {"trace": "{trace_id}", "keep": "{not_a_name}"}),
+        rule("/tags", {"trace": "{trace_id}", "keep": "{{braces}}"}),
         rule("/return_run_details", True),
     ]
     request = {"entrypoint": "echo hi", "metadata": {"team": "a"}}
@@ -94,7 +95,7 @@ def test_set_values_are_templates_also_when_nested() -> None:
         "submission_id": "key-1",
         "webhook": "https://rec.example/webhooks/sim",
         "webhook_events_filter": ["completed", "op_1"],
-        "tags": {"trace": "trace-1", "keep": "{not_a_name}"},
+        "tags": {"trace": "trace-1", "keep": "{braces}"},
         "return_run_details": True,
     }
     assert request == {"entrypoint": "echo hi", "metadata": {"team": "a"}}  # not changed
@@ -113,8 +114,10 @@ def test_a_request_holding_a_set_pointer_is_refused_naming_it() -> None:
     assert set_conflict({"anything": 1}, []) is None
 
 
+# Braces are a template's (a file's values are checked at load): the values here hold none.
+PLAIN = st.text(alphabet=st.characters(blacklist_characters="{}"), max_size=8)
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    st.none() | st.booleans() | st.integers() | PLAIN,
     lambda inner: (
         st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
     ),
@@ -145,9 +148,11 @@ def test_set_either_refuses_or_writes_every_rule_over_an_untouched_request(
     assert set_conflict(body, rules) is not None
 
 
-def test_fill_replaces_only_the_known_names() -> None:
-    assert fill("{idempotency_key}/{x}/{trace_id}", VALUES) == "key-1/{x}/trace-1"
-    assert fill("{webhook_url}", {"webhook_url": None}) == "{webhook_url}"
+def test_a_template_fills_its_names_and_writes_doubled_braces_as_one() -> None:
+    assert compiled("{idempotency_key}/{{x}}/{trace_id}").fill(VALUES) == "key-1/{x}/trace-1"
+    # A placeholder with no value refuses the call: the braces are never sent.
+    with pytest.raises(UnsafePathValue, match="webhook_url"):
+        compiled("{webhook_url}").fill({"webhook_url": None})
 
 
 # --- duplicate answers and lookups over lists ---------------------------------------------

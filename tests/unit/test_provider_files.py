@@ -369,18 +369,36 @@ def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
     assert message.startswith(f"{tmp_path / 'providers' / 'acme.toml'}: not valid TOML")
 
 
+ONLY_JOB_FIELDS = (
+    "status.path: only {idempotency_key}, {job_id}, {operation_id}, {trace_id}, {webhook_url} "
+    "may appear in braces"
+)
+
+
 @pytest.mark.parametrize(
     ("key", "value", "fragment"),
     [
-        ("status.path", "/jobs/{id}", "status.path: only {job_id} may appear in braces"),
-        ("status.path", "/jobs/{job_id!r}", "status.path: only {job_id} may appear in braces"),
-        ("status.path", "/jobs/{job_id:>10}", "status.path: only {job_id} may appear in braces"),
+        (
+            "status.path",
+            "/jobs/{id}",
+            ONLY_JOB_FIELDS,
+        ),
+        (
+            "status.path",
+            "/jobs/{job_id!r}",
+            ONLY_JOB_FIELDS,
+        ),
+        (
+            "status.path",
+            "/jobs/{job_id:>10}",
+            ONLY_JOB_FIELDS,
+        ),
         ("status.path", "/jobs", "status.path: must contain {job_id}"),
         ("status.path", "jobs/{job_id}", "status.path: must start with '/'"),
         ("status.path", "/jobs/{job_id", "status.path: not a valid template"),
         ("status.path", "/jobs/{job_id}#x", "status.path: must not contain '#'"),
-        ("create.path", "/jobs/{job_id}", "create.path: only {idempotency_key} may appear"),
-        ("status.path", "/jobs/{idempotency_key}/{job_id}", "status.path: only {job_id}"),
+        ("create.path", "/jobs/{job_id}", "create.path: only {idempotency_key}, {operation_id}"),
+        ("status.path", "/jobs/{result_ref}/{job_id}", "status.path: only {idempotency_key}"),
     ],
 )
 def test_path_templates(key: str, value: str, fragment: str) -> None:

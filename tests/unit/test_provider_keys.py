@@ -231,8 +231,8 @@ def test_lookup_errors(lookup: dict[str, Any], fragment: str) -> None:
     ("duplicate", "fragment"),
     [
         ({"status": []}, "create.duplicate.status: expected a non-empty list of HTTP status"),
-        ({"status": [200]}, "create.duplicate.status: expected HTTP error status codes"),
-        ({"status": [True]}, "create.duplicate.status: expected HTTP error status codes"),
+        ({"status": [200]}, "create.duplicate.status: expected HTTP status codes (400 to 599)"),
+        ({"status": [True]}, "create.duplicate.status: expected HTTP status codes (400 to 599)"),
         ({"status": [409], "body_contains": ""}, "duplicate.body_contains: expected a non-empty"),
         ({"status": [409], "body": "x"}, "create.duplicate.body: unknown key (known here:"),
         ({"body_contains": "x"}, "create.duplicate.status: required"),
@@ -262,13 +262,28 @@ def test_static_headers_parse_in_order() -> None:
 @pytest.mark.parametrize(
     ("headers", "fragment"),
     [
-        ({"Authorization": "Bearer sk-abc123"}, "headers.Authorization: static headers are never"),
-        ({"x-api-key": "abc123"}, "headers.x-api-key: static headers are never secrets"),
-        ({"Cookie": "s=abc123"}, "headers.Cookie: static headers are never secrets"),
-        ({"Proxy-Authorization": "abc123"}, "headers.Proxy-Authorization: static headers"),
-        ({"X-Goog-Session": "abc123"}, "headers.X-Goog-Session: static headers are never"),
-        ({"X-Auth-Token": "abc123"}, "headers.X-Auth-Token: static headers are never"),
-        ({"X-Upstream": "Bearer abc123"}, "headers.X-Upstream: static headers are never"),
+        (
+            {"Authorization": "Bearer sk-abc123"},
+            "headers.Authorization: headers in a provider file are never",
+        ),
+        (
+            {"x-api-key": "abc123"},
+            "headers.x-api-key: headers in a provider file are never secrets",
+        ),
+        ({"Cookie": "s=abc123"}, "headers.Cookie: headers in a provider file are never secrets"),
+        (
+            {"Proxy-Authorization": "abc123"},
+            "headers.Proxy-Authorization: headers in a provider file",
+        ),
+        (
+            {"X-Goog-Session": "abc123"},
+            "headers.X-Goog-Session: headers in a provider file are never",
+        ),
+        ({"X-Auth-Token": "abc123"}, "headers.X-Auth-Token: headers in a provider file are never"),
+        (
+            {"X-Upstream": "Bearer abc123"},
+            "headers.X-Upstream: headers in a provider file are never",
+        ),
         ({"a b": "1"}, 'headers."a b": is not a valid HTTP header name'),
         ({"v": 1}, "headers.v: expected a string of printable characters"),
         ({"v": "a\r\nX-Evil: 1"}, "headers.v: expected a string of printable characters"),
@@ -433,7 +448,7 @@ def test_jsonl_result_keys_parse() -> None:
         ),
         (
             {**JSONL_RESULT, "errors_path": "/files/{error_id}"},
-            "result.errors_path: only {errors_ref}, {job_id}, {result_ref} may appear",
+            "result.errors_path: only {errors_ref}, {idempotency_key}, {job_id}",
         ),
         ({**JSONL_RESULT, "content_type": ""}, "result.content_type: expected a non-empty string"),
     ],

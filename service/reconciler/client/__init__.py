@@ -29,6 +29,7 @@ from reconciler.client.callbacks import (
 )
 from reconciler.client.model import (
     Budget,
+    CancelRefusal,
     Escalation,
     EscalationOption,
     HistoryEntry,
@@ -60,6 +61,7 @@ __all__ = [
     "AuthenticationFailed",
     "Budget",
     "CallbackEvent",
+    "CancelRefusal",
     "Client",
     "Conflict",
     "Escalation",

@@ -101,6 +101,28 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class CancelRefusal:
+    """The provider refused the last cancel: the job was NOT cancelled and goes on; a new
+    cancel may be asked for."""
+
+    http_status: int | None
+    provider_message: str | None
+    at: datetime | None
+
+    @classmethod
+    def from_json(cls, data: Any) -> CancelRefusal | None:
+        if data is None:
+            return None
+        body = _object(data, "a cancel refusal")
+        status, said = body.get("http_status"), body.get("provider_message")
+        return cls(
+            http_status=status if type(status) is int else None,
+            provider_message=said if isinstance(said, str) else None,
+            at=_time(body.get("at")),
+        )
+
+
+@dataclass(frozen=True)
 class OperationError:
     """Why the job did not succeed, in one shape: ``code`` (``request_rejected``: the
     provider refused the request and nothing ran), ``message`` in plain words, the
@@ -163,6 +185,7 @@ class Operation:
     updated_at: datetime | None = None
     done_at: datetime | None = None
     cancel_requested: bool = False
+    cancel_refused: CancelRefusal | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -200,6 +223,7 @@ class Operation:
                 updated_at=_time(view.get("updated_at")),
                 done_at=_time(view.get("done_at")),
                 cancel_requested=bool(view.get("cancel_requested")),
+                cancel_refused=CancelRefusal.from_json(view.get("cancel_refused")),
                 raw=dict(view),
             )
         except (KeyError, TypeError, ValueError) as exc:

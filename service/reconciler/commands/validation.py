@@ -15,7 +15,7 @@ from typing import Any
 
 from reconciler.core.errors import InvalidRequest
 from reconciler.core.strict_json import require_text
-from reconciler.providers.create_set import set_conflict
+from reconciler.providers.call_request import set_conflict
 from reconciler.providers.spec import ProviderSpec
 from reconciler.wire import (
     CancelOperation,

@@ -1,22 +1,29 @@
 """The provider's cancel call and the window that watches it (docs/design.md#cancel): pure.
 
-The cancel step sends the call once (``send_or_watch``) and sets the first status read
-that may confirm it (``first_read``, ``answer_floor``); the status reads then watch the
-cancellation until its window closes (``window_closed``, ``cancel_window_read``), where
-the window that ran out is the cancel window, not the job's deadline (``stop_reason``).
-Sending a cancel is not "cancelled": only the provider's own terminal state decides.
+The cancel step sends the call once (``send_or_watch``), reads what the answer means
+(``cancel_answer``) and sets the first status read that may confirm it (``first_read``,
+``answer_floor``); the status reads then watch the cancellation until its window closes
+(``window_closed``, ``cancel_window_read``), where the window that ran out is the cancel
+window, not the job's deadline (``stop_reason``). Sending a cancel is not "cancelled":
+only the provider's own terminal state decides. A refused cancel is not a sent cancel
+either: the job goes on, and the refusal is kept (``refusal_record``) for the answer.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
 
 from reconciler.core.backoff import parse_retry_after
 from reconciler.core.clock import isoformat
+from reconciler.core.create import body_text
+from reconciler.core.outcome_parts import provider_message
 from reconciler.core.poll_values import Observation, PollPolicy, Stop, Wait
+from reconciler.core.provider_calls import CallResult
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
-from reconciler.core.vocabulary import DelaySource, EscalationReason
+from reconciler.core.vocabulary import RETRYABLE_4XX, DelaySource, EscalationReason
 
 ALREADY_SENT = "cancel call already sent earlier"
 NO_CANCEL_ACTION = "the provider has no cancel action; watching for its own outcome"
@@ -30,6 +37,58 @@ def send_or_watch(op: OperationRecord, can_cancel: bool) -> str | None:
     if not can_cancel or op.remote_job_id is None:
         return NO_CANCEL_ACTION
     return None
+
+
+class CancelAnswer(StrEnum):
+    """What the provider's answer to a cancel call means."""
+
+    ACCEPTED = "accepted"  # taken: watch for the provider's cancelled state
+    REFUSED = "refused"  # a definitive no: the job goes on, and the agent is told why
+    DENIED = "denied"  # 401/403: this service's credential was refused, not the cancel
+    NOT_TAKEN = "not_taken"  # never delivered, or "not now" (408, 425, 429): send it again
+    UNCLEAR = "unclear"  # it may have landed (a 5xx, no answer after sending): watch
+
+
+def cancel_answer(call: CallResult, refused_by_file: bool = False) -> CancelAnswer:
+    """What ``call`` (the cancel) came to; ``refused_by_file``: the answer is the one the
+    provider file's ``[cancel] refused`` names, whatever its status."""
+    if refused_by_file or call.refused:
+        # An adapter that would not send (a job id no path can carry) refuses every time.
+        return CancelAnswer.REFUSED
+    if not call.maybe_delivered or call.rate_limited:
+        return CancelAnswer.NOT_TAKEN
+    status = call.http_status
+    if status is None:
+        return CancelAnswer.UNCLEAR
+    if 200 <= status < 300:
+        return CancelAnswer.ACCEPTED
+    if status in RETRYABLE_4XX:
+        return CancelAnswer.NOT_TAKEN
+    if status in (401, 403):
+        return CancelAnswer.DENIED
+    if 400 <= status < 500:
+        return CancelAnswer.REFUSED
+    return CancelAnswer.UNCLEAR
+
+
+def refusal_record(call: CallResult, now: datetime) -> dict[str, Any]:
+    """What the operation keeps of a refused cancel: the status and the provider's words."""
+    said = None
+    if call.refused:
+        said = f"not sent: {call.refused}"
+    elif call.body is not None:
+        said = provider_message(call.body)
+    else:
+        said = body_text(call.body_bytes)
+    return {"http_status": call.http_status, "provider_message": said, "at": isoformat(now)}
+
+
+def resend_at(op: OperationRecord, now: datetime, base_delay_seconds: float) -> datetime:
+    """When a cancel the provider did not take is sent again: as long again as it has been
+    asked for (so the tries thin out without a counter), at least one backoff base."""
+    asked = op.cancel_requested_at or now
+    wait = max(timedelta(seconds=base_delay_seconds), now - asked)
+    return now + wait
 
 
 def first_read(

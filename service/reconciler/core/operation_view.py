@@ -125,6 +125,11 @@ _CREDENTIALS = (
     "`idempotency_key`. Do not report that the job ran or failed."
 )
 _REFUSED = {REQUEST_REJECTED: _REJECTED, CREDENTIALS_REFUSED: _CREDENTIALS}
+# A cancel the provider refused: the job was NOT cancelled and goes on (``cancel_refused``).
+_CANCEL_REFUSED = (
+    "The provider REFUSED the cancel ({why}): the job was NOT cancelled and is still being "
+    "watched. "
+)
 
 
 def _options(escalation: EscalationRecord | None) -> str:
@@ -160,6 +165,8 @@ def message_for(op: OperationRecord, escalation: EscalationRecord | None = None)
         text = _REFUSED[code].format(why=_refusal(error_view(op.error)))
     else:
         text = _MESSAGES[state]
+    if op.cancel_refusal is not None and not is_done(state, op.escalation_open):
+        text = _CANCEL_REFUSED.format(why=_refusal(op.cancel_refusal)) + text
     return text.replace("{id}", op.id)
 
 
@@ -238,6 +245,7 @@ def operation_view(
         "updated_at": isoformat(op.updated_at),
         "done_at": isoformat(op.done_at),
         "cancel_requested": op.cancel_requested_at is not None,
+        "cancel_refused": op.cancel_refusal,
     }
     return as_replayed(view) if replayed else view
 

@@ -232,6 +232,8 @@ def decide(
         raise InvalidObservation("an observation needs an HTTP status or a transport error")
     if status == 429 or obs.rate_limited:
         return _rate_limited(record, obs, now, rng, policy)
+    if obs.not_found or status == 404:
+        return _not_found(record, obs, now, rng, policy)
     if status in (401, 403):
         return Stop(
             EscalationReason.AUTHORIZATION_DENIED,
@@ -242,8 +244,6 @@ def decide(
     if status >= 500:
         what = f"HTTP {status} from the status endpoint"
         return _transport_failure(record, obs, now, rng, policy, what, sharp=status == 503)
-    if status == 404:
-        return _not_found(record, obs, now, rng, policy)
     if not 200 <= status < 300:
         return Stop(
             EscalationReason.CONTRACT_VIOLATION,
@@ -330,7 +330,7 @@ def _not_found(
     grace = timedelta(seconds=policy.not_found_grace_seconds)
     if record.accepted_at is not None and obs.at < record.accepted_at + grace:
         note = (
-            "HTTP 404 within the not-found grace window "
+            f"HTTP {obs.http_status} (no such job) within the not-found grace window "
             f"(until {isoformat(record.accepted_at + grace)}): treated as eventual consistency"
         )
         delay = policy.backoff.delay(counters.poll_attempt, rng)
@@ -338,8 +338,8 @@ def _not_found(
     since = isoformat(record.accepted_at) if record.accepted_at is not None else "unknown"
     return Stop(
         EscalationReason.CONTRACT_VIOLATION,
-        f"job not found (HTTP 404) after the grace window of {policy.not_found_grace_seconds:g}s "
-        f"since acceptance at {since}",
+        f"job not found (HTTP {obs.http_status}) after the grace window of "
+        f"{policy.not_found_grace_seconds:g}s since acceptance at {since}",
         counters,
     )
 

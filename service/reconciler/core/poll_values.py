@@ -113,6 +113,7 @@ class Observation:
     rate_limited: bool = False  # a 403 that says the rate limit is spent (GitHub)
     job_id: str | None = None
     job_id_matches: bool | None = None
+    not_found: bool = False  # a 404, or the answer the provider file says means "no such job"
 
 
 @dataclass(frozen=True)

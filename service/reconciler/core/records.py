@@ -90,6 +90,7 @@ class OperationRecord:
     step_failures: int
     failed_step: str | None
     escalation_open: bool
+    cancel_refusal: Any
     request: Any = None
     meta: Any = None
     status_body: Any = None  # the status answer that confirmed success, for collection
@@ -179,6 +180,7 @@ DEFAULTS: Mapping[str, Any] = {
     "step_failures": 0,
     "failed_step": None,
     "escalation_open": False,
+    "cancel_refusal": None,
 }
 
 _Builder: Any = dataclasses.make_dataclass(

@@ -70,6 +70,7 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     ),
     S.CANCEL_REQUESTED: frozenset(
         {
+            S.OBSERVING,  # the provider refused the cancel: the job goes on
             S.CANCELLING,
             S.CANCELLED,
             S.RESULT_COLLECTING,

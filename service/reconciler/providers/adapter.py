@@ -15,13 +15,32 @@ from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from reconciler.core.provider_calls import CallResult
+from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import RemoteCategory
 from reconciler.providers.pointer import MISSING, Pointer
-from reconciler.providers.spec import DuplicateRule, LookupSpec, ProviderSpec, ResultSpec
+from reconciler.providers.spec import AnswerRule, LookupSpec, ProviderSpec, ResultSpec
 from reconciler.providers.state_table import state_word
 
 MAX_JOB_ID_CHARS = 300  # operations.remote_job_id
 _ENDED_WITH_RESULT = (RemoteCategory.SUCCESS, RemoteCategory.PARTIAL)
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """What a call is about: the values a provider file's templates may use.
+
+    ``idempotency_key`` is the operation's own token (``idem_…``), never the agent's key:
+    the provider sees one key per operation, whoever started it.
+    """
+
+    operation_id: str
+    idempotency_key: str
+    trace_id: str
+    job_id: str | None = None
+
+    @classmethod
+    def of(cls, op: OperationRecord) -> Subject:
+        return cls(op.id, op.idempotency_token, op.trace_id, op.remote_job_id)
 
 
 @dataclass(frozen=True)
@@ -83,25 +102,24 @@ class StatusView:
 class StatusOutcome:
     call: CallResult
     view: StatusView | None = None  # only for a 2xx answer with a JSON body
+    not_found: bool = False  # a 404, or the answer [status] not_found names
 
 
 @runtime_checkable
 class ProviderAdapter(Protocol):
     """What the service needs from a provider. None of these raise for network trouble."""
 
-    async def create(
-        self, request_body: Any, idempotency_token: str, trace_id: str
-    ) -> CreateOutcome: ...
+    async def create(self, request: Any, subject: Subject) -> CreateOutcome:
+        """Create the job; ``request`` is the agent's, before the file's ``create.set``."""
+        ...
 
-    async def lookup(self, idempotency_token: str, trace_id: str) -> LookupOutcome: ...
+    async def lookup(self, subject: Subject) -> LookupOutcome: ...
 
-    async def status(self, job_id: str, trace_id: str) -> StatusOutcome: ...
+    async def status(self, subject: Subject) -> StatusOutcome: ...
 
-    async def cancel(self, job_id: str, trace_id: str) -> CallResult: ...
+    async def cancel(self, subject: Subject) -> CallResult: ...
 
-    async def fetch_result(
-        self, job_id: str, result_ref: str | None, trace_id: str
-    ) -> CallResult: ...
+    async def fetch_result(self, subject: Subject, result_ref: str | None) -> CallResult: ...
 
     async def aclose(self) -> None: ...
 
@@ -148,18 +166,13 @@ def _json_body(call: CallResult) -> tuple[bool, str | None]:
     return True, None
 
 
-def is_duplicate(rule: DuplicateRule | None, call: CallResult) -> bool:
-    """Whether an answer is the provider's "this key already made a job" (``create.duplicate``)."""
-    if rule is None or call.http_status not in rule.status:
-        return False
-    if rule.body_contains is None:
-        return True
-    text = (call.body_bytes or b"").decode("utf-8", errors="replace")
-    return rule.body_contains in text
+def answer_is(rule: AnswerRule | None, call: CallResult) -> bool:
+    """Whether ``call``'s answer is the one ``rule`` names (a duplicate, "no such job", ...)."""
+    return rule is not None and rule.matches(call.http_status, call.body_bytes)
 
 
 def create_outcome(spec: ProviderSpec, call: CallResult) -> CreateOutcome:
-    if is_duplicate(spec.create.duplicate, call):
+    if answer_is(spec.create.duplicate, call):
         return CreateOutcome(call, duplicate=True)
     readable, why = _json_body(call)
     if not readable:
@@ -206,7 +219,7 @@ def lookup_outcome(
     spec: ProviderSpec, call: CallResult, wanted: tuple[tuple[Pointer, str], ...] = ()
 ) -> LookupOutcome:
     """One lookup page read; ``wanted`` is ``lookup.match`` with its templates filled."""
-    if call.http_status == 404:
+    if call.http_status == 404 or (spec.lookup and answer_is(spec.lookup.not_found, call)):
         return LookupOutcome(call, LookupVerdict.NOT_FOUND)
     readable, why = _json_body(call)
     if not readable or spec.lookup is None:
@@ -223,12 +236,13 @@ def lookup_outcome(
     return LookupOutcome(call, LookupVerdict.FOUND, job_id)
 
 
-def next_page(lookup: LookupSpec, body: Any) -> tuple[str | None, str | None]:
+def next_page(lookup: LookupSpec, body: Any) -> tuple[str | int | None, str | None]:
     """(the cursor of the next lookup page, None), (None, None) at the end of the list, or
     (None, why) when the list says it goes on but gives no cursor to follow.
 
     The end: no paging is declared, ``has_more`` is not true, or (without ``has_more``)
-    there is no cursor. A cursor is a string or an integer, never empty.
+    there is no cursor. A cursor is a string or an integer (an offset stays one for a
+    body), never empty.
     """
     if lookup.next is None or lookup.next_param is None:
         return None, None
@@ -240,7 +254,7 @@ def next_page(lookup: LookupSpec, body: Any) -> tuple[str | None, str | None]:
         if more is True:
             return None, f"the lookup answer says it has more but gives no cursor at {lookup.next}"
         return None, None
-    return str(value), None
+    return value, None
 
 
 def _missing_required(spec: ProviderSpec, body: Any, category: RemoteCategory) -> tuple[str, ...]:
@@ -286,5 +300,7 @@ def status_view(spec: ProviderSpec, body: Any, job_id: str | None = None) -> Sta
 def status_outcome(
     spec: ProviderSpec, call: CallResult, job_id: str | None = None
 ) -> StatusOutcome:
+    if call.http_status == 404 or answer_is(spec.status.not_found, call):
+        return StatusOutcome(call, not_found=True)
     readable, _ = _json_body(call)
     return StatusOutcome(call, status_view(spec, call.body, job_id) if readable else None)

@@ -32,6 +32,7 @@ from reconciler.core.file_values import Text as Text
 from reconciler.core.file_values import problem as problem
 from reconciler.core.file_values import text_value as text_value
 from reconciler.providers.pointer import MISSING, Pointer
+from reconciler.providers.templates import template_fields as template_fields
 
 STATUS_PREFIX = "status:"
 HEADER_PREFIX = "header:"
@@ -169,16 +170,14 @@ BaseUrl = Annotated[str, PlainValidator(_base_url)]
 # --- templates ---------------------------------------------------------------------------
 
 
-def template_fields(template: str) -> frozenset[str]:
-    return frozenset(n for _, n, _, _ in string.Formatter().parse(template) if n is not None)
-
-
 def check_template(text: str, allowed: frozenset[str], key: str | None = None) -> frozenset[str]:
     """The placeholders of ``text``; a problem when it uses any outside ``allowed``."""
     try:
         fields = [(n, s, c) for _, n, s, c in string.Formatter().parse(text) if n is not None]
     except ValueError as exc:
-        raise problem(f"not a valid template: {exc}", key) from None
+        raise problem(
+            f"not a valid template: {exc} (write {{{{ and }}}} for a brace)", key
+        ) from None
     names = frozenset(name for name, _, _ in fields)
     if not names <= allowed or any(spec or conversion for _, spec, conversion in fields):
         placeholders = ", ".join("{" + a + "}" for a in sorted(allowed))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -38,27 +37,30 @@ from reconciler.providers.adapter import (
     LookupVerdict,
     ProviderAdapter,
     StatusOutcome,
+    Subject,
     create_outcome,
     lookup_outcome,
     next_page,
     status_outcome,
 )
-from reconciler.providers.create_set import fill
+from reconciler.providers.call_request import CallRequest, build_request
 from reconciler.providers.exchange import Exchange
-from reconciler.providers.paths import render_path
+from reconciler.providers.pointer import Pointer
 from reconciler.providers.result_fetch import ResultFetcher, UrlGuard
 from reconciler.providers.spec import (
     IDEMPOTENCY_KEY,
     AuthType,
+    CallTable,
     IdempotencyMode,
+    LookupSpec,
     ProviderSpec,
     ResultSpec,
     auth_secret,
-    template_fields,
 )
+from reconciler.providers.templates import compiled
 from reconciler.tracing import NO_TRACING, Tracing
 
-__all__ = ["HttpAdapter", "build_adapter", "render_path"]
+__all__ = ["HttpAdapter", "build_adapter"]
 
 
 class HttpAdapter:
@@ -105,75 +107,108 @@ class HttpAdapter:
             return dataclasses.replace(call, parse_error=note)
         return call
 
-    async def create(
-        self, request_body: Any, idempotency_token: str, trace_id: str
-    ) -> CreateOutcome:
-        create, ex = self._spec.create, self._exchange
-        try:
-            path = render_path(create.path, idempotency_key=idempotency_token)
-        except UnsafePathValue as exc:
-            return create_outcome(self._spec, ex.refused(create.method, create.path, exc.message))
-        extra = {"Content-Type": "application/json"}
-        if create.idempotency is IdempotencyMode.HEADER and create.idempotency_header:
-            extra[create.idempotency_header] = idempotency_token
-        content = None
-        if request_body is not None:
-            try:
-                content = json.dumps(request_body, separators=(",", ":"), allow_nan=False).encode()
-            except (TypeError, ValueError):
-                refused = ex.refused(create.method, path, "the request body is not JSON")
-                return create_outcome(self._spec, refused)
-        call = await ex.call(
-            create.method,
-            ex.url(path),
-            trace_id,
-            timeout=create.timeout_seconds,
-            limit=self._spec.http.max_response_bytes,
-            extra=extra,
-            content=content,
-        )
-        return create_outcome(self._spec, self._not_json(call))
+    def values(self, subject: Subject, **refs: str | None) -> dict[str, str | None]:
+        """What the file's templates stand for in a call about ``subject``."""
+        return {
+            "idempotency_key": subject.idempotency_key,
+            "operation_id": subject.operation_id,
+            "trace_id": subject.trace_id,
+            "webhook_url": self._spec.webhook_url,
+            "job_id": subject.job_id,
+            **refs,
+        }
 
-    async def lookup(
-        self, idempotency_token: str, trace_id: str, *, operation_id: str | None = None
-    ) -> LookupOutcome:
+    def build(
+        self,
+        table: CallTable,
+        path: str,
+        values: Mapping[str, str | None],
+        *,
+        request: Any = None,
+        page: tuple[Pointer, Any] | None = None,
+    ) -> CallRequest | CallResult:
+        """The request ``table`` describes, or the refusal to send it (nothing went out)."""
+        try:
+            return build_request(
+                table,
+                path,
+                values,
+                request=request,
+                static=self._spec.headers,
+                keep_slashes=self._spec.job_id_slashes,
+                page=page,
+            )
+        except UnsafePathValue as exc:
+            return self._exchange.refused(table.method, path, exc.message)
+        except (TypeError, ValueError):
+            return self._exchange.refused(table.method, path, "the request body is not JSON")
+
+    async def send(
+        self,
+        built: CallRequest,
+        trace_id: str,
+        timeout: float,
+        limit: int,
+        *,
+        extra: Mapping[str, str] | None = None,
+        url: httpx.URL | None = None,
+    ) -> CallResult:
+        ex = self._exchange
+        headers = {**(extra or {}), **dict(built.headers)}
+        call = await ex.call(
+            built.method,
+            url or ex.url(built.path),
+            trace_id,
+            timeout=timeout,
+            limit=limit,
+            extra=headers,
+            content=built.content,
+        )
+        return self._not_json(call)
+
+    async def create(self, request: Any, subject: Subject) -> CreateOutcome:
+        create = self._spec.create
+        built = self.build(create, create.path, self.values(subject), request=request)
+        if isinstance(built, CallResult):
+            return create_outcome(self._spec, built)
+        extra = {}
+        if create.idempotency is IdempotencyMode.HEADER and create.idempotency_header:
+            extra[create.idempotency_header] = subject.idempotency_key
+        call = await self.send(
+            built,
+            subject.trace_id,
+            create.timeout_seconds,
+            self._spec.http.max_response_bytes,
+            extra=extra,
+        )
+        return create_outcome(self._spec, call)
+
+    async def lookup(self, subject: Subject) -> LookupOutcome:
         """Ask whether the token made a job; a list answer is searched page by page (at most
         ``lookup.pages``) for the item that ``lookup.match`` names."""
         lookup, create, ex = self._spec.lookup, self._spec.create, self._exchange
         if lookup is None:
             refused = ex.refused("GET", "", "the provider file has no [lookup] table")
             return lookup_outcome(self._spec, refused)
-        try:
-            path = render_path(lookup.path, idempotency_key=idempotency_token)
-        except UnsafePathValue as exc:
-            return lookup_outcome(self._spec, ex.refused(lookup.method, lookup.path, exc.message))
+        values = self.values(subject)
+        built = self.build(lookup, lookup.path, values)
+        if isinstance(built, CallResult):
+            return lookup_outcome(self._spec, built)
         extra = {}
-        # The token travels in the path when the template has it, else in the create header.
+        # The token travels where the file puts it; with nowhere named, in the create header.
         if (
-            IDEMPOTENCY_KEY not in template_fields(lookup.path)
+            not lookup.sends(IDEMPOTENCY_KEY, lookup.path)
             and create.idempotency is IdempotencyMode.HEADER
             and create.idempotency_header
         ):
-            extra[create.idempotency_header] = idempotency_token
-        values = {
-            "idempotency_key": idempotency_token,
-            "operation_id": operation_id,
-            "trace_id": trace_id,
-            "webhook_url": self._spec.webhook_url,
-        }
-        wanted = tuple((pointer, fill(text, values)) for pointer, text in lookup.match)
-        url = ex.url(path)
+            extra[create.idempotency_header] = subject.idempotency_key
+        wanted = tuple((p, compiled(text).fill(values)) for p, text in lookup.match)
+        url = ex.url(built.path)
         cursors: set[str] = set()
+        limit = self._spec.http.max_response_bytes
         for page in range(1, lookup.pages + 1):
-            call = self._not_json(
-                await ex.call(
-                    lookup.method,
-                    url,
-                    trace_id,
-                    timeout=lookup.timeout_seconds,
-                    limit=self._spec.http.max_response_bytes,
-                    extra=extra,
-                )
+            call = await self.send(
+                built, subject.trace_id, lookup.timeout_seconds, limit, extra=extra, url=url
             )
             if page > 1 and not call.ok:
                 # The first page's 404 says "no such job"; a later page's says nothing.
@@ -188,70 +223,77 @@ class HttpAdapter:
                 return _unread(call, problem)
             if cursor is None:
                 return outcome  # the end of the list: the job is not in it
-            if cursor in cursors:
+            if str(cursor) in cursors:
                 return _unread(
-                    call, f"the lookup's cursor {shown(cursor, 40)!r} came back on page {page}"
+                    call, f"the lookup's cursor {shown(str(cursor), 40)!r} came back on page {page}"
                 )
-            cursors.add(cursor)
-            assert lookup.next_param is not None  # next_page gives a cursor only then
-            url = ex.url(path).copy_merge_params({lookup.next_param: cursor})
+            cursors.add(str(cursor))
+            following = self._next_page(lookup, built, values, cursor)
+            if isinstance(following, CallResult):
+                return _unread(following, f"page {page + 1} of the lookup could not be built")
+            built, url = following
         # Every page allowed was read and the list still goes on: the job may be further
         # down, so "not made" is not known, and concluding it would resend a made job.
         return _unread(call, f"no match in the {lookup.pages} lookup page(s) read")
 
-    async def _job_call(
-        self, method: str, template: str, job_id: str, trace_id: str, timeout: float, limit: int
-    ) -> CallResult:
-        ex = self._exchange
-        try:
-            path = render_path(template, job_id=job_id, keep_slashes=self._spec.job_id_slashes)
-        except UnsafePathValue as exc:
-            return ex.refused(method, template, exc.message)
-        call = await ex.call(method, ex.url(path), trace_id, timeout=timeout, limit=limit)
-        return self._not_json(call)
+    def _next_page(
+        self,
+        lookup: LookupSpec,
+        built: CallRequest,
+        values: Mapping[str, str | None],
+        cursor: str | int,
+    ) -> tuple[CallRequest, httpx.URL] | CallResult:
+        """The next page's request: its cursor in the body or in the query."""
+        if lookup.page_pointer is not None:
+            nxt = self.build(lookup, lookup.path, values, page=(lookup.page_pointer, cursor))
+            return nxt if isinstance(nxt, CallResult) else (nxt, self._exchange.url(nxt.path))
+        assert lookup.next_param is not None  # next_page gives a cursor only then
+        url = self._exchange.url(built.path).copy_merge_params({lookup.next_param: str(cursor)})
+        return built, url
 
-    async def status(self, job_id: str, trace_id: str) -> StatusOutcome:
+    async def _job_call(
+        self, table: CallTable, path: str, subject: Subject, timeout: float, limit: int
+    ) -> CallResult:
+        built = self.build(table, path, self.values(subject))
+        if isinstance(built, CallResult):
+            return built
+        return await self.send(built, subject.trace_id, timeout, limit)
+
+    async def status(self, subject: Subject) -> StatusOutcome:
         status = self._spec.status
         call = await self._job_call(
-            status.method,
+            status,
             status.path,
-            job_id,
-            trace_id,
+            subject,
             status.timeout_seconds,
             self._spec.http.max_response_bytes,
         )
-        return status_outcome(self._spec, call, job_id)
+        return status_outcome(self._spec, call, subject.job_id)
 
-    async def cancel(self, job_id: str, trace_id: str) -> CallResult:
+    async def cancel(self, subject: Subject) -> CallResult:
         cancel = self._spec.cancel
         if cancel is None:
             return self._exchange.refused("POST", "", "the provider file has no [cancel] table")
         return await self._job_call(
-            cancel.method,
+            cancel,
             cancel.path,
-            job_id,
-            trace_id,
+            subject,
             cancel.timeout_seconds,
             self._spec.http.max_response_bytes,
         )
 
-    async def fetch_result(self, job_id: str, result_ref: str | None, trace_id: str) -> CallResult:
+    async def fetch_result(self, subject: Subject, result_ref: str | None) -> CallResult:
         result = self._spec.result or ResultSpec()
         if result.from_status is not None:
             status = self._spec.status
             return await self._job_call(
-                status.method,
-                status.path,
-                job_id,
-                trace_id,
-                result.timeout_seconds,
-                result.max_bytes,
+                status, status.path, subject, result.timeout_seconds, result.max_bytes
             )
-        return await self._results.fetch(job_id, result_ref, trace_id)
+        return await self._results.fetch(self.values(subject), subject.trace_id, result_ref)
 
-    async def fetch_errors(self, job_id: str, errors_ref: str, trace_id: str) -> CallResult:
+    async def fetch_errors(self, subject: Subject, errors_ref: str) -> CallResult:
         """The separate errors file of a JSONL result (``errors_path`` with ``{errors_ref}``)."""
-        return await self._results.fetch_errors(job_id, errors_ref, trace_id)
+        return await self._results.fetch_errors(self.values(subject), subject.trace_id, errors_ref)
 
 
 def _answer(call: CallResult) -> str:

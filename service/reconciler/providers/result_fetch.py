@@ -30,9 +30,10 @@ import httpx
 from reconciler.core.errors import InvalidRequest, ResolutionFailed, UnsafePathValue
 from reconciler.core.provider_calls import CallResult
 from reconciler.core.vocabulary import TransportError
+from reconciler.providers.call_request import CallRequest, build_request
 from reconciler.providers.exchange import Exchange, Pinned
-from reconciler.providers.paths import render_path
 from reconciler.providers.spec import ProviderSpec, ResultSpec
+from reconciler.providers.templates import ERRORS_REF, RESULT_REF, Values
 
 MAX_REDIRECTS = 5
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -82,43 +83,47 @@ class ResultFetcher:
         self._exchange = exchange
         self._guard = guard
 
-    async def fetch(self, job_id: str, result_ref: str | None, trace_id: str) -> CallResult:
+    async def fetch(self, values: Values, trace_id: str, result_ref: str | None) -> CallResult:
         """The result file (not ``from_status``, which the adapter re-reads as a status)."""
         result = self._spec.result or ResultSpec()
         ex = self._exchange
+        values = {**values, RESULT_REF: result_ref}
         if result.path is not None:
-            try:
-                path = render_path(
-                    result.path,
-                    job_id=job_id,
-                    result_ref=result_ref,
-                    keep_slashes=self._spec.job_id_slashes,
-                )
-            except UnsafePathValue as exc:
-                return ex.refused(result.method, result.path, exc.message)
-            return await self._follow(result, ex.url(path), trace_id)
+            built = self._build(result, result.path, values)
+            if isinstance(built, CallResult):
+                return built
+            return await self._follow(result, ex.url(built.path), trace_id, built)
         url = self._result_url(result_ref)
         if url is None:
             reason = "result_ref is not an http(s) URL or path and [result] has no path"
             return ex.refused(result.method, "", reason)
-        return await self._follow(result, url, trace_id)
+        built = self._build(result, "", values)
+        if isinstance(built, CallResult):
+            return built
+        return await self._follow(result, url, trace_id, built)
 
-    async def fetch_errors(self, job_id: str, errors_ref: str, trace_id: str) -> CallResult:
+    async def fetch_errors(self, values: Values, trace_id: str, errors_ref: str) -> CallResult:
         """The separate errors file of a JSONL result (``errors_path`` with ``{errors_ref}``)."""
         result = self._spec.result or ResultSpec()
         ex = self._exchange
         if result.errors_path is None:
             return ex.refused(result.method, "", "the provider file has no result.errors_path")
+        built = self._build(result, result.errors_path, {**values, ERRORS_REF: errors_ref})
+        if isinstance(built, CallResult):
+            return built
+        return await self._follow(result, ex.url(built.path), trace_id, built)
+
+    def _build(self, result: ResultSpec, path: str, values: Values) -> CallRequest | CallResult:
         try:
-            path = render_path(
-                result.errors_path,
-                job_id=job_id,
-                errors_ref=errors_ref,
+            return build_request(
+                result,
+                path,
+                values,
+                static=self._spec.headers,
                 keep_slashes=self._spec.job_id_slashes,
             )
         except UnsafePathValue as exc:
-            return ex.refused(result.method, result.errors_path, exc.message)
-        return await self._follow(result, ex.url(path), trace_id)
+            return self._exchange.refused(result.method, path, exc.message)
 
     def _result_url(self, result_ref: str | None) -> httpx.URL | None:
         if not result_ref or not (result_ref.startswith("/") or "://" in result_ref):
@@ -129,7 +134,9 @@ class ResultFetcher:
             return None
         return url if url.scheme in ("http", "https") and url.host else None
 
-    async def _follow(self, result: ResultSpec, url: httpx.URL, trace_id: str) -> CallResult:
+    async def _follow(
+        self, result: ResultSpec, url: httpx.URL, trace_id: str, built: CallRequest
+    ) -> CallResult:
         method = result.method
         for _ in range(MAX_REDIRECTS + 1):
             if url.userinfo:
@@ -137,7 +144,7 @@ class ResultFetcher:
                 # (and the client would refuse to combine it with a header of its own).
                 target = self._exchange.target(url)
                 return self._exchange.refused(method, target, "the URL carries user info")
-            call = await self._fetch_once(result, method, url, trace_id)
+            call = await self._fetch_once(result, method, url, trace_id, built)
             if call.http_status not in _REDIRECTS or not call.location:
                 return call
             try:
@@ -152,9 +159,14 @@ class ResultFetcher:
         return self._exchange.refused(method, target, f"more than {MAX_REDIRECTS} redirects")
 
     async def _fetch_once(
-        self, result: ResultSpec, method: str, url: httpx.URL, trace_id: str
+        self, result: ResultSpec, method: str, url: httpx.URL, trace_id: str, built: CallRequest
     ) -> CallResult:
         ex = self._exchange
+        # The file's headers and body go to the provider's own origin only, as its static
+        # headers and credential do; a 303 turns the call into a plain GET.
+        own = ex.own(url)
+        extra = dict(built.headers) if own else None
+        content = built.content if own and method == built.method else None
 
         async def send(pinned: Pinned | None = None) -> CallResult:
             return await ex.call(
@@ -164,11 +176,13 @@ class ResultFetcher:
                 timeout=result.timeout_seconds,
                 limit=result.max_bytes,
                 json_expected=False,
+                extra=extra,
+                content=content,
                 spool=True,
                 pinned=pinned,
             )
 
-        if ex.own(url):
+        if own:
             return await send()
         target = ex.target(url)
         if not host_listed(url.host, result.hosts):

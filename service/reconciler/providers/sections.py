@@ -31,13 +31,29 @@ from reconciler.core.trust import (
 from reconciler.providers import fields as f
 from reconciler.providers.base import FileTable
 from reconciler.providers.fields import problem, template_fields
-from reconciler.providers.rules import IDEMPOTENCY_KEY, DuplicateRule, LineTests, Match, SetRules
+from reconciler.providers.pointer import Pointer
+from reconciler.providers.rules import (
+    AnswerRule,
+    HeaderPairs,
+    LineTests,
+    Match,
+    RefusalRule,
+    SetRule,
+    call_headers,
+    member_pointer,
+    set_rules,
+)
 from reconciler.providers.state_table import StateRule
+from reconciler.providers.templates import (
+    CALL_FIELDS,
+    ERRORS_REF,
+    IDEMPOTENCY_KEY,
+    JOB_ID,
+    REQUEST_FIELDS,
+    RESULT_REF,
+)
 
 INLINE_SOURCE = "config inline providers"
-JOB_ID = "job_id"
-RESULT_REF = "result_ref"
-ERRORS_REF = "errors_ref"
 JSONL = "application/jsonl"
 DEFAULT_CANCEL_DEADLINE = 120.0
 _DEFAULT_EVENT_ID = {
@@ -109,19 +125,56 @@ class HttpSpec(FileTable):
 
 
 _MODES = ", ".join(f'"{m.value}"' for m in IdempotencyMode)
+# The statuses that mean "this key is taken" by themselves (409 Conflict).
+DUPLICATE_ALONE = frozenset({409})
 
 
-class CreateSpec(FileTable):
+# A call's ``set`` and ``headers``: templates over what the call can fill.
+RequestSet = Annotated[tuple[SetRule, ...], set_rules(REQUEST_FIELDS)]
+RequestHeaders = Annotated[HeaderPairs, call_headers(REQUEST_FIELDS)]
+JobSet = Annotated[tuple[SetRule, ...], set_rules(CALL_FIELDS)]
+JobHeaders = Annotated[HeaderPairs, call_headers(CALL_FIELDS)]
+
+
+class CallTable(FileTable):
+    """What every call's table has: where it goes, and the body and headers it sends.
+
+    ``set`` writes values into the body (for create: into the agent's request; for the
+    other calls into an empty object, so a call with ``set`` sends a JSON body);
+    ``headers`` are sent with this call only, over the provider's static ones.
+    """
+
+    method: f.Method
+    timeout_seconds: f.Seconds
+    set: tuple[SetRule, ...]
+    headers: HeaderPairs
+
+    def sends(self, placeholder: str, path: str | None) -> bool:
+        """Whether the call carries ``{placeholder}``: in ``path``, its body or its headers."""
+        return placeholder in template_fields(path or "").union(
+            *(rule.fields for rule in self.set),
+            *(template_fields(value) for _, value in self.headers),
+        )
+
+    def _names_the_job(self, path: str) -> None:
+        if not self.sends(JOB_ID, path):
+            raise problem(
+                "must contain {job_id} (or send it in this call's set or headers)", "path"
+            )
+
+
+class CreateSpec(CallTable):
     method: f.Method = "POST"
-    path: Annotated[str, f.path_template(IDEMPOTENCY_KEY)]
+    path: Annotated[str, f.path_template(*REQUEST_FIELDS)]
     idempotency_header: f.HeaderName | None = None
     idempotency: Annotated[IdempotencyMode, f.choice(IdempotencyMode, f"expected one of {_MODES}")]
     job_id: f.PointerText
     state: f.PointerText | None = None
     timeout_seconds: f.Seconds = 10.0
     create_deadline_seconds: f.Seconds = 120.0
-    set: SetRules = ()
-    duplicate: DuplicateRule | None = None
+    set: RequestSet = ()
+    headers: RequestHeaders = ()
+    duplicate: AnswerRule | None = None
 
     @classmethod
     def complete(cls, data: dict[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
@@ -147,31 +200,56 @@ class CreateSpec(FileTable):
             raise problem('must be "path" (or leave it out): create.path holds the key', key)
         if mode is IdempotencyMode.BODY and not self.uses(IDEMPOTENCY_KEY):
             raise problem('"body" needs a [create.set] value using {idempotency_key}', key)
+        self._duplicate_is_not_a_refusal()
         return self
+
+    def _duplicate_is_not_a_refusal(self) -> None:
+        # A plain 400 or 422 is how a provider refuses a bad request: read as "this key made
+        # a job", a refusal would be looked up for a job that was never made.
+        rule = self.duplicate
+        if rule is None or rule.body_contains is not None:
+            return
+        refusals = [c for c in rule.status if 400 <= c < 500 and c not in DUPLICATE_ALONE]
+        if refusals:
+            raise problem(
+                f"HTTP {refusals[0]} is also how a provider refuses a bad request: add "
+                "body_contains (the words that say the key already made a job)",
+                "duplicate",
+            )
 
     def uses(self, placeholder: str) -> bool:
         """Whether a ``set`` value uses ``{placeholder}``."""
         return any(placeholder in rule.fields for rule in self.set)
 
 
-def _query_param(value: Any) -> str:
-    text = f.text_value(value)
-    if not all(ch.isalnum() or ch in "_.-[]" for ch in text):
-        raise problem("expected a query parameter name such as after")
-    return str(text)
+def _query_param(text: str) -> str | None:
+    if not text or not all(ch.isalnum() or ch in "_.-[]" for ch in text):
+        return "expected a query parameter name such as after"
+    return None
 
 
-class LookupSpec(FileTable):
+class PageIn(StrEnum):
+    """Where a lookup sends the next page's cursor."""
+
+    QUERY = "query"
+    BODY = "body"
+
+
+class LookupSpec(CallTable):
     method: f.Method = "GET"
-    path: Annotated[str, f.path_template(IDEMPOTENCY_KEY)]
+    path: Annotated[str, f.path_template(*REQUEST_FIELDS)]
     job_id: f.PointerText  # relative to the matched item when items is set
     timeout_seconds: f.Seconds = 10.0
+    set: RequestSet = ()
+    headers: RequestHeaders = ()
     items: f.DocumentPointer | None = None  # the array of candidates in the answer
     match: Match = ()
     pages: f.Count = 1
     next: f.PointerText | None = None
-    next_param: Annotated[str, PlainValidator(_query_param)] | None = None
+    next_in: Annotated[PageIn, f.choice(PageIn, 'expected "query" or "body"')] = PageIn.QUERY
+    next_param: f.Text | None = None
     has_more: f.PointerText | None = None
+    not_found: AnswerRule | None = None
 
     @model_validator(mode="after")
     def _a_list_is_searched_fully_declared(self) -> LookupSpec:
@@ -181,12 +259,29 @@ class LookupSpec(FileTable):
             raise problem("required with items: how this operation's job is recognised", "match")
         if (self.next is None) != (self.next_param is None):
             missing = "next" if self.next is None else "next_param"
-            raise problem("next and next_param go together (cursor and query parameter)", missing)
+            raise problem("next and next_param go together (cursor and where it is sent)", missing)
         if self.pages > 1 and self.next is None:
             raise problem("following pages needs next and next_param", "next")
         if self.has_more is not None and self.next is None:
             raise problem("has_more needs next and next_param", "has_more")
+        if self.next_param is not None:
+            self._page_param(self.next_param)
         return self
+
+    def _page_param(self, text: str) -> None:
+        if self.next_in is PageIn.QUERY:
+            why = _query_param(text)
+            if why is not None:
+                raise problem(why, "next_param")
+            return
+        member_pointer(text, "next_param")
+
+    @property
+    def page_pointer(self) -> Pointer | None:
+        """Where a body-paged lookup writes the cursor (``next_in = "body"``)."""
+        if self.next_in is not PageIn.BODY or self.next_param is None:
+            return None
+        return Pointer.parse(self.next_param)
 
 
 def where_in_file(info: ValidationInfo, key: str) -> str:
@@ -208,9 +303,12 @@ def _rules(value: Any, info: ValidationInfo) -> tuple[StateRule, ...]:
         raise as_line(exc) from None
 
 
-class StatusSpec(FileTable):
+class StatusSpec(CallTable):
     method: f.Method = "GET"
-    path: Annotated[str, f.path_template(JOB_ID, needed=JOB_ID)]
+    path: Annotated[str, f.path_template(*CALL_FIELDS)]
+    set: JobSet = ()
+    headers: JobHeaders = ()
+    not_found: AnswerRule | None = None
     state: f.PointerText
     rules: Annotated[tuple[StateRule, ...], PlainValidator(_rules)] = ()
     job_id: f.PointerText | None = None
@@ -225,12 +323,25 @@ class StatusSpec(FileTable):
     not_found_grace_seconds: f.SecondsOrZero = 30.0
     timeout_seconds: f.Seconds = 10.0
 
+    @model_validator(mode="after")
+    def _the_job_is_named(self) -> StatusSpec:
+        self._names_the_job(self.path)
+        return self
 
-class CancelSpec(FileTable):
+
+class CancelSpec(CallTable):
     method: f.Method = "POST"
-    path: Annotated[str, f.path_template(JOB_ID, needed=JOB_ID)]
+    path: Annotated[str, f.path_template(*CALL_FIELDS)]
     timeout_seconds: f.Seconds = 10.0
+    set: JobSet = ()
+    headers: JobHeaders = ()
+    refused: RefusalRule | None = None
     cancel_deadline_seconds: f.Seconds = DEFAULT_CANCEL_DEADLINE
+
+    @model_validator(mode="after")
+    def _the_job_is_named(self) -> CancelSpec:
+        self._names_the_job(self.path)
+        return self
 
 
 _HOST = re.compile(r"(\*\.)?[a-z0-9_:]([a-z0-9_.:-]*[a-z0-9_])?")
@@ -250,16 +361,18 @@ def _hosts(value: Any) -> tuple[str, ...]:
     return hosts
 
 
-class ResultSpec(FileTable):
-    path: Annotated[str, f.path_template(JOB_ID, RESULT_REF)] | None = None
+class ResultSpec(CallTable):
+    path: Annotated[str, f.path_template(*CALL_FIELDS, RESULT_REF)] | None = None
     from_status: f.PointerText | None = None
     method: f.Method = "GET"
+    set: JobSet = ()
+    headers: JobHeaders = ()
     required: f.SourcedList = ()
     summary: f.Summary = ()
     failed_items: f.Sourced | None = None
     content_type: f.Text | None = None
     failed_lines: LineTests = ()
-    errors_path: Annotated[str, f.path_template(JOB_ID, ERRORS_REF, RESULT_REF)] | None = None
+    errors_path: Annotated[str, f.path_template(*CALL_FIELDS, ERRORS_REF, RESULT_REF)] | None = None
     max_bytes: f.Count = 16 * 1_048_576
     checksum: f.PointerText | None = None
     size: f.PointerText | None = None

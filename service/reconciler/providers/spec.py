@@ -64,10 +64,9 @@ from reconciler.providers.fields import (
 from reconciler.providers.pointer import Pointer
 from reconciler.providers.request_schema import RequestSchema, SchemaProblem
 from reconciler.providers.rules import (
-    IDEMPOTENCY_KEY,
-    WEBHOOK_URL,
-    DuplicateRule,
+    AnswerRule,
     LineTest,
+    RefusalRule,
     SetRule,
     StaticHeaders,
     quoted,
@@ -75,18 +74,17 @@ from reconciler.providers.rules import (
 from reconciler.providers.secrets import auth_secret, env_value, webhook_secrets
 from reconciler.providers.sections import (
     DEFAULT_CANCEL_DEADLINE,
-    ERRORS_REF,
     INLINE_SOURCE,
-    JOB_ID,
     JSONL,
-    RESULT_REF,
     AuthSpec,
     AuthType,
+    CallTable,
     CancelSpec,
     CreateSpec,
     HttpSpec,
     IdempotencyMode,
     LookupSpec,
+    PageIn,
     PollingSpec,
     ResultSpec,
     StatusSpec,
@@ -95,6 +93,13 @@ from reconciler.providers.sections import (
     where_in_file,
 )
 from reconciler.providers.state_table import Classification, StateTable, classify
+from reconciler.providers.templates import (
+    ERRORS_REF,
+    IDEMPOTENCY_KEY,
+    JOB_ID,
+    RESULT_REF,
+    WEBHOOK_URL,
+)
 
 __all__ = [
     "DEFAULT_CANCEL_DEADLINE",
@@ -107,19 +112,22 @@ __all__ = [
     "JSONL",
     "RESULT_REF",
     "STATUS_PREFIX",
+    "AnswerRule",
     "AuthSpec",
     "AuthType",
+    "CallTable",
     "CancelSpec",
     "CreateSpec",
-    "DuplicateRule",
     "FieldSource",
     "HttpSpec",
     "IdempotencyMode",
     "LineTest",
     "LookupSpec",
+    "PageIn",
     "Pointer",
     "PollingSpec",
     "ProviderSpec",
+    "RefusalRule",
     "ResultSpec",
     "SetRule",
     "SourcedPointer",
@@ -198,10 +206,28 @@ class ProviderSpec(FileTable):
         own = {self.trace_header.lower(): "trace_header"}
         if self.create.idempotency_header:
             own[self.create.idempotency_header.lower()] = "create.idempotency_header"
-        for name, _ in self.headers:
-            if name.lower() in own:
-                raise problem(f"is sent by the service ({own[name.lower()]})", f"headers.{name}")
+        if self.auth.header_name:
+            own[self.auth.header_name.lower()] = "auth.name"
+        for where, headers in (("", self.headers), *self._call_headers()):
+            for name, _ in headers:
+                if name.lower() in own:
+                    key = f"{where}headers.{quoted(name)}"
+                    raise problem(f"is sent by the service ({own[name.lower()]})", key)
         return self
+
+    def calls(self) -> tuple[tuple[str, CallTable], ...]:
+        """Each call table the file has, by its key."""
+        tables: tuple[tuple[str, CallTable | None], ...] = (
+            ("create", self.create),
+            ("lookup", self.lookup),
+            ("status", self.status),
+            ("cancel", self.cancel),
+            ("result", self.result),
+        )
+        return tuple((key, table) for key, table in tables if table is not None)
+
+    def _call_headers(self) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+        return tuple((f"{key}.", table.headers) for key, table in self.calls())
 
     def _check_lookup(self) -> None:
         lookup, create = self.lookup, self.create
@@ -212,15 +238,22 @@ class ProviderSpec(FileTable):
             )
         if lookup is None or lookup.match or create.idempotency_header is not None:
             return
-        if IDEMPOTENCY_KEY not in template_fields(lookup.path):
+        if not lookup.sends(IDEMPOTENCY_KEY, lookup.path):
             raise problem(
                 "must contain {idempotency_key}: create has no idempotency_header "
-                "(or search a list with items and match)",
+                "(or send it in lookup.set or lookup.headers, or search a list with items "
+                "and match)",
                 "lookup.path",
             )
 
     def _check_webhook_url(self) -> None:
-        uses = [(f"create.set.{quoted(r.pointer.text)}", r.fields) for r in self.create.set]
+        uses: list[tuple[str, frozenset[str]]] = []
+        for key, table in self.calls():
+            uses += [(f"{key}.set.{quoted(r.pointer.text)}", r.fields) for r in table.set]
+            uses += [(f"{key}.headers.{quoted(n)}", template_fields(v)) for n, v in table.headers]
+            path = getattr(table, "path", None)
+            if isinstance(path, str):
+                uses.append((f"{key}.path", template_fields(path)))
         if self.lookup is not None:
             uses += [
                 (f"lookup.match.{quoted(p.text)}", template_fields(t)) for p, t in self.lookup.match

@@ -151,6 +151,9 @@ class Operation(SQLModel, table=True):
     # the escalation and with the decision, so whether an operation is done (an end state
     # that decision may reopen is not) is a column's value to the list's filter and a wait.
     escalation_open: bool = False
+    # The provider's refusal of the last cancel sent (its HTTP status, words and time): the
+    # job kept running, and the answer says so (``core.cancel.refusal_record``).
+    cancel_refusal: Any = _json()
 
 
 class HistoryEntry(SQLModel, table=True):

@@ -90,6 +90,16 @@ class OperationError(BaseModel):
     )
 
 
+class CancelRefusal(BaseModel):
+    """The provider's refusal of the last cancel: the job was NOT cancelled and goes on."""
+
+    model_config = ANSWER
+
+    http_status: int | None = Field(description="The provider's HTTP status for the cancel.")
+    provider_message: str | None = Field(description="The provider's own words, one line.")
+    at: Timestamp
+
+
 class Operation(BaseModel):
     """One job: where it stands, whether it is done, and what to do next."""
 
@@ -128,6 +138,10 @@ class Operation(BaseModel):
     updated_at: Timestamp
     done_at: Timestamp | None
     cancel_requested: bool
+    cancel_refused: CancelRefusal | None = Field(
+        description="Set when the provider refused the last cancel (the job was NOT "
+        "cancelled); a new cancel may be asked for."
+    )
 
 
 class OperationPage(BaseModel):

@@ -4,6 +4,12 @@ The send is recorded before it happens (``cancel_sent_at``), so a worker
 that crashed after sending does not send again; observation continues and
 only the provider's own terminal state decides the outcome — a success or
 failure that won the race is reported as it happened.
+
+Only an answer that took the cancel moves to ``cancelling`` (``core.cancel.cancel_answer``):
+a refusal sends the operation back to ``observing`` with the refusal kept for its answer;
+a cancel the provider did not take ("not now", never delivered) is sent again later
+within the cancel window; a refused credential is a person's call
+(``authorization_denied``).
 """
 
 from __future__ import annotations
@@ -13,14 +19,33 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from reconciler.core.cancel import answer_floor, first_read, send_or_watch
-from reconciler.core.provider_calls import call_detail
+from reconciler.core.cancel import (
+    CancelAnswer,
+    answer_floor,
+    cancel_answer,
+    first_read,
+    refusal_record,
+    resend_at,
+    send_or_watch,
+)
+from reconciler.core.clock import isoformat
+from reconciler.core.provider_calls import CallResult, call_detail
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
-from reconciler.core.vocabulary import DelaySource, HistoryKind
+from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Prep
+from reconciler.providers.adapter import Subject, answer_is
 from reconciler.storage.journal import Entry
+
+# What a refused cancel clears: the intent is spent, so the agent may ask again.
+_INTENT_SPENT = {
+    "cancel_requested_at": None,
+    "cancel_requested_by": None,
+    "cancel_reason": None,
+    "cancel_sent_at": None,
+    "cancel_deadline_at": None,
+}
 
 
 class CancelStep:
@@ -62,24 +87,41 @@ class CancelStep:
             )
             return
         assert op.remote_job_id is not None
-        job_id = op.remote_job_id
         if prep is not None:
             sent = prep.op
         else:
             sent = await ctx.write(op, lambda conn: self._mark_sent(conn, op, now))
-        call = await ctx.call(op, "cancel", lambda: ctx.adapter(op).cancel(job_id, op.trace_id))
+        call = await ctx.call(op, "cancel", lambda: ctx.adapter(op).cancel(Subject.of(op)))
         now = ctx.now()
+        rule = spec.cancel.refused if spec.cancel is not None else None
+        answer = cancel_answer(call, answer_is(rule, call))
         entry = Entry(
             kind=HistoryKind.OBSERVATION,
             actor=ctx.actor,
             cause="cancel_call",
-            detail=call_detail(call),
+            detail={**call_detail(call), "answer": answer.value},
         )
-        changes: dict[str, Any] = {
-            **watch,
+        answered: dict[str, Any] = {
             "last_http_status": call.http_status,
             "last_http_at": call.sent_at,
         }
+        if answer is CancelAnswer.REFUSED:
+            await self._refused(sent, call, entry, {**watch, **answered}, now)
+            return
+        if answer is CancelAnswer.DENIED:
+            detail = (
+                f"HTTP {call.http_status} from the cancel call: the provider refused this "
+                "service's credential; check it, its scope and the account"
+            )
+            cleared = {"cancel_sent_at": None, **answered}
+            await ctx.escalate(
+                sent, EscalationReason.AUTHORIZATION_DENIED, detail, before=[entry], changes=cleared
+            )
+            return
+        if answer is CancelAnswer.NOT_TAKEN:
+            await self._not_taken(sent, call, entry, answered, now)
+            return
+        changes: dict[str, Any] = {**watch, **answered}
         floor = answer_floor(read_at, now, call.retry_after)
         if floor is not None:
             # The cancel answer asked for a pause: the status read that confirms it waits.
@@ -88,6 +130,7 @@ class CancelStep:
                 delay_source=DelaySource.PROVIDER_RETRY_AFTER.value,
                 retry_not_before=floor,
             )
+        cause = "cancel_accepted" if answer is CancelAnswer.ACCEPTED else "cancel_sent"
 
         def record(conn: Connection, fresh: OperationRecord) -> OperationRecord:
             if State(fresh.state) is not State.CANCEL_REQUESTED:
@@ -97,12 +140,97 @@ class CancelStep:
                 fresh,
                 State.CANCELLING,
                 actor=ctx.actor,
-                cause="cancel_sent",
+                cause=cause,
                 now=now,
-                detail={"http_status": call.http_status},
-                changes=changes,
+                detail={"http_status": call.http_status, "answer": answer.value},
+                changes={**changes, "cancel_refusal": None},
                 before=[entry],
                 lease=ctx.lease,
             )
 
         await ctx.apply(sent, record, final=True)
+
+    async def _refused(
+        self,
+        op: OperationRecord,
+        call: CallResult,
+        entry: Entry,
+        changes: dict[str, Any],
+        now: datetime,
+    ) -> None:
+        """The provider said no: the job goes on being observed, and its answer says why."""
+        ctx, journal = self.ctx, self.ctx.deps.journal
+        refusal = refusal_record(call, now)
+
+        def record(conn: Connection, fresh: OperationRecord) -> OperationRecord:
+            if State(fresh.state) is not State.CANCEL_REQUESTED:
+                return journal.write(conn, fresh, now=now, entries=[entry], lease=ctx.lease)
+            return journal.transition(
+                conn,
+                fresh,
+                State.OBSERVING,
+                actor=ctx.actor,
+                cause="cancel_refused",
+                now=now,
+                detail=refusal,
+                changes={**changes, **_INTENT_SPENT, "cancel_refusal": refusal},
+                before=[entry],
+                lease=ctx.lease,
+            )
+
+        await ctx.apply(op, record, final=True)
+
+    async def _not_taken(
+        self,
+        op: OperationRecord,
+        call: CallResult,
+        entry: Entry,
+        answered: dict[str, Any],
+        now: datetime,
+    ) -> None:
+        """Never delivered, or "not now": sent again later, within the cancel window."""
+        ctx, journal = self.ctx, self.ctx.deps.journal
+        close = op.cancel_deadline_at
+        if close is not None and now >= close:
+            detail = (
+                f"the provider did not take the cancel by {isoformat(close)} "
+                f"(last answer: {_answer_text(call)}); it was never confirmed sent"
+            )
+            await ctx.escalate(
+                op,
+                EscalationReason.CANCELLATION_UNCONFIRMED,
+                detail,
+                before=[entry],
+                changes={"cancel_sent_at": None, **answered},
+            )
+            return
+        at = resend_at(op, now, ctx.spec(op).polling.base_delay_seconds)
+        source = DelaySource.LOCAL_BACKOFF
+        floor = answer_floor(at, now, call.retry_after)
+        if floor is not None:
+            at, source = floor, DelaySource.PROVIDER_RETRY_AFTER
+        if close is not None and at > close:
+            at = close  # the window's end: one more try, or the escalation above
+        changes = {
+            **answered,
+            "cancel_sent_at": None,
+            "next_poll_at": at,
+            "delay_source": source.value,
+        }
+
+        def record(conn: Connection, fresh: OperationRecord) -> OperationRecord:
+            if State(fresh.state) is not State.CANCEL_REQUESTED:
+                return journal.write(conn, fresh, now=now, entries=[entry], lease=ctx.lease)
+            return journal.write(
+                conn, fresh, now=now, changes=changes, entries=[entry], lease=ctx.lease
+            )
+
+        await ctx.apply(op, record, final=True)
+
+
+def _answer_text(call: CallResult) -> str:
+    if call.http_status is not None:
+        return f"HTTP {call.http_status}"
+    if call.transport_error is not None:
+        return f"no answer ({call.transport_error.value})"
+    return f"not sent ({call.refused})"

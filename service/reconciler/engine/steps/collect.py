@@ -31,6 +31,7 @@ from reconciler.core.states import State
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.engine.context import StepContext, refuse_unstorable
 from reconciler.engine.flow import Prep
+from reconciler.providers.adapter import Subject
 from reconciler.providers.result_check import check_off_loop, release
 from reconciler.storage.journal import Entry
 
@@ -107,17 +108,16 @@ class CollectStep:
             )
             return
         assert plan is CollectPlan.FETCH and op.remote_job_id is not None, plan
-        job_id = op.remote_job_id
         if prep is not None:
             charged = prep.op
         else:
             charged = await ctx.write(op, lambda conn: self._charge(conn, op, now))
         call = await ctx.call(
-            op, "result", lambda: ctx.adapter(op).fetch_result(job_id, ref, op.trace_id)
+            op, "result", lambda: ctx.adapter(op).fetch_result(Subject.of(op), ref)
         )
         errors_call = None
         try:
-            errors_call = await self._errors_file(op, job_id) if call.ok else None
+            errors_call = await self._errors_file(op) if call.ok else None
             # The bodies are read where they cannot stall the service, and let go at once.
             check = (
                 await check_off_loop(spec, call, op.status_body, errors_call)
@@ -185,14 +185,15 @@ class CollectStep:
             final=True,
         )
 
-    async def _errors_file(self, op: OperationRecord, job_id: str) -> CallResult | None:
+    async def _errors_file(self, op: OperationRecord) -> CallResult | None:
         """The JSONL result's errors file, when the status names one; its lines are failed."""
         ctx = self.ctx
         ref = _errors_ref(op, ctx)
         fetch = getattr(ctx.adapter(op), "fetch_errors", None)
         if ref is None or fetch is None:
             return None
-        result: CallResult = await ctx.call(op, "result", lambda: fetch(job_id, ref, op.trace_id))
+        subject = Subject.of(op)
+        result: CallResult = await ctx.call(op, "result", lambda: fetch(subject, ref))
         return result
 
     @staticmethod

@@ -49,9 +49,8 @@ from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKin
 from reconciler.engine.context import STORAGE_OUTAGE, StepContext
 from reconciler.engine.flow import Prep
 from reconciler.engine.steps.accept import accept_job
-from reconciler.engine.steps.resend import lookup_job, resend_allowed, template_values
-from reconciler.providers.adapter import CreateOutcome, LookupOutcome, LookupVerdict
-from reconciler.providers.create_set import apply_set
+from reconciler.engine.steps.resend import lookup_job, resend_allowed
+from reconciler.providers.adapter import CreateOutcome, LookupOutcome, LookupVerdict, Subject
 from reconciler.providers.spec import IdempotencyMode, ProviderSpec
 from reconciler.storage.history import notes_with_cause
 from reconciler.storage.journal import Entry
@@ -234,13 +233,8 @@ class CreateStep:
         else:
             charged = await self._reserve(op, {"create_attempts": op.create_attempts + 1}, before)
             request = await ctx.deps.db.run(self._request, op)
-        spec = ctx.spec(op)
-        body = apply_set(request, spec.create.set, template_values(op, spec))
-        outcome = await ctx.call(
-            op,
-            "create",
-            lambda: ctx.adapter(op).create(body, op.idempotency_token, op.trace_id),
-        )
+        subject = Subject.of(op)
+        outcome = await ctx.call(op, "create", lambda: ctx.adapter(op).create(request, subject))
         if outcome.duplicate:
             await self._duplicate(charged, outcome)
             return

@@ -44,7 +44,7 @@ from reconciler.core.trust import Verdict, judge_read, settle_after
 from reconciler.core.vocabulary import DelaySource, HistoryKind, RemoteCategory
 from reconciler.engine.context import STORAGE_OUTAGE, StepContext
 from reconciler.engine.flow import Flow, Prep, flow_var
-from reconciler.providers.adapter import StatusOutcome
+from reconciler.providers.adapter import StatusOutcome, Subject
 from reconciler.storage import trust as health
 from reconciler.storage.history import notes_with_cause
 from reconciler.storage.journal import Also, Checked, Entry
@@ -78,6 +78,7 @@ def observation_of(outcome: StatusOutcome) -> Observation:
         rate_limited=call.rate_limited,
         job_id=view.job_id if view else None,
         job_id_matches=view.job_id_matches if view else None,
+        not_found=outcome.not_found,
     )
 
 
@@ -178,7 +179,6 @@ class PollStep:
         """Send the charged status request and write what its answer means."""
         ctx = self.ctx
         assert charged.remote_job_id is not None
-        job_id = charged.remote_job_id
         withheld: list[Stop] = []
 
         async def send() -> StatusOutcome | None:
@@ -188,7 +188,7 @@ class PollStep:
             if stop is not None:
                 withheld.append(stop)
                 return None
-            return await ctx.adapter(op).status(job_id, op.trace_id)
+            return await ctx.adapter(op).status(Subject.of(charged))
 
         outcome = await ctx.call(op, "status", send)
         if outcome is None:

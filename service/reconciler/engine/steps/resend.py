@@ -16,9 +16,7 @@ from sqlalchemy.engine import Connection
 from reconciler.core.create import RESEND_DECISION, allows_resend
 from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import HistoryKind
-from reconciler.providers.adapter import LookupOutcome, ProviderAdapter
-from reconciler.providers.http_adapter import HttpAdapter
-from reconciler.providers.spec import ProviderSpec
+from reconciler.providers.adapter import LookupOutcome, ProviderAdapter, Subject
 from reconciler.storage.database import Database
 from reconciler.storage.history import last_of
 from reconciler.storage.journal import Entry
@@ -26,22 +24,10 @@ from reconciler.storage.journal import Entry
 _CAUSES = ("create_response", RESEND_DECISION)
 
 
-def template_values(op: OperationRecord, spec: ProviderSpec) -> dict[str, str | None]:
-    """What ``{idempotency_key}`` ``{operation_id}`` ``{trace_id}`` ``{webhook_url}`` stand for."""
-    return {
-        "idempotency_key": op.idempotency_token,
-        "operation_id": op.id,
-        "trace_id": op.trace_id,
-        "webhook_url": spec.webhook_url,
-    }
-
-
 async def lookup_job(adapter: ProviderAdapter, op: OperationRecord) -> LookupOutcome:
-    """The idempotency lookup; the declarative adapter also gets the operation id, which a
-    ``lookup.match`` template may use (``{operation_id}``, written by ``create.set``)."""
-    if isinstance(adapter, HttpAdapter):
-        return await adapter.lookup(op.idempotency_token, op.trace_id, operation_id=op.id)
-    return await adapter.lookup(op.idempotency_token, op.trace_id)
+    """The idempotency lookup, about the operation's token (and id, which a
+    ``lookup.match`` template may use: ``{operation_id}``, written by ``create.set``)."""
+    return await adapter.lookup(Subject.of(op))
 
 
 def _evidence(conn: Connection, op: OperationRecord, actor: str) -> Entry | None:
