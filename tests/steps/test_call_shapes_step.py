@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from fixtures.runs_api import TOKEN, RunsApi
 
+from reconciler.core.story import text_of
 from tests.support.provider_mock import answer, error
 from tests.support.steps import StepRig, step_rig
 
@@ -179,6 +180,11 @@ async def test_a_refused_cancel_is_never_reported_as_sent(
         assert "NOT cancelled" in view["message"] and "was sent" not in view["message"]
         assert view["cancel_requested"] is False and view["done"] is False
         assert "cancel_refused" in rig.causes(op_id) and "cancel_sent" not in rig.causes(op_id)
+        [told] = [text_of(e) for e in rig.history(op_id) if e.cause == "cancel_refused"]
+        assert told == (
+            "the provider refused the cancel (HTTP 422: state.type is required and must be "
+            "CANCELLING); the job goes on, observed"
+        )
         # The job is watched on, and ends as it really ends.
         api.finish(run_id)
         op = await rig.run(op_id, ["succeeded"])

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 # the database, the tokens and the operations have a module each.
 from reconciler.cli.database import audit_verify, db_prune, db_upgrade
 from reconciler.cli.operations import decide_command, ops_command
+from reconciler.cli.providers import add_parser as add_providers_parser
 from reconciler.cli.tokens import (
     DEFAULT_ROTATION_WINDOW,
     tokens_create,
@@ -24,13 +25,11 @@ from reconciler.cli.tokens import (
     tokens_revoke,
     tokens_rotate,
 )
-from reconciler.commands import providers as provider_commands
-from reconciler.config import DEFAULT_PROVIDERS_DIR, Settings, load_settings
+from reconciler.config import Settings, load_settings
 from reconciler.core.errors import ConfigError, ReconcilerError
 from reconciler.core.states import State
 from reconciler.core.strict_json import require_field_text
 from reconciler.core.vocabulary import DecisionAction, Scope
-from reconciler.providers.loader import provider_tables
 from reconciler.storage import operations as store
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -87,21 +86,6 @@ def require_text_arguments(args: argparse.Namespace) -> None:
         if isinstance(value, str) and name not in _PATH_ARGUMENTS:
             shown_as = name if name in _POSITIONAL else "--" + name.replace("_", "-")
             require_field_text(shown_as, value)
-
-
-def _providers(args: argparse.Namespace, settings: Settings) -> int:
-    tables = provider_tables(
-        settings.providers_path(),
-        settings.providers,
-        missing_ok=settings.providers_dir == DEFAULT_PROVIDERS_DIR,
-    )
-    public_url = settings.server.public_url
-    if args.providers_command == "list":
-        for line in provider_commands.listing(tables, public_url):
-            print(line)
-    else:
-        print(provider_commands.show(args.name, tables, public_url), end="")
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -221,20 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     decide.add_argument("--by", default=getpass.getuser(), help="who decides (recorded)")
     decide.set_defaults(handler=decide_command)
 
-    prov = sub.add_parser("providers", parents=[common], help="configured providers and presets")
-    prov_sub = prov.add_subparsers(dest="providers_command", required=True, metavar="ACTION")
-    prov_sub.add_parser(
-        "list",
-        parents=[common],
-        help="one line each: name, preset or file, base_url, description",
-    ).set_defaults(handler=_providers)
-    show = prov_sub.add_parser(
-        "show",
-        parents=[common],
-        help="a provider merged over its preset, as TOML (secrets only as their variable names)",
-    )
-    show.add_argument("name", help="a configured provider, or a shipped preset")
-    show.set_defaults(handler=_providers)
+    add_providers_parser(sub, common)
 
     aud = sub.add_parser("audit", parents=[common], help="history integrity")
     aud_sub = aud.add_subparsers(dest="audit_command", required=True, metavar="ACTION")

@@ -93,6 +93,13 @@ def _transition(entry: HistoryRecord, detail: dict[str, Any]) -> str:
         return (
             f"submitted job {detail.get('job_id', '?')} ({_result(detail)} via {detail.get('via')})"
         )
+    if entry.cause == "cancel_refused":
+        said = detail.get("provider_message")
+        return (
+            f"the provider refused the cancel ({_result(detail)}"
+            + (f": {said}" if said else "")
+            + "); the job goes on, observed"
+        )
     return f"{entry.from_state} -> {entry.to_state} ({entry.cause})"
 
 

@@ -8,37 +8,8 @@ the model that holds them. Secrets are never in the file, only the names of the
 environment variables that hold them (``providers.secrets`` reads them). Reading
 files, presets and the message format are ``providers.loader``'s job.
 
-Keys beyond the example file of docs/providers.md (each has a default or is optional):
-
-* top level: ``description``, ``request_schema`` (checked at load, see
-  ``providers.request_schema``), ``adapter = "pkg.module:Class"``,
-  ``job_id_slashes`` (keep ``/`` in job IDs placed in paths), ``preset`` (see the
-  loader), ``headers`` (static, never credentials).
-* ``[http]``: ``max_connections`` (20), ``max_keepalive_connections`` (10),
-  ``keepalive_expiry_seconds`` (4: below the 5 s idle timeout common to servers),
-  ``max_response_bytes`` (1 MiB), ``request_id_header``.
-* ``[create]``: ``state``; ``idempotency`` (``header`` when ``idempotency_header`` is
-  set, ``path`` when the path holds ``{idempotency_key}``, otherwise the file says
-  ``body`` or ``none``: no silent default); ``set`` (pointer = value written into the
-  request); ``duplicate = { status = [...], body_contains = "..." }`` (needs
-  ``[lookup]``).
-* ``[lookup]``: ``items``, ``match``, ``pages``, ``next``, ``next_param``, ``has_more``
-  (a lookup over a list); ``method``, ``timeout_seconds`` everywhere.
-* ``[status]``: ``rules`` (see ``state_table``), ``job_id``, ``required``,
-  ``errors_ref``.
-* ``[cancel]``: ``cancel_deadline_seconds`` (120).
-* ``[result]``: ``from_status``, ``failed_items``, ``content_type``
-  (``application/jsonl``: line-delimited), ``failed_lines``, ``errors_path``,
-  ``max_bytes`` (16 MiB, after decoding), ``checksum``, ``size``; ``status:`` points into
-  the status; ``hosts`` (where a result URL may point besides ``base_url``: names or
-  ``*.domain``; see ``providers.result_fetch``).
-* ``[webhook]``: ``signature_header`` (hmac-sha256), ``event_id`` and
-  ``event_type`` (defaults per scheme), ``types`` (the event types that are hints).
-* ``[polling]``: ``max_rate_limited`` (3), ``rate_limit_delay_seconds`` (60),
-  ``rate_limit_reset = "header:NAME"``, webhook trust (``webhook_trust`` "adaptive"
-  by default with a ``[webhook]`` table, ``trust_after`` 20,
-  ``trusted_max_delay_seconds`` 10 x max, ``distrust_after_misses`` 1,
-  ``webhook_grace_seconds`` 30).
+Every key, its type, default and meaning is in docs/providers.md#every-key
+(``tests/unit/test_provider_keys_page.py`` holds the page to these models).
 """
 
 from __future__ import annotations

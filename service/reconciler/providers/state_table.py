@@ -43,6 +43,8 @@ LISTABLE: tuple[RemoteCategory, ...] = tuple(c for c in RemoteCategory if c != "
 _MAX_INT_BITS = 256  # beyond this an integer is no plausible state code (and str() may refuse)
 
 Scalar = str | int | float | bool
+# The keys of one ``[status] rules`` entry.
+RULE_KEYS = ("pointer", "category", "if_state", "present", "equals", "in")
 
 
 def state_word(value: Any) -> str | None:
@@ -136,7 +138,7 @@ class StateRule:
     def from_table(cls, data: Any, where: str) -> StateRule:
         if not isinstance(data, dict):
             raise ConfigError(f"{where}: expected an inline table such as {{ pointer = ... }}")
-        allowed = {"pointer", "category", "if_state", "present", "equals", "in"}
+        allowed = set(RULE_KEYS)
         for key in data:
             if key not in allowed:
                 known = ", ".join(sorted(allowed))
