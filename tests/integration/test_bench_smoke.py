@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Each bench, and a line its smoke run prints only once it got to the end.
 BENCHES = {
     "amplification": "ratio bytes per read",
+    "call_shapes": "ratio body/rest",
     "faults": "db_lock ",
     "lag": "p99 median",
     "mcp_vs_http": "one read at a time",

@@ -291,3 +291,47 @@ async def test_what_the_file_says_is_a_refusal_is_one_whatever_its_status(
             "provider_message": "nothing to stop",
             "at": op.cancel_refusal["at"],
         }
+
+
+async def test_a_refused_lookup_settles_nothing_and_never_resends(
+    tmp_path: Path, db_url: str, api: RunsApi
+) -> None:
+    """A lookup the API refuses (its filter is not one the API takes) is not "not found":
+    the create is never sent again on it, and the window's end asks a person."""
+
+    def refusing(request: Any) -> Any:
+        request.headers["authorization"] = f"Bearer {TOKEN}"
+        if request.url.path.endswith("/runs/list"):
+            return answer(422, {"message": "filter.client_token is not a filter"})
+        return api.handle(request)
+
+    async with step_rig(tmp_path, db_url, table=runs_table(), handler=refusing) as rig:
+        op_id = rig.submit({"task": "export"})
+        api.submit_mode = "lose"
+        await rig.step(op_id)
+        api.submit_mode = "run"
+        op = await rig.run(op_id, ["escalated"])
+        assert api.calls["submit"] == 1 and len(api.runs) == 1  # the run the lost answer made
+        looks = [e for e in rig.history(op_id) if e.cause == "lookup_response"]
+        assert looks and all(e.detail["http_status"] == 422 for e in looks)
+        assert op.remote_job_id is None
+        said = "the lookup settled nothing: HTTP 422 (filter.client_token is not a filter)"
+        assert said in rig.view(op_id)["escalation"]["message"]
+
+
+async def test_a_refused_result_fetch_is_result_unavailable_with_its_status(
+    tmp_path: Path, db_url: str, api: RunsApi
+) -> None:
+    def no_output(request: Any) -> Any:
+        request.headers["authorization"] = f"Bearer {TOKEN}"
+        if request.url.path.endswith("/runs/output"):
+            return answer(403, {"message": "output is not shared with this token"})
+        return api.handle(request)
+
+    async with step_rig(tmp_path, db_url, table=runs_table(), handler=no_output) as rig:
+        op_id, run_id = await started(rig, api)
+        api.finish(run_id)
+        await rig.run(op_id, ["result_unavailable"])
+        error = rig.view(op_id)["error"]
+        assert error["code"] == "result_unavailable" and error["http_status"] == 403
+        assert rig.view(op_id)["result"] is None

@@ -550,3 +550,107 @@ def test_any_value_anywhere_is_a_spec_or_one_line_never_a_crash() -> None:
                 _load(data)
             except ConfigError as exc:
                 assert "\n" not in exc.message and exc.message.startswith(INLINE_SOURCE), path
+
+
+# --- every call's body and headers --------------------------------------------------------
+
+
+def test_every_call_takes_a_body_and_headers_that_may_name_the_job() -> None:
+    aws_read = {
+        "method": "POST",
+        "path": "/",
+        "headers": {"X-Amz-Target": "Transcribe.GetTranscriptionJob"},
+        "set": {"/TranscriptionJobName": "{job_id}"},
+        "state": "/TranscriptionJob/TranscriptionJobStatus",
+        "not_found": {"status": [400], "body_contains": "NotFoundException"},
+    }
+    cancel = {
+        "path": "/runs/set_state",
+        "set": {"/run_id": "{job_id}", "/state/type": "CANCELLING"},
+    }
+    spec = _load({**MINIMAL, "status": aws_read, "cancel": cancel})
+    assert [r.pointer.text for r in spec.status.set] == ["/TranscriptionJobName"]
+    assert spec.status.headers == (("X-Amz-Target", "Transcribe.GetTranscriptionJob"),)
+    assert spec.status.not_found is not None and spec.status.not_found.status == (400,)
+    assert spec.cancel is not None and len(spec.cancel.set) == 2
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        (
+            {"status": {"path": "/", "state": "/s"}},
+            "status.path: must contain {job_id} (or send it in this call's set or headers)",
+        ),
+        (
+            {"status": {"path": "/j/{job_id}", "state": "/s", "set": {"/x": "{result_ref}"}}},
+            'status.set."/x": only {idempotency_key}, {job_id}',
+        ),
+        (
+            {"create": {**MINIMAL["create"], "headers": {"X-Run": "{job_id}"}}},
+            "create.headers.X-Run: only {idempotency_key}, {operation_id}",
+        ),
+        (
+            {"status": {**MINIMAL["status"], "headers": {"X-Api-Key": "{job_id}"}}},
+            "status.headers.X-Api-Key: headers in a provider file are never secrets",
+        ),
+        (
+            {"status": {**MINIMAL["status"], "headers": {"X-Trace-ID": "x"}}},
+            "status.headers.X-Trace-ID: is sent by the service (trace_header)",
+        ),
+        (
+            {"status": {**MINIMAL["status"], "set": {"": "x"}}},
+            'status.set."": the whole document cannot be set',
+        ),
+        (
+            {"cancel": {"path": "/c/{job_id}", "refused": {"status": [100]}}},
+            "cancel.refused.status: expected HTTP status codes (200 to 599)",
+        ),
+        (
+            {"status": {**MINIMAL["status"], "not_found": {"status": [200]}}},
+            "status.not_found.status: expected HTTP status codes (400 to 599)",
+        ),
+    ],
+)
+def test_call_shape_errors(changes: dict[str, Any], fragment: str) -> None:
+    assert fragment in _error({**MINIMAL, **changes})
+
+
+def test_a_lookup_pages_with_a_cursor_in_the_body() -> None:
+    lookup = {
+        **LIST_LOOKUP,
+        "method": "POST",
+        "set": {"/limit": 200},
+        "pages": 5,
+        "next": "/next_offset",
+        "next_in": "body",
+        "next_param": "/offset",
+    }
+    found = _load({**MINIMAL, "lookup": lookup}).lookup
+    assert found is not None and found.page_pointer is not None
+    assert found.page_pointer.tokens == ("offset",)
+    bad = {**lookup, "next_param": "offset"}
+    assert "lookup.next_param: 'offset': a JSON pointer" in _error({**MINIMAL, "lookup": bad})
+    query = {**lookup, "next_in": "query"}
+    assert "lookup.next_param: expected a query parameter" in _error({**MINIMAL, "lookup": query})
+
+
+@pytest.mark.parametrize(
+    ("duplicate", "fine"),
+    [
+        ({"status": [400]}, False),
+        ({"status": [409, 422]}, False),
+        ({"status": [400], "body_contains": "already exists"}, True),
+        ({"status": [409]}, True),
+        ({"status": [500]}, True),
+    ],
+)
+def test_a_duplicate_rule_never_reads_a_plain_refusal_as_a_made_job(
+    duplicate: dict[str, Any], fine: bool
+) -> None:
+    data = with_key({**MINIMAL, "lookup": LIST_LOOKUP}, "create.duplicate", duplicate)
+    if fine:
+        assert _load(data).create.duplicate is not None
+    else:
+        assert "create.duplicate: HTTP 4" in _error(data)
+        assert "add body_contains" in _error(data)

@@ -280,6 +280,10 @@ def unsettled_lookup(call: CallResult, problem: str | None) -> str:
         why = f"not sent ({call.refused})"
     else:
         why = f"HTTP {call.http_status}"
+        error = create_observation(call, None).error
+        said = provider_message(error) if error is not None else None
+        if said:
+            why += f" ({said})"
     return f"the lookup settled nothing: {why}"
 
 

@@ -125,6 +125,7 @@ KNOWN_SAFE_HEADERS = frozenset(
         "openai-project",
         "x-github-api-version",
         "x-goog-user-project",
+        "x-amz-target",  # an AWS JSON API's operation: Service_Version.Operation
     }
 )
 

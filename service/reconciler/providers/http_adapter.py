@@ -154,7 +154,9 @@ class HttpAdapter:
         url: httpx.URL | None = None,
     ) -> CallResult:
         ex = self._exchange
-        headers = {**(extra or {}), **dict(built.headers)}
+        headers = extra
+        if built.headers:
+            headers = {**(extra or {}), **dict(built.headers)}
         call = await ex.call(
             built.method,
             url or ex.url(built.path),

@@ -135,12 +135,15 @@ class CreateStep:
         outage = ctx.outage_note(op.created_at, op.create_deadline_at)
         notes: list[Entry] = [outage.entry] if outage is not None else []
         answered = False
+        unsettled_by = ""
         if settling.lookup and may_have_sent(State(op.state), op.create_attempts):
             found = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
             if found.verdict is LookupVerdict.FOUND and found.job_id:
                 await accept_job(ctx, op, found.job_id, None, found.call, "lookup", before=notes)
                 return
             answered = found.verdict is not LookupVerdict.UNKNOWN
+            if not answered:
+                unsettled_by = "; " + unsettled_lookup(found.call, found.job_id_problem)
             notes.append(
                 Entry(
                     kind=HistoryKind.OBSERVATION,
@@ -160,10 +163,10 @@ class CreateStep:
                 await self._give_back(op, until, notes)
                 return
         if window_unsettled(op, settling, answered=answered):
-            why = f"{stop.detail}; the create may have made a job"
+            why = f"{stop.detail}{unsettled_by}; the create may have made a job"
             await self._create_unknown(op, Unsettled(why), notes)
             return
-        await self._escalate(op, stop.reason, stop.detail, notes)
+        await self._escalate(op, stop.reason, stop.detail + unsettled_by, notes)
 
     def _extended_before(self, op_id: str) -> bool:
         with self.ctx.deps.db.read() as conn:
