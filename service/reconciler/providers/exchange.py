@@ -67,9 +67,13 @@ def _detail(exc: BaseException) -> str:
     return text[:MAX_DETAIL_CHARS]
 
 
+# AWS's JSON protocols name their versions in the media type (Transcribe, Step Functions).
+_AWS_JSON = frozenset({"application/x-amz-json-1.0", "application/x-amz-json-1.1"})
+
+
 def is_json(content_type: str | None) -> bool:
     media = (content_type or "").split(";", 1)[0].strip().lower()
-    return media.endswith("/json") or media.endswith("+json")
+    return media.endswith("/json") or media.endswith("+json") or media in _AWS_JSON
 
 
 def _request_id(headers: httpx.Headers, configured: str | None) -> str | None:
