@@ -155,7 +155,12 @@ def test_an_escalated_and_extended_run_tells_its_escalation_and_decision(
 
     decided = stack.client.post(
         f"/v1/operations/{op_id}/decisions",
-        json={"action": "extend", "extra_seconds": 60, "extra_status_requests": 2},
+        json={
+            "action": "extend",
+            "extra_seconds": 60,
+            "extra_status_requests": 2,
+            "note": "one more look\nafter the fix",
+        },
         headers=stack.headers(operator=True),
     )
     assert decided.status_code == 200, decided.text
@@ -169,7 +174,12 @@ def test_an_escalated_and_extended_run_tells_its_escalation_and_decision(
     assert decision["delay_source"] == "manual_extension"
     lines = story(config, op_id)
     check_lines_follow_entries(lines, entries)
-    matching(lines, rf"{CLOCK} operator:ops-1 decided extend \(\+60 s, \+2 status requests\)")
+    # The operator's note on the decision's one line.
+    matching(
+        lines,
+        rf"{CLOCK} operator:ops-1 decided extend \(\+60 s, \+2 status requests\): "
+        "one more look after the fix",
+    )
     matching(lines, rf"{CLOCK} escalated -> observing \(decision:extend\)")
     assert len(matching(lines, rf"{CLOCK} escalated: request_budget_exhausted — .*")) == 2
 
