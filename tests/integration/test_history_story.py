@@ -132,7 +132,7 @@ def test_a_retry_after_run_reads_like_the_seed_story(stack: SyncWorld, config: P
     gap = (clock(guided.group(2)) - clock(guided.group(1))) % timedelta(days=1)
     assert timedelta(seconds=1) <= gap <= timedelta(seconds=2)
     matching(lines, rf"{CLOCK} polled, state succeeded, collecting the result")
-    matching(lines, rf"{CLOCK} result_collecting -> succeeded \(result_verified\)")
+    matching(lines, rf"{CLOCK} result_collecting → succeeded \(result_verified\)")
 
 
 def test_an_escalated_and_extended_run_tells_its_escalation_and_decision(
@@ -150,7 +150,7 @@ def test_an_escalated_and_extended_run_tells_its_escalation_and_decision(
     assert len(matching(lines, rf"{CLOCK} polled, state running, next poll {CLOCK} from .+")) == 2
     # The last read ends the run: it names no next poll.
     matching(lines, rf"{CLOCK} polled, state running")
-    matching(lines, rf"{CLOCK} observing -> escalated \(escalation:request_budget_exhausted\)")
+    matching(lines, rf"{CLOCK} observing → escalated \(escalation:request_budget_exhausted\)")
     matching(lines, rf"{CLOCK} escalated: request_budget_exhausted — 3 of 3 status requests used.*")
 
     decided = stack.client.post(
@@ -180,7 +180,7 @@ def test_an_escalated_and_extended_run_tells_its_escalation_and_decision(
         rf"{CLOCK} operator:ops-1 decided extend \(\+60 s, \+2 status requests\): "
         "one more look after the fix",
     )
-    matching(lines, rf"{CLOCK} escalated -> observing \(decision:extend\)")
+    matching(lines, rf"{CLOCK} escalated → observing \(decision:extend\)")
     assert len(matching(lines, rf"{CLOCK} escalated: request_budget_exhausted — .*")) == 2
 
 

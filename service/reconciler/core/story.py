@@ -88,7 +88,7 @@ def _transition(entry: HistoryRecord, detail: dict[str, Any]) -> str:
         extra = f", deadline {clock_text(deadline)}, budget {budget}" if deadline else ""
         return f"operation created{extra}"
     if entry.to_state == "observing" and detail.get("next_poll_at"):
-        text = f"{entry.from_state} -> observing, first poll"
+        text = f"{entry.from_state} → observing, first poll"
         text += _next(detail, entry.delay_source).removeprefix(", next poll")
         if entry.delay_source == DelaySource.WEBHOOK_TRUST.value:
             text += TRUSTED_WORDS
@@ -97,7 +97,7 @@ def _transition(entry: HistoryRecord, detail: dict[str, Any]) -> str:
         return (
             f"submitted job {detail.get('job_id', '?')} ({_result(detail)} via {detail.get('via')})"
         )
-    return f"{entry.from_state} -> {entry.to_state} ({entry.cause})"
+    return f"{entry.from_state} → {entry.to_state} ({entry.cause})"
 
 
 def _decision(actor: str, detail: dict[str, Any]) -> str:
