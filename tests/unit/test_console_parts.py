@@ -3,6 +3,7 @@ and the words an operator reads (what stopped, decisions as sentences, repeats).
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,9 +15,10 @@ from reconciler.console.operation import without_query
 from reconciler.console.session import Signer, key_from
 from reconciler.console.timeline import deliveries, rows
 from reconciler.core.errors import ConfigError, InvalidRequest
+from reconciler.core.escalation import EscalationFacts, render_message
 from reconciler.core.records import EscalationRecord, HistoryRecord
 from reconciler.core.states import State
-from reconciler.core.vocabulary import EscalationReason
+from reconciler.core.vocabulary import DecisionAction, EscalationReason
 from reconciler.storage.completion_steps import StepRecord, StepStatus
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
@@ -90,14 +92,27 @@ def test_urls_lose_what_may_carry_credentials() -> None:
     assert without_query(None) is None
 
 
+def _message(reason: str, detail: str = "HTTP 429 3 times in a row (limit 3)") -> str:
+    """The escalation message as the service writes it (``core.escalation``)."""
+    facts = EscalationFacts(
+        operation_id="op_1",
+        provider="sim",
+        reason=EscalationReason(reason),
+        detail=detail,
+        started_at=NOW,
+        now=NOW,
+        status_requests_used=3,
+        max_status_requests=12,
+    )
+    return render_message(facts, (DecisionAction.EXTEND, DecisionAction.ABANDON))
+
+
 def _escalation(
     id: int, reason: str, decision: dict[str, object] | None = None, minute: int = 0
 ) -> EscalationRecord:
     at = NOW + timedelta(minutes=minute)
-    message = (
-        "External job needs a decision\nOperation: op_1\n"
-        f"Stopped because: {reason} — HTTP 429 3 times in a row (limit 3)\nSafe options: …"
-    )
+    known = reason in {r.value for r in EscalationReason}
+    message = _message(reason) if known else "External job needs a decision"
     return EscalationRecord(
         id=id,
         operation_id="op_1",
@@ -123,6 +138,10 @@ def test_what_stopped_and_why_in_the_operators_words() -> None:
     assert set(operator_text.STATES) == set(State)
     odd = _escalation(2, "brand_new_reason")
     assert operator_text.stopped(odd) == "Stopped: brand_new_reason."
+    assert operator_text.why(odd) == ""
+    bare = _escalation(3, "deadline_exceeded")
+    bare = dataclasses.replace(bare, message=_message("deadline_exceeded", detail=""))
+    assert operator_text.why(bare) == ""
     assert operator_text.summary("observing", awaiting_decision=False).startswith("Running")
     late = operator_text.summary("result_timed_out", awaiting_decision=True)
     assert late.endswith("An operator's decision is needed.")
