@@ -1,20 +1,24 @@
 """The operator console in a real browser: Debian's chromium, driven by Playwright.
 
 One browser per module and one service per backend. An operator signs in,
-sees an escalation arrive in the inbox without reloading, opens it, decides
-``extend`` through the button and its confirmation, and watches the operation
-resume and finish; an agent token is refused; a POST without the CSRF token
-changes nothing; provider text with HTML in it renders as text; the charts
-(a provider's last hours, an operation's story) render with their marks under
-the console's CSP. Screenshots of the inbox, of an operation page and of the
-charts are saved in the test's directory (and in ``$RECONCILER_SCREENSHOTS``
-when set, which is how ``docs/`` gets them).
+sees an escalation arrive in the inbox without losing what they were typing,
+opens it, decides ``extend`` with a note through the button and its confirmation,
+sees the confirmation at once (and not again on reload), and watches the
+operation resume and finish; an agent token is refused; a POST without the CSRF
+token changes nothing; provider text with HTML in it renders as text; every page
+fits a 390 px phone and a 1440 px desktop without sideways scrolling, with
+readable contrast, a skip link and the current page marked; the charts render
+with every mark, a legend and their time zone under the console's CSP.
+
+Screenshots of each page at both widths are taken in the test's directory; with
+``RECONCILER_DOC_SCREENSHOTS=1`` they are written to ``docs/console/`` too, which
+is how the pictures in docs/operations.md are made (``tests/support/screenshots.py``).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
-import shutil
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -26,7 +30,9 @@ from reconciler.core.states import State
 from tests.support import loopback
 from tests.support.chart_data import TRANSITIONS, VERDICTS, completed_hours, long_story
 from tests.support.factories import insert_operation
+from tests.support.screenshots import DOCS, SHOTS, SIGNATURE, WIDTHS, small_png
 from tests.support.stack import QUICK_POLLING, Stack, running_stack
+from tests.support.waiting import wait_until
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -41,8 +47,11 @@ LAUNCH_ARGS = [
 ]
 WAIT_MS = 20_000
 NEVER = {"scenario": "never_finishes", "webhooks": "never"}
+DENIED = {**NEVER, "auth_fault": 403, "auth_fault_after": 1}
 HTML_ERROR = '<img src=x onerror="alert(1)"><b>quota</b> exceeded'
 HTML_META = "<script>alert('meta')</script>"
+DESKTOP, PHONE = WIDTHS["desktop"], WIDTHS["phone"]
+NARROWEST = {"width": 360, "height": 740}  # the narrowest phone the console is made for
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +80,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, module_db_url: str) -> Itera
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    context = browser.new_context(viewport=DESKTOP)
     context.set_default_timeout(WAIT_MS)
     try:
         yield context.new_page()
@@ -95,22 +104,52 @@ def escalated(stack: Stack, request: dict[str, Any], **fields: Any) -> dict[str,
 
 
 def shoot(page: Any, tmp_path: Path, name: str, part: Any = None) -> None:
-    """The whole page, or only ``part`` (a locator), as a PNG."""
+    """What the screen shows (as an operator first sees it), or only ``part`` (a locator),
+    as a PNG; for docs/ with a palette, which keeps the pictures small."""
     path = tmp_path / name
-    if part is None:
-        page.screenshot(path=str(path), full_page=True)
-    else:
-        part.screenshot(path=str(path), animations="disabled")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    extra = os.environ.get("RECONCILER_SCREENSHOTS")
-    if extra:
-        Path(extra).mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, Path(extra) / name)
+    (part or page).screenshot(path=str(path), animations="disabled")
+    assert path.read_bytes()[:8] == SIGNATURE
+    if name in SHOTS and os.environ.get("RECONCILER_DOC_SCREENSHOTS") == "1":
+        DOCS.mkdir(parents=True, exist_ok=True)
+        (DOCS / name).write_bytes(small_png(page, path.read_bytes()))
 
 
-def test_operator_decides_extend_and_the_operation_resumes(
-    page: Any, stack: Stack, tmp_path: Path
-) -> None:
+# Every text's colour against the first opaque background behind it (WCAG's ratio); SVG
+# text is left out (its figures are also the chart's table, which is checked).
+CONTRAST = """() => {
+  const rgba = s => { const v = s.match(/[\\d.]+/g).map(Number);
+    return v.length === 3 ? [...v, 1] : v; };
+  const lum = ([r, g, b]) => [r, g, b].map(c => { c /= 255;
+    return c <= 0.03928 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4); })
+    .reduce((sum, c, i) => sum + c * [0.2126, 0.7152, 0.0722][i], 0);
+  const behind = el => { for (let e = el; e; e = e.parentElement) {
+    const c = rgba(getComputedStyle(e).backgroundColor); if (c[3] > 0) return c; }
+    return [255, 255, 255, 1]; };
+  const low = [], seen = new Set();
+  const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+    const el = n.parentElement;
+    if (!n.textContent.trim() || seen.has(el) || el.closest("svg")) continue;
+    seen.add(el);
+    const box = el.getBoundingClientRect();
+    if (box.width < 2 || box.height < 2) continue;
+    const a = lum(rgba(getComputedStyle(el).color)), b = lum(behind(el));
+    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    const text = n.textContent.trim().slice(0, 30);
+    if (ratio < 4.5) low.push(`${el.tagName}.${el.className} "${text}" ${ratio.toFixed(2)}`);
+  }
+  return low;
+}"""
+
+
+def check_page(page: Any) -> None:
+    """No sideways scroll at this width, and every text readable against its background."""
+    wide, view = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+    assert wide <= view, f"{page.url} is {wide} px wide in a {view} px window"
+    assert page.evaluate(CONTRAST) == [], page.url
+
+
+def test_operator_decides_extend_and_the_operation_resumes(page: Any, stack: Stack) -> None:
     expect = playwright.expect
     now = stack.runtime.clock.now()
     # A running operation with most of its budget spent: the inbox's "at risk" list.
@@ -128,20 +167,28 @@ def test_operator_decides_extend_and_the_operation_resumes(
     expect(page.locator(".signout")).to_contain_text("ops-1")
     expect(page.locator("#at-risk")).to_contain_text("10 of 12 status requests used")
 
-    # Escalations arrive while the inbox is open: it refreshes itself.
+    # The operator starts a search; escalations arrive meanwhile. The lists refresh by
+    # themselves and the half-typed search and the chosen filter stay as they were.
+    page.fill("input[name=q]", "op_01")
+    page.select_option("select[name=reason]", "unknown_state")
+    page.evaluate("() => { window.sameDocument = true; }")
     op = escalated(stack, NEVER, max_status_requests=2, metadata={"ticket": HTML_META})
     other = escalated(stack, {"scenario": "unknown_state", "duration": 0.2, "webhooks": "never"})
     row = page.locator("#escalated tr", has_text=op["id"])
     expect(row).to_be_visible()
-    expect(row).to_contain_text("request_budget_exhausted")
-    expect(row).to_contain_text("extend")
+    expect(row).to_contain_text("2 of 2 status requests used")
+    expect(row.locator("a.option")).to_have_text([o["action"] for o in op["escalation"]["options"]])
     expect(page.locator("#escalated tr", has_text=other["id"])).to_contain_text("unknown_state")
-    shoot(page, tmp_path, "console-inbox.png")
+    expect(page.locator("#refreshed")).to_contain_text("the lists were refreshed")
+    expect(page.locator("input[name=q]")).to_have_value("op_01")
+    expect(page.locator("select[name=reason]")).to_have_value("unknown_state")
+    assert page.evaluate("() => window.sameDocument") is True
 
     page.click(f"a.op:text('{op['id']}')")
     expect(page.locator("h1")).to_have_text(op["id"])
-    expect(page.locator(".escalation-message")).to_contain_text("External job needs a decision")
-    expect(page.locator(".escalation-message")).to_contain_text("Status requests: 2 of 2")
+    escalation = page.locator("#escalation")
+    expect(escalation).to_contain_text("Every allowed status read was spent")
+    expect(escalation).to_contain_text("2 of 2 status requests used")
     actions = page.locator("button.decision").evaluate_all(
         "buttons => buttons.map(b => b.dataset.action)"
     )
@@ -149,7 +196,6 @@ def test_operator_decides_extend_and_the_operation_resumes(
     extend = page.locator("button.decision-extend")
     expect(extend).to_contain_text("additional checks")
     expect(page.locator("#metadata")).to_contain_text(HTML_META)  # as text, not a script
-    shoot(page, tmp_path, "console-operation.png")
 
     # The job finishes at the provider while nobody looks; the extension will find it.
     done = loopback.post(
@@ -159,19 +205,105 @@ def test_operator_decides_extend_and_the_operation_resumes(
     extend.click()
     expect(page.locator("h1")).to_have_text("Confirm: extend")
     offered = op["escalation"]["options"][0]
-    expect(page.locator(".confirm .fields")).to_contain_text(str(offered["extra_status_requests"]))
+    expect(page.locator("#extra_status_requests")).to_have_value(
+        str(offered["extra_status_requests"])
+    )
+    page.fill("#note", "the provider's status page says <degraded>")
     page.click("#confirm")
-    expect(page.locator("#decided")).to_have_text("Decision recorded: extend.")
+    decided = page.locator("#decided")
+    expect(decided).to_contain_text("Decision recorded: extended by 15 minutes and 4 status reads")
+    expect(decided).to_contain_text("the provider's status page says <degraded>")
+    expect(decided).to_be_in_viewport()
     expect(page.locator("#timeline")).to_contain_text("operator:ops-1 decided extend")
-    expect(page.locator("#timeline")).to_contain_text("escalated -> observing (decision:extend)")
+    expect(page.locator("#timeline")).to_contain_text("escalated → observing (decision:extend)")
 
     finished = stack.wait(op["id"], timeout=20)
     assert finished["state"] == State.SUCCEEDED.value
     page.reload()
     expect(page.locator(".lead .state")).to_have_text("succeeded")
+    expect(page.locator("#decided")).to_have_count(0)  # said once, not on every reload
+    expect(page.locator("#summary")).to_contain_text("Finished: the job succeeded")
     expect(page.locator("#timeline")).to_contain_text("collecting the result")
     expect(page.locator("#escalation")).to_have_count(0)
-    shoot(page, tmp_path, "console-operation-decided.png")
+    expect(page.locator("#escalations")).to_contain_text("extended by 15 minutes")
+
+
+def test_every_page_fits_a_phone_and_a_desktop(page: Any, stack: Stack, tmp_path: Path) -> None:
+    expect = playwright.expect
+    now = stack.runtime.clock.now()
+    insert_operation(
+        stack.runtime.db,
+        stack.runtime.journal,
+        now,
+        state=State.OBSERVING.value,
+        remote_job_id="job_nearly_spent",
+        status_requests_used=11,
+    )
+    # An operation extended once that stopped again the same way, and one more escalation.
+    op = escalated(stack, NEVER, max_status_requests=1)
+    extend = {"action": "extend", "extra_status_requests": 1, "note": "one more look"}
+    answer = stack.client.post(
+        f"/v1/operations/{op['id']}/decisions", json=extend, headers=stack.headers(operator=True)
+    )
+    assert answer.status_code == 200, answer.text
+    wait_until(
+        lambda: stack.get(op["id"], operator=True)["escalation"]["decided"] is False,
+        20,
+        "the operation to escalate again",
+    )
+    escalated(stack, DENIED)
+    sign_in(page, stack, stack.operator_token)
+    expect(page.locator("h1")).to_have_text("Inbox")
+    icon = page.locator("link[rel=icon]").get_attribute("href")
+    assert page.request.get(f"{stack.url}{icon}").status == 200
+    pages = {
+        "inbox": "/console",
+        "operation": f"/console/operations/{op['id']}",
+        "confirm": f"/console/operations/{op['id']}/confirm?action=extend",
+        "audit": "/console/audit",
+    }
+    for width, size in {**WIDTHS, "narrowest": NARROWEST}.items():
+        page.set_viewport_size(size)
+        for name, path in pages.items():
+            page.goto(f"{stack.url}{path}")
+            check_page(page)
+            if width in WIDTHS:
+                shoot(page, tmp_path, f"{name}-{width}.png")
+        # A phone's view: the header wraps (sign out on screen), tables become blocks,
+        # the story chart keeps a readable size and scrolls by itself.
+        if width == "phone":
+            signout = page.locator(".signout button").bounding_box()
+            assert signout is not None and signout["x"] + signout["width"] <= PHONE["width"]
+            page.goto(f"{stack.url}{pages['operation']}")
+            cell = page.locator("#timeline td").first
+            assert cell.evaluate("td => getComputedStyle(td).display") == "block"
+            chart = page.locator(".story-chart .chart-scroll")
+            inner, outer = chart.evaluate("e => [e.scrollWidth, e.clientWidth]")
+            assert inner > outer and inner >= 640
+
+    page.goto(f"{stack.url}/console")
+    row = page.locator("#escalated tr", has_text=op["id"])
+    expect(row.locator(".repeat")).to_contain_text(
+        "escalated again (2 times; last decision: extended by 15 minutes and 1 status read at"
+    )
+    expect(row.locator("a.option", has_text="extend")).to_contain_text("(tried once)")
+    expect(page.locator('nav a[aria-current="page"]')).to_have_text("Inbox")
+    # The keyboard: the first Tab reaches the skip link, which leads past the filters to
+    # the first operation that needs a decision.
+    page.keyboard.press("Tab")
+    assert page.evaluate("() => document.activeElement.className") == "skip"
+    page.keyboard.press("Enter")
+    page.keyboard.press("Tab")
+    focused = page.evaluate("() => document.activeElement.closest('#escalated tr') !== null")
+    assert focused, page.evaluate("() => document.activeElement.outerHTML")
+
+    page.goto(f"{stack.url}{pages['operation']}")
+    expect(page.locator("#repeat")).to_contain_text("This operation was escalated again")
+    expect(page.locator("button.decision-extend .tried")).to_contain_text(
+        "Tried once before: extended by 15 minutes and 1 status read — ops-1"
+    )
+    expect(page.locator("#escalations")).to_contain_text("one more look")
+    assert "Do not report" not in page.content()
 
 
 def test_an_agent_token_gets_no_session(page: Any, stack: Stack) -> None:
@@ -238,6 +370,19 @@ def inside(box: dict[str, float], outer: dict[str, float]) -> bool:
     )
 
 
+def overlapping(drawn: list[dict[str, float]]) -> int:
+    """How many marks touch or cover the one before them on their lane (the same row)."""
+    rows: dict[float, list[dict[str, float]]] = {}
+    for b in drawn:
+        rows.setdefault(round(b["y"]), []).append(b)
+    pairs = [
+        pair
+        for row in rows.values()
+        for pair in itertools.pairwise(sorted(row, key=lambda b: b["x"]))
+    ]
+    return sum(1 for a, b in pairs if b["x"] - a["x"] < a["width"] - 0.5)
+
+
 def test_the_charts_render_with_their_marks(page: Any, tmp_path: Path, db_url: str) -> None:
     # A service of its own: the provider's trust history here is this test's alone.
     polling = {**QUICK_POLLING, "trust_after": 3, "distrust_after_misses": 1}
@@ -259,12 +404,27 @@ def test_the_charts_render_with_their_marks(page: Any, tmp_path: Path, db_url: s
         assert bars.count() == len(made.reads) + len(VERDICTS)
         drawn = boxes(bars)
         assert all(inside(b, frame) for b in drawn)
-        assert all(b["height"] > 0 and b["width"] > 0 for b in drawn)  # 0 % is drawn too
+        assert all(b["height"] >= 2 and b["width"] > 0 for b in drawn)  # 0 % is drawn too
+        assert chart.locator("text.zero-label").count() == chart.locator("rect.bar.zero").count()
+        assert "UTC" in chart.locator("text.axis-zone").all_text_contents()
+        legend = page.locator("#provider-sim .chart-legend")
+        playwright.expect(legend).to_contain_text("trust became distrusted")
         markers = chart.locator("g.marker")
         assert markers.count() == len(TRANSITIONS)
         assert markers.locator("text").all_text_contents() == [s for _, s in TRANSITIONS]
-        shoot(page, tmp_path, "console-providers.png", page.locator("#provider-sim"))
+        playwright.expect(page.locator("#provider-sim .trust-words")).to_contain_text(
+            "webhook-first completions in a row"
+        )
+        for width, size in {**WIDTHS, "narrowest": NARROWEST}.items():
+            page.set_viewport_size(size)
+            check_page(page)
+            if width == "narrowest":
+                continue
+            if width == "phone":  # past the storage figures, to the provider's chart
+                page.locator("#provider-sim").evaluate("e => e.scrollIntoView()")
+            shoot(page, tmp_path, f"providers-{width}.png")
 
+        page.set_viewport_size(DESKTOP)
         page.goto(f"{stack.url}/console/operations/{story.op_id}")
         lanes = page.locator("#timeline svg.chart")
         playwright.expect(lanes).to_be_visible()
@@ -272,8 +432,16 @@ def test_the_charts_render_with_their_marks(page: Any, tmp_path: Path, db_url: s
         assert frame is not None and frame["width"] > 300 and frame["height"] > 100
         marks = lanes.locator("circle.mark")
         assert marks.count() == story.entries
-        assert all(inside(b, frame) and b["width"] > 0 for b in boxes(marks))
+        drawn = boxes(marks)
+        assert all(inside(b, frame) and b["width"] > 0 for b in drawn)
+        assert overlapping(drawn) == 0  # entries milliseconds apart are marks of their own
         for lane, count in story.lanes.items():
             assert lanes.locator(f"circle.lane-{lane}").count() == count
-        shoot(page, tmp_path, "console-operation-timeline.png", page.locator("#timeline"))
+        playwright.expect(page.locator("#timeline .chart-legend")).to_contain_text(
+            "an error answer or a failed attempt"
+        )
+        for width, size in WIDTHS.items():
+            page.set_viewport_size(size)
+            check_page(page)
+            shoot(page, tmp_path, f"story-{width}.png", page.locator("#timeline .chart-figure"))
         assert blocked == []

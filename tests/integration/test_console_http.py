@@ -1,4 +1,5 @@
-"""The operator console over plain HTTP: sessions, CSRF, bad input, escaping, no secrets.
+"""The operator console over plain HTTP: sessions, bad input, escaping, no secrets, and
+what each page shows (deciding is tests/integration/test_console_decisions.py).
 
 The live service on uvicorn (one per backend for the module) with the simulated
 provider; httpx plays the browser. Every bad input must be an HTML 4xx page
@@ -7,7 +8,6 @@ that says what to fix, never a 500.
 
 from __future__ import annotations
 
-import html
 import re
 import secrets
 from collections.abc import Iterator
@@ -29,8 +29,15 @@ from reconciler.storage.tables import HISTORY
 from reconciler.storage.tokens import create_token, revoke_token
 from tests.support import loopback
 from tests.support.chart_data import VERDICTS, completed_hours, long_story
-from tests.support.console import csrf_of, operator_client, sign_in
-from tests.support.factories import insert_operation
+from tests.support.console import (
+    csrf_of,
+    decide_form,
+    escalated,
+    html_page,
+    operator_client,
+    sign_in,
+)
+from tests.support.factories import insert_escalation, insert_operation
 from tests.support.stack import (
     CALLBACK_SECRET,
     QUICK_POLLING,
@@ -41,7 +48,6 @@ from tests.support.stack import (
 )
 
 NEVER = {"scenario": "never_finishes", "webhooks": "never"}
-DENIED = {**NEVER, "auth_fault": 403, "auth_fault_after": 1}
 
 
 @pytest.fixture(scope="module")
@@ -59,27 +65,6 @@ def ops(stack: Stack) -> Iterator[httpx.Client]:
         yield client
     finally:
         client.close()
-
-
-def escalated(stack: Stack, request: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    created = stack.create(request, **fields)
-    assert created.status_code == 202, created.text
-    op = stack.wait_state(created.json()["id"], {State.ESCALATED.value}, timeout=20)
-    assert op["state"] == State.ESCALATED.value, op
-    return op
-
-
-def html_page(response: httpx.Response, status: int) -> str:
-    """The page's text with entities decoded (checked: HTML, the console's headers)."""
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("text/html")
-    assert "default-src 'none'" in response.headers["content-security-policy"]
-    assert response.headers["cache-control"] == "no-store"
-    return html.unescape(response.text)
-
-
-def decide_form(client: httpx.Client, op_id: str, **fields: str) -> httpx.Response:
-    return client.post(f"/console/operations/{op_id}/decisions", data=fields)
 
 
 # --- sessions ----------------------------------------------------------------------------
@@ -197,78 +182,15 @@ def test_sign_in_only_returns_to_console_pages(stack: Stack) -> None:
         assert answer.headers["location"] == "/console"
 
 
-# --- decisions and CSRF -------------------------------------------------------------------
-
-
-def test_a_decision_without_or_with_another_sessions_csrf_changes_nothing(
-    stack: Stack, ops: httpx.Client
-) -> None:
-    op = escalated(stack, NEVER, max_status_requests=1)
-    with closing(operator_client(stack.url, stack.operator_token)) as other:
-        theirs = csrf_of(other.get("/console").text)
-    mine = csrf_of(ops.get("/console").text)
-    assert theirs != mine
-    for fields in ({"action": "abandon"}, {"action": "abandon", "csrf": theirs}):
-        assert "CSRF token" in html_page(decide_form(ops, op["id"], **fields), 403)
-    with loopback.client(base_url=stack.url) as anonymous:
-        html_page(decide_form(anonymous, op["id"], action="abandon", csrf=mine), 403)
-    after = stack.get(op["id"], operator=True)
-    assert after["state"] == State.ESCALATED.value and not after["escalation"]["decided"]
-
-    done = decide_form(ops, op["id"], action="abandon", csrf=mine)
-    assert done.status_code == 303
-    assert done.headers["location"].startswith(f"/console/operations/{op['id']}?decided=abandon")
-    after = stack.get(op["id"], operator=True)
-    assert after["state"] == State.RESULT_TIMED_OUT.value
-    [decision] = [e for e in stack.history(op["id"]) if e["kind"] == "decision"]
-    assert decision["actor"] == "operator:ops-1"
-    page = ops.get(done.headers["location"]).text
-    assert "operator:ops-1 decided abandon" in page
-
-    # A second decision: the API's own words.
-    again = decide_form(ops, op["id"], action="abandon", csrf=mine)
-    api = stack.client.post(
-        f"/v1/operations/{op['id']}/decisions",
-        json={"action": "abandon"},
-        headers=stack.headers(operator=True),
-    )
-    assert api.status_code == 409
-    assert api.json()["error"]["message"] in html_page(again, 409)
-
-
-def test_an_option_not_offered_is_refused_with_the_apis_message(
-    stack: Stack, ops: httpx.Client
-) -> None:
-    op = escalated(stack, DENIED)
-    assert op["escalation"]["reason"] == "authorization_denied"
-    page = html_page(ops.get(f"/console/operations/{op['id']}"), 200)
-    assert 'data-action="extend"' in page and 'data-action="abandon"' in page
-    assert 'data-action="cancel"' not in page
-    api = stack.client.post(
-        f"/v1/operations/{op['id']}/decisions",
-        json={"action": "cancel"},
-        headers=stack.headers(operator=True),
-    )
-    message = api.json()["error"]["message"]
-    confirm = ops.get(f"/console/operations/{op['id']}/confirm", params={"action": "cancel"})
-    assert message in html_page(confirm, 409)
-    csrf = csrf_of(page)
-    assert message in html_page(decide_form(ops, op["id"], action="cancel", csrf=csrf), 409)
-    assert stack.get(op["id"], operator=True)["escalation"]["decided"] is False
-
-
-def test_the_confirmation_shows_the_offered_amounts(stack: Stack, ops: httpx.Client) -> None:
-    op = escalated(stack, NEVER, max_status_requests=1)
-    offered = op["escalation"]["options"][0]
-    assert offered["action"] == "extend"
-    page = html_page(
-        ops.get(f"/console/operations/{op['id']}/confirm", params={"action": "extend"}), 200
-    )
-    assert f'name="extra_status_requests" value="{offered["extra_status_requests"]}"' in page
-    assert offered["description"] in page
-    # The page before it offers the option as a button that leads here, not a POST.
-    detail = ops.get(f"/console/operations/{op['id']}").text
-    assert f'action="/console/operations/{op["id"]}/confirm"' in detail
+def test_pages_mark_where_you_are_and_carry_a_skip_link_and_an_icon(ops: httpx.Client) -> None:
+    for path in ("/console", "/console/providers", "/console/audit"):
+        page = html_page(ops.get(path), 200)
+        assert page.count('aria-current="page"') == 1
+        assert f'<a href="{path}" aria-current="page">' in page
+        assert re.search(r'<body>\s*<a class="skip" href="#', page)
+        assert '<link rel="icon" href="/console/static/favicon.svg"' in page
+    icon = ops.get("/console/static/favicon.svg")
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg")
 
 
 # --- bad input -----------------------------------------------------------------------------
@@ -282,8 +204,8 @@ BAD_INBOX = [
     ("risk_page=abc", "'risk_page' must be a whole number"),
     ("all_page=99999999", "'all_page' must be a whole number"),
     ("colour=red", "unknown parameter(s): colour"),
-    ("q=" + "x" * 301, "'q' must be an operation id"),
-    ("q=%00op", "'q' must be an operation id"),
+    ("q=" + "x" * 301, "'q' must be the start of an operation id"),
+    ("q=%00op", "'q' must be the start of an operation id"),
 ]
 
 
@@ -421,7 +343,10 @@ def test_inbox_pages_through_a_long_list(
     assert 'rel="next"' in one and "page 1 of" in one
     two = ops.get("/console", params={"page": 2}).text
     assert "page 2 of" in two and 'rel="prev"' in two
-    rows = re.findall(r'<tr class="escalated-row">\s*<td><a class="op" href="([^"]+)"', one + two)
+    rows = re.findall(
+        r'<tr class="escalated-row">\s*<td data-label="Operation"><a class="op" href="([^"]+)"',
+        one + two,
+    )
     assert len(rows) == 2 and rows[0] != rows[1]
 
 
@@ -438,11 +363,18 @@ def test_at_risk_operations_follow_the_risk_rules(stack: Stack, ops: httpx.Clien
         deadline_at=now + timedelta(minutes=5),
     )
     calm = insert_operation(db, journal, now, state="observing", status_requests_used=2)
+    # Let go on after a rate_limited escalation, and answered 429 again since.
+    esc_id = 1_000_000 + secrets.randbelow(1_000_000)
+    again = insert_operation(
+        db, journal, now, state="observing", rate_limited_count=1, escalation_id=esc_id
+    )
+    insert_escalation(db, again.id, esc_id, "rate_limited", decided=True, at=now)
     page = html_page(ops.get("/console"), 200)
     section = page.split('id="at-risk"')[1].split("</section>")[0]
     assert budget.id in section and "10 of 12 status requests used" in section
     assert failing.id in section and "2 of 3 transport failures" in section
     assert late.id in section and "of the time left" in section
+    assert again.id in section and "429 again (1 in a row) after the rate_limited" in section
     assert calm.id not in section
 
 

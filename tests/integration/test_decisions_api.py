@@ -33,6 +33,8 @@ from tests.support.stack import QUICK_POLLING as POLLING
 from tests.support.stack import ROOT, Stack, quiescent, running_stack
 from tests.support.world import SyncWorld, sync_world
 
+# An operator's note: markup and quotes are text, a line break is kept.
+NOTE = 'the provider\'s status page says "degraded" <until 06:00>\nwaiting once more'
 NEVER = {"scenario": "never_finishes", "webhooks": "never", "cancel_delay": 0.3}
 # Requests and fields that make the poller stop with each reason, quickly.
 ESCALATE: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -122,9 +124,8 @@ def test_extend_grants_new_limits_and_the_operation_finishes(stack: Scene) -> No
     before_deadline = epoch(op["deadline_at"])
 
     # Only what was offered (four more checks), or less: see tests/security.
-    response = decide(
-        stack, op["id"], {"action": "extend", "extra_seconds": 60, "extra_status_requests": 4}
-    )
+    body = {"action": "extend", "extra_seconds": 60, "extra_status_requests": 4, "note": NOTE}
+    response = decide(stack, op["id"], body)
     assert response.status_code == 200, response.text
     after = response.json()
     assert after["state"] == "observing"
@@ -135,12 +136,15 @@ def test_extend_grants_new_limits_and_the_operation_finishes(stack: Scene) -> No
         "action": "extend",
         "extra_seconds": 60.0,
         "extra_status_requests": 4,
+        "note": NOTE,
     }
 
+    # The note is kept with the decision: in the chained history entry, as sent.
     [entry] = decision_entries(stack, op["id"])
     assert entry["delay_source"] == "manual_extension"
     assert entry["actor"] == "operator:ops-1"
     assert entry["detail"]["extra_status_requests"] == 4
+    assert entry["detail"]["note"] == NOTE
     resumed = [e for e in stack.history(op["id"]) if e["cause"] == "decision:extend"]
     assert [(e["from"], e["to"]) for e in resumed if e["kind"] == "transition"] == [
         ("escalated", "observing")
@@ -298,6 +302,11 @@ BAD_BODIES: list[Any] = [
     {"action": "cancel", "extra_seconds": 10},
     {"action": "abandon", "extra_status_requests": 2},
     {"action": "abandon", "why": "bored"},
+    {"action": "abandon", "note": 5},
+    {"action": "abandon", "note": ["why"]},
+    {"action": "abandon", "note": "   "},
+    {"action": "abandon", "note": "x" * 501},
+    {"action": "abandon", "note": "red \u001b[31m"},
 ]
 
 
@@ -307,6 +316,20 @@ def test_bad_bodies_are_400(stack: Scene) -> None:
         response = decide(stack, op["id"], body)
         assert response.status_code == 400, (body, response.status_code, response.text)
         assert response.json()["error"]["message"]
+    said = {
+        repr(body["note"]): decide(stack, op["id"], body).json()["error"]["message"]
+        for body in BAD_BODIES
+        if isinstance(body, dict) and "note" in body
+    }
+    assert said == {
+        "5": "'note' must be a string, got a number",
+        "['why']": "'note' must be a string, got an array",
+        "'   '": "'note' must not be empty",
+        repr("x" * 501): "'note' must be at most 500 characters",
+        repr("red \u001b[31m"): (
+            "'note' must be plain text: no control characters but line breaks and tabs"
+        ),
+    }
     unchanged(stack, op)
     assert decision_entries(stack, op["id"]) == []
 
@@ -332,14 +355,16 @@ def test_cli_decide_is_picked_up_by_the_service(
     op = escalate(stack, "request_budget_exhausted")
     job_id = op["remote_job_id"]
     extra = ["--extra-requests", "2", "--extra-seconds", "30"] if action == "extend" else []
+    note = ["--note", f"{action}: ticket OPS-1"]
     result = run_cli(
-        cli_config(tmp_path, db_url), "decide", op["id"], action, *extra, "--by", "ana"
+        cli_config(tmp_path, db_url), "decide", op["id"], action, *extra, *note, "--by", "ana"
     )
     assert result.returncode == 0, result.stderr
     assert f"{op['id']}: {action} recorded" in result.stdout
 
     [entry] = decision_entries(stack, op["id"])
     assert entry["actor"] == "operator:ana"
+    assert entry["detail"]["note"] == f"{action}: ticket OPS-1"
     if action == "extend":
         assert entry["delay_source"] == "manual_extension"
         # The running service polls again (two more reads), then stops at the new limit.
@@ -353,7 +378,10 @@ def test_cli_decide_is_picked_up_by_the_service(
     else:
         after = stack.get(op["id"])
         assert after["state"] == "result_timed_out" and after["done"] is True
-        assert after["escalation"]["decision"] == {"action": "abandon"}
+        assert after["escalation"]["decision"] == {
+            "action": "abandon",
+            "note": "abandon: ticket OPS-1",
+        }
 
     if action != "extend":
         # The same command again (in this process: the same parser and handler).

@@ -132,7 +132,7 @@ def test_a_retry_after_run_reads_like_the_seed_story(stack: SyncWorld, config: P
     gap = (clock(guided.group(2)) - clock(guided.group(1))) % timedelta(days=1)
     assert timedelta(seconds=1) <= gap <= timedelta(seconds=2)
     matching(lines, rf"{CLOCK} polled, state succeeded, collecting the result")
-    matching(lines, rf"{CLOCK} result_collecting -> succeeded \(result_verified\)")
+    matching(lines, rf"{CLOCK} result_collecting → succeeded \(result_verified\)")
 
 
 def test_an_escalated_and_extended_run_tells_its_escalation_and_decision(
@@ -150,12 +150,17 @@ def test_an_escalated_and_extended_run_tells_its_escalation_and_decision(
     assert len(matching(lines, rf"{CLOCK} polled, state running, next poll {CLOCK} from .+")) == 2
     # The last read ends the run: it names no next poll.
     matching(lines, rf"{CLOCK} polled, state running")
-    matching(lines, rf"{CLOCK} observing -> escalated \(escalation:request_budget_exhausted\)")
+    matching(lines, rf"{CLOCK} observing → escalated \(escalation:request_budget_exhausted\)")
     matching(lines, rf"{CLOCK} escalated: request_budget_exhausted — 3 of 3 status requests used.*")
 
     decided = stack.client.post(
         f"/v1/operations/{op_id}/decisions",
-        json={"action": "extend", "extra_seconds": 60, "extra_status_requests": 2},
+        json={
+            "action": "extend",
+            "extra_seconds": 60,
+            "extra_status_requests": 2,
+            "note": "one more look\nafter the fix",
+        },
         headers=stack.headers(operator=True),
     )
     assert decided.status_code == 200, decided.text
@@ -169,8 +174,13 @@ def test_an_escalated_and_extended_run_tells_its_escalation_and_decision(
     assert decision["delay_source"] == "manual_extension"
     lines = story(config, op_id)
     check_lines_follow_entries(lines, entries)
-    matching(lines, rf"{CLOCK} operator:ops-1 decided extend \(\+60 s, \+2 status requests\)")
-    matching(lines, rf"{CLOCK} escalated -> observing \(decision:extend\)")
+    # The operator's note on the decision's one line.
+    matching(
+        lines,
+        rf"{CLOCK} operator:ops-1 decided extend \(\+60 s, \+2 status requests\): "
+        "one more look after the fix",
+    )
+    matching(lines, rf"{CLOCK} escalated → observing \(decision:extend\)")
     assert len(matching(lines, rf"{CLOCK} escalated: request_budget_exhausted — .*")) == 2
 
 

@@ -74,7 +74,9 @@ def test_a_real_job_through_every_call_of_a_body_shaped_api(
     assert code == 0, lines
     calls = [line.split()[0] for line in lines if not line.startswith((" ", "provider", "cred"))]
     assert calls == ["create", "lookup", "status", "status", "result", "verdict:"]
-    assert lines[1] == "credential: bearer token from environment variable RUNS_TOKEN (not shown)"
+    assert lines[1] == (
+        "credential: bearer token from environment variable RUNS_TOKEN (obtained; not shown)"
+    )
     assert any(line.startswith("create  POST /api/2.0/runs/submit -> HTTP 200") for line in lines)
     assert "        state /run/state/type = 'RUNNING' -> pending" in lines
     assert "        state /run/state/type = 'SUCCEEDED' -> success" in lines

@@ -115,7 +115,9 @@ def test_the_console_offers_retry_as_a_button(stack: Stack) -> None:
         form = {"csrf": csrf_of(confirm.text), "action": "retry"}
         done = client.post(f"/console/operations/{op_id}/decisions", data=form)
         assert done.status_code == 303, done.text
-        assert done.headers["location"].endswith(f"/operations/{op_id}?decided=retry#timeline")
+        assert done.headers["location"].endswith(f"/operations/{op_id}#decided")
+        shown = html.unescape(client.get(done.headers["location"]).text)
+        assert "Decision recorded: ran the failed step again — ops-1" in shown
     escalated(stack, op_id, decided=1)
     assert escalation["escalation"]["decided"] is False
     assert attempts(stack, op_id) == [1, 2, 1, 2]

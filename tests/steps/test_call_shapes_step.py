@@ -8,7 +8,6 @@ in the body (``fixtures/providers/runs.toml``), through the real adapter and ste
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -17,22 +16,10 @@ from fixtures.runs_api import TOKEN, RunsApi
 
 from reconciler.core.story import text_of
 from tests.support.provider_mock import answer, error
+from tests.support.runs_rig import runs_table, with_token
 from tests.support.steps import StepRig, step_rig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
-
-RUNS_TOML = Path(__file__).parents[2] / "fixtures" / "providers" / "runs.toml"
-
-
-def runs_table(**changes: dict[str, Any]) -> dict[str, Any]:
-    """``runs.toml`` as the rig's provider ``sim`` (its credential from the rig's variable)."""
-    with RUNS_TOML.open("rb") as fh:
-        table: dict[str, Any] = tomllib.load(fh)["providers"]["runs"]
-    table["base_url"] = "http://runs.test"
-    table["auth"] = {"type": "bearer", "token_env": "SIM_TOKEN"}
-    for name, values in changes.items():
-        table[name] = {**table.get(name, {}), **values}
-    return table
 
 
 @pytest.fixture
@@ -41,18 +28,10 @@ def api() -> RunsApi:
 
 
 def rig_for(tmp_path: Path, db_url: str, api: RunsApi, **changes: dict[str, Any]) -> Any:
-    table = runs_table(**changes)
-    return step_rig(tmp_path, db_url, table=table, handler=_as_token(api))
+    return step_rig(tmp_path, db_url, table=runs_table(**changes), handler=_as_token(api))
 
 
-def _as_token(api: RunsApi) -> Any:
-    """The rig sends the sim's token; the API wants its own: swap it on the way in."""
-
-    def handle(request: Any) -> Any:
-        request.headers["authorization"] = f"Bearer {TOKEN}"
-        return api.handle(request)
-
-    return handle
+_as_token = with_token
 
 
 def bodies(api: RunsApi, route: str) -> list[Any]:
@@ -325,7 +304,7 @@ async def test_a_refused_result_fetch_is_result_unavailable_with_its_status(
     def no_output(request: Any) -> Any:
         request.headers["authorization"] = f"Bearer {TOKEN}"
         if request.url.path.endswith("/runs/output"):
-            return answer(403, {"message": "output is not shared with this token"})
+            return answer(410, {"message": "the output expired"})
         return api.handle(request)
 
     async with step_rig(tmp_path, db_url, table=runs_table(), handler=no_output) as rig:
@@ -333,5 +312,34 @@ async def test_a_refused_result_fetch_is_result_unavailable_with_its_status(
         api.finish(run_id)
         await rig.run(op_id, ["result_unavailable"])
         error = rig.view(op_id)["error"]
-        assert error["code"] == "result_unavailable" and error["http_status"] == 403
+        assert error["code"] == "result_unavailable" and error["http_status"] == 410
         assert rig.view(op_id)["result"] is None
+
+
+async def test_a_result_fetch_refused_for_the_credential_asks_a_person_then_collects(
+    tmp_path: Path, db_url: str, api: RunsApi
+) -> None:
+    """A 403 on the fetch is this service's credential, not a missing result: a person
+    decides, and once the credential is fixed, extend fetches the result again."""
+    refusing = [True]
+
+    def no_output(request: Any) -> Any:
+        request.headers["authorization"] = f"Bearer {TOKEN}"
+        if request.url.path.endswith("/runs/output") and refusing[0]:
+            return answer(403, {"message": "output is not shared with this token"})
+        return api.handle(request)
+
+    async with step_rig(tmp_path, db_url, table=runs_table(), handler=no_output) as rig:
+        op_id, run_id = await started(rig, api)
+        api.finish(run_id)
+        op = await rig.run(op_id, ["escalated"])
+        assert rig.view(op_id)["escalation"]["reason"] == "authorization_denied"
+        assert (
+            "result fetch was refused for this service's credential (HTTP 403)"
+            in (rig.view(op_id)["escalation"]["message"])
+        )
+        refusing[0] = False
+        rig.decide(op_id, {"action": "extend"})
+        assert rig.row(op_id).state == "result_collecting"
+        await rig.run(op_id, ["succeeded"])
+        assert op.result is None and rig.view(op_id)["result"]["summary"] == {"processed": 2}

@@ -5,12 +5,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+import sqlalchemy as sa
+
 from reconciler.core import ids, records
 from reconciler.core.canonical import request_fingerprint
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
+from reconciler.storage.tables import ESCALATIONS
 
 
 def new_operation(now: datetime, **overrides: Any) -> OperationRecord:
@@ -74,3 +77,24 @@ def seed_finished(
         for op in ops:
             journal.insert(conn, op, actor="test", cause="test:seed", now=done_at)
     return [op.id for op in ops]
+
+
+def insert_escalation(
+    db: Database, op_id: str, escalation_id: int, reason: str, *, decided: bool, at: datetime
+) -> None:
+    """An escalation row of ``op_id`` (the operation names it in its ``escalation_id``), for
+    reads that look at an operation's last escalation."""
+    with db.write() as conn:
+        conn.execute(
+            sa.insert(ESCALATIONS).values(
+                id=escalation_id,
+                operation_id=op_id,
+                reason=reason,
+                message="m",
+                options=[],
+                created_at=at,
+                decided_at=at if decided else None,
+                decided_by="operator:ana" if decided else None,
+                decision={"action": "extend"} if decided else None,
+            )
+        )

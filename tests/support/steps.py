@@ -232,6 +232,7 @@ async def step_rig(
     table: dict[str, Any] | None = None,
     resolver: Resolver | None = None,
     handler: Callable[[httpx.Request], httpx.Response] | None = None,
+    environ: dict[str, str] | None = None,
 ) -> AsyncIterator[StepRig]:
     """A rig whose provider calls go to a ``FakeProvider``, on the test's clock.
 
@@ -239,7 +240,8 @@ async def step_rig(
     ``table`` replaces the whole table (for keys a section update cannot remove);
     with ``callback_transport`` the completion step delivers agent callbacks through it;
     ``resolver`` answers for the host names of provider URLs on other hosts; ``handler``
-    answers the provider's calls instead of the ``FakeProvider`` (another API's shape).
+    answers the provider's calls instead of the ``FakeProvider`` (another API's shape);
+    ``environ`` adds variables to the rig's environment (a credential's).
     """
     clock = ManualClock()
     fake = FakeProvider(clock)
@@ -255,7 +257,11 @@ async def step_rig(
         callbacks=CallbackSettings(**{"allow_hosts": ("127.0.0.1",), **(callbacks or {})}),
     )
     runtime = Runtime.build(
-        settings, clock=clock, rng=random.Random(seed), environ=ENVIRON, transport=transport
+        settings,
+        clock=clock,
+        rng=random.Random(seed),
+        environ={**ENVIRON, **(environ or {})},
+        transport=transport,
     )
     # The adapter times its calls on the test's clock too, so what the provider answered
     # and what the worker decided carry moments of one clock.

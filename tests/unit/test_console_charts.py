@@ -1,4 +1,5 @@
-"""The console's SVG charts: scales and ticks, marks inside the viewBox, every text escaped.
+"""The console's SVG charts: scales and ticks, marks inside the viewBox and each one seen,
+every text escaped, legends, time zones and zero bars said.
 
 The markup is parsed as XML: a text that escaped wrongly would either break the
 parse or add an element, and both fail here.
@@ -6,6 +7,7 @@ parse or add an element, and both fail here.
 
 from __future__ import annotations
 
+import itertools
 import math
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
@@ -24,6 +26,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 HOSTILE = "<script>alert('x')</script> & \"quotes\" </svg><b>"
 ELEMENTS = {
     "figure", "figcaption", "details", "summary", "table", "thead", "tbody", "tr", "th", "td",
+    "div", "ul", "li", "span",
     f"{SVG}svg", f"{SVG}title", f"{SVG}desc", f"{SVG}g", f"{SVG}line", f"{SVG}rect",
     f"{SVG}text", f"{SVG}circle",
 }  # fmt: skip
@@ -43,7 +46,7 @@ def parsed(markup: str) -> ET.Element:
 
 
 def svg_of(root: ET.Element) -> ET.Element:
-    svg = root.find(f"{SVG}svg")
+    svg = root.find(f"div/{SVG}svg")
     assert svg is not None
     return svg
 
@@ -145,6 +148,14 @@ def test_bar_panels_stay_inside_and_escape_every_text(
     all_text = "".join(root.itertext())
     for _, _, note in values:
         assert charts.clean(note) in all_text
+    # A bar of zero is drawn and labelled; the axis says its zone; the legend its colours.
+    zeros = sum(1 for b in made if b.value <= 0) + sum(1 for b in shares if b.value <= 0)
+    labels = [t for t in svg.iter(f"{SVG}text") if t.attrib.get("class") == "zero-label"]
+    assert len(labels) == zeros
+    assert all(float(r.attrib["height"]) >= charts.STUB for r in svg.iter(f"{SVG}rect"))
+    assert "UTC" in [t.text for t in svg.iter(f"{SVG}text") if t.attrib.get("class") == "axis-zone"]
+    legend = "".join(root.find("ul").itertext()) if root.find("ul") is not None else ""
+    assert ("zero" in legend) == (zeros > 0)
 
 
 def test_hostile_text_is_text_and_no_data_says_so() -> None:
@@ -175,12 +186,43 @@ def test_lanes_draw_each_mark_inside(found: list[tuple[float, str, str]], title:
     assert_inside(svg)
     circles = svg.findall(f".//{SVG}circle")
     assert len(circles) == sum(1 for m in marks if m.lane in ("a", "b"))
-    drawn = [m for m in marks if m.lane in ("a", "b")]
-    xs = [float(c.attrib["cx"]) for c in circles]
-    by_time = [x for _, x in sorted(zip((m.at for m in drawn), xs, strict=True))]
-    assert by_time == sorted(xs)  # later events never left of earlier ones
+    for lane in ("a", "b"):
+        mine = [c for c in circles if f"lane-{lane}" in c.attrib["class"]]
+        xs = [float(c.attrib["cx"]) for c in mine]
+        assert xs == sorted(xs)  # later events never left of earlier ones
+        # Each mark apart from the one before: every event is seen, however close in time.
+        room = charts.LANE_WIDTH - charts.RIGHT - charts.LANE_LEFT - 2 * charts.MARK_RADIUS
+        gap = min(charts.MARK_GAP, room / max(1, len(xs) - 1))
+        assert all(b - a >= gap - 0.11 for a, b in itertools.pairwise(xs))
     if not marks:
         assert "no events yet" in "".join(root.itertext())
+    else:
+        assert "time (UTC)" in "".join(svg.itertext())
+
+
+@PROPERTY
+@given(
+    st.lists(st.floats(-100, 1100, allow_nan=False), max_size=120),
+    st.floats(1, 30, allow_nan=False),
+)
+def test_spread_keeps_order_room_and_distance(xs: list[float], gap: float) -> None:
+    low, high = 0.0, 1000.0
+    placed = charts.spread(sorted(xs), low, high, gap)
+    assert len(placed) == len(xs)
+    assert all(low <= x <= high for x in placed)
+    step = min(gap, (high - low) / max(1, len(xs) - 1))
+    assert all(b - a >= step - 1e-6 for a, b in itertools.pairwise(placed))
+
+
+def test_events_milliseconds_apart_are_drawn_side_by_side() -> None:
+    close = [
+        charts.Mark(NOW + timedelta(milliseconds=28 * i), "state", f"change {i}") for i in range(3)
+    ]
+    far = charts.Mark(NOW + timedelta(minutes=5), "state", "later")
+    svg = svg_of(parsed(str(charts.lanes("s", "t", ["state"], [*close, far]))))
+    xs = [float(c.attrib["cx"]) for c in svg.iter(f"{SVG}circle")]
+    assert len(set(xs)) == 4
+    assert xs[1] - xs[0] >= charts.MARK_GAP - 0.1 and xs[2] - xs[1] >= charts.MARK_GAP - 0.1
 
 
 # --- the providers page's chart: hours and the trust state's transitions ------------------
@@ -288,4 +330,9 @@ def test_the_story_marks_each_entry_on_its_lane() -> None:
     root = parsed(str(timeline.chart("op_1", timeline.rows(entries))))
     circles = svg_of(root).findall(f".//{SVG}circle")
     assert len(circles) == len(entries)
-    assert HOSTILE in (circles[6].findtext(f"{SVG}title") or "")
+    [failed] = [c for c in circles if HOSTILE in (c.findtext(f"{SVG}title") or "")]
+    assert failed.attrib["class"] == "mark bad lane-callbacks"
+    legend = root.find("ul")
+    assert legend is not None
+    words = [("".join(li.itertext())) for li in legend]
+    assert words == [*timeline.LEGEND.values(), "an error answer or a failed attempt"]

@@ -1,20 +1,24 @@
-"""The console's pure parts: session signing and CSRF, the inbox query, URLs, the timeline."""
+"""The console's pure parts: session signing and CSRF, the inbox query, URLs, the timeline,
+and the words an operator reads (what stopped, decisions as sentences, repeats)."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from reconciler.config import ConsoleSettings, Settings, load_settings
-from reconciler.console.formatting import first_line
+from reconciler.console import operator_text
 from reconciler.console.inbox import parse_query
 from reconciler.console.operation import without_query
 from reconciler.console.session import Signer, key_from
 from reconciler.console.timeline import deliveries, rows
 from reconciler.core.errors import ConfigError, InvalidRequest
-from reconciler.core.records import HistoryRecord
-from reconciler.core.vocabulary import EscalationReason
+from reconciler.core.escalation import EscalationFacts, render_message
+from reconciler.core.records import EscalationRecord, HistoryRecord
+from reconciler.core.states import State
+from reconciler.core.vocabulary import DecisionAction, EscalationReason
 from reconciler.storage.completion_steps import StepRecord, StepStatus
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
@@ -88,11 +92,100 @@ def test_urls_lose_what_may_carry_credentials() -> None:
     assert without_query(None) is None
 
 
-def test_first_line_is_why_it_stopped() -> None:
-    message = "External job needs a decision\nOperation: op_1\nStopped because: deadline_exceeded"
-    assert first_line(message) == "deadline_exceeded"
-    assert first_line("just one line") == "just one line"
-    assert first_line(None) == ""
+def _message(reason: str, detail: str = "HTTP 429 3 times in a row (limit 3)") -> str:
+    """The escalation message as the service writes it (``core.escalation``)."""
+    facts = EscalationFacts(
+        operation_id="op_1",
+        provider="sim",
+        reason=EscalationReason(reason),
+        detail=detail,
+        started_at=NOW,
+        now=NOW,
+        status_requests_used=3,
+        max_status_requests=12,
+    )
+    return render_message(facts, (DecisionAction.EXTEND, DecisionAction.ABANDON))
+
+
+def _escalation(
+    id: int, reason: str, decision: dict[str, object] | None = None, minute: int = 0
+) -> EscalationRecord:
+    at = NOW + timedelta(minutes=minute)
+    known = reason in {r.value for r in EscalationReason}
+    message = _message(reason) if known else "External job needs a decision"
+    return EscalationRecord(
+        id=id,
+        operation_id="op_1",
+        reason=reason,
+        message=message,
+        options=[{"action": "extend"}, {"action": "abandon"}],
+        resume_state="observing",
+        created_at=at,
+        decided_at=at + timedelta(minutes=1) if decision else None,
+        decided_by="operator:ana" if decision else None,
+        decision=decision,
+    )
+
+
+EXTEND = {"action": "extend", "extra_seconds": 900.0, "extra_status_requests": 4}
+
+
+def test_what_stopped_and_why_in_the_operators_words() -> None:
+    esc = _escalation(1, "rate_limited")
+    assert operator_text.why(esc) == "HTTP 429 3 times in a row (limit 3)"
+    assert operator_text.stopped(esc) == "The provider kept answering 429: too many requests."
+    assert set(operator_text.REASONS) == set(EscalationReason)
+    assert set(operator_text.STATES) == set(State)
+    odd = _escalation(2, "brand_new_reason")
+    assert operator_text.stopped(odd) == "Stopped: brand_new_reason."
+    assert operator_text.why(odd) == ""
+    bare = _escalation(3, "deadline_exceeded")
+    bare = dataclasses.replace(bare, message=_message("deadline_exceeded", detail=""))
+    assert operator_text.why(bare) == ""
+    assert operator_text.summary("observing", awaiting_decision=False).startswith("Running")
+    late = operator_text.summary("result_timed_out", awaiting_decision=True)
+    assert late.endswith("An operator's decision is needed.")
+
+
+def test_decisions_read_as_sentences() -> None:
+    made = operator_text.decided(_escalation(1, "rate_limited", {**EXTEND, "note": "429s stop"}))
+    assert made is not None
+    assert made.sentence == (
+        "extended by 15 minutes and 4 status reads — ana, 2026-12-01 10:01:00 UTC"
+    )
+    assert made.note == "429s stop"
+    delivery = operator_text.what_was_decided(
+        "callback_undeliverable",
+        {"action": "extend", "extra_seconds": 60.0, "extra_status_requests": 1},
+    )
+    assert delivery == "delivery extended by 1 minute and 1 attempt"
+    assert operator_text.what_was_decided("deadline_exceeded", {"action": "abandon"}) == (
+        "abandoned"
+    )
+    assert operator_text.decided(_escalation(2, "rate_limited")) is None
+    assert operator_text.person("operator:ana") == "ana"
+
+
+def test_an_escalation_after_a_decision_is_said_to_repeat() -> None:
+    first = _escalation(1, "rate_limited", EXTEND)
+    second = _escalation(2, "rate_limited", EXTEND, minute=5)
+    third = _escalation(3, "rate_limited", minute=10)
+    assert operator_text.repeat_of([_escalation(1, "rate_limited")]) is None
+    assert operator_text.repeat_of([first]) is None  # nothing open: nothing repeats
+    repeat = operator_text.repeat_of([first, second, third])
+    assert repeat is not None
+    assert repeat.sentence == (
+        "escalated again (3 times; last decision: extended by 15 minutes and 4 status reads "
+        "at 2026-12-01 10:06:00 UTC by ana)"
+    )
+    assert repeat.tried_text("extend") == (
+        "Tried 2 times before: extended by 15 minutes and 4 status reads — ana, "
+        "2026-12-01 10:06:00 UTC and it stopped again the same way."
+    )
+    assert repeat.tried_text("abandon") == ""
+    other = operator_text.repeat_of([first, _escalation(2, "deadline_exceeded")])
+    assert other is not None and not other.same_reason
+    assert other.tried_text("extend").startswith("Tried once before:")
 
 
 def _entry(seq: int, kind: str, cause: str, at: datetime, **detail: object) -> HistoryRecord:
@@ -143,6 +236,6 @@ def test_timeline_rows_and_delivery_attempts() -> None:
     step = StepRecord(1, "callback", StepStatus.DONE, 2, NOW, NOW, None, None)
     [delivery] = deliveries([step], [read, failed, done])
     assert [(a.number, a.answer, a.outcome) for a in delivery.tried] == [
-        (1, "HTTP 500", "failed, retry at 2026-12-01T10:00:02+00:00"),
+        (1, "HTTP 500", "failed, retry at 2026-12-01 10:00:02 UTC"),
         (2, "HTTP 204", "delivered"),
     ]

@@ -485,7 +485,10 @@ def test_a_secret_pasted_into_an_env_key_is_refused_without_echo(value: str) -> 
 @pytest.mark.parametrize(
     ("auth", "fragment"),
     [
-        ({"type": "basic"}, "auth.type: expected bearer, header or none"),
+        (
+            {"type": "basic"},
+            "auth.type: expected one of bearer, header, none, aws_sigv4, google, oauth2",
+        ),
         ({"token_env": "T"}, "auth.type: required"),
         ({"type": "bearer"}, "auth.token_env: required"),
         ({"type": "header", "value_env": "K"}, "auth.name: required"),

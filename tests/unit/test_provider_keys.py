@@ -11,7 +11,7 @@ import pytest
 
 from reconciler.core.errors import ConfigError
 from reconciler.core.signatures import WebhookScheme
-from reconciler.providers.loader import parse_provider
+from reconciler.providers.loader import load_providers, parse_provider
 from reconciler.providers.pointer import MISSING
 from reconciler.providers.spec import (
     INLINE_SOURCE,
@@ -654,3 +654,102 @@ def test_a_duplicate_rule_never_reads_a_plain_refusal_as_a_made_job(
     else:
         assert "create.duplicate: HTTP 4" in _error(data)
         assert "add body_contains" in _error(data)
+
+
+# --- credentials that refresh ------------------------------------------------------------
+
+
+def test_the_cloud_auth_types_take_their_keys() -> None:
+    aws = _load(
+        {**MINIMAL, "auth": {"type": "aws_sigv4", "service": "states", "region": "eu-west-1"}}
+    )
+    assert (aws.auth.service, aws.auth.region) == ("states", "eu-west-1")
+    google = _load({**MINIMAL, "auth": {"type": "google"}})
+    assert google.auth.google_scopes == ("https://www.googleapis.com/auth/cloud-platform",)
+    oauth2 = {
+        "type": "oauth2",
+        "token_url": "https://login.example/token",
+        "client_id_env": "ID",
+        "client_secret_env": "SECRET",
+        "scope": "jobs.read jobs.write",
+    }
+    assert _load({**MINIMAL, "auth": oauth2}).auth.scope == "jobs.read jobs.write"
+    filed = _load({**MINIMAL, "auth": {"type": "bearer", "token_file": "/var/run/token"}})
+    assert filed.auth.token_file == "/var/run/token" and filed.auth.env_key is None
+
+
+@pytest.mark.parametrize(
+    ("auth", "fragment"),
+    [
+        ({"type": "aws_sigv4", "region": "us-east-1"}, "auth.service: required (the signing name"),
+        ({"type": "aws_sigv4", "service": "states"}, "auth.region: required (the AWS region"),
+        (
+            {"type": "aws_sigv4", "service": "states", "region": "mars"},
+            'auth.region: expected an AWS region such as "us-east-1"',
+        ),
+        ({"type": "google", "scopes": []}, "auth.scopes: expected a non-empty list of scope URLs"),
+        ({"type": "google", "token_env": "T"}, 'auth.token_env: unknown key for type "google"'),
+        (
+            {"type": "oauth2", "token_url": "https://l.example/t", "client_id_env": "I"},
+            "auth.client_secret_env: required (the name of an environment variable)",
+        ),
+        (
+            {
+                "type": "oauth2",
+                "token_url": "ftp://x",
+                "client_id_env": "I",
+                "client_secret_env": "S",
+            },
+            "auth.token_url: must be an http:// or https:// URL",
+        ),
+        (
+            {"type": "bearer", "token_env": "T", "token_file": "/t"},
+            "auth.token_file: give one of token_env or token_file, not both",
+        ),
+        ({"type": "bearer", "token_file": "token"}, "auth.token_file: expected an absolute path"),
+        (
+            {"type": "header", "name": "x-api-key"},
+            "auth.value_env: required (the name of an environment variable, or token_file",
+        ),
+        ({"type": "oauth2", "client_secret": "s3cr3t"}, "auth.client_secret: secrets may not"),
+    ],
+)
+def test_auth_type_errors(auth: dict[str, Any], fragment: str) -> None:
+    assert fragment in _error({**MINIMAL, "auth": auth})
+
+
+def test_a_cloud_auth_without_its_extra_fails_at_load_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from reconciler.providers import credentials
+
+    real = credentials.importlib.util.find_spec
+    monkeypatch.setattr(
+        credentials.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name.startswith(("botocore", "google")) else real(name, *a),
+    )
+    aws = {**MINIMAL, "auth": {"type": "aws_sigv4", "service": "batch", "region": "us-east-1"}}
+    with pytest.raises(ConfigError) as caught:
+        load_providers(None, {"p": aws}, {})
+    assert caught.value.message == (
+        f'{INLINE_SOURCE}: providers.p.auth.type: "aws_sigv4" needs the optional extra '
+        "reconciler[aws] (pip install 'reconciler[aws]')"
+    )
+    google = {**MINIMAL, "auth": {"type": "google"}}
+    with pytest.raises(ConfigError, match=r"reconciler\[google\]"):
+        load_providers(None, {"p": google}, {})
+
+
+def test_an_oauth2_client_whose_variables_are_unset_fails_at_load() -> None:
+    oauth2 = {
+        "type": "oauth2",
+        "token_url": "https://login.example/token",
+        "client_id_env": "RUNS_CLIENT_ID",
+        "client_secret_env": "RUNS_CLIENT_SECRET",
+    }
+    with pytest.raises(ConfigError) as caught:
+        load_providers(None, {"p": {**MINIMAL, "auth": oauth2}}, {"RUNS_CLIENT_ID": "id"})
+    assert caught.value.message.endswith(
+        "providers.p.auth.client_secret_env: environment variable RUNS_CLIENT_SECRET is not set"
+    )

@@ -203,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     decide.add_argument("--extra-seconds", type=float, help="extend: more time (default offered)")
     decide.add_argument("--extra-requests", type=int, help="extend: more status requests")
     decide.add_argument("--by", default=getpass.getuser(), help="who decides (recorded)")
+    decide.add_argument("--note", help="why you decide so (kept with the decision, at most 500)")
     decide.set_defaults(handler=decide_command)
 
     add_providers_parser(sub, common)

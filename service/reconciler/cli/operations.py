@@ -83,6 +83,7 @@ def decide_command(args: argparse.Namespace, settings: Settings) -> int:
                 if args.extra_requests is not None
                 else {}
             ),
+            **({"note": args.note} if args.note is not None else {}),
         }
     )
     key = settings.audit_key()

@@ -18,6 +18,7 @@ from reconciler.commands.provider_check import (
     check_job,
     check_request,
     headline,
+    obtain_credential,
     verdict,
 )
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Settings
@@ -92,13 +93,13 @@ def providers_check(args: argparse.Namespace, settings: Settings) -> int:
         return await ssrf.resolve_and_check(url, allow, ssrf.system_resolver, URL_NAME)
 
     report = Report(print)
-    for line in headline(spec):
-        report.say(line)
+    report.say(headline(spec))
 
     async def run() -> None:
         adapter = build_adapter(spec, os.environ, guard=guard)
         check = Check(spec, adapter, report)
         try:
+            await obtain_credential(report, getattr(adapter, "credential", None))
             if request is not None:
                 reads = args.max_reads or spec.polling.max_status_requests
                 await check_request(check, request, cancel=args.cancel, max_reads=reads)

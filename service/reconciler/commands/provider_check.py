@@ -22,6 +22,7 @@ from typing import Any
 
 from reconciler.core.cancel import CancelAnswer, cancel_answer
 from reconciler.core.create import body_text
+from reconciler.core.errors import CredentialUnavailable
 from reconciler.core.ids import idempotency_token, trace_id
 from reconciler.core.outcome_parts import provider_message
 from reconciler.core.provider_calls import CallResult
@@ -34,9 +35,10 @@ from reconciler.providers.adapter import (
     Subject,
     answer_is,
 )
+from reconciler.providers.credentials import Credential
 from reconciler.providers.pointer import MISSING
 from reconciler.providers.result_check import check_result, release
-from reconciler.providers.spec import AuthType, ProviderSpec
+from reconciler.providers.spec import ProviderSpec
 
 VALUE_CHARS = 80
 INDENT = "        "
@@ -83,16 +85,6 @@ class Report:
         self.failed = True
         self.say(f"{INDENT}FAILED: {text}")
         return Unreadable(text)
-
-
-def credential_source(spec: ProviderSpec) -> str:
-    """Where the provider's credential comes from, in words (never the value)."""
-    auth = spec.auth
-    if auth.type is AuthType.BEARER and auth.token_env:
-        return f"bearer token from environment variable {auth.token_env} (not shown)"
-    if auth.type is AuthType.HEADER and auth.value_env:
-        return f"{auth.header_name} header from environment variable {auth.value_env} (not shown)"
-    return "none (auth type none)"
 
 
 def _short(value: Any) -> str:
@@ -276,9 +268,19 @@ def verdict(report: Report, name: str) -> str:
     return f"verdict: {name}: every call read as the file says"
 
 
-def headline(spec: ProviderSpec) -> list[str]:
+def headline(spec: ProviderSpec) -> str:
     origin = f"preset {spec.preset} in {spec.source}" if spec.preset else spec.source
-    return [
-        f"provider {spec.name} ({origin}), base_url {spec.base_url}",
-        f"credential: {credential_source(spec)}",
-    ]
+    return f"provider {spec.name} ({origin}), base_url {spec.base_url}"
+
+
+async def obtain_credential(report: Report, credential: Credential | None) -> None:
+    """The credential first, and where it came from (never its value)."""
+    if credential is None:
+        report.say("credential: none (auth type none)")
+        return
+    try:
+        source = await credential.obtain()
+    except CredentialUnavailable as exc:
+        report.say(f"credential: {credential.source}")
+        raise report.fail(f"the credential could not be obtained: {exc.message}") from None
+    report.say(f"credential: {source} (obtained; not shown)")

@@ -4,9 +4,11 @@ Pure: no I/O, no clock. Every text that reaches the markup (provider names,
 causes, story lines) goes through ``markupsafe.escape``; every coordinate comes
 from a clamped ``Scale``, so no mark leaves the viewBox. Each chart is a
 ``<figure>`` holding the SVG (with ``<title>`` and ``<desc>`` for screen
-readers), a one-line caption and the same figures as a table: the text
-fallback. Styling is by class names only (the console's stylesheet), since the
-Content-Security-Policy allows no inline style.
+readers), a legend of its colours, a one-line caption and the same figures as a
+table: the text fallback. Time axes say their zone (UTC); every event is a mark
+of its own, even events a few milliseconds apart (``spread``); a bar of zero is
+drawn and labelled. Styling is by class names only (the console's stylesheet),
+since the Content-Security-Policy allows no inline style.
 """
 
 from __future__ import annotations
@@ -125,9 +127,18 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]], summary: str) -> 
     )
 
 
-def _figure(svg: str, caption: str, table: str, cls: str) -> Markup:
+def _legend(items: Sequence[tuple[str, str]]) -> str:
+    """``(swatch classes, words)`` as a list under the chart."""
+    entries = "".join(
+        f'<li><span class="swatch {_esc(cls)}"></span>{_esc(words)}</li>' for cls, words in items
+    )
+    return f'<ul class="chart-legend">{entries}</ul>' if items else ""
+
+
+def _figure(svg: str, caption: str, table: str, cls: str, legend: str = "") -> Markup:
+    # The drawing scrolls on its own when the screen is narrower than it can be read at.
     return Markup(
-        f'<figure class="chart-figure {cls}">{svg}'
+        f'<figure class="chart-figure {cls}"><div class="chart-scroll">{svg}</div>{legend}'
         f"<figcaption>{_esc(caption)}</figcaption>{table}</figure>"
     )
 
@@ -167,7 +178,8 @@ TOP = 40
 LEFT = 44
 RIGHT = 24
 AXIS = 22
-STUB = 2.0
+STUB = 4.0  # the height of a bar of zero: drawn, and labelled
+TIME_ZONE = "UTC"
 
 
 def bar_panels(
@@ -198,6 +210,7 @@ def bar_panels(
     parts.append(
         f'<line class="axis" x1="{LEFT}" x2="{BAR_WIDTH - RIGHT}" y1="{axis_y}" y2="{axis_y}"/>'
     )
+    parts.append(_text(LEFT - 5, axis_y + 15, TIME_ZONE, "axis-zone", "end"))
     for tick in ticks:
         tx = x(tick.timestamp())
         parts.append(_text(tx, axis_y + 15, f"{tick:{fmt}}", "tick-label"))
@@ -219,7 +232,12 @@ def bar_panels(
     ]
     rows += [[f"{m.at:%H:%M:%S}", "trust state", m.label, ""] for m in markers]
     table = _table(("Hour (UTC)", "Figure", "Value", "From"), rows, "Figures as a table")
-    return _figure("".join(parts), caption, table, "chart-bars")
+    legend = [("swatch-bar", "a figure of that hour")]
+    if any(b.value <= 0 for p in panels for b in p.bars):
+        legend.append(("swatch-bar swatch-zero", "zero"))
+    for kind in sorted({m.kind for m in markers}):
+        legend.append((f"swatch-line swatch-{_slug(kind)}", f"trust became {kind}"))
+    return _figure("".join(parts), caption, table, "chart-bars", _legend(legend))
 
 
 def _panel(panel: Panel, x: Scale, top: float, empty: str) -> str:
@@ -249,6 +267,8 @@ def _panel(panel: Panel, x: Scale, top: float, empty: str) -> str:
             f"{bar.start:%H:%M}-{bar.end:%H:%M} UTC: {_esc(panel.shown(bar.value))} "
             f"({_esc(bar.note)})</title></rect>"
         )
+        if bar.value <= 0:
+            out.append(_text(x0 + 1 + width / 2, y0 - 3, panel.shown(0.0), "zero-label"))
     return "".join(out)
 
 
@@ -266,6 +286,27 @@ class Mark:
 LANE_WIDTH = 960
 LANE_HEIGHT = 26
 LANE_LEFT = 120
+MARK_RADIUS = 5
+MARK_GAP = 2 * MARK_RADIUS + 1  # centres this far apart: marks side by side, not on top
+
+
+def spread(xs: Sequence[float], low: float, high: float, gap: float = MARK_GAP) -> list[float]:
+    """Positions for marks at ``xs`` (in order) inside ``[low, high]``, each at least ``gap``
+    after the one before, or as far apart as the room allows.
+
+    Events closer in time than a mark is wide (three state changes 28 ms apart) are
+    drawn side by side: each is seen and can be pointed at, and the order stays.
+    """
+    if len(xs) < 2:
+        return [min(high, max(low, x)) for x in xs]
+    step = min(gap, (high - low) / (len(xs) - 1))
+    out = [min(high, max(low, x)) for x in xs]
+    for i in range(1, len(out)):
+        out[i] = max(out[i], out[i - 1] + step)
+    out[-1] = min(out[-1], high)
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1] - step)
+    return [min(high, max(low, x)) for x in out]
 
 
 def lanes(
@@ -274,8 +315,10 @@ def lanes(
     names: Sequence[str],
     marks: Sequence[Mark],
     empty: str = "no events yet",
+    colours: Sequence[tuple[str, str]] = (),
 ) -> Markup:
-    """Each mark as a dot on its lane, every lane on one time axis."""
+    """Each mark as a dot on its lane, every lane on one time axis; ``colours`` is the
+    legend's ``(lane, words)`` for each lane drawn in a colour of its own."""
     height = TOP + len(names) * LANE_HEIGHT + AXIS
     if marks:
         start, end = min(m.at for m in marks), max(m.at for m in marks)
@@ -283,7 +326,8 @@ def lanes(
         start, end = start - pad, end + pad
     else:
         start = end = datetime.fromtimestamp(0, UTC)
-    x = Scale(start.timestamp(), end.timestamp(), LANE_LEFT, LANE_WIDTH - RIGHT)
+    low, high = LANE_LEFT + MARK_RADIUS, LANE_WIDTH - RIGHT - MARK_RADIUS
+    x = Scale(start.timestamp(), end.timestamp(), low, high)
     counts = {name: sum(1 for m in marks if m.lane == name) for name in names}
     desc = ", ".join(f"{name}: {n}" for name, n in counts.items()) if marks else empty
     if marks:
@@ -303,23 +347,28 @@ def lanes(
         f'y1="{axis_y}" y2="{axis_y}"/>'
     )
     if marks:
+        parts.append(_text(LANE_LEFT - 8, axis_y + 15, f"time ({TIME_ZONE})", "axis-zone", "end"))
         ticks, fmt = time_ticks(start, end)
         for tick in ticks:
             parts.append(_text(x(tick.timestamp()), axis_y + 15, f"{tick:{fmt}}", "tick-label"))
     else:
         parts.append(_text((LANE_LEFT + LANE_WIDTH) / 2, TOP - 10, empty, "empty"))
-    for mark in marks:
-        if mark.lane not in row:
-            continue
-        cls = "mark bad" if mark.bad else "mark"
-        parts.append(
-            f'<circle class="{cls} lane-{_slug(mark.lane)}" '
-            f'cx="{_num(x(mark.at.timestamp()))}" cy="{_num(row[mark.lane])}" r="5">'
-            f"<title>{_clock_ms(mark.at)} {_esc(mark.text)}</title></circle>"
-        )
+    for name in names:
+        mine = sorted((m for m in marks if m.lane == name), key=lambda m: m.at)
+        placed = spread([x(m.at.timestamp()) for m in mine], low, high)
+        for mark, cx in zip(mine, placed, strict=True):
+            cls = "mark bad" if mark.bad else "mark"
+            parts.append(
+                f'<circle class="{cls} lane-{_slug(mark.lane)}" '
+                f'cx="{_num(cx)}" cy="{_num(row[name])}" r="{MARK_RADIUS}">'
+                f"<title>{_clock_ms(mark.at)} UTC {_esc(mark.text)}</title></circle>"
+            )
     parts.append("</svg>")
     caption = desc if marks else f"{title}: {empty}"
-    return _figure("".join(parts), caption, "", "chart-lanes")
+    legend = [(f"swatch-{_slug(lane)}", words) for lane, words in colours]
+    if any(m.bad for m in marks):
+        legend.append(("swatch-bad", "an error answer or a failed attempt"))
+    return _figure("".join(parts), caption, "", "chart-lanes", _legend(legend))
 
 
 def _clock_ms(at: datetime) -> str:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
-from typing import Any
 
 import jinja2
 
@@ -39,20 +37,9 @@ def days(value: float) -> str:
     return "forever" if value == 0 else format_duration(value * 86_400)
 
 
-def first_line(text: str | None) -> str:
-    """The line after the message's fixed title: what an inbox row needs to show."""
-    if not text:
-        return ""
-    lines = [line for line in text.splitlines() if line.strip()]
-    for line in lines:
-        if line.startswith("Stopped because:"):
-            return line.removeprefix("Stopped because:").strip()
-    return lines[0] if lines else ""
-
-
-def as_json(value: Any) -> str:
-    """A JSON value shown as text (the template escapes it)."""
-    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+def number(value: float | int) -> str:
+    """An amount as a person writes it: ``900`` for 900.0, ``92.5`` as it is."""
+    return str(int(value)) if float(value).is_integer() else str(value)
 
 
 def install(env: jinja2.Environment) -> None:
@@ -61,7 +48,6 @@ def install(env: jinja2.Environment) -> None:
         clock=clock,
         seconds=seconds,
         days=days,
-        first_line=first_line,
-        as_json=as_json,
+        number=number,
     )
     env.globals.update(age=age)

@@ -1,9 +1,11 @@
 """The inbox: what needs a decision first, then what is at risk, counts, filters and search.
 
 Guarantee: a bad filter is a 400 page that names the parameter and the allowed
-values, never an empty list that looks like good news. The page reloads itself
-when an escalation opens or is decided anywhere (``stamp``, read from the
-database, so every replica sees the same), or every 30 s without JavaScript.
+values, never an empty list that looks like good news. An operation escalated
+before says so, with its last decision. The lists refresh themselves when an
+escalation opens or is decided anywhere (``stamp``, read from the database, so
+every replica sees the same), leaving the filter form as the operator left it; or
+the whole page every 30 s without JavaScript.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from reconciler.console import operator_text
 from reconciler.console.web import operator, page, render, runtime_of
 from reconciler.core import errors, risk
 from reconciler.core.states import State
 from reconciler.core.vocabulary import EscalationReason
 from reconciler.storage import inbox as reads
+from reconciler.storage.escalations import escalations_by_operation, escalations_for
 from reconciler.storage.operations import count_by_state
 
 PAGE_SIZE = 20
@@ -81,8 +85,8 @@ def parse_query(params: dict[str, str], providers: set[str]) -> Query:
         query = query.strip()
         if len(query) > MAX_QUERY or not query.isprintable():
             raise errors.InvalidRequest(
-                f"'q' must be an operation id, job id or trace id of at most {MAX_QUERY} "
-                "printable characters"
+                f"'q' must be the start of an operation id, job id or trace id: at most "
+                f"{MAX_QUERY} printable characters"
             )
     pages = {name: _page_number(raw[name], name) if name in raw else 1 for name in PARAMS[4:]}
     found = reads.InboxFilter(state=state, provider=provider, reason=reason, query=query or None)
@@ -117,24 +121,31 @@ async def inbox(request: Request) -> Response:
                 if f.narrows
                 else None
             )
+            before = escalations_by_operation(conn, [op.id for op, _ in escalated.items])
+            risky = at_risk.items if at_risk is not None else []
+            last = escalations_for(conn, [op.escalation_id for op in risky if op.escalation_id])
+            # "Failing again" is judged against the reason of the operation's last escalation.
+            reasons = {
+                op.id: last[op.escalation_id].reason for op in risky if op.escalation_id in last
+            }
             return {
                 "escalated": escalated,
                 "at_risk": at_risk,
                 "matching": matching,
                 "counts": count_by_state(conn),
                 "stamp": reads.stamp(conn),
+                "repeats": {
+                    op_id: operator_text.repeat_of(found) for op_id, found in before.items()
+                },
+                "risks": {op.id: risk.risks(op, now, reasons.get(op.id)) for op in risky},
             }
 
     data = await rt.db.run(load)
-    risks = {}
-    if data["at_risk"] is not None:
-        risks = {op.id: risk.risks(op, now) for op in data["at_risk"].items}
     return render(
         request,
         "inbox.html",
         {
             **data,
-            "risks": risks,
             "query": query,
             "page_size": PAGE_SIZE,
             "states": [s.value for s in State],

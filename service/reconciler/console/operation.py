@@ -1,11 +1,15 @@
 """One operation's page, the confirmation of a decision, and the decision itself.
 
-Guarantee: the buttons are exactly the open escalation's options, each with
-its stated cost; a decision needs a confirmation page and the session's CSRF
-token, goes through ``commands.decide`` (the API's and CLI's command) with the
-operator token's name as actor, and is refused with the API's message when it
-was not offered or was already made. URLs that may carry credentials in their
-query (callback URL, result reference) are shown without it.
+Guarantee: the page tells the operator what stopped, why, and what each option
+does, in the operator's words (never the agent's message); the buttons are exactly
+the open escalation's options, each with its stated cost and what it did here
+before. A decision needs a confirmation page and the session's CSRF token, goes
+through ``commands.decide`` (the API's and CLI's command) with the operator token's
+name as actor and the operator's optional note, and is refused with the API's
+message when it was not offered or was already made; "Decision recorded" is shown
+once, on the page the decision leads to (a short-lived cookie, not the URL, so a
+reload does not say it again). URLs that may carry credentials in their query
+(callback URL, result reference) are shown without it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from reconciler.commands.decide import decide as commands_decide
-from reconciler.console import timeline
+from reconciler.console import operator_text, timeline
 from reconciler.console.web import (
     PREFIX,
     Operator,
@@ -26,11 +30,11 @@ from reconciler.console.web import (
     page,
     render,
     runtime_of,
+    state_of,
 )
 from reconciler.core import errors, risk
 from reconciler.core.operator_decision import plan_decision
 from reconciler.core.records import EscalationRecord, OperationRecord
-from reconciler.core.vocabulary import DecisionAction
 from reconciler.providers.spec import cancel_deadline_seconds
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
@@ -40,9 +44,13 @@ from reconciler.storage.history import history_of
 from reconciler.storage.operation_reads import view_of
 from reconciler.tracing import SpanName
 from reconciler.wire import parse_decision
+from reconciler.wire.fields import MAX_DECISION_NOTE
 
 MAX_ID = 40
-FORM_FIELDS = {"csrf", "action", "escalation", "extra_seconds", "extra_status_requests"}
+FORM_FIELDS = {"csrf", "action", "escalation", "extra_seconds", "extra_status_requests", "note"}
+# Names the escalation just decided, for the one page the decision leads to.
+DECIDED_COOKIE = "reconciler_console_decided"
+DECIDED_SECONDS = 60
 
 
 def without_query(url: str | None) -> str | None:
@@ -81,18 +89,21 @@ def _load(rt: Runtime, op_id: str) -> dict[str, Any]:
         steps = steps_of(conn, op_id)
         view = view_of(conn, op, now)
     story_rows = timeline.rows(entries)
+    last = next((e for e in escalations if e.id == op.escalation_id), None)
     return {
         "op": op,
         "view": view,
         "done": view["done"],
+        "summary": operator_text.summary(op.state, view["awaiting_decision"]),
         "open": _open(op, escalations),
+        "repeat": operator_text.repeat_of(escalations),
         "escalations": escalations,
         "timeline": story_rows,
         "story_chart": timeline.chart(op.id, story_rows),
         "deliveries": timeline.deliveries(steps, entries),
         "callback_url": without_query(op.callback_url),
         "result": _result(op.result),
-        "risks": risk.risks(op, now),
+        "risks": risk.risks(op, now, last.reason if last is not None else None),
     }
 
 
@@ -118,11 +129,21 @@ async def operation_page(request: Request) -> Response:
     rt = runtime_of(request)
     op_id = _op_id(request)
     data = await rt.db.run(_load, rt, op_id)
-    decided = request.query_params.get("decided")
-    notice = ""
-    if decided in {a.value for a in DecisionAction}:
-        notice = f"Decision recorded: {decided}."
-    return render(request, "operation.html", {**data, "notice": notice}, who=who)
+    flash = request.cookies.get(DECIDED_COOKIE)
+    just = next((e for e in data["escalations"] if str(e.id) == flash), None)
+    response = render(
+        request,
+        "operation.html",
+        {**data, "just_decided": operator_text.decided(just) if just is not None else None},
+        who=who,
+    )
+    if flash is not None:
+        response.delete_cookie(DECIDED_COOKIE, path=_own_path(op_id))
+    return response
+
+
+def _own_path(op_id: str) -> str:
+    return f"{PREFIX}/operations/{op_id}"
 
 
 def _option(rt: Runtime, who: Operator, data: dict[str, Any], action: str) -> dict[str, Any]:
@@ -152,7 +173,8 @@ async def confirm_page(request: Request) -> Response:
     action = request.query_params.get("action", "")
     data = await rt.db.run(_load, rt, op_id)
     option = _option(rt, who, data, action)
-    return render(request, "confirm.html", {**data, "option": option}, who=who)
+    context = {**data, "option": option, "note_limit": MAX_DECISION_NOTE}
+    return render(request, "confirm.html", context, who=who)
 
 
 def _decision_body(form: dict[str, str]) -> dict[str, Any]:
@@ -161,6 +183,9 @@ def _decision_body(form: dict[str, str]) -> dict[str, Any]:
     if unknown:
         raise errors.InvalidRequest(f"unknown form field(s): {', '.join(unknown)}")
     body: dict[str, Any] = {"action": form.get("action", "")}
+    # An empty note box is no note; anything else is the API's to check.
+    if form.get("note", "").strip():
+        body["note"] = form["note"]
     for name, kind in (("extra_seconds", float), ("extra_status_requests", int)):
         raw = form.get(name, "")
         if raw:
@@ -202,5 +227,14 @@ async def decide(request: Request) -> Response:
     rt.tracing.mark(op, SpanName.DECISION, decision=decision.action, state=op.state)
     rt.notifier.changed(op.id)
     rt.notifier.wake()
-    target = f"{PREFIX}/operations/{op.id}?decided={decision.action.value}#timeline"
-    return RedirectResponse(target, status_code=303)
+    response = RedirectResponse(f"{_own_path(op.id)}#decided", status_code=303)
+    response.set_cookie(
+        DECIDED_COOKIE,
+        str(op.escalation_id),
+        max_age=DECIDED_SECONDS,
+        path=_own_path(op.id),
+        httponly=True,
+        samesite="strict",
+        secure=state_of(request).secure_cookie,
+    )
+    return response

@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from reconciler.console import provider_charts
 from reconciler.console.web import operator, page, render, runtime_of
-from reconciler.core.trust import TrustPolicy
+from reconciler.core.trust import TrustPolicy, TrustState, TrustView
 from reconciler.metrics import totals
 from reconciler.runtime import Runtime
 from reconciler.storage import provider_stats, retention
@@ -38,7 +38,7 @@ class ProviderFigures:
     configured: bool
     webhooks: provider_stats.WebhookCounts
     reads: provider_stats.ReadCounts
-    trust: Any | None
+    trust: TrustView | None
     rejected: dict[str, int] = field(default_factory=dict)  # this process
     statuses: dict[str, int] = field(default_factory=dict)  # status reads by HTTP status
     calls: dict[str, dict[str, int]] = field(default_factory=dict)  # other calls, by status
@@ -51,6 +51,28 @@ class ProviderFigures:
     def share(self, count: int) -> str:
         total = self.status_total
         return f"{100 * count / total:.1f}%" if total else "—"
+
+
+def trust_words(view: TrustView) -> str:
+    """A provider's webhook trust as the operator reads it (the streak, said as what it is)."""
+    run, needed = view.streak, view.trust_after
+    completions = "completion" if run == 1 else "completions"
+    if view.state is TrustState.TRUSTED:
+        return (
+            f"Trusted: webhooks came first for the last {run} {completions} in a row "
+            f"(trust takes {needed}). Status reads are only a slow fallback; the first "
+            "missed webhook withdraws trust."
+        )
+    if view.state is TrustState.DISTRUSTED:
+        return (
+            "Distrusted: a webhook was missed, so every operation is read on the normal "
+            f"schedule. {run} of the {needed} webhook-first completions in a row that earn "
+            "trust again."
+        )
+    return (
+        f"Learning: {run} of the {needed} webhook-first completions in a row that earn "
+        "trust. Until then every operation is read on the normal schedule."
+    )
 
 
 def _policy(runtime: Runtime, provider: str) -> TrustPolicy | None:
@@ -91,8 +113,7 @@ async def providers_page(request: Request) -> Response:
             }
             # A provider no longer configured has no trust keys: no trust shown.
             known = {name: policy for name, policy in policies.items() if policy is not None}
-            views = trust_store.trust_views(conn, known)
-            trust = {name: view.as_dict() for name, view in views.items()}
+            trust = trust_store.trust_views(conn, known)
             return (
                 webhooks,
                 provider_stats.status_reads(conn),
@@ -135,6 +156,7 @@ async def providers_page(request: Request) -> Response:
             "figures": figures,
             "unknown_provider": sum(unknown.values()),
             "buckets": [b[0] for b in provider_stats.READ_BUCKETS],
+            "trust_words": trust_words,
             "storage": {
                 "size": size,
                 "settings": rt.settings.retention,

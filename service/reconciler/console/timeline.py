@@ -18,6 +18,7 @@ from typing import Any
 from markupsafe import Markup
 
 from reconciler.console import charts
+from reconciler.console.formatting import when
 from reconciler.core import story
 from reconciler.core.records import HistoryRecord
 from reconciler.core.vocabulary import HistoryKind
@@ -117,12 +118,22 @@ def marks(story_rows: Iterable[Row]) -> list[charts.Mark]:
     ]
 
 
+LEGEND: dict[Lane, str] = {
+    Lane.REQUESTS: "a call to the provider",
+    Lane.WEBHOOKS: "a webhook",
+    Lane.STATE: "a change of state",
+    Lane.DECISIONS: "an escalation or a decision",
+    Lane.CALLBACKS: "a callback or hook attempt",
+}
+
+
 def chart(op_id: str, story_rows: Sequence[Row]) -> Markup:
     return charts.lanes(
         "story-chart",
         f"{op_id}: the story on one time axis",
         [lane.value for lane in Lane],
         marks(story_rows),
+        colours=[(lane.value, words) for lane, words in LEGEND.items()],
     )
 
 
@@ -159,7 +170,8 @@ def _attempt(entry: HistoryRecord) -> Attempt:
     if detail.get("gave_up"):
         outcome = "gave up"
     elif detail.get("retry_at"):
-        outcome = f"failed, retry at {detail['retry_at']}"
+        retry = _moment(detail["retry_at"])
+        outcome = f"failed, retry at {when(retry) if retry else detail['retry_at']}"
     else:
         outcome = "failed"
     return Attempt(entry.at, number, answer, outcome)

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from reconciler.console import formatting
+from reconciler.console import formatting, operator_text
 from reconciler.console.session import SESSION_COOKIE, Session, Signer, key_from
 from reconciler.core import errors
 from reconciler.core.strict_json import require_field_text, visible
@@ -59,6 +59,7 @@ _env = jinja2.Environment(
     finalize=lambda value: visible(value) if type(value) is str else value,
 )
 formatting.install(_env)
+operator_text.install(_env)
 TEMPLATES = Jinja2Templates(env=_env)
 
 
@@ -181,13 +182,22 @@ def render(
     return TEMPLATES.TemplateResponse(request, template, full, status_code=status)
 
 
-def error_page(request: Request, status: int, title: str, message: str) -> Response:
-    return render(
-        request, "error.html", {"title": title, "message": message}, who=None, status=status
-    )
-
-
 _TITLES = {400: "Bad request", 403: "Not allowed", 404: "Not found", 409: "Not possible"}
+# A refusal about an existing operation (a decision already made, a bad amount): back to it.
+_BACK_TO_OPERATION = frozenset({400, 403, 409, 413})
+
+
+def error_page(request: Request, status: int, title: str, message: str) -> Response:
+    """An error as a page; one refused on an operation's pages links back to the operation."""
+    op_id = request.path_params.get("op_id")
+    back = str(op_id) if status in _BACK_TO_OPERATION and op_id and len(str(op_id)) <= 40 else None
+    return render(
+        request,
+        "error.html",
+        {"title": title, "message": message, "operation": back},
+        who=None,
+        status=status,
+    )
 
 
 def _safe_next(request: Request) -> str:

@@ -52,6 +52,8 @@ class CancelAnswer(StrEnum):
 def cancel_answer(call: CallResult, refused_by_file: bool = False) -> CancelAnswer:
     """What ``call`` (the cancel) came to; ``refused_by_file``: the answer is the one the
     provider file's ``[cancel] refused`` names, whatever its status."""
+    if call.denied:
+        return CancelAnswer.DENIED
     if refused_by_file or call.refused:
         # An adapter that would not send (a job id no path can carry) refuses every time.
         return CancelAnswer.REFUSED
@@ -64,8 +66,6 @@ def cancel_answer(call: CallResult, refused_by_file: bool = False) -> CancelAnsw
         return CancelAnswer.ACCEPTED
     if status in RETRYABLE_4XX:
         return CancelAnswer.NOT_TAKEN
-    if status in (401, 403):
-        return CancelAnswer.DENIED
     if 400 <= status < 500:
         return CancelAnswer.REFUSED
     return CancelAnswer.UNCLEAR

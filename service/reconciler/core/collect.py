@@ -52,7 +52,15 @@ class Verified:
     record: dict[str, Any]
 
 
-CollectDecision = RetryFetch | Unavailable | Invalid | Verified
+@dataclass(frozen=True)
+class Denied:
+    """The provider refused this service's credential for the fetch (a fresh one did not
+    cure it), or its source refused: a person decides (``authorization_denied``)."""
+
+    detail: str
+
+
+CollectDecision = RetryFetch | Unavailable | Invalid | Verified | Denied
 
 
 class CollectPlan(Enum):
@@ -118,6 +126,9 @@ def decide_collect(
     ``check`` is the validation of an answered fetch (None when it was not answered
     with a 2xx); ``detail`` is the call's history detail, kept in the error.
     """
+    if call.denied:
+        said = call.refused if call.credential_refused else f"HTTP {call.http_status}"
+        return Denied(f"the result fetch was refused for this service's credential ({said})")
     if call.refused is None and retryable(call) and attempts < max_failures:
         # The provider's Retry-After (also retry-after-ms, a reset header) is a minimum.
         asked = parse_retry_after(call.retry_after, call.sent_at)

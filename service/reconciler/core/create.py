@@ -60,6 +60,7 @@ class CreateObservation:
     retry_after: str | None = None
     error: Any = None  # the provider's error body, kept verbatim on rejection
     rate_limited: bool = False  # a 403 that says the rate limit is spent is not a refusal
+    no_credential: str | None = None  # why the credential's source refused: nothing was sent
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class Accepted:
 class Rejected:
     """A definitive refusal: the operation fails with the provider's error preserved."""
 
-    http_status: int
+    http_status: int | None  # None: the credential's source refused, nothing was sent
     error: Any
 
     def error_record(self, via: str) -> dict[str, Any]:
@@ -81,7 +82,7 @@ class Rejected:
         may exist (``lookup_rejected``); a 401 or 403 refuses this service's credential, which
         no change to the request can cure (``authorization_denied``)."""
         code = REQUEST_REJECTED if via == "create" else LOOKUP_REJECTED
-        if self.http_status in (401, 403):
+        if self.http_status in (401, 403, None):
             code = CREDENTIALS_REFUSED  # the service's credential, not the agent's request
         return {
             "code": code,
@@ -267,6 +268,7 @@ def create_observation(call: CallResult, job_id: str | None) -> CreateObservatio
         retry_after=call.retry_after,
         error=error,
         rate_limited=call.rate_limited,
+        no_credential=call.refused if call.credential_refused else None,
     )
 
 
@@ -330,6 +332,8 @@ def decide_create(
     """
     obs = observation
     status = obs.http_status
+    if obs.no_credential is not None:
+        return Rejected(None, obs.no_credential)
     if obs.transport_error is None and status is not None:
         if 200 <= status < 300 and obs.job_id:
             return Accepted(obs.job_id)

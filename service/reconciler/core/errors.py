@@ -24,6 +24,8 @@ ReconcilerError                    root; ``code`` is the stable machine-readable
 ├── ClientDisconnected             the client went away before its body arrived (logged at info)
 ├── RemoteError                    a provider or an agent's receiver gave no usable answer
 │   ├── ResolutionFailed           a callback host did not resolve (a later try may work)
+│   ├── CredentialUnavailable      the provider's credential could not be obtained: refused
+│   │                              (authorization_denied) or not now (a later try may work)
 │   └── UnstorableAnswer           a provider's answer holds text no database can store: the
 │                                  operation escalates contract_violation
 ├── ServiceError                   reconciler.client: the service answered 5xx or was unreachable
@@ -191,6 +193,22 @@ class ResolutionFailed(RemoteError):
     """The callback host could not be resolved now; a later attempt may succeed."""
 
     code = "callback_host_unresolved"
+
+
+class CredentialUnavailable(RemoteError):
+    """The provider's credential could not be obtained, so the call was not sent.
+
+    ``refused``: the source said no (a token endpoint's ``invalid_client``, no credential
+    anywhere in the chain): the operation escalates ``authorization_denied``. Otherwise a
+    later try may work (the endpoint was unreachable) and the call counts as undelivered.
+    The message names the source and the cause, never a secret.
+    """
+
+    code = "credential_unavailable"
+
+    def __init__(self, message: str, *, refused: bool) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class UnstorableAnswer(RemoteError):

@@ -263,8 +263,9 @@ def resume_state(op: OperationRecord, reason: EscalationReason) -> State:
     state = State(op.state)
     if op.remote_job_id is None:
         return State.CREATE_UNKNOWN
-    if reason is EscalationReason.INTERNAL_ERROR and state is State.RESULT_COLLECTING:
-        return State.RESULT_COLLECTING  # a retry runs the collection again, not a status read
+    again = (EscalationReason.INTERNAL_ERROR, EscalationReason.AUTHORIZATION_DENIED)
+    if reason in again and state is State.RESULT_COLLECTING:
+        return State.RESULT_COLLECTING  # the collection runs again, not a status read
     if reason is EscalationReason.CANCELLATION_UNCONFIRMED or state in (
         State.CANCELLING,
         State.CANCELLATION_UNCONFIRMED,

@@ -26,11 +26,12 @@ from reconciler.core.vocabulary import DecisionAction, DelaySource, EscalationRe
 
 @dataclass(frozen=True)
 class DecisionRequest:
-    """What an operator asked for; amounts only for ``extend``."""
+    """What an operator asked for; amounts only for ``extend``; ``note``: why, in their words."""
 
     action: DecisionAction
     extra_seconds: float | None = None
     extra_status_requests: int | None = None
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,9 @@ def plan_decision(
         target = State.CANCEL_REQUESTED
     else:
         target = _plan_abandon(state, reason, changes)
+    if request.note is not None:
+        # Stored in the escalation's record and the history entry: the audit chain covers it.
+        record["note"] = request.note
     if target is state:
         target = None
     if target is not None and not allowed(state, target):

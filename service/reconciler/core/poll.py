@@ -222,6 +222,13 @@ def decide(
     stretched schedule (the shell passes it only where trust applies).
     """
     obs = observation
+    if obs.no_credential is not None:
+        return Stop(
+            EscalationReason.AUTHORIZATION_DENIED,
+            f"the status request was not sent: {obs.no_credential}; check the credential's "
+            "source before any further request",
+            _counters(record),
+        )
     if obs.transport_error is not None:
         what = f"status request failed without a response ({obs.transport_error.value})"
         if obs.transport_error is TransportError.TIMEOUT:
@@ -235,9 +242,14 @@ def decide(
     if obs.not_found or status == 404:
         return _not_found(record, obs, now, rng, policy)
     if status in (401, 403):
+        fresh = (
+            f", and a fresh credential could not be obtained: {obs.credential_problem}"
+            if obs.credential_problem
+            else ""
+        )
         return Stop(
             EscalationReason.AUTHORIZATION_DENIED,
-            f"HTTP {status} from the status endpoint; check the credential, its scope "
+            f"HTTP {status} from the status endpoint{fresh}; check the credential, its scope "
             "and the account before any further request",
             _counters(record),
         )

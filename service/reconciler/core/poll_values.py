@@ -114,6 +114,8 @@ class Observation:
     job_id: str | None = None
     job_id_matches: bool | None = None
     not_found: bool = False  # a 404, or the answer the provider file says means "no such job"
+    no_credential: str | None = None  # why the credential's source refused: nothing was sent
+    credential_problem: str | None = None  # a 401 no fresh credential could follow: why
 
 
 @dataclass(frozen=True)

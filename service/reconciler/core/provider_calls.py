@@ -78,6 +78,14 @@ class CallResult:
     parse_error: str | None = None
     too_large: bool = False
     rate_limited: bool = False  # a 429, or a 403 that says the rate limit is spent
+    # The provider's credential could not be obtained and its source refused: nothing was
+    # sent (``refused`` says why); the operation escalates ``authorization_denied``.
+    credential_refused: bool = False
+    # An answer refused the credential, a fresh one was obtained and the call sent again:
+    # this is the second answer.
+    credential_renewed: bool = False
+    # An answer refused the credential and a fresh one could not be obtained: why.
+    credential_problem: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -86,6 +94,14 @@ class CallResult:
     @property
     def answered(self) -> bool:
         return self.http_status is not None
+
+    @property
+    def denied(self) -> bool:
+        """This service's credential was refused: by the provider (401/403, not a spent rate
+        limit), or by its own source (``credential_refused``)."""
+        if self.credential_refused:
+            return True
+        return self.http_status in (401, 403) and not self.rate_limited
 
 
 def call_detail(call: CallResult) -> dict[str, Any]:
@@ -101,6 +117,10 @@ def call_detail(call: CallResult) -> dict[str, Any]:
         detail["provider_request_id"] = call.provider_request_id
     if call.retry_after:
         detail["retry_after"] = call.retry_after
+    if call.credential_renewed:
+        detail["credential_renewed"] = True
+    if call.credential_problem:
+        detail["credential_problem"] = call.credential_problem
     # When we sent it, apart from when the answer was written: what the deadline and the
     # budget are judged against, however long the provider or the network took.
     detail["sent_at"] = isoformat(call.sent_at)

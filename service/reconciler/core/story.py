@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from reconciler.core.clock import utc
+from reconciler.core.outcome_parts import one_line
 from reconciler.core.records import HistoryRecord, OperationRecord
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 
@@ -25,6 +26,9 @@ SOURCE_WORDS = {
     DelaySource.WEBHOOK_TRUST.value: "webhook trust",
     DelaySource.CATCH_UP.value: "catch-up spread",
 }
+
+# An operator's note on a decision, on its one line of the story (the whole note is kept).
+NOTE_LIMIT = 200
 
 TRUSTED_WORDS = " (webhooks trusted: this read is only a fallback)"
 
@@ -84,7 +88,7 @@ def _transition(entry: HistoryRecord, detail: dict[str, Any]) -> str:
         extra = f", deadline {clock_text(deadline)}, budget {budget}" if deadline else ""
         return f"operation created{extra}"
     if entry.to_state == "observing" and detail.get("next_poll_at"):
-        text = f"{entry.from_state} -> observing, first poll"
+        text = f"{entry.from_state} → observing, first poll"
         text += _next(detail, entry.delay_source).removeprefix(", next poll")
         if entry.delay_source == DelaySource.WEBHOOK_TRUST.value:
             text += TRUSTED_WORDS
@@ -100,7 +104,20 @@ def _transition(entry: HistoryRecord, detail: dict[str, Any]) -> str:
             + (f": {said}" if said else "")
             + "); the job goes on, observed"
         )
-    return f"{entry.from_state} -> {entry.to_state} ({entry.cause})"
+    return f"{entry.from_state} → {entry.to_state} ({entry.cause})"
+
+
+def _decision(actor: str, detail: dict[str, Any]) -> str:
+    extra = ""
+    if detail.get("extra_seconds"):
+        extra = (
+            f" (+{detail['extra_seconds']:g} s, "
+            f"+{detail.get('extra_status_requests', 0)} status requests)"
+        )
+    text = f"{actor} decided {detail.get('action')}{extra}"
+    if isinstance(detail.get("note"), str):
+        text += f": {one_line(detail['note'], NOTE_LIMIT)}"
+    return text
 
 
 def text_of(entry: HistoryRecord) -> str:
@@ -120,13 +137,7 @@ def text_of(entry: HistoryRecord) -> str:
     elif kind == HistoryKind.ESCALATION:
         text = f"escalated: {detail.get('reason')} — {detail.get('detail', '')}".rstrip(" —")
     elif kind == HistoryKind.DECISION:
-        extra = ""
-        if detail.get("extra_seconds"):
-            extra = (
-                f" (+{detail['extra_seconds']:g} s, "
-                f"+{detail.get('extra_status_requests', 0)} status requests)"
-            )
-        text = f"{entry.actor} decided {detail.get('action')}{extra}"
+        text = _decision(entry.actor, detail)
     elif kind == HistoryKind.STEP:
         step = detail.get("step", "?")
         if entry.cause.startswith("step_done"):

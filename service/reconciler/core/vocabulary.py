@@ -92,4 +92,5 @@ class TransportError(StrEnum):
     DNS = "dns"
     TLS = "tls"
     PROTOCOL = "protocol"
+    CREDENTIAL = "credential"  # the credential could not be obtained now: nothing was sent
     OTHER = "other"

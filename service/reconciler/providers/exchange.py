@@ -19,6 +19,7 @@ kept for ``Host`` and TLS, and never kept alive for a later request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,15 +29,15 @@ from typing import Any
 import anyio.to_thread
 import httpx
 
-from reconciler.config import Secret
 from reconciler.core.clock import Clock
-from reconciler.core.errors import InvalidRequest
+from reconciler.core.errors import CredentialUnavailable, InvalidRequest
 from reconciler.core.provider_calls import CallResult
 from reconciler.core.rate_limit import is_rate_limited, retry_after_value
 from reconciler.core.strict_json import parse_json
 from reconciler.core.vocabulary import TransportError
 from reconciler.providers.aiohttp_transport import AiohttpTransport
 from reconciler.providers.client import OutboundClient
+from reconciler.providers.credentials import Credential
 from reconciler.providers.decoding import ACCEPT_ENCODING, declared_length, read_bounded
 from reconciler.providers.spec import ProviderSpec
 from reconciler.providers.spool import Spool
@@ -67,13 +68,10 @@ def _detail(exc: BaseException) -> str:
     return text[:MAX_DETAIL_CHARS]
 
 
-# AWS's JSON protocols name their versions in the media type (Transcribe, Step Functions).
-_AWS_JSON = frozenset({"application/x-amz-json-1.0", "application/x-amz-json-1.1"})
-
-
 def is_json(content_type: str | None) -> bool:
     media = (content_type or "").split(";", 1)[0].strip().lower()
-    return media.endswith("/json") or media.endswith("+json") or media in _AWS_JSON
+    # AWS's JSON protocol answers application/x-amz-json-1.0 and -1.1.
+    return media.endswith(("/json", "+json")) or media.startswith("application/x-amz-json-")
 
 
 def _request_id(headers: httpx.Headers, configured: str | None) -> str | None:
@@ -117,7 +115,7 @@ class Exchange:
     def __init__(
         self,
         spec: ProviderSpec,
-        credential: tuple[str, Secret] | None,
+        credential: Credential | None,
         transport: httpx.AsyncBaseTransport | None,
         clock: Clock,
         tracing: Tracing,
@@ -148,21 +146,22 @@ class Exchange:
     async def aclose(self) -> None:
         await self._client.aclose()
         await self._foreign.aclose()
+        if self._credential is not None:
+            await self._credential.aclose()
 
     def own(self, url: httpx.URL) -> bool:
         return origin(url) == origin(self.base)
 
     def headers(self, trace_id: str, url: httpx.URL, accept: str) -> httpx.Headers:
-        # The file's static headers first: the trace header and the credential replace a
-        # header of the same name (compared case-insensitively), never the other way round.
-        # They go to the provider's origin only, as the credential does.
+        # The file's static headers first: the trace header (and the credential, put on
+        # last in ``_send``) replace a header of the same name (compared
+        # case-insensitively), never the other way round. They go to the provider's origin
+        # only, as the credential does.
         own = self.own(url)
         headers = httpx.Headers(list(self._spec.headers) if own else [])
         headers["Accept"] = accept
         headers["Accept-Encoding"] = ACCEPT_ENCODING
         headers[self._spec.trace_header] = trace_id
-        if self._credential is not None and own:
-            headers[self._credential[0]] = self._credential[1].reveal()
         return headers
 
     def url(self, path: str) -> httpx.URL:
@@ -217,6 +216,11 @@ class Exchange:
             result = await self._send(
                 method, url, target, headers, timeout, limit, content, spool, pinned
             )
+            if self._renews(result, pinned):
+                # The answer refused the credential: a fresh one, and this call once more.
+                result = await self._renewed(
+                    result, method, url, target, headers, timeout, limit, content, spool
+                )
             if result.http_status is not None:
                 self._tracing.note(http_status=result.http_status)
             elif result.transport_error is not None:
@@ -241,36 +245,96 @@ class Exchange:
             headers["Host"] = pinned.host_header
             if pinned.sni_hostname is not None:
                 extensions["sni_hostname"] = pinned.sni_hostname
+        try:
+            request = client.build_request(
+                method,
+                url,
+                headers=headers,
+                content=content,
+                timeout=timeout,
+                extensions=extensions,
+            )
+            if self._credential is not None and pinned is None and self.own(url):
+                # Last, so that a signature covers the request as it is sent.
+                await self._credential.apply(request)
+        except CredentialUnavailable as exc:
+            return self._no_credential(method, target, exc)
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            return self._unanswered(method, target, self._clock.now(), self._clock.monotonic(), exc)
         sent_at, start = self._clock.now(), self._clock.monotonic()
         try:
             async with asyncio.timeout(timeout):
-                request = client.build_request(
-                    method,
-                    url,
-                    headers=headers,
-                    content=content,
-                    timeout=timeout,
-                    extensions=extensions,
-                )
                 response = await client.send(request, stream=True)
                 try:
                     read = await _read(response, limit, spool)
                 finally:
                     await response.aclose()
         except (httpx.HTTPError, httpx.InvalidURL, OSError, TimeoutError) as exc:
-            kind, delivered = classify_transport_error(exc)
-            elapsed = (self._clock.monotonic() - start) * 1000.0
+            return self._unanswered(method, target, sent_at, start, exc)
+        elapsed = (self._clock.monotonic() - start) * 1000.0
+        return await self._answered(method, target, sent_at, elapsed, response, read, not spool)
+
+    async def _renewed(
+        self,
+        result: CallResult,
+        method: str,
+        url: httpx.URL,
+        target: str,
+        headers: httpx.Headers,
+        timeout: float,
+        limit: int,
+        content: bytes | None,
+        spool: bool,
+    ) -> CallResult:
+        """The answer refused the credential: a fresh one, and this call once more; or the
+        answer as it was, saying why no fresh credential could be had."""
+        assert self._credential is not None
+        try:
+            fresh = await self._credential.renew()
+        except CredentialUnavailable as exc:
+            return dataclasses.replace(result, credential_problem=exc.message)
+        if not fresh:
+            return result
+        _discard(result)
+        again = await self._send(method, url, target, headers, timeout, limit, content, spool, None)
+        return dataclasses.replace(again, credential_renewed=True)
+
+    def _renews(self, result: CallResult, pinned: Pinned | None) -> bool:
+        return (
+            self._credential is not None
+            and pinned is None
+            and result.http_status is not None
+            and self._credential.renews_on(result.http_status, result.body_bytes)
+        )
+
+    def _no_credential(self, method: str, target: str, exc: CredentialUnavailable) -> CallResult:
+        """A call not sent for want of its credential: refused by its source (the operation
+        asks a person), or not obtainable now (undelivered: a later try may work)."""
+        if exc.refused:
             return CallResult(
                 method,
                 target,
-                sent_at,
-                elapsed,
-                transport_error=kind,
-                transport_detail=_detail(exc),
-                maybe_delivered=delivered,
+                self._clock.now(),
+                0.0,
+                refused=f"no credential: {exc.message}",
+                maybe_delivered=False,
+                credential_refused=True,
             )
-        elapsed = (self._clock.monotonic() - start) * 1000.0
-        return await self._answered(method, target, sent_at, elapsed, response, read, not spool)
+        return self.unsent(method, target, TransportError.CREDENTIAL, exc.message)
+
+    def _unanswered(
+        self, method: str, target: str, sent_at: datetime, start: float, exc: BaseException
+    ) -> CallResult:
+        kind, delivered = classify_transport_error(exc)
+        return CallResult(
+            method,
+            target,
+            sent_at,
+            (self._clock.monotonic() - start) * 1000.0,
+            transport_error=kind,
+            transport_detail=_detail(exc),
+            maybe_delivered=delivered,
+        )
 
     async def _answered(
         self,
@@ -313,6 +377,11 @@ class Exchange:
             parse_error=parse_error,
             too_large=read.too_large,
         )
+
+
+def _discard(result: CallResult) -> None:
+    if result.body_file is not None:
+        result.body_file.close()
 
 
 async def _read(response: httpx.Response, limit: int, spool: bool) -> _Read:

@@ -25,7 +25,6 @@ from typing import Any
 
 import httpx
 
-from reconciler.config import Secret
 from reconciler.core.clock import Clock, SystemClock
 from reconciler.core.errors import ConfigError, UnsafePathValue
 from reconciler.core.provider_calls import CallResult, unstorable_in
@@ -44,17 +43,16 @@ from reconciler.providers.adapter import (
     status_outcome,
 )
 from reconciler.providers.call_request import CallRequest, build_request
+from reconciler.providers.credentials import build_credential
 from reconciler.providers.exchange import Exchange
 from reconciler.providers.pointer import Pointer
 from reconciler.providers.result_fetch import ResultFetcher, UrlGuard
 from reconciler.providers.spec import (
-    AuthType,
     CallTable,
     IdempotencyMode,
     LookupSpec,
     ProviderSpec,
     ResultSpec,
-    auth_secret,
 )
 from reconciler.providers.templates import alnum_key, compiled
 from reconciler.tracing import NO_TRACING, Tracing
@@ -80,13 +78,10 @@ class HttpAdapter:
         guard: UrlGuard | None = None,
     ) -> None:
         self._spec = spec
-        secret = auth_secret(spec, os.environ if environ is None else environ)
-        credential: tuple[str, Secret] | None = None
-        if secret is not None and spec.auth.type is AuthType.BEARER:
-            credential = ("Authorization", Secret("Bearer " + secret.reveal()))
-        elif secret is not None and spec.auth.header_name:
-            credential = (spec.auth.header_name, secret)
-        self._exchange = Exchange(spec, credential, transport, clock or SystemClock(), tracing)
+        clock = clock or SystemClock()
+        env = os.environ if environ is None else environ
+        self.credential = build_credential(spec.auth, spec.where, env, clock, transport)
+        self._exchange = Exchange(spec, self.credential, transport, clock, tracing)
         self._results = ResultFetcher(spec, self._exchange, guard)
 
     def __repr__(self) -> str:

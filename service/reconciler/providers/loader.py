@@ -27,7 +27,8 @@ from pydantic import ValidationError
 
 from reconciler.core.errors import ConfigError
 from reconciler.core.file_values import first_problem
-from reconciler.providers.spec import INLINE_SOURCE, ProviderSpec, auth_secret, webhook_secrets
+from reconciler.providers.credentials import check_credential
+from reconciler.providers.spec import INLINE_SOURCE, ProviderSpec, webhook_secrets
 
 PRESETS_DIR = Path(__file__).with_name("presets")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
@@ -241,7 +242,7 @@ def load_providers(
     for table in provider_tables(directory, inline, missing_ok=missing_ok, presets_dir=presets_dir):
         spec = validate(table, public_url)
         if check_secrets:
-            auth_secret(spec, environ)
+            check_credential(spec.auth, spec.where, environ)
             webhook_secrets(spec, environ)
         specs[spec.name] = spec
     return specs

@@ -72,6 +72,9 @@ class AuthType(StrEnum):
     BEARER = "bearer"
     HEADER = "header"
     NONE = "none"
+    AWS_SIGV4 = "aws_sigv4"
+    GOOGLE = "google"
+    OAUTH2 = "oauth2"
 
 
 class IdempotencyMode(StrEnum):
@@ -83,37 +86,108 @@ class IdempotencyMode(StrEnum):
     NONE = "none"
 
 
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+# The keys each auth type takes (beyond ``type``); ``|`` separates alternatives, one of
+# which is required.
+_AUTH_KEYS: dict[AuthType, tuple[str, ...]] = {
+    AuthType.BEARER: ("token_env|token_file",),
+    AuthType.HEADER: ("name", "value_env|token_file"),
+    AuthType.NONE: (),
+    AuthType.AWS_SIGV4: ("service", "region"),
+    AuthType.GOOGLE: ("scopes?",),
+    AuthType.OAUTH2: ("token_url", "client_id_env", "client_secret_env", "scope?"),
+}
+_AUTH_WHAT = {
+    "name": "the header that carries the credential",
+    "service": 'the signing name of the AWS service, e.g. "transcribe"',
+    "region": 'the AWS region the base_url is in, e.g. "us-east-1"',
+    "token_url": "the OAuth2 token endpoint (https://...)",
+}
+_TYPES = ", ".join(t.value for t in AuthType)
+
+
+def _token_file(value: Any) -> str:
+    text = f.text_value(value)
+    if not text.startswith("/") or any(not ch.isprintable() for ch in text):
+        raise problem("expected an absolute path to a file that holds the credential")
+    return text
+
+
+def _scopes(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise problem(f'expected a non-empty list of scope URLs, e.g. ["{CLOUD_PLATFORM}"]')
+    return tuple(value)
+
+
+def _region(value: Any) -> str:
+    text = f.text_value(value)
+    if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d{1,2}", text):
+        raise problem('expected an AWS region such as "us-east-1"')
+    return text
+
+
+def _service(value: Any) -> str:
+    text = f.text_value(value)
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{1,63}", text):
+        raise problem('expected an AWS signing name such as "transcribe" or "states"')
+    return text
+
+
 class AuthSpec(FileTable):
-    type: Annotated[AuthType, f.choice(AuthType, "expected bearer, header or none")]
+    type: Annotated[AuthType, f.choice(AuthType, f"expected one of {_TYPES}")]
     token_env: f.EnvName | None = None  # bearer
+    token_file: Annotated[str, PlainValidator(_token_file)] | None = None  # bearer, header
     header_name: f.HeaderName | None = Field(default=None, alias="name")  # header
     value_env: f.EnvName | None = None  # header
+    service: Annotated[str, PlainValidator(_service)] | None = None  # aws_sigv4
+    region: Annotated[str, PlainValidator(_region)] | None = None  # aws_sigv4
+    scopes: Annotated[tuple[str, ...], PlainValidator(_scopes)] | None = None  # google
+    token_url: f.BaseUrl | None = None  # oauth2
+    client_id_env: f.EnvName | None = None  # oauth2
+    client_secret_env: f.EnvName | None = None  # oauth2
+    scope: f.Text | None = None  # oauth2: space-separated
 
     @model_validator(mode="after")
     def _keys_of_the_type(self) -> AuthSpec:
-        needed = {AuthType.BEARER: ("token_env",), AuthType.HEADER: ("name", "value_env")}
-        keys = needed.get(self.type, ())
-        values = {"token_env": self.token_env, "name": self.header_name}
-        values["value_env"] = self.value_env
+        keys = _AUTH_KEYS[self.type]
+        given = {
+            (field.alias or name): getattr(self, name)
+            for name, field in type(self).model_fields.items()
+            if name != "type" and getattr(self, name) is not None
+        }
+        allowed = {k.rstrip("?") for key in keys for k in key.split("|")}
+        for key in given:
+            if key not in allowed:
+                known = ", ".join(("type", *sorted(allowed)))
+                raise problem(
+                    f'unknown key for type "{self.type.value}" (known here: {known})', key
+                )
         for key in keys:
-            if values[key] is None:
-                what = "the header that carries the credential"
-                if key != "name":
-                    what = "the name of an environment variable"
-                raise problem(f"required ({what})", key)
-        for key, value in values.items():
-            if value is not None and key not in keys:
-                raise problem(f"unknown key (known here: {', '.join(('type', *keys))})", key)
+            if key.endswith("?"):
+                continue
+            choices = key.split("|")
+            named = [k for k in choices if k in given]
+            if len(named) > 1:
+                raise problem(f"give one of {' or '.join(choices)}, not both", named[1])
+            if not named:
+                what = _AUTH_WHAT.get(choices[0], "the name of an environment variable")
+                if len(choices) > 1:
+                    what = "the name of an environment variable, or token_file: a file's path"
+                raise problem(f"required ({what})", choices[0])
         return self
 
     @property
     def env_key(self) -> tuple[str, str] | None:
-        """(file key, variable name) of the credential, if any."""
+        """(file key, variable name) of a static credential read from the environment."""
         if self.type is AuthType.BEARER and self.token_env:
             return ("token_env", self.token_env)
         if self.type is AuthType.HEADER and self.value_env:
             return ("value_env", self.value_env)
         return None
+
+    @property
+    def google_scopes(self) -> tuple[str, ...]:
+        return self.scopes or (CLOUD_PLATFORM,)
 
 
 class HttpSpec(FileTable):

@@ -48,6 +48,13 @@ _DECIDE = Sql(
     "WHERE id = ? AND decided_at IS NULL",
     params=("decided_at", "decided_by", "decision", "id"),
 )
+_OF_OPERATIONS = Sql(
+    "escalations-of-operations",
+    ESCALATIONS,
+    f"SELECT {_COLUMN_LIST} FROM escalations WHERE operation_id IN (?*) ORDER BY id",
+    params=("operation_id",),
+    returns=ESCALATION_COLUMNS,
+)
 _OF_OPERATION = Sql(
     "escalations-of-operation",
     ESCALATIONS,
@@ -175,3 +182,16 @@ def mark_decided(
 def escalations_of(conn: Connection, operation_id: str) -> list[EscalationRecord]:
     """Every escalation of one operation, oldest first (decided ones with their decision)."""
     return [escalation_of(row) for row in _OF_OPERATION.rows(conn, operation_id)]
+
+
+def escalations_by_operation(
+    conn: Connection, operation_ids: Sequence[str]
+) -> dict[str, list[EscalationRecord]]:
+    """Every escalation of each of the operations, oldest first (one read for a page)."""
+    found: dict[str, list[EscalationRecord]] = {op_id: [] for op_id in operation_ids}
+    if not operation_ids:
+        return found
+    for row in _OF_OPERATIONS.rows(conn, list(operation_ids)):
+        esc = escalation_of(row)
+        found.setdefault(esc.operation_id, []).append(esc)
+    return found

@@ -1,7 +1,9 @@
 """What the operator console's inbox reads: open escalations, operations at risk, search.
 
-Read-only. The at-risk filter is built from the thresholds in ``core.risk``, so
-every operation listed here gets at least one label from ``core.risk.risks``.
+Read-only. The at-risk filter is built from the thresholds and the counters in
+``core.risk``, so every operation listed here gets at least one label from
+``core.risk.risks`` (given its last escalation's reason). Search takes the start of an
+operation id (with or without its ``op_``), a remote job id or a trace id.
 """
 
 from __future__ import annotations
@@ -34,8 +36,17 @@ def _epoch(column: str) -> str:
     return f"[[extract(epoch from {column})|(julianday({column}) - 2440587.5) * 86400.0]]"
 
 
+def _again_sql() -> str:
+    """``core.risk.AGAIN``: the last (decided) escalation's reason, and its counter again."""
+    cases = " OR ".join(
+        f"(escalations.reason = '{reason.value}' AND operations.{column} > 0)"
+        for reason, column in risk.AGAIN.items()
+    )
+    return f"(NOT operations.escalation_open AND ({cases}))"
+
+
 def _at_risk_sql() -> str:
-    """The thresholds of ``core.risk`` as one condition; its one mark is now (epoch seconds)."""
+    """The rules of ``core.risk`` as one condition; its one mark is now (epoch seconds)."""
     deadline, created = _epoch("operations.deadline_at"), _epoch("operations.created_at")
     left, share, failures = risk.DEADLINE_LEFT, risk.BUDGET_USED, risk.TRANSPORT_USED
     return (
@@ -44,10 +55,12 @@ def _at_risk_sql() -> str:
         "OR (max_status_requests > 0 AND status_requests_used * "
         f"{share.denominator} >= max_status_requests * {share.numerator}) "
         "OR (transport_failures_used > 0 AND transport_failures_used * "
-        f"{failures.denominator} >= max_transport_failures * {failures.numerator}))"
+        f"{failures.denominator} >= max_transport_failures * {failures.numerator}) "
+        f"OR {_again_sql()})"
     )
 
 
+ID_PREFIX = "op_"
 _WATCHED = tuple(sorted(s.value for s in risk.WATCHED))
 _PROVIDERS = Sql("providers-seen", OPS, "SELECT DISTINCT provider FROM operations")
 _STAMP = Sql("inbox-stamp", ESCALATIONS, "SELECT max(id), count(decided_at) FROM escalations")
@@ -58,7 +71,7 @@ class InboxFilter:
     state: State | None = None
     provider: str | None = None
     reason: EscalationReason | None = None
-    query: str | None = None  # an operation id, a remote job id or a trace id, exactly
+    query: str | None = None  # the start of an operation id, a remote job id or a trace id
 
     @property
     def narrows(self) -> bool:
@@ -80,7 +93,10 @@ _SHAPES: dict[str, str] = {
         "FROM operations JOIN escalations ON escalations.id = operations.escalation_id "
         "WHERE escalations.decided_at IS NULL{where}"
     ),
-    "at_risk": f"FROM operations WHERE operations.state IN (?*) AND {_at_risk_sql()}{{where}}",
+    "at_risk": (
+        "FROM operations LEFT JOIN escalations ON escalations.id = operations.escalation_id "
+        f"WHERE operations.state IN (?*) AND {_at_risk_sql()}{{where}}"
+    ),
     "matching": "FROM operations WHERE 1 = 1{where}",
     "matching_reason": (
         "FROM operations WHERE EXISTS (SELECT 1 FROM escalations "
@@ -114,10 +130,14 @@ def _list_sql(
         where += " AND operations.provider = ?"
         params.append("provider")
     if query:
+        # substr, not LIKE: ids hold "_", which LIKE reads as a wildcard (and SQLite's LIKE
+        # ignores case); each mark's length is the next one's value.
         where += (
-            " AND (operations.id = ? OR operations.remote_job_id = ? OR operations.trace_id = ?)"
+            " AND (substr(operations.id, 1, ?) = ? OR substr(operations.id, 1, ?) = ?"
+            " OR substr(operations.remote_job_id, 1, ?) = ?"
+            " OR substr(operations.trace_id, 1, ?) = ?)"
         )
-        params += ["id", "remote_job_id", "trace_id"]
+        params += [AS_IS, "id", AS_IS, "id", AS_IS, "remote_job_id", AS_IS, "trace_id"]
     if reason:
         where += " AND escalations.reason = ?"
         params.append("escalations.reason")
@@ -142,7 +162,9 @@ def _values(f: InboxFilter) -> list[Any]:
     if f.provider is not None:
         values.append(f.provider)
     if f.query is not None:
-        values += [f.query, f.query, f.query]
+        with_prefix = f.query if f.query.startswith(ID_PREFIX) else ID_PREFIX + f.query
+        for text in (f.query, with_prefix, f.query, f.query):
+            values += [len(text), text]
     return values
 
 

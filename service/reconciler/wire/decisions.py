@@ -18,4 +18,5 @@ def parse_decision(body: Any) -> DecisionRequest:
         action=decision.action,
         extra_seconds=decision.extra_seconds,
         extra_status_requests=decision.extra_status_requests,
+        note=decision.note,
     )

@@ -21,6 +21,7 @@ MAX_PROVIDER_NAME = 100
 MAX_KEY_LENGTH = 200
 MAX_CALLBACK_URL = 2048
 MAX_CANCEL_REASON = 500
+MAX_DECISION_NOTE = 500
 MAX_METADATA_BYTES = 16_384
 
 
@@ -31,6 +32,14 @@ def problem(text: str) -> PydanticCustomError:
 def _not_blank(value: str) -> str:
     if not value.strip():
         raise problem("must not be empty")
+    return value
+
+
+def _plain_text(value: str) -> str:
+    # A note is read on a page and printed in a terminal: no control character but the
+    # line break and the tab may ride along (an escape sequence would drive the terminal).
+    if any(not c.isprintable() and c not in "\n\t" for c in value):
+        raise problem("must be plain text: no control characters but line breaks and tabs")
     return value
 
 
@@ -67,6 +76,7 @@ ProviderName = Annotated[str, _text(MAX_PROVIDER_NAME), _NOT_BLANK]
 IdempotencyKey = Annotated[str, _text(MAX_KEY_LENGTH), _NOT_BLANK]
 CallbackUrl = Annotated[str, _text(MAX_CALLBACK_URL), _NOT_BLANK]
 CancelReason = Annotated[str, _text(MAX_CANCEL_REASON), _NOT_BLANK]
+DecisionNote = Annotated[str, _text(MAX_DECISION_NOTE), _NOT_BLANK, AfterValidator(_plain_text)]
 PositiveSeconds = Annotated[float, Field(gt=0), AfterValidator(_finite)]
 PositiveCount = Annotated[int, Field(gt=0), BeforeValidator(_whole)]
 JsonObject = dict[str, Any]

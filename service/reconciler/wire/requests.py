@@ -18,6 +18,7 @@ from reconciler.core.vocabulary import DecisionAction
 from reconciler.wire.fields import (
     CallbackUrl,
     CancelReason,
+    DecisionNote,
     IdempotencyKey,
     JsonObject,
     Metadata,
@@ -114,6 +115,11 @@ class OperatorDecision(BaseModel):
     action: Annotated[DecisionAction, Field(strict=False)]
     extra_seconds: PositiveSeconds | None = None
     extra_status_requests: PositiveCount | None = None
+    note: DecisionNote | None = Field(
+        default=None,
+        json_schema_extra=OPTIONAL,
+        description="Why the operator decided so; kept with the decision in the history.",
+    )
 
     @model_validator(mode="after")
     def _amounts_only_for_extend(self) -> OperatorDecision:

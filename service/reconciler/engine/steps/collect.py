@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.collect import (
     CollectPlan,
+    Denied,
     Invalid,
     RetryFetch,
     Unavailable,
@@ -28,7 +29,7 @@ from reconciler.core.collect import (
 from reconciler.core.provider_calls import CallResult, call_detail
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
-from reconciler.core.vocabulary import HistoryKind
+from reconciler.core.vocabulary import EscalationReason, HistoryKind
 from reconciler.engine.context import StepContext, refuse_unstorable
 from reconciler.engine.flow import Prep
 from reconciler.providers.adapter import Subject
@@ -152,6 +153,11 @@ class CollectStep:
             backoff=ctx.backoff(spec),
             rng=ctx.deps.rng,
         )
+        if isinstance(decision, Denied):
+            await ctx.escalate(
+                charged, EscalationReason.AUTHORIZATION_DENIED, decision.detail, before=[entry]
+            )
+            return
         if isinstance(decision, RetryFetch):
             retry_at = now + timedelta(seconds=decision.delay_seconds)
             await ctx.apply(

@@ -107,6 +107,9 @@ class CreateStep:
         if found.verdict is LookupVerdict.FOUND and found.job_id:
             await accept_job(ctx, op, found.job_id, None, found.call, "lookup")
             return
+        if found.call.denied:
+            await self._denied(op, found.call)
+            return
         if found.verdict is LookupVerdict.UNKNOWN:
             await self._ambiguous_or_stop(op, found.call, None, "lookup", found.job_id_problem)
             return
@@ -140,6 +143,9 @@ class CreateStep:
             found = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
             if found.verdict is LookupVerdict.FOUND and found.job_id:
                 await accept_job(ctx, op, found.job_id, None, found.call, "lookup", before=notes)
+                return
+            if found.call.denied:
+                await self._denied(op, found.call)
                 return
             answered = found.verdict is not LookupVerdict.UNKNOWN
             if not answered:
@@ -274,6 +280,9 @@ class CreateStep:
         found = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
         if found.verdict is LookupVerdict.FOUND and found.job_id:
             await accept_job(ctx, op, found.job_id, None, found.call, "lookup")
+            return
+        if found.call.denied:
+            await self._denied(op, found.call)
             return
         entry = Entry(
             kind=HistoryKind.OBSERVATION,
@@ -438,6 +447,18 @@ class CreateStep:
             ),
         ]
         await self._escalate(op, EscalationReason.CONTRACT_VIOLATION, detail, entries)
+
+    async def _denied(self, op: OperationRecord, call: CallResult) -> None:
+        """The lookup was refused for this service's credential: looking again cures nothing."""
+        said = call.refused if call.credential_refused else f"HTTP {call.http_status}"
+        entry = Entry(
+            kind=HistoryKind.OBSERVATION,
+            actor=self.ctx.actor,
+            cause="lookup_response",
+            detail={**call_detail(call), "job_id": None, "decision": "denied"},
+        )
+        detail = f"the lookup was refused for this service's credential ({said})"
+        await self._escalate(op, EscalationReason.AUTHORIZATION_DENIED, detail, [entry])
 
     async def _escalate(
         self, op: OperationRecord, reason: EscalationReason, detail: str, before: list[Entry]

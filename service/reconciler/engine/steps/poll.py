@@ -79,6 +79,8 @@ def observation_of(outcome: StatusOutcome) -> Observation:
         job_id=view.job_id if view else None,
         job_id_matches=view.job_id_matches if view else None,
         not_found=outcome.not_found,
+        no_credential=call.refused if call.credential_refused else None,
+        credential_problem=call.credential_problem,
     )
 
 
