@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
@@ -34,9 +34,12 @@ from reconciler.commands.validation import check_provider_request, parse_create
 from reconciler.core.errors import InvalidRequest
 from reconciler.providers.loader import parse_provider
 from tests.integration.presets.replay import Job, Replay, merge
+from tests.support.aws_credentials import aws_credentials
 from tests.support.steps import StepRig, step_rig
 
 ACCOUNT = "123456789012"
+REPLAY_KEY_ID = "AKIAREPLAYEXAMPLE000"
+REPLAY_SECRET = "replay-secret-access-key-0000000000000000"
 REGION = "us-east-1"
 # TranscriptionJobName's pattern in the service model (an AWS pattern matches whole).
 TRANSCRIBE_NAME = re.compile(r"[0-9a-zA-Z._-]{1,200}")
@@ -54,6 +57,7 @@ class Call:
 class AwsApi:
     """What every replayed AWS API keeps: its jobs, what it was sent, and the switches."""
 
+    signing_name: ClassVar[str] = ""  # SigV4's name for the service
     base_url: str = "https://aws.replay.test"
     replay: Replay = field(default_factory=Replay)
     calls: Counter[str] = field(default_factory=Counter)
@@ -61,6 +65,20 @@ class AwsApi:
     lose_next_create: bool = False
     hide_reads: int = 0  # reads of a new job that answer "no such job" (a lagging index)
     hidden: dict[str, int] = field(default_factory=dict)
+
+    def unsigned(self, request: httpx.Request) -> httpx.Response | None:
+        """A 403 for a request not signed with SigV4 for this API's signing name and
+        region (the signature itself is moto's to check), else None."""
+        scope = f"/{REGION}/{self.signing_name}/aws4_request"
+        auth = request.headers.get("authorization", "")
+        if not auth.startswith("AWS4-HMAC-SHA256 Credential=") or scope not in auth.split(",")[0]:
+            message = f"Credential should be scoped to correct service: '{self.signing_name}'."
+            return httpx.Response(
+                403, json={"__type": "InvalidSignatureException", "message": message}
+            )
+        if "x-amz-date" not in request.headers:
+            return httpx.Response(403, json={"__type": "IncompleteSignatureException"})
+        return None
 
     def record(self, operation: str, request: httpx.Request) -> Any:
         body = json.loads(request.content) if request.content else None
@@ -120,6 +138,9 @@ class JsonProtocolApi(AwsApi):
         target = request.headers.get("x-amz-target", "")
         operation = target.removeprefix(self.prefix + ".")
         body = self.record(operation or "?", request)
+        refused = self.unsigned(request)
+        if refused is not None:
+            return refused
         if (
             request.method != "POST"
             or request.url.path != "/"
@@ -146,6 +167,7 @@ class TranscribeApi(JsonProtocolApi):
     """StartTranscriptionJob and GetTranscriptionJob (Transcribe's JSON 1.1 protocol)."""
 
     prefix = "Transcribe"
+    signing_name = "transcribe"
     content_type = "application/x-amz-json-1.1"
     namespace = "com.amazonaws.transcribe"
 
@@ -209,6 +231,7 @@ class StepFunctionsApi(JsonProtocolApi):
     one Standard state machine ``MACHINE_ARN``."""
 
     prefix = "AWSStepFunctions"
+    signing_name = "states"
     content_type = "application/x-amz-json-1.0"
     namespace = "com.amazonaws.swf.service.v2.model"
 
@@ -302,14 +325,17 @@ async def aws_rig(
     """The step rig with provider ``sim`` = ``preset`` as a deployment writes it
     (``deployment``, merged over the preset), its calls answered by ``api``.
 
-    The replay does not check signatures (the moto tests do): the credential is
-    ``none`` here, so what is proven is the calls' shapes and what the file makes of the
-    answers.
+    The calls are signed with a key pair of the replay's from the environment; the
+    replay checks that each is signed for its signing name and region, not the signature
+    itself (the moto tests do).
     """
-    table: dict[str, Any] = {"preset": preset, "base_url": api.base_url, "auth": {"type": "none"}}
+    table: dict[str, Any] = {"preset": preset, "base_url": api.base_url}
     merge(table, deployment)
-    async with step_rig(tmp_path, db_url, table=table, handler=api.handle) as rig:
-        yield rig
+    with aws_credentials(REPLAY_KEY_ID, REPLAY_SECRET) as environ:
+        async with step_rig(
+            tmp_path, db_url, table=table, handler=api.handle, environ=environ
+        ) as rig:
+            yield rig
 
 
 def refusal(preset: str, deployment: dict[str, Any], request: Any) -> str | None:

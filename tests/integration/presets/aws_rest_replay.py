@@ -43,11 +43,16 @@ class RestJsonApi(AwsApi):
 class BatchApi(RestJsonApi):
     """SubmitJob, DescribeJobs, ListJobs, TerminateJob on the one queue ``QUEUE``."""
 
+    signing_name = "batch"
+
     ids = itertools.count(1)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         operation = request.url.path.removeprefix("/v1/")
         body = self.record(operation, request)
+        refused = self.unsigned(request)
+        if refused is not None:
+            return refused
         route = getattr(self, "op_" + operation, None)
         if request.method != "POST" or route is None or not isinstance(body, dict):
             return self.error(404, "UnknownOperationException", f"no route {request.url.path}")
@@ -145,9 +150,15 @@ class BedrockApi(RestJsonApi):
     """CreateModelInvocationJob, GetModelInvocationJob, ListModelInvocationJobs and
     StopModelInvocationJob."""
 
+    signing_name = "bedrock"
+
     ids = itertools.count(1)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
+        refused = self.unsigned(request)
+        if refused is not None:
+            self.record("unsigned", request)
+            return refused
         path = request.url.raw_path.decode().split("?", 1)[0]
         if request.method == "POST" and path == "/model-invocation-job":
             return self.create(self.record("CreateModelInvocationJob", request))

@@ -73,6 +73,31 @@ DOCUMENTED: dict[str, tuple[set[str], set[object]]] = {
         },
         set(),
     ),
+    "aws_transcribe": ({"QUEUED", "IN_PROGRESS", "COMPLETED", "FAILED"}, set()),
+    "aws_step_functions": (
+        {"RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"},
+        set(),
+    ),
+    # Batch's job status enum; isCancelled and isTerminated decide a FAILED job's class.
+    "aws_batch": (
+        {"SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED"},
+        {True},
+    ),
+    "aws_bedrock_batch": (
+        {
+            "Submitted",
+            "InProgress",
+            "Completed",
+            "Failed",
+            "Stopping",
+            "Stopped",
+            "PartiallyCompleted",
+            "Expired",
+            "Validating",
+            "Scheduled",
+        },
+        set(),
+    ),
 }
 
 
