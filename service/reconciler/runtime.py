@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import anyio.to_thread
 
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Secret, Settings
@@ -85,6 +86,9 @@ class Runtime:
     # The doors' 5xx answers: in an outage every request fails alike, so they are logged as
     # one outage (``logs.OutageLog``), which ends when the database's writes succeed again.
     request_failures: OutageLog = field(init=False)
+    # Request-schema checks run off the loop one at a time: a costly one (bounded by
+    # ``request_schema.CHECK_SECONDS``) queues the next rather than many taking the GIL.
+    request_checks: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(1))
 
     @property
     def tracing(self) -> Tracing:
