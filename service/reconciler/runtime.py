@@ -108,7 +108,7 @@ class Runtime:
             logging.getLogger("reconciler.http"), "API requests", self.clock.monotonic
         )
         self.db.availability.on_recovery(self.request_failures.succeeded)
-        self.metrics.watch_states(self._state_counts)
+        self.metrics.watch_states(self._state_counts_in_flight, self._state_counts_ended)
         self.metrics.watch_trust(self.trust_views)
         self.metrics.watch_writes(lambda: self.db.write_transactions, lambda: self.db.write_cycles)
         self.metrics.watch_database_size(self.db.size_bytes)
@@ -119,10 +119,13 @@ class Runtime:
         with self.db.read() as conn:
             return trust.trust_views(conn, policies)
 
-    def _state_counts(self) -> dict[str, int]:
-
+    def _state_counts_in_flight(self) -> dict[str, int]:
         with self.db.read() as conn:
-            return store.count_by_state(conn)
+            return store.count_by_state(conn, ended=False)
+
+    def _state_counts_ended(self) -> dict[str, int]:
+        with self.db.read() as conn:
+            return store.count_by_state(conn, ended=True)
 
     @classmethod
     def build(
