@@ -28,8 +28,8 @@ from reconciler.providers.pointer import MISSING, Pointer
 
 MAX_MESSAGE = 300
 _REF_KEYS = ("$ref", "$dynamicRef")
-# The longest one request's check may take. Five times the slowest honest check measured:
-# a 1 MiB anthropic_batches request (8,000 items) takes 0.2 s; a check is a few ms.
+# The CPU one request's check may take. Five times the slowest honest check measured: a
+# 1 MiB anthropic_batches request (8,000 items) takes 0.2 s; a check is a few ms.
 CHECK_SECONDS = 1.0
 
 
@@ -150,7 +150,7 @@ class RequestSchema:
                 error = schema_errors.best_match(self._validator.iter_errors(request))
         except (schema_keywords.OutOfTime, RecursionError):
             raise PayloadTooLarge(
-                f"the request takes longer than {seconds:g} s to check against the "
+                f"the request takes more than {seconds:g} s of CPU to check against the "
                 f"request_schema of provider '{self.provider}'; send a smaller or simpler "
                 "request; nothing was stored"
             ) from None
