@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import anyio.to_thread
 
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Secret, Settings
@@ -85,6 +86,9 @@ class Runtime:
     # The doors' 5xx answers: in an outage every request fails alike, so they are logged as
     # one outage (``logs.OutageLog``), which ends when the database's writes succeed again.
     request_failures: OutageLog = field(init=False)
+    # Request-schema checks run off the loop one at a time: a costly one (bounded by
+    # ``request_schema.CHECK_SECONDS``) queues the next rather than many taking the GIL.
+    request_checks: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(1))
 
     @property
     def tracing(self) -> Tracing:
@@ -104,7 +108,7 @@ class Runtime:
             logging.getLogger("reconciler.http"), "API requests", self.clock.monotonic
         )
         self.db.availability.on_recovery(self.request_failures.succeeded)
-        self.metrics.watch_states(self._state_counts)
+        self.metrics.watch_states(self._state_counts_in_flight, self._state_counts_ended)
         self.metrics.watch_trust(self.trust_views)
         self.metrics.watch_writes(lambda: self.db.write_transactions, lambda: self.db.write_cycles)
         self.metrics.watch_database_size(self.db.size_bytes)
@@ -115,10 +119,13 @@ class Runtime:
         with self.db.read() as conn:
             return trust.trust_views(conn, policies)
 
-    def _state_counts(self) -> dict[str, int]:
-
+    def _state_counts_in_flight(self) -> dict[str, int]:
         with self.db.read() as conn:
-            return store.count_by_state(conn)
+            return store.count_by_state(conn, ended=False)
+
+    def _state_counts_ended(self) -> dict[str, int]:
+        with self.db.read() as conn:
+            return store.count_by_state(conn, ended=True)
 
     @classmethod
     def build(

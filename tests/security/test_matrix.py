@@ -35,6 +35,11 @@ so the matrix cannot silently lose a row.
 | result_ref, redirects to internal addresses | own origin or [result] hosts, then the SSRF guard; no request | provider_answers, http_adapter |
 | lookups that loop or never end | a seen cursor ends it; an unread list settles nothing | lookup_paging |
 | large orphan and ignored webhook events | id, type, job id, digest and 4 KiB kept | orphan_events |
+| request_schema checks that stall the service | RE2 patterns, hashed uniqueItems, a time bound (413), off the loop | schema_cost |
+| a retry racing the prune of its operation | the keyed insert stops on a row its snapshot sees | prune_race |
+| retention records or tombstones deleted or edited | the log's head kept apart, tombstones counted and digested | retention_account |
+| /metrics cost growing with stored rows | in-flight states at each scrape, ended ones apart | scrape_cost |
+| stacked encodings, header credentials in another case | contract_violation at once; caseless prefixes | provider_answers, header_credentials |
 """
 
 from __future__ import annotations
@@ -170,6 +175,27 @@ MATRIX: dict[str, list[str]] = {
         "tests.security.test_orphan_events::test_three_hundred_orphans_of_60_kb_grow_the_database_by_a_few_megabytes",
         "tests.security.test_orphan_events::test_an_ignored_type_keeps_its_job_id_and_never_attaches",
         "tests.security.test_orphan_events::test_a_cut_orphan_still_settles_a_create_unknown_when_its_job_is_learned",
+    ],
+    "request_schema cost": [
+        "tests.security.test_schema_cost::test_unique_items_over_20000_objects_is_linear",
+        "tests.security.test_schema_cost::test_a_backtracking_pattern_is_matched_in_linear_time",
+        "tests.security.test_schema_cost::test_a_pattern_re2_cannot_take_stops_the_service_at_start",
+        "tests.security.test_schema_cost::test_a_fan_out_past_the_bound_is_refused_with_413",
+        "tests.security.test_schema_cost::test_healthz_answers_while_a_check_runs_and_the_create_stores_nothing",
+    ],
+    "retries racing the prune": [
+        "tests.faults.test_prune_race::test_a_retry_racing_the_prune_of_its_operation_starts_no_job",
+    ],
+    "retention tampering": [
+        "tests.security.test_retention_account::test_each_tampering_fails_verification_naming_what_is_missing",
+        "tests.security.test_retention_account::test_the_dry_run_counts_the_job_events_the_prune_deletes",
+    ],
+    "metrics cost": [
+        "tests.security.test_scrape_cost::test_a_scrape_counts_what_is_in_flight_and_not_the_ended_rows",
+    ],
+    "stacked encodings and header credentials": [
+        "tests.security.test_provider_answers::test_a_status_answer_with_1500_stacked_encodings_is_a_contract_violation",
+        "tests.security.test_header_credentials::test_the_headers_that_passed_are_refused",
     ],
 }
 

@@ -316,3 +316,30 @@ async def test_a_listed_public_host_is_fetched_at_the_checked_address_without_cr
     assert fetch.headers["host"] == "files.example"
     assert "authorization" not in fetch.headers  # the credential stays on its origin
     assert result["ref"] == url and result["sha256"] == status["sha256"]
+
+
+async def test_a_status_answer_with_1500_stacked_encodings_is_a_contract_violation(
+    tmp_path: Path, db_url: str
+) -> None:
+    """Once a ``RecursionError`` a layer deep each (five failed steps, then
+    ``internal_error``); now refused at the first answer, its body unread."""
+    body = b'{"state": "running"}'
+    for _ in range(1500):
+        body = gzip.compress(body, 1)
+    stacked = httpx.Response(
+        200,
+        headers={
+            "content-type": "application/json",
+            "content-encoding": ", ".join(["gzip"] * 1500),
+        },
+        stream=Streamed([body]),
+    )
+    async with step_rig(tmp_path, db_url) as rig:
+        op_id = rig.submit()
+        await rig.step(op_id)
+        rig.provider.script("status", stacked)
+        rig.advance_to_due(op_id)
+        op = await rig.step(op_id)
+        view = rig.view(op_id)
+    assert op.state == "escalated" and view["escalation"]["reason"] == "contract_violation"
+    assert "stacks 1500 encodings; at most 2 are read" in view["escalation"]["message"]

@@ -34,7 +34,8 @@ def _rt(request: Request) -> Runtime:
 async def create(request: Request) -> Response:
     rt = _rt(request)
     who = await authenticate(request)
-    body = await read_json(request, rt.settings.server.max_body_bytes)
+    limit = rt.settings.server.max_body_bytes
+    body = await read_json(request, limit, limiter=rt.request_checks)
     op, created = await agent_actions.start(rt, who, body, request.headers)
     view = await agent_actions.render(rt, op, replayed=not created)
     return JSONResponse(view, status_code=202 if created else 200)

@@ -15,6 +15,8 @@ import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import anyio.to_thread
+
 from reconciler.commands import create as creating
 from reconciler.commands.cancel import cancel as commands_cancel
 from reconciler.commands.validation import (
@@ -148,7 +150,10 @@ async def start(
     continues.
     """
     with rt.tracing.request(SpanName.AGENT_CREATE, headers or {}):
-        req = parse_create(body, rt.providers, rt.check_callback_url)
+        # Off the loop: a request of a megabyte takes tens of ms to walk and validate.
+        req = await anyio.to_thread.run_sync(
+            parse_create, body, rt.providers, rt.check_callback_url, limiter=rt.request_checks
+        )
         return await start_validated(rt, who, req)
 
 
@@ -165,7 +170,11 @@ async def start_validated(
 
 async def _start(rt: Runtime, who: Principal, req: CreateOperation) -> tuple[OperationRecord, bool]:
     admit_create(req, rt.providers, rt.check_callback_url)
-    check_provider_request(req, rt.providers[req.provider])
+    spec = rt.providers[req.provider]
+    if spec.request_schema is None:
+        check_provider_request(req, spec)
+    else:
+        await anyio.to_thread.run_sync(check_provider_request, req, spec, limiter=rt.request_checks)
     limits = rt.limits_for(req.provider)
     tracing = rt.tracing
     args = (rt.journal, who, req, limits, rt.clock.now(), tracing.current())

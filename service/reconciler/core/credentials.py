@@ -4,7 +4,8 @@ Credentials come from ``[auth]`` and the environment, never from a file, where t
 sit in version control, backups and ``providers show``. A static header is refused when
 its *name* suggests a secret, or when its *value* looks like one whatever the name: an
 HTTP authentication scheme with a credential after it (``Token abc123``), a vendor's
-key prefix (``sk-``, ``ghp_``, ``whsec_``...), a URL with a user and password, a
+key prefix in any case (``sk-``, ``ghp_``, ``WHSEC_``...) before three or more token
+characters, a URL with a user and password, a
 ``key=value`` that names a secret, or a long random-looking run of characters. The last
 test has false positives (an organisation id is random-looking too), so the headers that
 real APIs document for such ids are exempt from it, and from it only.
@@ -29,7 +30,7 @@ SECRET_NAME_PARTS = (
     "pwd",
     "jwt",
     "hmac",
-    "credential",
+    "cred",  # credential, X-Cred, X-Creds
     "session",
     "cookie",
     "signature",
@@ -85,6 +86,8 @@ SECRET_PREFIXES = (
     "pk_test_",
     "rk_",  # ours (``tokens create``) and Stripe's restricted keys
     "whsec_",
+    "whpk_",  # Standard Webhooks' asymmetric keys
+    "whsk_",
     "ghp_",
     "gho_",
     "ghu_",
@@ -110,6 +113,12 @@ SECRET_PREFIXES = (
     "SG.",
     "-----BEGIN",
 )
+# Matched as written: in lower case these begin ordinary words and regions ("asia-east1").
+# The others are matched whatever their case ("WHSEC_", "Sk-live-").
+EXACT_CASE_PREFIXES = frozenset({"AKIA", "ASIA", "AIza", "eyJ", "SG."})
+# The shortest tail after a prefix that is refused: "whsec_abc" is; "sk-SK" (a language
+# tag, ``Accept-Language``) is not.
+MIN_PREFIX_TAIL = 3
 # Headers whose documented values are opaque ids or versions: exempt from the
 # random-looking test (never from the others). Lower case.
 KNOWN_SAFE_HEADERS = frozenset(
@@ -180,9 +189,15 @@ def credential_like_value(value: str, header: str = "") -> str | None:
     scheme, _, rest = text.partition(" ")
     if scheme.lower() in AUTH_SCHEMES and rest.strip():
         return f"starts with the authentication scheme {scheme!r}"
+    folded = text.lower()
     for prefix in SECRET_PREFIXES:
         tail = text[len(prefix) :]
-        if text.startswith(prefix) and len(tail) >= 4 and _TOKEN_CHARS.fullmatch(tail):
+        starts = (
+            text.startswith(prefix)
+            if prefix in EXACT_CASE_PREFIXES
+            else folded.startswith(prefix.lower())
+        )
+        if starts and len(tail) >= MIN_PREFIX_TAIL and _TOKEN_CHARS.fullmatch(tail):
             return f"starts as a {prefix!r} secret does"
     if _URL_USERINFO.search(text):
         return "holds a URL with a user and password"

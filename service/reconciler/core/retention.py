@@ -6,9 +6,16 @@ them is ``storage.retention``'s, the windows and the account are values here.
 
 Each prune batch appends one record to a chain of its own, hashed like the history
 (an HMAC with ``RECONCILER_AUDIT_KEY`` when it is set): how many operations and
-history entries went, the span of their ``done_at``, and a digest of their ids and
-chain heads. ``audit verify`` checks that chain, so an edited or deleted record, or a
-forged one without the key, fails it as an edited history entry does.
+history entries went, the span of their ``done_at``, a digest of their ids and chain
+heads, and the tombstones it left with their digest; expiring tombstones appends a
+record of what went (``expired_of``). The log's head (last number and hash) is kept
+apart, as an operation's row keeps its history's head. ``audit verify`` checks the
+chain against that head and each record's tombstones against its count and digest, so
+an edited or deleted record (the newest ones too), a deleted or edited tombstone, or a
+forged record without the key fails it as an edited history entry does.
+
+A tombstones digest is the sum (mod 2**256) of one hash per tombstone, so an expiry's
+digest subtracts from its prune's: what is left must match what the log says is left.
 """
 
 from __future__ import annotations
@@ -36,6 +43,20 @@ RECORD_FIELDS = (
     "done_until",
     "digest",
 )
+# Hashed only when set: records from before the log covered tombstones have none.
+COVERING_FIELDS = ("tombstones", "tombstones_digest", "expired_of")
+TOMBSTONE_FIELDS = (
+    "operation_id",
+    "caller",
+    "key_digest",
+    "request_fingerprint",
+    "provider",
+    "state",
+    "done_at",
+    "pruned_at",
+    "record_seq",
+)
+_DIGEST_MODULUS = 2**256
 
 
 def window(days: float) -> timedelta | None:
@@ -105,15 +126,50 @@ def replayed_pruned_message(
     )
 
 
-def record_hash(fields: Mapping[str, Any], prev_hash: str, key: bytes | None) -> str:
-    material = {name: fields.get(name) for name in RECORD_FIELDS}
+def _hashed(text: str, key: bytes | None) -> str:
+    data = text.encode("utf-8")
+    if key:
+        return hmac.new(key, data, hashlib.sha256).hexdigest()
+    return hashlib.sha256(data).hexdigest()
+
+
+def _material(fields: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    material = {name: fields.get(name) for name in names}
     for name, value in material.items():
         if isinstance(value, datetime):
             material[name] = isoformat(value)
-    text = ("retention\n" + prev_hash + "\n" + canonical_json(material)).encode("utf-8")
-    if key:
-        return hmac.new(key, text, hashlib.sha256).hexdigest()
-    return hashlib.sha256(text).hexdigest()
+    return material
+
+
+def record_hash(fields: Mapping[str, Any], prev_hash: str, key: bytes | None) -> str:
+    material = _material(fields, RECORD_FIELDS)
+    for name in COVERING_FIELDS:
+        if fields.get(name) is not None:
+            material[name] = fields[name]
+    return _hashed("retention\n" + prev_hash + "\n" + canonical_json(material), key)
+
+
+def _tombstone_value(fields: Mapping[str, Any], key: bytes | None) -> int:
+    text = "tombstone\n" + canonical_json(_material(fields, TOMBSTONE_FIELDS))
+    return int(_hashed(text, key), 16)
+
+
+def tombstones_digest(stones: Iterable[Mapping[str, Any]], key: bytes | None) -> str:
+    """The digest of a set of tombstones (keyed like the log): their hashes' sum."""
+    total = sum(_tombstone_value(stone, key) for stone in stones) % _DIGEST_MODULUS
+    return f"{total:064x}"
+
+
+@dataclass
+class Kept:
+    """The tombstones one record left that are still stored: how many, their digest."""
+
+    count: int = 0
+    digest: int = 0
+
+    def add(self, fields: Mapping[str, Any], key: bytes | None) -> None:
+        self.count += 1
+        self.digest = (self.digest + _tombstone_value(fields, key)) % _DIGEST_MODULUS
 
 
 @dataclass(frozen=True)
@@ -146,32 +202,97 @@ class RetentionSummary:
         )
 
 
+def check_head(
+    records: Sequence[Mapping[str, Any]], head: tuple[int, str] | None
+) -> RecordFault | None:
+    """The log's last record against the head kept apart (``seq``, ``hash``)."""
+    if not records:
+        if head is None:
+            return None
+        return RecordFault(
+            None, f"holds no record, but its head names record {head[0]}: records were deleted"
+        )
+    last = records[-1]
+    if head is None:
+        return RecordFault(None, f"its head is missing (the log ends at record {last['seq']})")
+    if head[0] > last["seq"]:
+        missing = head[0] - last["seq"]
+        return RecordFault(
+            None,
+            f"ends at record {last['seq']}, but its head names record {head[0]}: the newest "
+            f"{missing} record{'s were' if missing > 1 else ' was'} deleted",
+        )
+    if (head[0], head[1]) != (last["seq"], last["hash"]):
+        return RecordFault(last["seq"], "does not match the log's head (edited or replaced)")
+    return None
+
+
+def check_tombstones(
+    records: Sequence[Mapping[str, Any]], kept: Mapping[int, Kept]
+) -> RecordFault | None:
+    """Each record's tombstones still stored (``kept``, by the record that left them)
+    against what the log says is left of them: its count and digest less its expiries'."""
+    left: dict[int, tuple[int, int]] = {}
+    for record in records:
+        count, digest = record.get("tombstones"), record.get("tombstones_digest")
+        if count is None or digest is None:
+            continue
+        expired_of = record.get("expired_of")
+        if expired_of is None:
+            left[record["seq"]] = (count, int(digest, 16))
+        elif expired_of in left:
+            was = left[expired_of]
+            left[expired_of] = (was[0] - count, (was[1] - int(digest, 16)) % _DIGEST_MODULUS)
+    for seq in sorted(kept):
+        if seq not in left:
+            return RecordFault(
+                seq, f"{kept[seq].count} tombstones name it, but the log holds no such prune"
+            )
+    for seq, (count, digest) in sorted(left.items()):
+        found = kept.get(seq, Kept())
+        if found.count < count:
+            return RecordFault(
+                seq,
+                f"{count - found.count} of the {count} tombstones it left are missing "
+                "(deleted outside retention: their keys would start new jobs)",
+            )
+        if found.count > count:
+            return RecordFault(seq, f"{found.count - count} tombstones more than it left")
+        if found.digest != digest:
+            return RecordFault(seq, "its tombstones do not match their digest (one was edited)")
+    return None
+
+
 def verify_records(
     records: Sequence[Mapping[str, Any]], key: bytes | None
 ) -> tuple[RetentionSummary, RecordFault | None]:
-    """Check the log (ordered by seq): numbering, links and hashes; and sum it up."""
+    """Check the log (ordered by seq): numbering, links and hashes; and sum up its prunes
+    (an expiry's record removes no operation)."""
     prev = GENESIS
-    operations = entries = 0
+    prunes = operations = entries = 0
     done_until: datetime | None = None
     last_at: datetime | None = None
     for expected, record in enumerate(records, start=1):
         seq = record["seq"]
+        fault = None
         if seq != expected:
             fault = RecordFault(seq, f"sequence broken: expected record {expected}")
-            return _summary(expected - 1, operations, entries, done_until, last_at), fault
-        if record["prev_hash"] != prev:
+        elif record["prev_hash"] != prev:
             fault = RecordFault(seq, "does not link to the previous record")
-            return _summary(expected - 1, operations, entries, done_until, last_at), fault
-        if record_hash(record, prev, key) != record["hash"]:
+        elif record_hash(record, prev, key) != record["hash"]:
             fault = RecordFault(seq, "content does not match its hash (edited)")
-            return _summary(expected - 1, operations, entries, done_until, last_at), fault
+        if fault is not None:
+            return _summary(prunes, operations, entries, done_until, last_at), fault
         prev = record["hash"]
+        if record.get("expired_of") is not None:
+            continue
+        prunes += 1
         operations += record["operations"]
         entries += record["history_entries"]
         until = record["done_until"]
         done_until = until if done_until is None else max(done_until, until)
         last_at = record["at"]
-    return _summary(len(records), operations, entries, done_until, last_at), None
+    return _summary(prunes, operations, entries, done_until, last_at), None
 
 
 def _summary(

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
+import anyio.to_thread
 from starlette.requests import ClientDisconnect, Request
 
 from reconciler.core.errors import (
@@ -21,6 +23,10 @@ from reconciler.core.errors import (
     UnsupportedMediaType,
 )
 from reconciler.core.strict_json import parse_request_json
+
+# A body this large takes milliseconds of CPU to parse: long enough, sent by many agents at
+# once, to hold up every other request on the loop.
+OFF_LOOP_BYTES = 16_384
 
 
 def too_large(limit: int) -> str:
@@ -66,8 +72,15 @@ def require_json_type(content_type: str | None) -> None:
         )
 
 
-async def read_json(request: Request, limit: int, *, optional: bool = False) -> Any:
-    """The body parsed as JSON; ``None`` for an empty body when ``optional``."""
+async def read_json(
+    request: Request,
+    limit: int,
+    *,
+    optional: bool = False,
+    limiter: anyio.CapacityLimiter | None = None,
+) -> Any:
+    """The body parsed as JSON; ``None`` for an empty body when ``optional``. ``limiter``:
+    a body over ``OFF_LOOP_BYTES`` is parsed in a thread it admits, not on the loop."""
     if not optional:  # refused before a byte of it is read
         require_json_type(request.headers.get("content-type"))
     raw = await read_limited(request, limit)
@@ -75,4 +88,6 @@ async def read_json(request: Request, limit: int, *, optional: bool = False) -> 
         if not raw.strip():
             return None
         require_json_type(request.headers.get("content-type"))
+    if limiter is not None and len(raw) > OFF_LOOP_BYTES:
+        return await anyio.to_thread.run_sync(parse_request_json, raw, limiter=limiter)
     return parse_request_json(raw)

@@ -8,7 +8,10 @@ body is refused (``too_large``) as soon as what it decodes to passes the limit, 
 memory never holds more than a piece beyond what the caller keeps.
 
 Encodings: ``gzip`` (``x-gzip``), ``deflate`` (zlib-wrapped or raw, as httpx reads it)
-and ``identity``, also stacked (``gzip, gzip``). The service asks for exactly these
+and ``identity``, also stacked (``gzip, gzip``) up to ``MAX_ENCODINGS`` deep: a deeper
+stack is no server's doing and costs a pass over the body per layer (1,500 layers fit
+in 8 KB of header), so ``encoding_problem`` names it and the body is not read. The
+service asks for exactly these
 (``ACCEPT_ENCODING``); a body in another encoding (``br``, ``zstd``) is one it did not
 ask for and cannot bound, so it is refused as undecodable. A body that does not
 decompress is ``httpx.DecodingError``, which the transport classifier names as any other
@@ -25,6 +28,7 @@ from typing import Protocol
 import httpx
 
 ACCEPT_ENCODING = "gzip, deflate"
+MAX_ENCODINGS = 2
 PIECE_BYTES = 65_536  # the most one decompression step produces
 # Hand the event loop back after this much decoded body: a result that arrives as fast as
 # loopback can send it must not hold the loop for the whole file.
@@ -101,12 +105,29 @@ def _stage(name: str) -> _Stage | None:
     )
 
 
+def _names(content_encoding: str | None) -> list[str]:
+    return [n.strip().lower() for n in (content_encoding or "").split(",")]
+
+
+def encoding_problem(content_encoding: str | None) -> str | None:
+    """Why a body in this ``Content-Encoding`` is not read (a stack too deep); None: read."""
+    layers = sum(1 for name in _names(content_encoding) if name not in ("identity", ""))
+    if layers <= MAX_ENCODINGS:
+        return None
+    return (
+        f"the response's Content-Encoding stacks {layers} encodings; at most "
+        f"{MAX_ENCODINGS} are read"
+    )
+
+
 class BoundedDecoder:
     """The stages of a ``Content-Encoding`` header, outermost last, as one decoder."""
 
     def __init__(self, content_encoding: str | None) -> None:
-        names = [n.strip().lower() for n in (content_encoding or "").split(",")]
-        stages = [_stage(name) for name in names]
+        problem = encoding_problem(content_encoding)
+        if problem is not None:
+            raise httpx.DecodingError(problem)
+        stages = [_stage(name) for name in _names(content_encoding)]
         # The header lists encodings in the order they were applied: undo the last first.
         self._stages: list[_Stage] = [s for s in reversed(stages) if s is not None]
         if not self._stages:

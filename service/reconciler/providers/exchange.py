@@ -38,7 +38,12 @@ from reconciler.core.vocabulary import TransportError
 from reconciler.providers.aiohttp_transport import AiohttpTransport
 from reconciler.providers.client import OutboundClient
 from reconciler.providers.credentials import Credential
-from reconciler.providers.decoding import ACCEPT_ENCODING, declared_length, read_bounded
+from reconciler.providers.decoding import (
+    ACCEPT_ENCODING,
+    declared_length,
+    encoding_problem,
+    read_bounded,
+)
 from reconciler.providers.spec import ProviderSpec
 from reconciler.providers.spool import Spool
 from reconciler.providers.transport import classify_transport_error
@@ -107,6 +112,7 @@ class _Read:
     data: bytes | None = None
     file: Any = None
     too_large: bool = False
+    undecodable: str | None = None  # why the body was not read (``encoding_problem``)
 
 
 class Exchange:
@@ -347,7 +353,7 @@ class Exchange:
         parse: bool,
     ) -> CallResult:
         content_type = response.headers.get("content-type")
-        body, parse_error = None, None
+        body, parse_error = None, read.undecodable
         data = read.data
         if parse and data and (content_type is None or is_json(content_type)):
             try:
@@ -386,6 +392,9 @@ def _discard(result: CallResult) -> None:
 
 async def _read(response: httpx.Response, limit: int, spool: bool) -> _Read:
     """The body within ``limit`` (decoded): in memory, or spooled; nothing once too large."""
+    problem = encoding_problem(response.headers.get("content-encoding"))
+    if problem is not None:
+        return _Read(undecodable=problem)
     if not spool:
         buffer = io.BytesIO()
         _, too_large = await read_bounded(response, limit, buffer)

@@ -94,6 +94,8 @@ def _fetch_problems(result: ResultSpec, call: CallResult) -> list[str]:
         return [f"the result fetch answered HTTP {call.http_status}"]
     if call.too_large:
         return [f"the result is larger than {result.max_bytes} bytes"]
+    if call.parse_error and call.body_bytes is None and call.body_file is None:
+        return [call.parse_error]  # not read at all (a stack of encodings too deep)
     if is_jsonl(result.content_type):
         # The file says what the bytes are: storage hosts serve JSONL under many types.
         return []

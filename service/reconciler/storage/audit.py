@@ -2,7 +2,8 @@
 
 What retention pruned is gone from both sides (rows and their history), so the chains
 that remain still verify; the log of prunes (``core.retention``) says what went, and is
-checked as a chain of its own.
+checked as a chain of its own, against its head kept apart, and against the tombstones
+its records left.
 """
 
 from __future__ import annotations
@@ -15,10 +16,16 @@ from typing import Any
 import sqlalchemy as sa
 
 from reconciler.core.chain import ChainFault, verify_chain
-from reconciler.core.retention import RecordFault, RetentionSummary, verify_records
+from reconciler.core.retention import (
+    RecordFault,
+    RetentionSummary,
+    check_head,
+    check_tombstones,
+    verify_records,
+)
 from reconciler.storage.database import Database
 from reconciler.storage.fastsql import Sql
-from reconciler.storage.retention import retention_log
+from reconciler.storage.retention import kept_tombstones, log_head, retention_log
 from reconciler.storage.tables import HISTORY, OPS
 
 _HEADS = Sql("chain-heads", OPS, "SELECT id, history_head, history_seq FROM operations")
@@ -51,7 +58,12 @@ def verify(db: Database, key: bytes | None) -> AuditReport:
     """The retention log, then all chains; stop at the first bad record or entry (ordered by
     operation id, then seq)."""
     with db.read() as conn:
-        retention, record_fault = verify_records(retention_log(conn), key)
+        records = retention_log(conn)
+        retention, record_fault = verify_records(records, key)
+        if record_fault is None:
+            record_fault = check_head(records, log_head(conn))
+        if record_fault is None:
+            record_fault = check_tombstones(records, kept_tombstones(conn, key))
     if record_fault is not None:
         return AuditReport(0, 0, record_fault, retention)
     report = _verify_chains(db, key)

@@ -272,14 +272,20 @@ def _insert_if_key_free(parts: int, noted: bool) -> Sql:
     row, or by the tombstone of a pruned one), and only with it its parts, its first
     history entry and its notifications, in one statement. Its row count is the entries
     appended: 0 means the key was not free and nothing was written. Values are cast to
-    their columns' types: a VALUES list that is not an INSERT's own has none."""
+    their columns' types: a VALUES list that is not an INSERT's own has none.
+
+    A row holding the key in the statement's snapshot also stops the insert: ``ON
+    CONFLICT`` alone would wait for a prune deleting that row and, once it committed, find
+    the key free, while the tombstone it wrote is newer than the snapshot. The lookup
+    after then finds the row (prune not committed) or the tombstone."""
     columns = ", ".join(OPS_COLUMNS)
     row = ", ".join(f"CAST(? AS {_cast_type(OPS.c[c])})" for c in OPS_COLUMNS)
     value = _cast_type(PAYLOAD_TABLE.c.value)
     ctes = [
         f"touched AS (INSERT INTO operations ({columns}) SELECT * FROM (VALUES ({row})) "
         f"AS v({columns}) WHERE NOT EXISTS (SELECT 1 FROM {TOMBSTONES.name} "
-        "WHERE caller = ? AND key_digest = ?) "
+        "WHERE caller = ? AND key_digest = ?) AND NOT EXISTS (SELECT 1 FROM operations "
+        "WHERE caller = ? AND idempotency_key = ?) "
         "ON CONFLICT (caller, idempotency_key) DO NOTHING RETURNING id)",
         *(
             f"part_{i} AS (INSERT INTO operation_payloads (operation_id, name, value) "
@@ -288,6 +294,7 @@ def _insert_if_key_free(parts: int, noted: bool) -> Sql:
         ),
     ]
     params = [*OPS_COLUMNS, "tombstones.caller", "tombstones.key_digest"]
+    params += ["operations.caller", "operations.idempotency_key"]
     params += ["operation_payloads.name", "operation_payloads.value"] * parts
     if noted:
         # Only with the row: a key found taken commits nothing else, and must wake nobody.
@@ -504,7 +511,15 @@ class Journal:
         sent = sending(notify).values if notify else ()
         values = [v for name in names for v in (name, new.parts[name])]
         made = statement.run(
-            conn, *new.row, new.op.caller, key_digest, *values, *sent, *new.entry
+            conn,
+            *new.row,
+            new.op.caller,
+            key_digest,
+            new.op.caller,
+            new.op.idempotency_key,
+            *values,
+            *sent,
+            *new.entry,
         ).rowcount
         if made == 0:
             return None

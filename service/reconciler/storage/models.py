@@ -319,6 +319,7 @@ class Tombstone(SQLModel, table=True):
     __table_args__ = (
         sa.Index("ix_tombstones_caller_key", "caller", "key_digest"),
         sa.Index("ix_tombstones_pruned", "pruned_at"),
+        sa.Index("ix_tombstones_record", "record_seq"),
     )
 
     operation_id: str = Field(primary_key=True, max_length=40)
@@ -329,6 +330,9 @@ class Tombstone(SQLModel, table=True):
     state: str = Field(max_length=40)
     done_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
     pruned_at: datetime = Field(sa_type=UTCDateTime, nullable=False)
+    # The retention record that left it, whose count and digest cover it (None: left
+    # before records covered tombstones).
+    record_seq: int | None = None
 
 
 class RetentionRecord(SQLModel, table=True):
@@ -349,6 +353,25 @@ class RetentionRecord(SQLModel, table=True):
     done_until: datetime = Field(sa_type=UTCDateTime, nullable=False)
     digest: str = Field(max_length=64)
     prev_hash: str = Field(max_length=128)
+    hash: str = Field(max_length=128)
+    # The tombstones a prune left (or an expiry removed) and their digest, a sum that an
+    # expiry's subtracts from (``core.retention.tombstones_digest``); None before these
+    # were kept.
+    tombstones: int | None = None
+    tombstones_digest: str | None = Field(default=None, max_length=64)
+    # An expiry's record: the prune record whose tombstones it removed (None: a prune).
+    expired_of: int | None = None
+
+
+class RetentionHead(SQLModel, table=True):
+    """The retention log's last record (its number and hash), kept apart from the log as
+    an operation's row keeps its history's head: deleting the newest records breaks the
+    link. One row, ``name = 'retention'``."""
+
+    __tablename__ = "retention_head"
+
+    name: str = Field(primary_key=True, max_length=40)
+    seq: int
     hash: str = Field(max_length=128)
 
 

@@ -149,6 +149,14 @@ _EXTEND_LEASE = Sql(
 _COUNT_BY_STATE = Sql(
     "operations-per-state", OPS, "SELECT state, count(*) FROM operations GROUP BY state"
 )
+_COUNT_IN_STATES = Sql(
+    "operations-in-states",
+    OPS,
+    "SELECT state, count(*) FROM operations WHERE state IN (?*) GROUP BY state",
+    params=("state",),
+)
+_ENDED_STATES = sorted(state.value for state in END_STATES)
+_FLIGHT_STATES = sorted(state.value for state in State if state not in END_STATES)
 _LOCK_CALLER = Sql(
     "caller-lock", OPS, "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", params=(AS_IS,)
 )
@@ -590,8 +598,15 @@ def extend_lease(
     return bool(_EXTEND_LEASE.run(conn, until, operation_id, owner, now).rowcount == 1)
 
 
-def count_by_state(conn: Connection) -> dict[str, int]:
-    return {str(state): int(count) for state, count in _COUNT_BY_STATE.rows(conn)}
+def count_by_state(conn: Connection, *, ended: bool | None = None) -> dict[str, int]:
+    """Operations by state: all, or only the ended ones (``ended``), or only those in flight
+    (a range of ``ix_operations_state_id`` per state, as long as what is in flight)."""
+    if ended is None:
+        rows = _COUNT_BY_STATE.rows(conn)
+    else:
+        states = _ENDED_STATES if ended else _FLIGHT_STATES
+        rows = _COUNT_IN_STATES.rows(conn, states)
+    return {str(state): int(count) for state, count in rows}
 
 
 def lock_caller(conn: Connection, caller: str) -> None:

@@ -97,7 +97,11 @@ class Pruner:
         if tombstones is not None:
             found.append(
                 lambda conn: Removed(
-                    {"tombstones": retention.expire_tombstones(conn, tombstones, self.batch_size)}
+                    {
+                        "tombstones": retention.expire_tombstones(
+                            conn, tombstones, self.batch_size, self.now(), actor, self.key
+                        )
+                    }
                 )
             )
         return found
@@ -152,10 +156,10 @@ def dry_run(db: Database, cutoffs: Cutoffs) -> Removed:
             out.merge(retention.count_finished(conn, cutoffs.operations))
         if cutoffs.events is not None:
             for provider in retention.event_providers(conn):
-                out.add(
-                    "webhook_events",
-                    retention.count_expired_events(conn, provider, cutoffs.events),
+                left = retention.count_expired_events(
+                    conn, provider, cutoffs.events, cutoffs.operations
                 )
+                out.add("webhook_events", left)
         if cutoffs.tombstones is not None:
             out.add("tombstones", retention.count_expired_tombstones(conn, cutoffs.tombstones))
     return out

@@ -22,11 +22,14 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.chain import GENESIS
 from reconciler.core.retention import (
+    TOMBSTONE_FIELDS,
+    Kept,
     key_digest,
     pruned_digest,
     pruned_message,
     record_hash,
     replayed_pruned_message,
+    tombstones_digest,
 )
 from reconciler.core.states import END_STATES
 from reconciler.storage.completion_steps import FINISHED as SETTLED_STEPS
@@ -38,6 +41,7 @@ from reconciler.storage.tables import (
     LEASES,
     OPS,
     PAYLOAD_TABLE,
+    RETENTION_HEAD,
     RETENTION_LOG,
     STEPS,
     TOMBSTONES,
@@ -131,6 +135,17 @@ _COUNT_CHILDREN = {
         ("webhook_verdicts", VERDICTS),
     )
 }
+# The events ``_DELETE_JOB_EVENTS`` takes with the finished operations (a dry run).
+_FINISHED_JOBS = (
+    "(provider, remote_job_id) IN (SELECT provider, remote_job_id FROM operations "
+    f"WHERE remote_job_id IS NOT NULL AND {FINISHED})"
+)
+_COUNT_JOB_EVENTS = Sql(
+    "retention-count-job-events",
+    EVENTS,
+    f"SELECT count(*) FROM webhook_events WHERE {_FINISHED_JOBS}",
+    params=_FINISHED_PARAMS_ELSEWHERE,
+)
 TOMBSTONE_COLUMNS = (
     "operation_id",
     "caller",
@@ -144,9 +159,9 @@ TOMBSTONE_COLUMNS = (
 _LEAVE_TOMBSTONE = Sql(
     "tombstone-insert",
     TOMBSTONES,
-    f"INSERT INTO tombstones ({', '.join(TOMBSTONE_COLUMNS)}) "
-    f"VALUES ({', '.join(['?'] * len(TOMBSTONE_COLUMNS))})",
-    params=TOMBSTONE_COLUMNS,
+    f"INSERT INTO tombstones ({', '.join(TOMBSTONE_FIELDS)}) "
+    f"VALUES ({', '.join(['?'] * len(TOMBSTONE_FIELDS))})",
+    params=TOMBSTONE_FIELDS,
 )
 # PostgreSQL: prune batches take turns (a transaction lock, taken before any other), so two
 # pruners neither pick the same rows nor race for the log's next record. SQLite serialises
@@ -169,6 +184,25 @@ _LOG_APPEND = Sql(
     f"INSERT INTO retention_log ({', '.join(_LOG_COLUMNS)}) "
     f"VALUES ({', '.join(['?'] * len(_LOG_COLUMNS))})",
     params=_LOG_COLUMNS,
+)
+_SET_HEAD = Sql(
+    "retention-head-set",
+    RETENTION_HEAD,
+    "INSERT INTO retention_head (name, seq, hash) VALUES ('retention', ?, ?) "
+    "ON CONFLICT (name) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
+    params=("seq", "hash"),
+)
+_HEAD = Sql(
+    "retention-head",
+    RETENTION_HEAD,
+    "SELECT seq, hash FROM retention_head WHERE name = 'retention'",
+    returns=("seq", "hash"),
+)
+_COVERED_TOMBSTONES = Sql(
+    "tombstones-covered",
+    TOMBSTONES,
+    f"SELECT {', '.join(TOMBSTONE_FIELDS)} FROM tombstones WHERE record_seq IS NOT NULL",
+    returns=TOMBSTONE_FIELDS,
 )
 _LOG = Sql(
     "retention-log",
@@ -194,6 +228,13 @@ _COUNT_EVENTS = Sql(
     f"SELECT count(*) {_EXPIRED_EVENTS}",
     params=("provider", "received_at"),
 )
+# The same, less those the finished operations' prune takes first (orphans of their jobs).
+_COUNT_EVENTS_LEFT = Sql(
+    "retention-count-events-left",
+    EVENTS,
+    f"SELECT count(*) {_EXPIRED_EVENTS} AND NOT {_FINISHED_JOBS}",
+    params=("provider", "received_at", *_FINISHED_PARAMS_ELSEWHERE),
+)
 # The providers with events, one index probe each (a DISTINCT would read the whole index).
 _EVENT_PROVIDERS = Sql(
     "retention-event-providers",
@@ -202,13 +243,30 @@ _EVENT_PROVIDERS = Sql(
     "SELECT (SELECT min(provider) FROM webhook_events WHERE provider > p.provider) FROM p "
     "WHERE p.provider IS NOT NULL) SELECT provider FROM p WHERE provider IS NOT NULL",
 )
-_DELETE_TOMBSTONES = Sql(
-    "retention-delete-tombstones",
+# Tombstones left before the log covered them go uncounted; the others go a record's at a
+# time, each expiry recorded (``_expire_covered``).
+_DELETE_UNCOVERED_TOMBSTONES = Sql(
+    "retention-delete-uncovered-tombstones",
     TOMBSTONES,
-    "DELETE FROM tombstones WHERE operation_id IN "
-    "(SELECT operation_id FROM tombstones WHERE pruned_at < ? LIMIT ?)",
+    "DELETE FROM tombstones WHERE operation_id IN (SELECT operation_id FROM tombstones "
+    "WHERE record_seq IS NULL AND pruned_at < ? LIMIT ?)",
     params=("pruned_at", AS_IS),
 )
+_OLDEST_COVERED = Sql(
+    "retention-oldest-tombstones",
+    TOMBSTONES,
+    "SELECT min(record_seq) FROM tombstones WHERE pruned_at < ? AND record_seq IS NOT NULL",
+    params=("pruned_at",),
+)
+_TOMBSTONES_OF = Sql(
+    "retention-tombstones-of",
+    TOMBSTONES,
+    f"SELECT {', '.join(TOMBSTONE_FIELDS)} FROM tombstones WHERE record_seq = ? "
+    "ORDER BY operation_id LIMIT ?",
+    params=("record_seq", AS_IS),
+    returns=TOMBSTONE_FIELDS,
+)
+_DELETE_TOMBSTONES = _delete_of("tombstones", TOMBSTONES)
 _COUNT_TOMBSTONES = Sql(
     "retention-count-tombstones",
     TOMBSTONES,
@@ -324,17 +382,18 @@ def prune_batch(
     jobs = [(row[4], row[7]) for row in picked if row[7] is not None]
     removed.add("webhook_events", _DELETE_JOB_EVENTS.many(conn, jobs) or 0)
     removed.add("operations", int(_DELETE_ROWS.run(conn, ids).rowcount))
-    _LEAVE_TOMBSTONE.many(
-        conn,
-        [
-            (op_id, caller, key_digest(idem), fingerprint, provider, state, done_at, now)
-            for op_id, caller, idem, fingerprint, provider, state, done_at, *_ in picked
-        ],
-    )
+    seq, prev = _log_head(conn)
+    stones = [
+        (op_id, caller, key_digest(idem), fingerprint, provider, state, done_at, now, seq)
+        for op_id, caller, idem, fingerprint, provider, state, done_at, *_ in picked
+    ]
+    _LEAVE_TOMBSTONE.many(conn, stones)
     done = [row[6] for row in picked]
     removed.done_until = max(done)
     _append_record(
         conn,
+        seq,
+        prev,
         {
             "at": now,
             "actor": actor,
@@ -344,19 +403,32 @@ def prune_batch(
             "done_from": min(done),
             "done_until": max(done),
             "digest": pruned_digest((row[0], row[8], row[9]) for row in picked),
+            "tombstones": len(stones),
+            "tombstones_digest": tombstones_digest(_as_fields(stones), key),
         },
         key,
     )
     return removed
 
 
-def _append_record(conn: Connection, fields: dict[str, Any], key: bytes | None) -> None:
+def _as_fields(rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+    return [dict(zip(TOMBSTONE_FIELDS, row, strict=True)) for row in rows]
+
+
+def _log_head(conn: Connection) -> tuple[int, str]:
+    """The number the next record takes and the hash it links to."""
     head = _LOG_HEAD.first(conn)
-    seq, prev = (head[0] + 1, head[1]) if head is not None else (1, GENESIS)
-    fields = {**fields, "seq": seq}
-    fields["prev_hash"] = prev
+    return (head[0] + 1, head[1]) if head is not None else (1, GENESIS)
+
+
+def _append_record(
+    conn: Connection, seq: int, prev: str, fields: dict[str, Any], key: bytes | None
+) -> None:
+    fields = {"tombstones": None, "tombstones_digest": None, "expired_of": None, **fields}
+    fields.update(seq=seq, prev_hash=prev)
     fields["hash"] = record_hash(fields, prev, key)
     _LOG_APPEND.run(conn, *(fields[name] for name in _LOG_COLUMNS))
+    _SET_HEAD.run(conn, seq, fields["hash"])
 
 
 def count_finished(conn: Connection, cutoff: datetime) -> Removed:
@@ -368,6 +440,7 @@ def count_finished(conn: Connection, cutoff: datetime) -> Removed:
     out.add("history", int(entries or 0))
     for table, sql in _COUNT_CHILDREN.items():
         out.add(table, int(sql.value(conn, *args) or 0))
+    out.add("webhook_events", int(_COUNT_JOB_EVENTS.value(conn, *args) or 0))
     return out
 
 
@@ -380,12 +453,59 @@ def expire_events(conn: Connection, provider: str, cutoff: datetime, limit: int)
     return int(_DELETE_EVENTS.run(conn, provider, cutoff, limit).rowcount)
 
 
-def count_expired_events(conn: Connection, provider: str, cutoff: datetime) -> int:
-    return int(_COUNT_EVENTS.value(conn, provider, cutoff) or 0)
+def count_expired_events(
+    conn: Connection, provider: str, cutoff: datetime, finished_before: datetime | None = None
+) -> int:
+    """The events ``expire_events`` would delete; ``finished_before``: after a prune of the
+    operations finished before it, which takes their jobs' events first."""
+    if finished_before is None:
+        return int(_COUNT_EVENTS.value(conn, provider, cutoff) or 0)
+    args = (finished_before, _ENDED, _SETTLED_STEPS)
+    return int(_COUNT_EVENTS_LEFT.value(conn, provider, cutoff, *args) or 0)
 
 
-def expire_tombstones(conn: Connection, cutoff: datetime, limit: int) -> int:
-    return int(_DELETE_TOMBSTONES.run(conn, cutoff, limit).rowcount)
+def expire_tombstones(
+    conn: Connection,
+    cutoff: datetime,
+    limit: int,
+    now: datetime,
+    actor: str,
+    key: bytes | None,
+) -> int:
+    """Delete up to ``limit`` tombstones left before ``cutoff``: those the log does not
+    cover first, then those of the oldest record that left some, recorded in the log."""
+    gone = int(_DELETE_UNCOVERED_TOMBSTONES.run(conn, cutoff, limit).rowcount)
+    if gone:
+        return gone
+    if conn.dialect.name == "postgresql":
+        _TAKE_TURN.run(conn, "reconciler-retention")
+    record = _OLDEST_COVERED.value(conn, cutoff)
+    if record is None:
+        return 0
+    stones = _as_fields(_TOMBSTONES_OF.rows(conn, record, limit))
+    _DELETE_TOMBSTONES.run(conn, [stone["operation_id"] for stone in stones])
+    done = [stone["done_at"] for stone in stones]
+    seq, prev = _log_head(conn)
+    _append_record(
+        conn,
+        seq,
+        prev,
+        {
+            "at": now,
+            "actor": actor,
+            "cutoff": cutoff,
+            "operations": 0,
+            "history_entries": 0,
+            "done_from": min(done),
+            "done_until": max(done),
+            "digest": pruned_digest((stone["operation_id"], "", 0) for stone in stones),
+            "tombstones": len(stones),
+            "tombstones_digest": tombstones_digest(stones, key),
+            "expired_of": record,
+        },
+        key,
+    )
+    return len(stones)
 
 
 def count_expired_tombstones(conn: Connection, cutoff: datetime) -> int:
@@ -399,6 +519,21 @@ def tombstone_of(conn: Connection, operation_id: str) -> Tombstone | None:
 
 def retention_log(conn: Connection) -> list[Mapping[str, Any]]:
     return [dict(zip(_LOG_COLUMNS, row, strict=True)) for row in _LOG.rows(conn)]
+
+
+def log_head(conn: Connection) -> tuple[int, str] | None:
+    """The log's head as kept apart from it (``retention_head``)."""
+    row = _HEAD.first(conn)
+    return None if row is None else (int(row[0]), str(row[1]))
+
+
+def kept_tombstones(conn: Connection, key: bytes | None) -> dict[int, Kept]:
+    """The tombstones the log covers, counted and digested by the record that left them."""
+    kept: dict[int, Kept] = {}
+    for row in _COVERED_TOMBSTONES.rows(conn):
+        fields = dict(zip(TOMBSTONE_FIELDS, row, strict=True))
+        kept.setdefault(fields["record_seq"], Kept()).add(fields, key)
+    return kept
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from reconciler.storage.models import (
     Operation,
     OperationPayload,
     ProviderHealth,
+    RetentionHead,
     RetentionRecord,
     Tombstone,
     WebhookEvent,
@@ -47,4 +48,5 @@ HEALTH = table_of(ProviderHealth)
 VERDICTS = table_of(WebhookVerdict)
 TOMBSTONES = table_of(Tombstone)
 RETENTION_LOG = table_of(RetentionRecord)
+RETENTION_HEAD = table_of(RetentionHead)
 LEASES = table_of(MaintenanceLease)
