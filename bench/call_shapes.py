@@ -57,30 +57,38 @@ BODY_ROUTES = ("submit", "list", "get", "set_state", "output")
 REST_ROUTES = ("submit", "rest_list", "rest_get", "rest_cancel", "rest_output")
 
 
-def provider_files(directory: Path, url: str) -> None:
-    """Both files, pointed at ``url`` and polling fast (the job ends at its second read)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for name in FILES.values():
+def runs_tables(url: str, names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """The fixtures' provider tables, pointed at ``url`` and polling fast."""
+    tables = {}
+    for name in names:
         with (ROOT / "fixtures" / "providers" / f"{name}.toml").open("rb") as fh:
             table = tomllib.load(fh)["providers"][name]
         table["base_url"] = url
         table["polling"].update(base_delay_seconds=0.05, max_delay_seconds=0.2)
-        (directory / f"{name}.toml").write_text(dumps({"providers": {name: table}}))
+        tables[name] = table
+    return tables
 
 
 @contextmanager
-def service(work: Path, api_url: str) -> Iterator[tuple[str, str]]:
-    """``reconciler serve`` on SQLite with both files; yields (its URL, an agent token)."""
+def service(
+    work: Path, tables: dict[str, dict[str, Any]], env_extra: dict[str, str] | None = None
+) -> Iterator[tuple[str, str]]:
+    """``reconciler serve`` on SQLite with these provider tables; yields (its URL, an agent
+    token)."""
     port = free_port()
-    provider_files(work / "providers", api_url)
+    files = work / "providers"
+    files.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        (files / f"{name}.toml").write_text(dumps({"providers": {name: table}}))
     config = work / "reconciler.toml"
     config.write_text(
         f'database_url = "sqlite:///{work / "reconciler.db"}"\n'
-        f'providers_dir = "{work / "providers"}"\n'
+        f'providers_dir = "{files}"\n'
         f"[server]\nport = {port}\n[scheduler]\ntick_seconds = 0.05\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECONCILER_")}
     env.update(RUNS_TOKEN=TOKEN, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'service'}")
+    env.update(env_extra or {})
     argv = [sys.executable, "-m", "reconciler"]
     subprocess.run(
         [*argv, "db", "upgrade", "--config", str(config)],
@@ -139,7 +147,10 @@ def calls_per_operation(operations: int, work: Path) -> dict[str, dict[str, floa
     """Per flavour, the API calls an operation took through each file."""
     api = RunsApi(finish_after_gets=2)
     figures: dict[str, dict[str, float]] = {}
-    with serve_asgi(api.app(), lifespan="off") as api_url, service(work, api_url) as (url, token):
+    with (
+        serve_asgi(api.app(), lifespan="off") as api_url,
+        service(work, runs_tables(api_url, tuple(FILES.values()))) as (url, token),
+    ):
         for flavour in FLAVOURS:
             figures[flavour] = {}
             for shape, provider in FILES.items():

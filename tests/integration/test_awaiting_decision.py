@@ -112,6 +112,7 @@ def test_done_and_awaiting_decision_are_conditions_on_the_row(
     with db.read() as conn:
         view = view_of(conn, store.load_operation(conn, timed_out.id), clock.now())
     assert (view["done"], view["awaiting_decision"]) == (False, True)
+    assert timed_out.done_at is not None and view["done_at"] is None  # nothing reads as final
 
     # The decisions land: done follows the state each one leads to.
     _decide(db, journal, clock, timed_out, "abandon")
@@ -125,6 +126,8 @@ def test_done_and_awaiting_decision_are_conditions_on_the_row(
         view = view_of(conn, store.load_operation(conn, timed_out.id), clock.now())
     assert (view["done"], view["awaiting_decision"]) == (True, False)
     assert view["error"]["code"] == "abandoned_deadline_exceeded"
+    assert view["done_at"] is not None
+    assert view["message"].startswith("An operator decided to stop waiting for the job (abandon)")
 
 
 def test_an_undeliverable_callback_leaves_an_outcome_done(db: Database, clock: ManualClock) -> None:

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCHES = {
     "amplification": "ratio bytes per read",
     "call_shapes": "ratio body/rest",
+    "credentials": "ratio signed/bearer",
     "faults": "db_lock ",
     "lag": "p99 median",
     "mcp_vs_http": "one read at a time",

@@ -70,6 +70,9 @@ def test_run_names_each_outcome(
     if outcome is Outcome.ESCALATED:
         assert result.operation.escalation is not None
         assert result.operation.escalation.reason == "unknown_state"
+        # Written to the agent: a person decides, it cannot, it tells its user.
+        assert "A person, an operator of this service, must decide" in result.message
+        assert "you cannot decide it" in result.message and "Tell your user" in result.message
 
 
 def test_run_that_outlasts_max_wait_is_timed_out_with_the_id(api: Client) -> None:

@@ -85,7 +85,7 @@ def test_every_allowed_transition_succeeds_with_evidence(
 FORBIDDEN = [
     (State.CREATE_PENDING, State.OBSERVING),
     (State.OBSERVING, State.SUCCEEDED),
-    (State.CANCEL_REQUESTED, State.OBSERVING),
+    (State.CANCELLING, State.OBSERVING),
     (State.SUCCEEDED, State.FAILED),
     (State.FAILED, State.OBSERVING),
     (State.CANCELLED, State.CANCEL_REQUESTED),

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from mcp.client import advertise
 from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
 
 from reconciler.app import create_app
 from reconciler.config import SchedulerSettings, Settings
@@ -81,6 +82,23 @@ def inline(task: GetTaskResult) -> types.CallToolResult:
     return types.CallToolResult.model_validate(task.result)
 
 
+def answered(result: types.CallToolResult) -> dict[str, Any]:
+    """A tool result as the tool answered it (the transport's own ``_meta`` left out)."""
+    return result.model_dump(by_alias=True, mode="json", exclude={"meta"})
+
+
+async def as_wait_job_answers(
+    session: ClientSession, stack: Stack, task_id: str
+) -> types.CallToolResult:
+    """A finished task's inline result, once its record stopped changing (the completion's
+    bookkeeping still touches it after the end): the very answer wait_job gives."""
+    stack.settled([task_id])
+    result = inline(await get_task(session, task_id))
+    waited = await session.call_tool("wait_job", {"id": task_id})
+    assert answered(result) == answered(waited)
+    return result
+
+
 def stored(stack: Stack, op_id: str) -> bool:
     with stack.runtime.db.read() as conn:
         found = conn.execute(
@@ -109,14 +127,22 @@ def test_a_task_is_the_operation_from_creation_to_its_inline_result(stack: Stack
             assert result.is_error is False
             assert result.structured_content is not None
             assert result.structured_content["state"] == "succeeded"
-            assert text_of(result) == result.structured_content["message"]
+            assert text_of(result).startswith(result.structured_content["message"])
             assert done.poll_interval_ms is None
+            # The inline result is what wait_job answers for the job, to the byte.
+            await as_wait_job_answers(client.session, stack, created.task_id)
 
             failed = await start_task(client.session, job("late_failure", 0.3))
-            ended = inline(await until(client.session, failed.task_id, {"completed"}))
-            # A failed job is an answer (completed, its Operation inline), not a protocol error.
+            done = await until(client.session, failed.task_id, {"completed"})
+            ended = inline(done)
+            # A failed job is an answer (completed, the tool result inline), not a protocol
+            # error; and it is a tool error, as wait_job answers it: never read as success.
+            assert ended.is_error is True
             assert ended.structured_content is not None
             assert ended.structured_content["state"] == "failed"
+            assert "error: provider_failed" in text_of(ended)
+            assert (await as_wait_job_answers(client.session, stack, failed.task_id)).is_error
+            assert (done.status_message or "").startswith("The job FAILED")
 
     run(main)
 
@@ -138,12 +164,16 @@ def test_tasks_cancel_records_the_intent_like_the_http_api(stack: Stack) -> None
             await until(client.session, created.task_id, {"working"})
             stack.wait_state(created.task_id, {"accepted", "observing"})
             ack = await cancel_task(client.session, created.task_id)
-            assert isinstance(ack, AckResult) and ack.result_type == "complete"
+            # Acknowledged with the task as it stands: the intent, not yet the outcome.
+            assert ack.result_type == "complete" and ack.task_id == created.task_id
+            assert ack.status == "working" and ack.poll_interval_ms is not None
+            assert "Cancellation was requested and is NOT confirmed" in (ack.status_message or "")
             again = await cancel_task(client.session, created.task_id)  # idempotent
-            assert again.result_type == "complete"
+            assert again.result_type == "complete" and again.task_id == created.task_id
             ended = await until(client.session, created.task_id, {"cancelled", "completed"})
-            assert ended.status == "cancelled" and ended.result is None
+            assert ended.status == "cancelled"
             assert "CANCELLED" in (ended.status_message or "")
+            await as_wait_job_answers(client.session, stack, created.task_id)
             return created.task_id
 
     op_id = run(main)
@@ -159,8 +189,14 @@ def test_an_escalated_task_is_working_with_the_escalation_as_its_message(stack: 
             stack.wait_state(created.task_id, {"escalated"})
             task = await get_task(client.session, created.task_id)
         assert task.status == "working" and task.result is None
-        assert (task.status_message or "").startswith("External job needs a decision")
-        assert task.poll_interval_ms is not None and task.poll_interval_ms > 0
+        # Written to the agent, not the operator's text: a person decides, it cannot.
+        message = task.status_message or ""
+        assert message.startswith("Waiting has STOPPED and the job is NOT complete")
+        assert "A person, an operator of this service, must decide" in message
+        assert "you cannot decide it" in message and "Tell your user" in message
+        assert "The task stays working until the decision is made" in message
+        assert "/v1/" not in message and "Safe options" not in message
+        assert task.poll_interval_ms is not None and 0 < task.poll_interval_ms <= 5000
 
     run(main)
 
@@ -176,6 +212,10 @@ def test_unknown_foreign_and_removed_requests_are_refused(stack: Stack) -> None:
                 with pytest.raises(MCPError) as caught:
                     await call(mine.session, "op_doesnotexist")
                 assert caught.value.code == types.INVALID_PARAMS
+                # In get_job's words, with its error object.
+                assert "operation op_doesnotexist does not exist" in caught.value.message
+                assert "Check the id" in caught.value.message
+                assert caught.value.data["error"]["code"] == "not_found"
             with pytest.raises(MCPError) as caught:
                 await mine.session.send_request(
                     TaskResult(params=TaskIdParams(taskId=created.task_id)), AckResult
@@ -231,6 +271,10 @@ def test_the_wire_shape_of_a_created_task(stack: Stack) -> None:
     assert created["resultType"] == "task"
     assert set(created) >= {"taskId", "status", "createdAt", "lastUpdatedAt", "ttlMs"}
     assert created["ttlMs"] is None and isinstance(created["pollIntervalMs"], int)
+    CreateTaskResult.model_validate(created)  # the extension's Task, closed and strict
+    # The SDK's own task types are 2025-11-25's and cannot read it (docs/agents.md#mcp-tasks).
+    with pytest.raises(ValidationError):
+        types.GetTaskResult.model_validate({**created, "resultType": "complete"})
 
 
 def test_a_task_survives_a_restart_of_the_service(tmp_path: Path, db_url: str) -> None:

@@ -13,8 +13,10 @@ import pytest
 import sqlalchemy as sa
 from mcp import Client
 
+from reconciler.agent_tools.answer_text import no_outcome
 from reconciler.inbound.auth import CACHE_SECONDS
 from reconciler.storage.tokens import create_token, revoke_token
+from reconciler.wire import ToolErrorBody
 from tests.support import loopback
 from tests.support.mcp import connect, run, text_of
 from tests.support.stack import Stack, running_stack
@@ -63,10 +65,11 @@ async def start_and_wait(client: Client, request: dict[str, Any], **args: Any) -
     deadline = time.monotonic() + 30
     while not op["done"] and op["state"] != "escalated" and time.monotonic() < deadline:
         waited = await client.call_tool("wait_job", {"id": op["id"], "timeout_seconds": 5})
-        assert not waited.is_error, text_of(waited)
         assert waited.structured_content is not None
         op = waited.structured_content
-        assert text_of(waited) == op["message"]
+        # A job that ended without a usable outcome is a tool error; the answer is the job.
+        assert waited.is_error is no_outcome(op), text_of(waited)
+        assert text_of(waited).startswith(op["message"] + "\n")
     return op
 
 
@@ -112,7 +115,7 @@ def test_success_failure_partial_and_escalation_are_told_apart(stack: Stack) -> 
         assert (stuck["state"], stuck["done"]) == ("escalated", False)
         assert stuck["escalation"]["reason"] == "unknown_state"
         assert stuck["awaiting_decision"] is True
-        assert "An operator of this service must decide" in stuck["message"]
+        assert "A person, an operator of this service, must decide" in stuck["message"]
 
     run(main)
 
@@ -225,6 +228,11 @@ def test_bad_arguments_are_tool_errors_that_say_what_to_fix(stack: Stack) -> Non
     for fragment, result in run(main):
         assert result.is_error is True, fragment
         assert fragment in text_of(result), (fragment, text_of(result))
+        # The same refusal as an object with a code, saying that nothing was started.
+        error = ToolErrorBody.model_validate(result.structured_content).error
+        assert error.message == text_of(result) and error.started is False
+        assert "started" in error.message.lower() or "nothing was stored" in error.message
+        assert "/v1/" not in error.message
     assert rows(stack) == before  # nothing stored, not even half
 
 

@@ -1,8 +1,11 @@
 """The official MCP SDK's client against our service, and the SEP-2663 tasks client side.
 
-mcp 2.3.0 ships the hooks for extensions but no tasks client, so the three
-request/result shapes of ``io.modelcontextprotocol/tasks`` are declared here
-(``tasks/get``, ``tasks/cancel``) together with a ``ClientExtension`` that
+mcp 2.3.0 ships the hooks for extensions but no tasks client: its own task types
+(``mcp_types.GetTaskResult``...) are the 2025-11-25 ones (``ttl``, ``pollInterval``) and
+cannot read a SEP-2663 task (``ttlMs``, ``pollIntervalMs``). So the request/result shapes
+of ``io.modelcontextprotocol/tasks`` are declared here on the SDK's ``Result`` base, closed
+and strict, so that a task answer with a field missing, misnamed or of the wrong type fails
+to parse (``tasks/get``, ``tasks/cancel``), together with a ``ClientExtension`` that
 declares the extension on each request and resolves a task by polling.
 """
 
@@ -56,7 +59,8 @@ def text_of(result: Any) -> str:
 
 
 class _TaskFields(types.Result):
-    model_config = ConfigDict(extra="allow")
+    # The schema of the extension's Task, and nothing else (no field of another revision).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     task_id: str
     status: Literal["working", "input_required", "completed", "failed", "cancelled"]
@@ -108,8 +112,11 @@ async def get_task(session: ClientSession, task_id: str) -> GetTaskResult:
     return await session.send_request(GetTask(params=TaskIdParams(taskId=task_id)), GetTaskResult)
 
 
-async def cancel_task(session: ClientSession, task_id: str) -> AckResult:
-    return await session.send_request(CancelTask(params=TaskIdParams(taskId=task_id)), AckResult)
+async def cancel_task(session: ClientSession, task_id: str) -> GetTaskResult:
+    """tasks/cancel: acknowledged with the task as it stands after the cancel intent."""
+    return await session.send_request(
+        CancelTask(params=TaskIdParams(taskId=task_id)), GetTaskResult
+    )
 
 
 async def _resolve(created: CreateTaskResult, ctx: ClaimContext) -> types.CallToolResult:

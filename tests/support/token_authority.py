@@ -45,13 +45,14 @@ class TokenAuthority:
     requests: int = 0  # token requests answered
     refused_calls: int = 0  # API calls answered 401
     public_key: Any = None  # the service account's, for Google's grant
+    fixed_token: str | None = None  # issue this value every time (a replay's one token)
 
     def now(self) -> datetime:
         assert self.clock is not None, "the authority has no clock yet"
         return self.clock.now()
 
     def issue(self) -> dict[str, Any]:
-        token = "tok-" + secrets.token_hex(12)
+        token = self.fixed_token or "tok-" + secrets.token_hex(12)
         self.tokens[token] = self.now() + timedelta(seconds=self.lifetime_seconds)
         return {"access_token": token, "token_type": "Bearer", "expires_in": self.lifetime_seconds}
 

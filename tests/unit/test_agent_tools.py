@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
 
 from reconciler.agent_tools.definitions import ToolName, build_tools
-from reconciler.agent_tools.request_summary import request_summary
-from reconciler.agent_tools.server import INSTRUCTIONS, tool_error, tool_message
+from reconciler.agent_tools.refusals import tool_error
+from reconciler.agent_tools.request_summary import field_lines, request_summary
+from reconciler.agent_tools.server import INSTRUCTIONS, tool_message
 from reconciler.agent_tools.tasks import poll_interval_ms, task_status, task_view
 from reconciler.core.errors import Gone, InvalidRequest, NotFound
 from reconciler.core.states import END_STATES, State, awaits_decision, is_done
@@ -72,8 +74,12 @@ def view(state: State, escalation: dict[str, Any] | None = None, **extra: Any) -
         "poll_after_seconds": None if state in END_STATES else 2.0,
         "created_at": "2026-01-01T00:00:00Z",
         "updated_at": "2026-01-01T00:01:00Z",
+        "deadline_at": "2026-01-01T01:00:00Z",
         **extra,
     }
+
+
+CREATED = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 OPEN = {"message": "External job needs a decision\n...", "decided": False}
@@ -100,20 +106,45 @@ def test_task_status(state: State, escalation: dict[str, Any] | None, status: st
     assert task_status(view(state, escalation)) == status
 
 
-def test_a_working_task_polls_at_the_operation_hint_and_carries_no_result() -> None:
-    task = task_view(view(State.OBSERVING), "msg", {"content": []}, result_type="task")
+def test_a_working_task_carries_no_result_and_says_when_to_poll() -> None:
+    task = task_view(view(State.OBSERVING), "msg", {"content": []}, CREATED, result_type="task")
     assert task["resultType"] == "task" and task["taskId"] == "op_1"
-    assert task["pollIntervalMs"] == 2000 and task["ttlMs"] is None
-    assert "result" not in task
-    assert poll_interval_ms(view(State.ESCALATED, OPEN, poll_after_seconds=None)) == 30_000
+    assert task["pollIntervalMs"] == 1000 and task["ttlMs"] is None
+    assert task["statusMessage"] == "msg" and "result" not in task
 
 
-def test_an_escalated_task_says_why_and_a_finished_one_carries_the_result() -> None:
-    escalated = task_view(view(State.ESCALATED, OPEN), "msg", {}, result_type="complete")
-    assert escalated["statusMessage"] == OPEN["message"]
+@pytest.mark.parametrize(
+    ("age", "extra", "expected"),
+    [
+        (0.0, {}, 1000),  # a new job: news may come at once
+        (2.0, {}, 1000),
+        (8.0, {}, 2000),  # a quarter of its age...
+        (600.0, {}, 5000),  # ...never more than a few seconds, whatever the poller does
+        (600.0, {"poll_after_seconds": 3.0}, 3000),  # the next status read comes first
+        (600.0, {"poll_after_seconds": 300.0}, 5000),  # a stretched fallback read does not
+        (3599.5, {}, 500),  # never past the deadline
+        (3599.95, {}, 250),  # ...though not a busy loop either
+        (3700.0, {"poll_after_seconds": 60.0}, 5000),  # past it, a person decides
+    ],
+)
+def test_a_task_is_polled_when_news_may_come(
+    age: float, extra: dict[str, Any], expected: int
+) -> None:
+    now = CREATED + timedelta(seconds=age)
+    hinted = {"poll_after_seconds": None, **extra}
+    assert poll_interval_ms(view(State.OBSERVING, **hinted), now) == expected
+
+
+def test_a_finished_task_carries_the_tool_result_a_cancelled_one_too() -> None:
+    pending = view(State.ESCALATED, OPEN)
+    escalated = task_view(pending, "decide", {}, CREATED, result_type="complete")
+    assert escalated["status"] == "working" and escalated["statusMessage"] == "decide"
+    assert "result" not in escalated
     result = {"content": [{"type": "text", "text": "done"}], "isError": False}
-    finished = task_view(view(State.SUCCEEDED), "done", result, result_type="complete")
+    finished = task_view(view(State.SUCCEEDED), "done", result, CREATED, result_type="complete")
     assert finished["result"] == result and "pollIntervalMs" not in finished
+    cancelled = task_view(view(State.CANCELLED), "gone", result, CREATED, result_type="complete")
+    assert cancelled["status"] == "cancelled" and cancelled["result"] == result
 
 
 def test_the_next_step_is_named_as_a_tool() -> None:
@@ -223,7 +254,7 @@ SCHEMAS = [
             },
             "additionalProperties": False,
         },
-        'required: scenario (one of: a, b), window ("24h"); optional: n; no other fields',
+        'required: scenario (one of: a, b), window ("24h"); no other fields',
     ),
     (
         {"anyOf": [{"required": ["model"]}, {"required": ["prompt"]}], "properties": {}},
@@ -237,11 +268,41 @@ def test_a_request_schema_in_one_line(schema: Any, text: str) -> None:
     assert request_summary(schema) == text
 
 
-def test_a_pruned_job_is_a_tool_error_that_says_nothing_was_started_again() -> None:
-    gone = tool_error("start_job", Gone("operation op_1 ended succeeded ... removed by retention"))
+def test_every_field_is_listed_with_its_description_and_nothing_is_cut() -> None:
+    values = [f"v{i}" for i in range(20)]
+    schema = {
+        "type": "object",
+        "required": ["mode"],
+        "properties": {
+            "mode": {"enum": values, "description": "How it runs.\n v0: plain."},
+            **{f"knob{i}": {"type": "number", "minimum": 0} for i in range(15)},
+            "fault": {"anyOf": [{"enum": [429, 503]}, {"type": "null"}]},
+            "error": {"type": "object", "properties": {"code": {"type": "string"}}},
+        },
+    }
+    lines = field_lines(schema)
+    assert len(lines) == 18
+    assert lines[0] == f"mode (one of: {', '.join(values)}, required): How it runs. v0: plain."
+    assert lines[1] == "knob0 (number from 0)"
+    assert lines[-2] == "fault (one of: 429, 503 or null)"
+    assert lines[-1] == "error (object with code (string))"
+    assert field_lines(None) == []
+
+
+def test_a_pruned_job_is_a_tool_error_that_says_once_that_nothing_was_started() -> None:
+    gone = tool_error("get_job", Gone("operation op_1 ended succeeded ... removed by retention"))
     text = gone.content[0].text  # type: ignore[union-attr]
-    assert gone.is_error
-    assert "removed by retention" in text and "nothing was started again" in text
-    assert "new idempotency_key" in text and "Check the id" not in text
+    assert gone.is_error and "removed by retention" in text
+    assert text.count("started") == 1 and "Nothing was started" in text
+    assert "new idempotency_key" in text and "Check the id" not in text and "long ago" not in text
+    replay = tool_error(
+        "start_job",
+        Gone(
+            "idempotency_key 'k' named operation op_1 ended succeeded ...; no new job was "
+            "started. Use a new idempotency_key to start a new one"
+        ),
+    )
+    said = replay.content[0].text  # type: ignore[union-attr]
+    assert said.count("started") == 1 and said.count("new idempotency_key") == 1
     unknown = tool_error("get_job", NotFound("operation op_2 does not exist"))
     assert "Check the id" in unknown.content[0].text  # type: ignore[union-attr]

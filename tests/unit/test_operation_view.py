@@ -184,7 +184,9 @@ OPTIONS = [
 ]
 
 
-def _escalation(reason: str, decided: bool) -> EscalationRecord:
+def _escalation(
+    reason: str, decided: bool, decision: dict[str, Any] | None = None
+) -> EscalationRecord:
     return EscalationRecord(
         id=7,
         operation_id="op_x",
@@ -195,7 +197,7 @@ def _escalation(reason: str, decided: bool) -> EscalationRecord:
         created_at=NOW,
         decided_at=NOW if decided else None,
         decided_by="operator:ops" if decided else None,
-        decision={"action": "abandon"} if decided else None,
+        decision=(decision or {"action": "abandon"}) if decided else None,
     )
 
 
@@ -214,18 +216,65 @@ def test_an_end_a_decision_may_reopen_is_not_done_until_it_is_made(
     assert view["done"] is False and view["awaiting_decision"] is True
     message = view["message"]
     assert "NOT done" in message and "SUCCEEDED" not in message
-    assert "An operator of this service must decide" in message
-    assert "cannot decide" in message and "Tell your user" in message
+    # Written to the agent: a person decides, it cannot, it tells its user, the wait returns.
+    assert "A person, an operator of this service, must decide what happens next" in message
+    assert "you cannot decide it" in message and "Tell your user" in message
     assert "extend waiting once by 15 minutes" in message and "abandon (stop waiting" in message
     assert f"GET /v1/operations/{op.id}/wait returns as soon as the decision is made" in message
     assert view["poll_after_seconds"] == 60.0
+    assert view["done_at"] is None  # nothing reads as final while a person decides
     # The decision is recorded: nothing more will happen, and the view says so.
     decided = replace(op, escalation_open=False)
     after = operation_view(decided, NOW, _escalation(reason, decided=True))
     assert after["done"] is True and after["awaiting_decision"] is False
+    assert after["message"].startswith(
+        "An operator decided to stop waiting for the job (abandon): the service no longer "
+        "watches it. "
+    )
     assert "for good" in after["message"] and "NOT" in after["message"]
     assert "decision is made" not in after["message"]
     assert after["poll_after_seconds"] is None
+    assert after["done_at"] == "2025-03-08T14:22:11Z"
+
+
+@pytest.mark.parametrize(
+    ("reason", "decision", "state", "opening"),
+    [
+        (
+            "deadline_exceeded",
+            {"action": "extend", "extra_seconds": 900.0, "extra_status_requests": 4},
+            State.OBSERVING,
+            "An operator decided to extend the waiting by 15 minutes with 4 more status "
+            "requests: the service watches the job again. The job has STARTED",
+        ),
+        (
+            "deadline_exceeded",
+            {"action": "cancel"},
+            State.CANCEL_REQUESTED,
+            "An operator decided to cancel the job: the service asks the provider to cancel "
+            "it. Cancellation was requested",
+        ),
+        (
+            "create_unknown",
+            {"action": "resend", "create_attempts": 2},
+            State.CREATE_UNKNOWN,
+            "An operator decided to send the job's create call again",
+        ),
+        (
+            "callback_undeliverable",
+            {"action": "extend", "extra_seconds": 900.0, "extra_status_requests": 4},
+            State.SUCCEEDED,
+            "An operator decided to deliver the callback again; the job's outcome stands. "
+            "The job SUCCEEDED",
+        ),
+    ],
+)
+def test_after_a_decision_the_message_says_what_was_decided_and_what_now(
+    reason: str, decision: dict[str, Any], state: State, opening: str
+) -> None:
+    op = op_in(state, escalation_id=7, escalation_open=False)
+    view = operation_view(op, NOW, _escalation(reason, decided=True, decision=decision))
+    assert view["message"].startswith(opening), view["message"]
 
 
 def test_an_escalated_operation_says_who_decides_and_how_to_learn_the_outcome() -> None:

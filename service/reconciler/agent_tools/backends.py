@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from reconciler.client import AsyncClient
@@ -34,6 +35,10 @@ class Backend(Protocol):
     async def list(self, query: OperationFilter) -> View: ...
 
     async def providers(self) -> View: ...
+
+    def now(self) -> datetime:
+        """The time the views are read against (a task's next poll is counted from it)."""
+        ...
 
 
 class LocalBackend:
@@ -67,6 +72,9 @@ class LocalBackend:
 
     async def providers(self) -> View:
         return await agent_actions.providers(self.rt, self.who)
+
+    def now(self) -> datetime:
+        return self.rt.clock.now()
 
 
 class RemoteBackend:
@@ -104,3 +112,6 @@ class RemoteBackend:
 
     async def providers(self) -> View:
         return {"providers": [dict(p.raw) for p in await self.client.providers()]}
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)

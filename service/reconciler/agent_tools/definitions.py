@@ -22,10 +22,10 @@ from reconciler.core.errors import InvalidRequest
 from reconciler.core.strict_json import shown
 from reconciler.wire import (
     JobId,
+    JobSummaryPage,
     NoArguments,
     Operation,
     OperationFilter,
-    OperationPage,
     ProviderList,
     StartJob,
     WaitJob,
@@ -58,11 +58,17 @@ DECISION = (
 )
 TASKS = (
     "A client that declares the MCP tasks extension (io.modelcontextprotocol/tasks, protocol "
-    "2026-07-28) gets start_job answered as a task whose `taskId` is the job's `id`: poll "
-    "tasks/get at its `pollIntervalMs` until the task is completed (its result is the "
-    "Operation, as get_job gives it) or cancelled; tasks/cancel asks the provider to cancel. "
-    "A task stays working while a decision is pending, with the decision's message as its "
-    "status message."
+    "2026-07-28) gets start_job answered as a task whose `taskId` is the job's `id` (unless "
+    "the job is done by then: that is answered as it is): poll tasks/get at its "
+    "`pollIntervalMs` (a few seconds at most) until the task is completed (its result is "
+    "what wait_job answers for the job, `isError: true` for one that did not succeed) or "
+    "cancelled; tasks/cancel asks the provider to cancel and answers the task as it stands. "
+    "A task stays working while an operator's decision is pending, and its status message "
+    "says so."
+)
+REFUSED = (
+    "A call that cannot be carried out is a tool error whose text says what to fix; its "
+    "`error.code` names the reason and `error.started` says whether a job was started."
 )
 
 
@@ -80,7 +86,10 @@ def _descriptions(cap: float) -> dict[ToolName, str]:
             "nothing ran; fix `request` and start again with a new `idempotency_key`. Give an "
             "`idempotency_key` that names this piece of work: calling start_job again with "
             "the same key and request returns the same job (with `replayed: true`) instead of "
-            "starting a second one, so retrying after an error or a lost answer is safe. " + TASKS
+            "starting a second one, so retrying after an error or a lost answer is safe. "
+            + REFUSED
+            + " "
+            + TASKS
         ),
         ToolName.GET_JOB: (
             "Read one of your jobs by `id`, without waiting. "
@@ -102,12 +111,17 @@ def _descriptions(cap: float) -> dict[ToolName, str]:
             + " Otherwise, with `done: false`, call wait_job again with the same "
             "`id` right away (the waiting happens on the server), or keep the `id` and check "
             "back later. When `done` is true, `state` says what happened: succeeded (the "
-            "result is in `result`), completed_with_errors (read result.summary and "
-            "result.failed_items before reporting), failed (read `error`; `error.code` "
-            '"request_rejected" means the provider refused the request and nothing ran), '
-            "cancelled, result_timed_out or cancellation_unconfirmed (an operator stopped the "
-            "waiting: the job's outcome is not known), result_unavailable or "
-            "result_validation_failed (the job finished but its result could not be used)."
+            "answer's text holds the result, or its size and summary when large), "
+            "completed_with_errors (read the result's summary and failed items before "
+            "reporting), failed (read `error`; `error.code` \"request_rejected\" means the "
+            "provider refused the request and nothing ran), cancelled, result_unavailable or "
+            "result_validation_failed (the job finished but its result could not be used). "
+            "result_timed_out and cancellation_unconfirmed are ends only once an operator "
+            "gave up the waiting (`done: true`: the job's outcome is not known); while "
+            "`awaiting_decision` is true they are NOT finished. A job that ended without a "
+            "usable outcome (failed, result_timed_out, result_unavailable, "
+            "result_validation_failed, cancellation_unconfirmed) is answered with "
+            "`isError: true`; the answer is still the job."
         ),
         ToolName.CANCEL_JOB: (
             "Ask the provider to cancel one of your jobs. This records the request: the job is "
@@ -122,13 +136,16 @@ def _descriptions(cap: float) -> dict[ToolName, str]:
             "every run to find work started earlier, because an `id` mentioned long ago in a "
             "conversation may be lost. `awaiting_decision: true` lists exactly the jobs an "
             "operator must decide; filter also with `state`, `provider` or `done` (true: "
-            "finished jobs). A `state` or `provider` that does not exist is an error, not an "
-            "empty list. For the next page pass `cursor` = the previous answer's `next_cursor`."
+            "finished jobs). Each job is in brief (its state, times, idempotency_key, result "
+            "size and summary, error code; no result rows): get_job gives a job whole. A "
+            "`state` or `provider` that does not exist is an error, not an empty list. For "
+            "the next page pass `cursor` = the previous answer's `next_cursor`."
         ),
         ToolName.LIST_PROVIDERS: (
             "List the providers you can start jobs at: each one's `name`, a `description`, "
             "the `request_schema` that start_job's `request` must match (null: any object; "
-            "the text answer names its required fields), the pointers in `set_by_service` "
+            "the text answer names its required fields and then every field with what it "
+            "does), the pointers in `set_by_service` "
             "that your `request` must NOT hold (the service writes them), `can_cancel` "
             "(whether its jobs can be cancelled), `max_deadline_seconds` (the "
             "`deadline_seconds` a job gets when start_job names none, and the most it may "
@@ -175,7 +192,7 @@ ANSWERS: dict[ToolName, type[BaseModel]] = {
     ToolName.GET_JOB: Operation,
     ToolName.WAIT_JOB: Operation,
     ToolName.CANCEL_JOB: Operation,
-    ToolName.LIST_JOBS: OperationPage,
+    ToolName.LIST_JOBS: JobSummaryPage,
     ToolName.LIST_PROVIDERS: ProviderList,
 }
 # The one value the models cannot know: this service's long-poll cap.

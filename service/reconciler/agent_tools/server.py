@@ -1,12 +1,15 @@
 """The MCP server of the agent tools (the SDK's low-level ``Server``), over any ``Backend``.
 
-Every tool answers with the Operation (or a page, or the providers) as
-``structuredContent`` and its ``message`` as text, worded for the tools
-(``wait_job`` where the HTTP API says ``GET .../wait``). Guarantee: a call that
-cannot be carried out is a tool error (``isError``) whose text says what to fix;
-protocol errors are left for malformed JSON-RPC only. Clients that declare the
+Every tool answers with the Operation (or a page of job summaries, or the providers) as
+``structuredContent`` and, as text, what an agent acts on (``agent_tools.answer_text``),
+worded for the tools (``wait_job`` where the HTTP API says ``GET .../wait``). Guarantee: a
+call that cannot be carried out is a tool error (``isError``) whose text says what to fix
+and whether anything was started, with the same as ``{error: ...}`` structured content
+(``agent_tools.refusals``); a job that ended without a usable outcome is answered as a tool
+error too. Protocol errors are left for malformed JSON-RPC only. Clients that declare the
 tasks extension on a modern (2026-07-28) request get ``start_job`` as a task
-(``agent_tools.tasks``), answered by ``tasks/get`` and ``tasks/cancel``.
+(``agent_tools.tasks``) unless the job is done by the time it answers, answered by
+``tasks/get`` and ``tasks/cancel``.
 
 The one input rule of every door holds here too: an argument or a task id holding
 text no database can store (NUL, a lone surrogate) is a tool error, or ``-32602``
@@ -16,101 +19,61 @@ error that says when to call again.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any
 
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
-from mcp.shared.exceptions import MCPError
-from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
 from reconciler import __version__
+from reconciler.agent_tools.answer_text import no_outcome, operation_text
 from reconciler.agent_tools.backends import Backend, View
 from reconciler.agent_tools.definitions import TASKS, ToolName, ToolSet
-from reconciler.agent_tools.request_summary import request_summary
+from reconciler.agent_tools.job_summary import job_summary, page_text
+from reconciler.agent_tools.refusals import CALLER, TRANSIENT, task_error, tool_error
+from reconciler.agent_tools.request_summary import field_lines, request_summary
 from reconciler.agent_tools.tasks import TASKS_EXTENSION, task_view
+from reconciler.agent_tools.wording import Door, said_for
 from reconciler.commands.agent_actions import operation_id
 from reconciler.core import errors
-from reconciler.core.operation_view import DECISION_HINT, WAIT_HINT, as_replayed
+from reconciler.core.operation_view import as_replayed
 from reconciler.core.strict_json import require_text, visible
 from reconciler.wire import JobId, OperationFilter, StartJob, WaitJob
 
 log = logging.getLogger("reconciler.mcp")
 
 BackendFor = Callable[[ServerRequestContext[Any, Any]], Backend]
-# Errors that are the service's state, not the caller's: nothing was half-written.
-_TRANSIENT = (errors.StorageError, errors.ServiceError, errors.RemoteError)
-_CALLER = (
-    errors.InvalidRequest,
-    errors.NotFound,
-    errors.Conflict,
-    errors.AuthenticationFailed,
-    errors.PermissionDenied,
-    errors.QuotaExceeded,
-)
 
 
 def tool_message(view: Mapping[str, Any]) -> str:
     """The Operation's message, its next step named as a tool call."""
-    message = str(view["message"])
-    op_id = view["id"]
-    return message.replace(
-        WAIT_HINT.replace("{id}", op_id),
-        f'Wait with wait_job(id="{op_id}"); it waits on the server.',
-    ).replace(
-        DECISION_HINT.replace("{id}", op_id),
-        f'wait_job(id="{op_id}") returns as soon as the decision is made.',
-    )
+    return said_for(Door.TOOL, str(view["message"]), str(view["id"]))
 
 
 def operation_result(view: Mapping[str, Any]) -> types.CallToolResult:
+    """What wait_job, get_job, start_job and cancel_job answer; also a finished task's result."""
     view = visible(view)  # stored text no encoder can write is shown escaped, never an error
-    text = tool_message(view)
+    shown = {**view, "message": tool_message(view)}
     return types.CallToolResult(
-        content=[types.TextContent(type="text", text=text)],
-        structured_content={**view, "message": text},
+        content=[types.TextContent(type="text", text=operation_text(shown))],
+        structured_content=shown,
+        is_error=no_outcome(view),
     )
-
-
-def _scope(query: OperationFilter) -> str:
-    if query.awaiting_decision:
-        return " that await an operator's decision"
-    if query.done is False:
-        return " that are not done"
-    return " that are done" if query.done else ""
-
-
-def _line(op: Mapping[str, Any]) -> str:
-    line = f"- {op['id']} at {op['provider']}: {op['state']}, done={op['done']}"
-    if op.get("awaiting_decision"):
-        line += ", awaiting an operator's decision"
-    return line
 
 
 def _page_result(page: View, query: OperationFilter) -> types.CallToolResult:
     page = visible(page)
-    ops = [{**op, "message": tool_message(op)} for op in page["operations"]]
-    scope = _scope(query)
-    if not ops:
-        lines = [f"You have no jobs{scope}."]
-    else:
-        lines = [f"{len(ops)} of your jobs{scope}, newest first:"]
-    lines += [_line(op) for op in ops]
-    waiting = sum(1 for op in ops if op.get("awaiting_decision"))
-    if waiting and not query.awaiting_decision:
-        lines.append(
-            f"Awaiting an operator's decision: {waiting} of them. Tell your user; wait_job "
-            "returns as soon as the decision is made."
-        )
-    if page.get("next_cursor"):
-        lines.append(f'More: call list_jobs with cursor="{page["next_cursor"]}".')
+    jobs = [job_summary(op) for op in page["operations"]]
+    cursor = page.get("next_cursor")
     return types.CallToolResult(
-        content=[types.TextContent(type="text", text="\n".join(lines))],
-        structured_content={"operations": ops, "next_cursor": page.get("next_cursor")},
+        content=[types.TextContent(type="text", text=page_text(jobs, cursor, query))],
+        structured_content={"operations": jobs, "next_cursor": cursor},
     )
 
 
@@ -118,10 +81,16 @@ def _seconds(value: Any) -> str:
     return f"{value:g} s" if isinstance(value, int | float) else "not set"
 
 
-def _provider_lines(p: Mapping[str, Any]) -> list[str]:
+def _provider_lines(p: Mapping[str, Any], same_as: str | None) -> list[str]:
+    """``same_as``: an earlier provider whose request fields are these; not listed again."""
     head = f"- {p['name']}" + (f" (preset {p['preset']})" if p.get("preset") else "")
     lines = [head + f": {p.get('description') or 'no description'}"]
-    lines.append("  request: " + request_summary(p.get("request_schema")))
+    schema = p.get("request_schema")
+    if same_as is not None:
+        lines.append(f"  request: the same request_schema as {same_as}, fields and all")
+    else:
+        lines.append("  request: " + request_summary(schema))
+        lines += [f"    {line}" for line in field_lines(schema)]
     if p.get("set_by_service"):
         lines.append(
             f"  request must NOT hold (the service sets them): {', '.join(p['set_by_service'])}"
@@ -137,42 +106,23 @@ def _provider_lines(p: Mapping[str, Any]) -> list[str]:
 
 
 def _providers_result(providers: View) -> types.CallToolResult:
-    lines = [line for p in providers["providers"] for line in _provider_lines(p)]
+    lines: list[str] = []
+    described: dict[str, str] = {}  # a schema (as JSON) -> the first provider listing it
+    for p in providers["providers"]:
+        schema = p.get("request_schema")
+        key = json.dumps(schema, sort_keys=True) if isinstance(schema, dict) else None
+        lines += _provider_lines(p, described.get(key) if key else None)
+        if key:
+            described.setdefault(key, str(p["name"]))
     text = (
         "Providers you can start jobs at (start_job's `request` must match the provider's "
-        "`request_schema`):\n" + "\n".join(lines)
+        "`request_schema`; each field of it is listed with what it does):\n" + "\n".join(lines)
         if lines
         else "No providers."
     )
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=text)], structured_content=providers
     )
-
-
-def tool_error(tool: str, exc: errors.ReconcilerError) -> types.CallToolResult:
-    if isinstance(exc, _TRANSIENT):
-        text = (
-            f"{tool} could not be completed right now ({exc.message}); nothing was lost. "
-            f"Call {tool} again in a few seconds."
-        )
-    elif isinstance(exc, errors.Gone):
-        text = (
-            f"{tool}: {exc.message}. That job ended long ago; nothing was started again. A new "
-            "job needs a new idempotency_key."
-        )
-    elif isinstance(exc, errors.NotFound):
-        text = (
-            f"{tool}: {exc.message}. Check the id; list_jobs lists your jobs "
-            "(another token's jobs are not visible)."
-        )
-    elif isinstance(exc, errors.InvalidRequest):
-        text = f"{tool}: {exc.message}. Fix the arguments and call {tool} again."
-    elif isinstance(exc, errors.QuotaExceeded):
-        after = exc.retry_after_seconds
-        text = f"{tool}: {exc.message}." + (f" Call {tool} again in {after} s." if after else "")
-    else:
-        text = f"{tool}: {exc.message}"
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
 
 
 def tasks_declared(ctx: ServerRequestContext[Any, Any]) -> bool:
@@ -186,10 +136,10 @@ def tasks_declared(ctx: ServerRequestContext[Any, Any]) -> bool:
     )
 
 
-def _task(view: View, *, result_type: str) -> dict[str, Any]:
-    result = operation_result(view)
-    wire = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-    return task_view(view, tool_message(view), wire, result_type=result_type)
+def _task(view: View, now: datetime, *, result_type: str) -> dict[str, Any]:
+    wire = operation_result(view).model_dump(by_alias=True, mode="json", exclude_none=True)
+    said = said_for(Door.TASK, str(visible(view)["message"]), str(view["id"]))
+    return task_view(view, said, wire, now, result_type=result_type)
 
 
 class TaskIdParams(types.RequestParams):
@@ -198,18 +148,6 @@ class TaskIdParams(types.RequestParams):
 
 class TaskUpdateParams(TaskIdParams):
     input_responses: dict[str, Any] = Field(alias="inputResponses", default_factory=dict)
-
-
-def _task_error(exc: errors.ReconcilerError) -> MCPError:
-    if isinstance(exc, errors.InvalidRequest):
-        return MCPError(code=INVALID_PARAMS, message=f"Invalid params: {exc.message}")
-    if isinstance(exc, errors.NotFound):
-        return MCPError(code=INVALID_PARAMS, message="Failed to retrieve task: Task not found")
-    if isinstance(exc, errors.Conflict):
-        return MCPError(code=INVALID_REQUEST, message=exc.message)
-    if isinstance(exc, _TRANSIENT):
-        return MCPError(code=INTERNAL_ERROR, message=f"try again shortly: {exc.message}")
-    return MCPError(code=INVALID_REQUEST, message=exc.message)
 
 
 class ToolServer:
@@ -231,7 +169,7 @@ class ToolServer:
             require_text(arguments)
             tool, args = self.toolset.check(params.name, arguments)
             return await self._run(ctx, tool, args)
-        except _CALLER + _TRANSIENT as exc:
+        except CALLER + TRANSIENT as exc:
             known = params.name in {t.value for t in ToolName}
             return tool_error(params.name if known else "the tool call", exc)
 
@@ -239,12 +177,13 @@ class ToolServer:
         backend = self.backend_for(ctx)
         if isinstance(args, StartJob):
             view = await backend.start(args.create())
-            if tasks_declared(ctx):
-                # The operation is stored: tasks/get for this id resolves from now on.
-                return _task(view, result_type="task")
             if args.wait_seconds and not view["done"] and not view["awaiting_decision"]:
                 waited = await backend.wait(view["id"], args.wait_seconds)
                 view = as_replayed(waited) if view["replayed"] else waited
+            if tasks_declared(ctx) and not view["done"]:
+                # The operation is stored: tasks/get for this id resolves from now on. A job
+                # done already is answered as it is: a task would only cost a tasks/get.
+                return _task(view, backend.now(), result_type="task")
             return operation_result(view)
         if isinstance(args, WaitJob):
             timeout = args.timeout_seconds
@@ -265,20 +204,23 @@ class ToolServer:
     async def tasks_get(
         self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams
     ) -> dict[str, Any]:
+        backend = self.backend_for(ctx)
         try:
-            view = await self.backend_for(ctx).get(operation_id(params.task_id, "taskId"))
+            view = await backend.get(operation_id(params.task_id, "taskId"))
         except errors.ReconcilerError as exc:
-            raise _task_error(exc) from None
-        return _task(view, result_type="complete")
+            raise task_error("tasks/get", exc) from None
+        return _task(view, backend.now(), result_type="complete")
 
     async def tasks_cancel(
         self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams
     ) -> dict[str, Any]:
+        """Records the cancel intent (as cancel_job) and answers with the task as it stands."""
+        backend = self.backend_for(ctx)
         try:
-            await self.backend_for(ctx).cancel(operation_id(params.task_id, "taskId"))
+            view = await backend.cancel(operation_id(params.task_id, "taskId"))
         except errors.ReconcilerError as exc:
-            raise _task_error(exc) from None
-        return {"resultType": "complete"}
+            raise task_error("tasks/cancel", exc) from None
+        return _task(view, backend.now(), result_type="complete")
 
     async def tasks_update(
         self, ctx: ServerRequestContext[Any, Any], params: TaskUpdateParams
@@ -287,7 +229,7 @@ class ToolServer:
         try:
             await self.backend_for(ctx).get(operation_id(params.task_id, "taskId"))
         except errors.ReconcilerError as exc:
-            raise _task_error(exc) from None
+            raise task_error("tasks/update", exc) from None
         return {"resultType": "complete"}
 
 

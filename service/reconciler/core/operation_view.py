@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from reconciler.core.clock import isoformat
+from reconciler.core.decision_note import decision_note
 from reconciler.core.outcome_parts import (
     CREDENTIALS_REFUSED,
     REQUEST_REJECTED,
@@ -143,11 +144,13 @@ def _options(escalation: EscalationRecord | None) -> str:
 
 
 def _awaiting_message(state: State, escalation: EscalationRecord | None) -> str:
+    # Written to the agent: a person decides, it cannot, its user should know, and the
+    # wait it is told to make returns when the person has decided.
     reason = f" (reason: {escalation.reason})" if escalation is not None else ""
     return (
         _AWAITING[state]
-        + f" An operator of this service must decide what happens next{reason}; an agent's "
-        "token cannot decide. Tell your user that the job awaits an operator's decision."
+        + f" A person, an operator of this service, must decide what happens next{reason}; "
+        "you cannot decide it. Tell your user that the job awaits an operator's decision."
         + _options(escalation)
         + " "
         + DECISION_HINT
@@ -165,6 +168,8 @@ def message_for(op: OperationRecord, escalation: EscalationRecord | None = None)
         text = _REFUSED[code].format(why=_refusal(error_view(op.error)))
     else:
         text = _MESSAGES[state]
+    if escalation is not None and not op.escalation_open:
+        text = f"{decision_note(escalation)} {text}".lstrip()
     if op.cancel_refusal is not None and not is_done(state, op.escalation_open):
         text = _CANCEL_REFUSED.format(why=_refusal(op.cancel_refusal)) + text
     return text.replace("{id}", op.id)
@@ -217,12 +222,13 @@ def operation_view(
 ) -> dict[str, Any]:
     """The Operation; ``replayed``: this answers a start that named an earlier job's key."""
     state = State(op.state)
+    awaiting = awaits_decision(state, op.escalation_open)
     view = {
         "id": op.id,
         "provider": op.provider,
         "state": state.value,
         "done": is_done(state, op.escalation_open),
-        "awaiting_decision": awaits_decision(state, op.escalation_open),
+        "awaiting_decision": awaiting,
         "replayed": False,
         "remote_job_id": op.remote_job_id,
         "remote_state": op.remote_state,
@@ -243,7 +249,8 @@ def operation_view(
         "metadata": op.meta,
         "created_at": isoformat(op.created_at),
         "updated_at": isoformat(op.updated_at),
-        "done_at": isoformat(op.done_at),
+        # Nothing reads as final while a decision may still reopen the end.
+        "done_at": None if awaiting else isoformat(op.done_at),
         "cancel_requested": op.cancel_requested_at is not None,
         "cancel_refused": op.cancel_refusal,
     }

@@ -65,6 +65,8 @@ def _explained(code: str, stored: Mapping[str, Any], said: str | None) -> tuple[
     tail = f": {said}" if said else ""
     if code == REQUEST_REJECTED:
         return f"the provider refused the request (HTTP {status}){tail}", status
+    if code == CREDENTIALS_REFUSED and status is None:  # nothing sent: its source refused
+        return f"this service could not obtain its credential for the provider{tail}", status
     if code == CREDENTIALS_REFUSED:
         return f"the provider refused this service's credentials (HTTP {status}){tail}", status
     if code == LOOKUP_REJECTED:

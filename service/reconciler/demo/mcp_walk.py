@@ -31,8 +31,11 @@ def _call_line(tool: str, arguments: dict[str, Any]) -> str:
     return f"  {tool} {json.dumps(arguments, sort_keys=True)}"
 
 
-def _answer_line(op: dict[str, Any], text: str, seconds: float) -> str:
-    return f"    -> {op['state']}, done={str(op['done']).lower()} in {seconds:.1f} s: {text}"
+def _answer_lines(op: dict[str, Any], text: str, seconds: float) -> list[str]:
+    """The answer's state, then its text as the model reads it, one line each."""
+    first, *rest = text.splitlines() or [""]
+    head = f"    -> {op['state']}, done={str(op['done']).lower()} in {seconds:.1f} s: {first}"
+    return [head, *(f"       {line}" for line in rest)]
 
 
 async def walk(service_url: str, token: str, provider: str) -> McpWalk:
@@ -53,7 +56,7 @@ async def walk(service_url: str, token: str, provider: str) -> McpWalk:
         op = result.structured_content or {}
         if result.is_error or "id" not in op:
             return McpWalk(tuple(lines), (f"MCP start_job was refused: {_text(result)}",))
-        lines.append(_answer_line(op, _text(result), time.monotonic() - began))
+        lines += _answer_lines(op, _text(result), time.monotonic() - began)
         for _ in range(MAX_WAITS):
             if op["done"]:
                 break
@@ -61,11 +64,11 @@ async def walk(service_url: str, token: str, provider: str) -> McpWalk:
             lines.append(_call_line("wait_job", wait))
             result = await mcp.call_tool("wait_job", wait)
             op = result.structured_content or op
-            lines.append(_answer_line(op, _text(result), time.monotonic() - began))
+            lines += _answer_lines(op, _text(result), time.monotonic() - began)
     if not op["done"]:
         return McpWalk(tuple(lines), ("the MCP job did not finish in the demo's time",))
     return McpWalk(tuple(lines))
 
 
 def _text(result: Any) -> str:
-    return " ".join(c.text for c in result.content if getattr(c, "type", None) == "text")
+    return "\n".join(c.text for c in result.content if getattr(c, "type", None) == "text")

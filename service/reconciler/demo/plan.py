@@ -21,6 +21,11 @@ from typing import Any
 # the deadline (a minute late here), and every loss costs the healthy jobs their trust.
 PROVIDER = "sim"
 LOSSY_PROVIDER = "sim-lossy"
+LOSSY_DESCRIPTION = (
+    "The same simulated job provider as sim, with the same request, but this one loses or "
+    "lies about its jobs' webhooks: the service polls it on its normal schedule, so its "
+    "jobs are seen finished later than sim's. Use sim unless you want to see that."
+)
 PROVIDERS = (PROVIDER, LOSSY_PROVIDER)
 # The demo's own polling values: short enough for a one-minute run, long enough that
 # webhooks (not the fallback poller) bring most answers.

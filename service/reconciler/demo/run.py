@@ -45,6 +45,8 @@ from reconciler.demo.mcp_walk import McpWalk, walk
 from reconciler.demo.plan import (
     DEMO_POLLING,
     EXPECTED_ENDS,
+    LOSSY_DESCRIPTION,
+    LOSSY_PROVIDER,
     PROVIDER,
     PROVIDERS,
     pick_repeats,
@@ -112,6 +114,8 @@ def demo_settings(base: Settings, workdir: Path, sim_urls: dict[str, str]) -> Se
         table = copy.deepcopy(template)
         table["base_url"] = url
         table["polling"] = {**table.get("polling", {}), **DEMO_POLLING}
+        if name == LOSSY_PROVIDER:
+            table["description"] = LOSSY_DESCRIPTION
         providers[name] = table
     return base.model_copy(
         update={

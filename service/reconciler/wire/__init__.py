@@ -13,6 +13,8 @@ from reconciler.wire.answers import (
     EscalationOption,
     History,
     HistoryEntry,
+    JobSummary,
+    JobSummaryPage,
     Operation,
     OperationPage,
     Provider,
@@ -20,7 +22,7 @@ from reconciler.wire.answers import (
     WebhookSettings,
 )
 from reconciler.wire.decisions import parse_decision
-from reconciler.wire.errors import ErrorBody, ErrorDetail
+from reconciler.wire.errors import ErrorBody, ErrorDetail, ToolErrorBody, ToolErrorDetail
 from reconciler.wire.events import CallbackEvent
 from reconciler.wire.fields import (
     MAX_CALLBACK_URL,
@@ -62,6 +64,8 @@ __all__ = [
     "History",
     "HistoryEntry",
     "JobId",
+    "JobSummary",
+    "JobSummaryPage",
     "NoArguments",
     "Operation",
     "OperationFilter",
@@ -70,6 +74,8 @@ __all__ = [
     "Provider",
     "ProviderList",
     "StartJob",
+    "ToolErrorBody",
+    "ToolErrorDetail",
     "WaitJob",
     "WebhookSettings",
     "invalid_request",

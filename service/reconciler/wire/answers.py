@@ -107,7 +107,11 @@ class Operation(BaseModel):
 
     id: str = Field(pattern="^op_")
     provider: str
-    state: _word(State)  # type: ignore[valid-type]
+    state: _word(State) = Field(  # type: ignore[valid-type]
+        description="Where the job stands. `result_timed_out` and `cancellation_unconfirmed` "
+        "are final only when `done` is true: while `awaiting_decision` is true an operator "
+        "may still reopen them."
+    )
     done: bool = Field(
         description="True only when nothing more will happen without a new request. False "
         "while the job runs and while an operator's decision is pending."
@@ -136,12 +140,59 @@ class Operation(BaseModel):
     metadata: JsonObject | None
     created_at: Timestamp
     updated_at: Timestamp
-    done_at: Timestamp | None
+    done_at: Timestamp | None = Field(
+        description="When the job ended; null while it runs and while an operator's decision "
+        "is pending."
+    )
     cancel_requested: bool
     cancel_refused: CancelRefusal | None = Field(
         description="Set when the provider refused the last cancel (the job was NOT "
         "cancelled); a new cancel may be asked for."
     )
+
+
+class ResultBrief(BaseModel):
+    """A job's result in brief: its size and the provider's summary, never its rows."""
+
+    model_config = ANSWER
+
+    size: int | None = Field(description="Bytes of the result document (null: not known).")
+    summary: Any = Field(description="The provider's summary of the result (null: none).")
+
+
+class JobSummary(BaseModel):
+    """One job in a list: where it stands, without its result rows (get_job has those)."""
+
+    model_config = ANSWER
+
+    id: str = Field(pattern="^op_")
+    provider: str
+    state: _word(State) = Field(  # type: ignore[valid-type]
+        description="Where the job stands; final only when `done` is true."
+    )
+    done: bool = Field(description="True only when nothing more will happen to the job.")
+    awaiting_decision: bool = Field(
+        description="True while an operator of this service must decide; the job is NOT done."
+    )
+    cancel_requested: bool
+    idempotency_key: str | None
+    created_at: Timestamp
+    updated_at: Timestamp
+    deadline_at: Timestamp
+    done_at: Timestamp | None = Field(
+        description="When the job ended; null while it runs or awaits a decision."
+    )
+    result: ResultBrief | None
+    error_code: str | None = Field(description="`error.code` of a job that did not succeed.")
+
+
+class JobSummaryPage(BaseModel):
+    """A page of job summaries, newest first; `next_cursor` continues it (null: the last)."""
+
+    model_config = ANSWER
+
+    operations: list[JobSummary]
+    next_cursor: str | None
 
 
 class OperationPage(BaseModel):

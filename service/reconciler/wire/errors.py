@@ -18,3 +18,21 @@ class ErrorBody(BaseModel):
     model_config = _SHAPE
 
     error: ErrorDetail
+
+
+class ToolErrorDetail(ErrorDetail):
+    """A refused MCP tool call: the HTTP API's error, and whether a job was started."""
+
+    started: bool | None = Field(
+        description="false: no job was started; null: not known (call start_job again with "
+        "the same idempotency_key: it answers with the job if there is one)."
+    )
+    retry_after_seconds: int | None = Field(
+        default=None, description="When to call again, for a quota refusal."
+    )
+
+
+class ToolErrorBody(BaseModel):
+    model_config = _SHAPE
+
+    error: ToolErrorDetail

@@ -18,6 +18,7 @@ import base64
 import copy
 import itertools
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import httpx
 from standardwebhooks import Webhook
@@ -35,12 +37,14 @@ from starlette.responses import JSONResponse, Response
 
 from reconciler.app import create_app
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
+from reconciler.core.clock import SystemClock
 from reconciler.demo.sim.responses import DroppedResponse
 from reconciler.runtime import Runtime
 from reconciler.storage.operations import load_operation
 from tests.support import loopback
 from tests.support.servers import HOST, serve_asgi, unused_port
 from tests.support.stack import make_tokens, quiescent, worker_of
+from tests.support.token_authority import TokenAuthority, service_account_file
 from tests.support.waiting import wait_until
 
 API_TOKEN = "replay-api-token"
@@ -458,3 +462,17 @@ def assert_create_unknown(s: PresetStack, op_id: str, create_path: str) -> dict[
     assert len(s.replay.requests("POST", create_path)) == 1
     assert len(s.replay.all_jobs()) == 1
     return op
+
+
+@contextmanager
+def google_credentials(tmp_path: Path) -> Iterator[None]:
+    """Google Application Default Credentials that give the replay's token: a
+    service-account file whose token endpoint (on loopback, checking the account's signed
+    assertion) issues ``API_TOKEN``, named by ``GOOGLE_APPLICATION_CREDENTIALS`` while the
+    block runs (google-auth reads the process's environment)."""
+    authority = TokenAuthority(clock=SystemClock(), fixed_token=API_TOKEN)
+    with serve_asgi(authority.google_app(), lifespan="off") as url:
+        key_file = tmp_path / "service-account.json"
+        authority.public_key = service_account_file(key_file, f"{url}/token")
+        with mock.patch.dict(os.environ, {"GOOGLE_APPLICATION_CREDENTIALS": str(key_file)}):
+            yield

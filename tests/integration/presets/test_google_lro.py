@@ -10,6 +10,8 @@ google.rpc.Status ``{code, message, details}`` with code 1 (CANCELLED) after
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +21,19 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tests.integration.presets.replay import (
-    API_TOKEN,
     FAST_CREATE,
     FAST_POLLING,
     Replay,
     answer_created,
     assert_create_unknown,
     bearer_ok,
+    google_credentials,
     google_error,
     observed_states,
     preset_stack,
     rfc3339_now,
 )
 
-ENVIRON = {"GOOGLE_ACCESS_TOKEN": API_TOKEN}
 CREATE = "/v3/projects/PROJECT/locations/us-central1:batchTranslateText"
 REQUEST = {
     "sourceLanguageCode": "en",
@@ -107,17 +108,22 @@ def operations_app(replay: Replay) -> Starlette:
     )
 
 
-def stack(tmp_path: Path, db: str) -> Any:
+@contextmanager
+def stack(tmp_path: Path, db: str) -> Iterator[Any]:
+    """The preset as shipped: its credential from Application Default Credentials."""
     overrides = {"polling": FAST_POLLING, "create": FAST_CREATE}
-    return preset_stack(
-        tmp_path,
-        db,
-        "google_lro",
-        operations_app,
-        overrides=overrides,
-        environ=ENVIRON,
-        base_path="/v3",
-    )
+    with (
+        google_credentials(tmp_path),
+        preset_stack(
+            tmp_path,
+            db,
+            "google_lro",
+            operations_app,
+            overrides=overrides,
+            base_path="/v3",
+        ) as s,
+    ):
+        yield s
 
 
 def test_an_operation_runs_until_done_and_its_response_is_the_result(

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +24,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tests.integration.presets.replay import (
-    API_TOKEN,
     FAST_CREATE,
     FAST_POLLING,
     Replay,
     answer_created,
     bearer_ok,
+    google_credentials,
     google_error,
     observed_states,
     preset_stack,
     rfc3339_now,
 )
 
-ENVIRON = {"GOOGLE_ACCESS_TOKEN": API_TOKEN}
 PARENT = "/v1/projects/PROJECT/locations/us-central1/batchPredictionJobs"
 REQUEST = {
     "displayName": "nightly-scores",
@@ -139,11 +140,21 @@ def vertex_app(replay: Replay) -> Starlette:
     )
 
 
-def stack(tmp_path: Path, db: str) -> Any:
+@contextmanager
+def stack(tmp_path: Path, db: str) -> Iterator[Any]:
+    """The preset as shipped: its credential from Application Default Credentials."""
     overrides = {"polling": FAST_POLLING, "create": FAST_CREATE}
-    return preset_stack(
-        tmp_path, db, "vertex_batch_prediction", vertex_app, overrides=overrides, environ=ENVIRON
-    )
+    with (
+        google_credentials(tmp_path),
+        preset_stack(
+            tmp_path,
+            db,
+            "vertex_batch_prediction",
+            vertex_app,
+            overrides=overrides,
+        ) as s,
+    ):
+        yield s
 
 
 def test_a_job_walks_job_states_to_succeeded_with_output_info_as_result(
