@@ -2,8 +2,9 @@
 order that keeps the machine busy.
 
 A module whose tests share one expensive real process per worker (the Ray head of
-tests/integration/test_ray_jobs.py, the browser of tests/integration/test_console_browser.py)
-must run on one worker, or each worker that gets one of its tests starts its own.
+tests/integration/test_ray_jobs.py, the browser of tests/integration/test_console_browser.py,
+the moto server of tests/integration/test_aws_moto.py) must run on one worker, or each
+worker that gets one of its tests starts its own.
 ``--dist loadgroup`` with ``xdist_group`` marks would say so, but with pytest 9.2 it groups
 nothing (the group rides on a node id that pytest no longer lets plugins change). This
 scheduler keeps the same rule on the controller, where only node ids are known: every test
@@ -34,6 +35,7 @@ WHOLE = frozenset(
     {
         "tests/integration/test_ray_jobs.py",
         "tests/integration/test_console_browser.py",
+        "tests/integration/test_aws_moto.py",
         # Its import graph parses every module of the package: once, not on each worker.
         "tests/unit/test_import_direction.py",
         # One live service and one loaded schema for its dozen fuzzed operations, instead
@@ -66,6 +68,7 @@ LONGEST = (
     "tests/faults/test_database_locks.py",
     "tests/integration/test_wait.py::test_two_hundred_waiters",
     "tests/faults/test_create_crash.py",
+    "tests/integration/test_aws_moto.py",
 )
 # The longest units start within this share of the run (by count of units before them).
 LONGEST_WITHIN = 0.75

@@ -233,6 +233,7 @@ async def step_rig(
     resolver: Resolver | None = None,
     handler: Callable[[httpx.Request], httpx.Response] | None = None,
     environ: dict[str, str] | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> AsyncIterator[StepRig]:
     """A rig whose provider calls go to a ``FakeProvider``, on the test's clock.
 
@@ -241,11 +242,12 @@ async def step_rig(
     with ``callback_transport`` the completion step delivers agent callbacks through it;
     ``resolver`` answers for the host names of provider URLs on other hosts; ``handler``
     answers the provider's calls instead of the ``FakeProvider`` (another API's shape);
-    ``environ`` adds variables to the rig's environment (a credential's).
+    ``environ`` adds variables to the rig's environment (a credential's); ``transport``
+    carries the provider's calls instead (a real API over real HTTP).
     """
     clock = ManualClock()
     fake = FakeProvider(clock)
-    transport = httpx.MockTransport(handler or fake.handle)
+    transport = transport or httpx.MockTransport(handler or fake.handle)
     empty = tmp_path / "no-provider-files"
     empty.mkdir(exist_ok=True)
     settings = Settings(

@@ -50,7 +50,7 @@ from reconciler.providers.pointer import Pointer
 from reconciler.providers.result_check import check_result, line_rule
 from reconciler.providers.result_scan import Kind, ScanPlan, scan_bytes
 from reconciler.providers.spec import LineTest, ProviderSpec, SetRule
-from reconciler.providers.templates import compiled, render
+from reconciler.providers.templates import alnum_key, compiled, render
 from tests.support.provider_mock import BASE_URL
 from tests.support.stack import sim_provider_table
 
@@ -153,6 +153,26 @@ def test_a_template_fills_its_names_and_writes_doubled_braces_as_one() -> None:
     # A placeholder with no value refuses the call: the braces are never sent.
     with pytest.raises(UnsafePathValue, match="webhook_url"):
         compiled("{webhook_url}").fill({"webhook_url": None})
+
+
+def test_the_key_in_letters_and_digits_is_the_key_for_names_that_allow_no_underscore() -> None:
+    key = "idem_" + "0123456789abcdef" * 2
+    assert alnum_key(key) == "idem" + "0123456789abcdef" * 2
+    # Carried in the body or the lookup, it is how the key travels, as {idempotency_key} is.
+    spec = spec_with(
+        create={
+            "idempotency_header": None,
+            "idempotency": "body",
+            "set": {"/clientRequestToken": "{idempotency_key_alnum}"},
+        },
+        lookup={
+            "path": "/v1/jobs",
+            "set": {"/filter/name": "job-{idempotency_key_alnum}"},
+            "method": "POST",
+        },
+    )
+    assert spec.create.set[0].fields == {"idempotency_key_alnum"}
+    assert spec.lookup is not None and spec.lookup.sends_key(spec.lookup.path)
 
 
 # --- duplicate answers and lookups over lists ---------------------------------------------

@@ -370,8 +370,8 @@ def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
 
 
 ONLY_JOB_FIELDS = (
-    "status.path: only {idempotency_key}, {job_id}, {operation_id}, {trace_id}, {webhook_url} "
-    "may appear in braces"
+    "status.path: only {idempotency_key}, {idempotency_key_alnum}, {job_id}, {operation_id}, "
+    "{trace_id}, {webhook_url} may appear in braces"
 )
 
 
@@ -397,7 +397,11 @@ ONLY_JOB_FIELDS = (
         ("status.path", "jobs/{job_id}", "status.path: must start with '/'"),
         ("status.path", "/jobs/{job_id", "status.path: not a valid template"),
         ("status.path", "/jobs/{job_id}#x", "status.path: must not contain '#'"),
-        ("create.path", "/jobs/{job_id}", "create.path: only {idempotency_key}, {operation_id}"),
+        (
+            "create.path",
+            "/jobs/{job_id}",
+            "create.path: only {idempotency_key}, {idempotency_key_alnum}, {operation_id}",
+        ),
         ("status.path", "/jobs/{result_ref}/{job_id}", "status.path: only {idempotency_key}"),
     ],
 )

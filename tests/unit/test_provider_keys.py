@@ -125,7 +125,11 @@ def test_set_rules_keep_json_values_and_templates() -> None:
         ("x", "create.set: expected a table of JSON pointer = value"),
         ({"": 1}, 'create.set."": the whole document cannot be set'),
         ({"model": 1}, "create.set.model: 'model': a JSON pointer is empty or starts with '/'"),
-        ({"/a": "{job_id}"}, 'create.set."/a": only {idempotency_key}, {operation_id}, {trace_id}'),
+        (
+            {"/a": "{job_id}"},
+            'create.set."/a": only {idempotency_key}, {idempotency_key_alnum}, {operation_id}, '
+            "{trace_id}",
+        ),
         ({"/a": ["x", {"b": "{nope}"}]}, 'create.set."/a": only {idempotency_key}'),
         ({"/a": "{idempotency_key!r}"}, 'create.set."/a": only {idempotency_key}'),
         ({"/a": "{idempotency_key"}, 'create.set."/a": not a valid template'),
@@ -448,7 +452,7 @@ def test_jsonl_result_keys_parse() -> None:
         ),
         (
             {**JSONL_RESULT, "errors_path": "/files/{error_id}"},
-            "result.errors_path: only {errors_ref}, {idempotency_key}, {job_id}",
+            "result.errors_path: only {errors_ref}, {idempotency_key}, {idempotency_key_alnum}, ",
         ),
         ({**JSONL_RESULT, "content_type": ""}, "result.content_type: expected a non-empty string"),
     ],
@@ -584,11 +588,11 @@ def test_every_call_takes_a_body_and_headers_that_may_name_the_job() -> None:
         ),
         (
             {"status": {"path": "/j/{job_id}", "state": "/s", "set": {"/x": "{result_ref}"}}},
-            'status.set."/x": only {idempotency_key}, {job_id}',
+            'status.set."/x": only {idempotency_key}, {idempotency_key_alnum}, {job_id}',
         ),
         (
             {"create": {**MINIMAL["create"], "headers": {"X-Run": "{job_id}"}}},
-            "create.headers.X-Run: only {idempotency_key}, {operation_id}",
+            "create.headers.X-Run: only {idempotency_key}, {idempotency_key_alnum}, {operation_id}",
         ),
         (
             {"status": {**MINIMAL["status"], "headers": {"X-Api-Key": "{job_id}"}}},

@@ -48,14 +48,13 @@ from reconciler.providers.exchange import Exchange
 from reconciler.providers.pointer import Pointer
 from reconciler.providers.result_fetch import ResultFetcher, UrlGuard
 from reconciler.providers.spec import (
-    IDEMPOTENCY_KEY,
     CallTable,
     IdempotencyMode,
     LookupSpec,
     ProviderSpec,
     ResultSpec,
 )
-from reconciler.providers.templates import compiled
+from reconciler.providers.templates import alnum_key, compiled
 from reconciler.tracing import NO_TRACING, Tracing
 
 __all__ = ["HttpAdapter", "build_adapter"]
@@ -106,6 +105,7 @@ class HttpAdapter:
         """What the file's templates stand for in a call about ``subject``."""
         return {
             "idempotency_key": subject.idempotency_key,
+            "idempotency_key_alnum": alnum_key(subject.idempotency_key),
             "operation_id": subject.operation_id,
             "trace_id": subject.trace_id,
             "webhook_url": self._spec.webhook_url,
@@ -194,7 +194,7 @@ class HttpAdapter:
         extra = {}
         # The token travels where the file puts it; with nowhere named, in the create header.
         if (
-            not lookup.sends(IDEMPOTENCY_KEY, lookup.path)
+            not lookup.sends_key(lookup.path)
             and create.idempotency is IdempotencyMode.HEADER
             and create.idempotency_header
         ):

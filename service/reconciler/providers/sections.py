@@ -47,8 +47,8 @@ from reconciler.providers.state_table import StateRule
 from reconciler.providers.templates import (
     CALL_FIELDS,
     ERRORS_REF,
-    IDEMPOTENCY_KEY,
     JOB_ID,
+    KEY_FIELDS,
     REQUEST_FIELDS,
     RESULT_REF,
 )
@@ -225,7 +225,14 @@ class CallTable(FileTable):
 
     def sends(self, placeholder: str, path: str | None) -> bool:
         """Whether the call carries ``{placeholder}``: in ``path``, its body or its headers."""
-        return placeholder in template_fields(path or "").union(
+        return placeholder in self._fields(path)
+
+    def sends_key(self, path: str | None) -> bool:
+        """Whether the call carries the idempotency key (in either form, ``KEY_FIELDS``)."""
+        return not KEY_FIELDS.isdisjoint(self._fields(path))
+
+    def _fields(self, path: str | None) -> frozenset[str]:
+        return template_fields(path or "").union(
             *(rule.fields for rule in self.set),
             *(template_fields(value) for _, value in self.headers),
         )
@@ -256,7 +263,7 @@ class CreateSpec(CallTable):
             path = data.get("path")
             if isinstance(data.get("idempotency_header"), str):
                 data["idempotency"] = IdempotencyMode.HEADER.value
-            elif isinstance(path, str) and "{" + IDEMPOTENCY_KEY + "}" in path:
+            elif isinstance(path, str) and not KEY_FIELDS.isdisjoint(_path_fields(path)):
                 data["idempotency"] = IdempotencyMode.PATH.value
         return data
 
@@ -267,12 +274,12 @@ class CreateSpec(CallTable):
             raise problem('must be "header" (or leave it out) when idempotency_header is set', key)
         if mode is IdempotencyMode.HEADER and self.idempotency_header is None:
             raise problem('"header" needs idempotency_header (the header that carries it)', key)
-        in_path = IDEMPOTENCY_KEY in template_fields(self.path)
+        in_path = not KEY_FIELDS.isdisjoint(template_fields(self.path))
         if mode is IdempotencyMode.PATH and not in_path:
             raise problem('"path" needs {idempotency_key} in create.path', key)
         if mode is not IdempotencyMode.PATH and in_path:
             raise problem('must be "path" (or leave it out): create.path holds the key', key)
-        if mode is IdempotencyMode.BODY and not self.uses(IDEMPOTENCY_KEY):
+        if mode is IdempotencyMode.BODY and not any(self.uses(k) for k in KEY_FIELDS):
             raise problem('"body" needs a [create.set] value using {idempotency_key}', key)
         self._duplicate_is_not_a_refusal()
         return self
@@ -294,6 +301,14 @@ class CreateSpec(CallTable):
     def uses(self, placeholder: str) -> bool:
         """Whether a ``set`` value uses ``{placeholder}``."""
         return any(placeholder in rule.fields for rule in self.set)
+
+
+def _path_fields(path: str) -> frozenset[str]:
+    """The placeholders of a path as written (one that does not parse has its own error)."""
+    try:
+        return template_fields(path)
+    except ValueError:
+        return frozenset()
 
 
 def _query_param(text: str) -> str | None:

@@ -209,7 +209,7 @@ class ProviderSpec(FileTable):
             )
         if lookup is None or lookup.match or create.idempotency_header is not None:
             return
-        if not lookup.sends(IDEMPOTENCY_KEY, lookup.path):
+        if not lookup.sends_key(lookup.path):
             raise problem(
                 "must contain {idempotency_key}: create has no idempotency_header "
                 "(or send it in lookup.set or lookup.headers, or search a list with items "

@@ -4,6 +4,8 @@ A path, a ``set`` value (and every string nested in it), a header value and a lo
 ``match`` value are templates: ``{job_id}``, ``{idempotency_key}``, ``{operation_id}``,
 ``{trace_id}`` and ``{webhook_url}`` (and, in result paths, ``{result_ref}`` and
 ``{errors_ref}``) stand for the call's values; ``{{`` and ``}}`` write a brace.
+``{idempotency_key_alnum}`` is the same key in letters and digits only (``idem`` and
+its 32 hex digits), for APIs whose names and tokens allow no ``_`` (Bedrock's).
 
 Guarantee: a template is parsed once (``compiled`` keeps it) and filled by joining its
 parts, so filling a call costs a few string joins; a placeholder with no value for the
@@ -23,13 +25,16 @@ from reconciler.core.errors import UnsafePathValue
 
 JOB_ID = "job_id"
 IDEMPOTENCY_KEY = "idempotency_key"
+IDEMPOTENCY_KEY_ALNUM = "idempotency_key_alnum"
 OPERATION_ID = "operation_id"
 TRACE_ID = "trace_id"
 WEBHOOK_URL = "webhook_url"
 RESULT_REF = "result_ref"
 ERRORS_REF = "errors_ref"
+# The placeholders that carry the operation's idempotency key, in either form.
+KEY_FIELDS = frozenset({IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_ALNUM})
 # What the create call can fill (it has no job id yet).
-REQUEST_FIELDS = frozenset({IDEMPOTENCY_KEY, OPERATION_ID, TRACE_ID, WEBHOOK_URL})
+REQUEST_FIELDS = KEY_FIELDS | {OPERATION_ID, TRACE_ID, WEBHOOK_URL}
 # What every call about a job can fill.
 CALL_FIELDS = REQUEST_FIELDS | {JOB_ID}
 
@@ -73,6 +78,12 @@ def compiled(text: str) -> Template:
             names.append(name)
             literals.append("")
     return Template(text, tuple(literals), tuple(names))
+
+
+def alnum_key(key: str) -> str:
+    """``{idempotency_key_alnum}``: the key without the characters that are not letters or
+    digits (``idem_`` + hex becomes ``idem`` + hex: still one key per operation)."""
+    return "".join(ch for ch in key if ch.isascii() and ch.isalnum())
 
 
 def template_fields(text: str) -> frozenset[str]:

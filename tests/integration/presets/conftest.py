@@ -14,3 +14,8 @@ from tests.support.databases import sqlite_url
 def sqlite_db(tmp_path: Path) -> Iterator[str]:
     with sqlite_url(tmp_path) as url:
         yield url
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"

@@ -73,6 +73,31 @@ DOCUMENTED: dict[str, tuple[set[str], set[object]]] = {
         },
         set(),
     ),
+    "aws_transcribe": ({"QUEUED", "IN_PROGRESS", "COMPLETED", "FAILED"}, set()),
+    "aws_step_functions": (
+        {"RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"},
+        set(),
+    ),
+    # Batch's job status enum; isCancelled and isTerminated decide a FAILED job's class.
+    "aws_batch": (
+        {"SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED"},
+        {True},
+    ),
+    "aws_bedrock_batch": (
+        {
+            "Submitted",
+            "InProgress",
+            "Completed",
+            "Failed",
+            "Stopping",
+            "Stopped",
+            "PartiallyCompleted",
+            "Expired",
+            "Validating",
+            "Scheduled",
+        },
+        set(),
+    ),
 }
 
 
@@ -120,3 +145,25 @@ def test_the_documented_file_for_an_api_we_do_not_ship_loads() -> None:
         public_url=PUBLIC_URL,
     )
     assert specs["acme_render"].lookup is not None
+
+
+def test_the_documented_aws_deployment_loads_and_names_its_state_machine() -> None:
+    page = (ROOT / "docs" / "providers.md").read_text()
+    start = page.index("[providers.orders]")
+    tables = tomllib.loads(page[start : page.index("```", start)])["providers"]
+    specs = load_providers(
+        Path("/nonexistent"),
+        tables,
+        {},
+        missing_ok=True,
+        check_secrets=False,
+        public_url=PUBLIC_URL,
+    )
+    spec = specs["orders"]
+    arn = "arn:aws:states:eu-west-1:123456789012:stateMachine:orders"
+    assert spec.lookup is not None and (spec.auth.service, spec.auth.region) == (
+        "states",
+        "eu-west-1",
+    )
+    for table in (spec.create, spec.lookup):
+        assert {r.pointer.text: r.value for r in table.set}["/stateMachineArn"] == arn
