@@ -281,11 +281,14 @@ def test_a_wait_returns_when_a_decision_becomes_pending_and_when_it_is_made(
     wait cannot return for ``done``; it returns when the decision becomes pending, and a
     wait parked on the pending decision returns when the decision is recorded."""
     with running_stack(tmp_path, db_url, provider=POLLING) as stack:
-        response = stack.create({**NEVER, "webhooks": "never"}, deadline_seconds=2.0)
+        # Long enough for the wait to park on the running job first (a wait that begins on
+        # a pending decision waits for the decision instead).
+        response = stack.create({**NEVER, "webhooks": "never"}, deadline_seconds=5.0)
         assert response.status_code == 202, response.text
         op_id = response.json()["id"]
         running = Waiter(stack.url, stack, op_id, timeout=20)
         running.start()
+        wait_until(lambda: parked(stack.runtime, op_id), 10, "the waiter to park")
         stopped = running.result()
         assert stopped["state"] == "result_timed_out"
         assert (stopped["done"], stopped["awaiting_decision"]) == (False, True)

@@ -84,9 +84,14 @@ class AwsSigV4(Credential):
         import botocore.exceptions
         import botocore.session
 
+        from botocore.credentials import EnvProvider
+
         try:
-            session = botocore.session.Session()
-            found = session.get_credentials()
+            # The injected environment first (what the service was given), then the chain
+            # as the AWS SDKs walk it: files, container and instance roles.
+            found = EnvProvider(environ=self._environ).load()
+            if found is None:
+                found = botocore.session.Session().get_credentials()
         except botocore.exceptions.BotoCoreError as exc:
             raise CredentialUnavailable(
                 f"the AWS credential chain failed ({type(exc).__name__})", refused=True
