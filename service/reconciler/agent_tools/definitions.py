@@ -113,7 +113,7 @@ def _descriptions(cap: float) -> dict[ToolName, str]:
             "back later. When `done` is true, `state` says what happened: succeeded (the "
             "answer's text holds the result, or its size and summary when large), "
             "completed_with_errors (read the result's summary and failed items before "
-            "reporting), failed (read `error`; `error.code` \"request_rejected\" means the "
+            'reporting), failed (read `error`; `error.code` "request_rejected" means the '
             "provider refused the request and nothing ran), cancelled, result_unavailable or "
             "result_validation_failed (the job finished but its result could not be used). "
             "result_timed_out and cancellation_unconfirmed are ends only once an operator "
