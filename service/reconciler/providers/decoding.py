@@ -111,6 +111,8 @@ def _names(content_encoding: str | None) -> list[str]:
 
 def encoding_problem(content_encoding: str | None) -> str | None:
     """Why a body in this ``Content-Encoding`` is not read (a stack too deep); None: read."""
+    if content_encoding is None or content_encoding.count(",") < MAX_ENCODINGS:
+        return None  # fewer names than the limit: nothing to count
     layers = sum(1 for name in _names(content_encoding) if name not in ("identity", ""))
     if layers <= MAX_ENCODINGS:
         return None

@@ -128,6 +128,10 @@ class Exchange:
     ) -> None:
         self._spec = spec
         self._credential = credential
+        # A credential that is one fixed header goes on with the other headers; any other is
+        # put on each request last (a signature covers the request as it is sent).
+        self._fixed = credential.static_header() if credential is not None else None
+        self._per_request = credential if credential is not None and self._fixed is None else None
         self._clock = clock
         self._tracing = tracing
         self.base = httpx.URL(spec.base_url)
@@ -168,6 +172,9 @@ class Exchange:
         headers["Accept"] = accept
         headers["Accept-Encoding"] = ACCEPT_ENCODING
         headers[self._spec.trace_header] = trace_id
+        fixed = self._fixed
+        if fixed is not None and own:
+            headers[fixed[0]] = fixed[1]
         return headers
 
     def url(self, path: str) -> httpx.URL:
@@ -260,9 +267,9 @@ class Exchange:
                 timeout=timeout,
                 extensions=extensions,
             )
-            if self._credential is not None and pinned is None and self.own(url):
+            if self._per_request is not None and pinned is None and self.own(url):
                 # Last, so that a signature covers the request as it is sent.
-                await self._credential.apply(request)
+                await self._per_request.apply(request)
         except CredentialUnavailable as exc:
             return self._no_credential(method, target, exc)
         except (httpx.HTTPError, httpx.InvalidURL) as exc:

@@ -15,6 +15,7 @@ table may use is checked at load (``providers.fields.check_template``). Pure.
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -80,10 +81,13 @@ def compiled(text: str) -> Template:
     return Template(text, tuple(literals), tuple(names))
 
 
+_NOT_ALNUM = re.compile(r"[^A-Za-z0-9]")
+
+
 def alnum_key(key: str) -> str:
     """``{idempotency_key_alnum}``: the key without the characters that are not letters or
     digits (``idem_`` + hex becomes ``idem`` + hex: still one key per operation)."""
-    return "".join(ch for ch in key if ch.isascii() and ch.isalnum())
+    return _NOT_ALNUM.sub("", key)
 
 
 def template_fields(text: str) -> frozenset[str]:

@@ -45,6 +45,11 @@ class Credential:
 
     source = "none"
 
+    def static_header(self) -> tuple[str, str] | None:
+        """A header that never changes (a value read at load): put on with the other
+        headers, with no work per call. None: ``apply`` runs on each request."""
+        return None
+
     async def apply(self, request: httpx.Request) -> None:
         """Put the credential on ``request`` (a header, or a signature over all of it).
         Raises ``CredentialUnavailable`` when it cannot be obtained."""

@@ -24,6 +24,9 @@ class EnvHeader(Credential):
         self._value = value
         self.source = source
 
+    def static_header(self) -> tuple[str, str] | None:
+        return self._header, self._value.reveal()
+
     async def apply(self, request: httpx.Request) -> None:
         request.headers[self._header] = self._value.reveal()
 
