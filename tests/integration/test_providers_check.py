@@ -20,7 +20,7 @@ from fixtures.runs_api import TOKEN, RunsApi
 from reconciler.cli import main
 from reconciler.demo.sim import SimConfig, create_app
 from reconciler.providers.toml_text import dumps
-from tests.support.servers import serve_asgi
+from tests.support.servers import serve_asgi, unused_port
 from tests.support.stack import SIM_TOKEN, sim_provider_table
 
 RUNS_TOML = Path(__file__).parents[2] / "fixtures" / "providers" / "runs.toml"
@@ -164,3 +164,27 @@ def test_the_simulated_provider_checks_clean_with_its_own_file(
         assert "        state /state = 'succeeded' -> success" in lines
         assert lines[-1] == "verdict: sim: every call read as the file says"
         assert SIM_TOKEN not in "\n".join(lines)
+
+
+def test_a_credential_that_cannot_be_obtained_stops_before_any_call(
+    tmp_path: Path,
+    runs: tuple[RunsApi, str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api, url = runs
+    monkeypatch.setenv("RUNS_CLIENT_ID", "client")
+    monkeypatch.setenv("RUNS_CLIENT_SECRET", "client-secret-never-printed")
+    table = runs_table(url)
+    table["auth"] = {
+        "type": "oauth2",
+        "token_url": f"http://127.0.0.1:{unused_port()}/token",
+        "client_id_env": "RUNS_CLIENT_ID",
+        "client_secret_env": "RUNS_CLIENT_SECRET",
+    }
+    code, lines, err = _check(capsys, _config(tmp_path, "runs", table), "runs", "--job-id", "r-1")
+    assert code == 1 and sum(api.calls.values()) == 0
+    assert lines[1].startswith("credential: OAuth2 client credentials from http://127.0.0.1:")
+    assert "FAILED: the credential could not be obtained: the token endpoint" in lines[2]
+    assert "gave no answer (ConnectError)" in lines[2]
+    assert "client-secret-never-printed" not in "\n".join(lines) + err
