@@ -39,7 +39,7 @@ sys.path[:0] = [
 ]
 
 import httpx  # noqa: E402
-from bench.support import ROOT, SMOKE_HELP, free_port, smoke, stop, wait_ready  # noqa: E402
+from bench.support import ROOT, SMOKE_HELP, free_port, reconciler_serving, smoke  # noqa: E402
 from fixtures.runs_api import TOKEN, RunsApi  # noqa: E402
 from tests.support import loopback  # noqa: E402
 from tests.support.servers import serve_asgi  # noqa: E402
@@ -89,31 +89,8 @@ def service(
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECONCILER_")}
     env.update(RUNS_TOKEN=TOKEN, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'service'}")
     env.update(env_extra or {})
-    argv = [sys.executable, "-m", "reconciler"]
-    subprocess.run(
-        [*argv, "db", "upgrade", "--config", str(config)],
-        env=env,
-        capture_output=True,
-        check=True,
-        timeout=120,
-    )
-    made = subprocess.run(
-        [*argv, "tokens", "create", "--name", "bench", "--scope", "agent", "--config", str(config)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    with (work / "service.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [*argv, "serve", "--config", str(config)], cwd=ROOT, env=env, stdout=log, stderr=log
-        )
-    try:
-        wait_ready(f"http://127.0.0.1:{port}/readyz", timeout=120)
-        yield f"http://127.0.0.1:{port}", made.stdout.strip()
-    finally:
-        stop(proc)
+    with reconciler_serving(config, port, env, work / "service.log") as (url, token, _):
+        yield url, token
 
 
 def run_one(url: str, token: str, provider: str, flavour: str, n: int) -> str:

@@ -43,7 +43,7 @@ sys.path[:0] = [
 
 import httpx  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
-from bench.support import ROOT, free_port, percentile, stop, wait_ready  # noqa: E402
+from bench.support import ROOT, free_port, percentile, reconciler_serving  # noqa: E402
 from tests.support.poison_provider import (  # noqa: E402
     PoisonProvider,
     write_service_config,
@@ -78,34 +78,9 @@ def service(work: Path, provider_url: str, db_url: str, source: Path | None) -> 
     path = [str(source)] if source is not None else []
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECONCILER_")}
     env["PYTHONPATH"] = os.pathsep.join([*path, str(ROOT), str(ROOT / "service")])
-    argv = [sys.executable, "-m", "reconciler"]
-    subprocess.run(
-        [*argv, "db", "upgrade", "--config", str(config)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        check=True,
-        timeout=120,
-    )
-    made = subprocess.run(
-        [*argv, "tokens", "create", "--name", "bench", "--scope", "agent", "--config", str(config)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
     log = work / "service.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*argv, "serve", "--config", str(config)], cwd=ROOT, env=env, stdout=out, stderr=out
-        )
-    try:
-        wait_ready(f"http://127.0.0.1:{port}/readyz", timeout=120)
-        yield Service(proc, f"http://127.0.0.1:{port}", log, made.stdout.strip())
-    finally:
-        stop(proc)
+    with reconciler_serving(config, port, env, log) as (url, token, proc):
+        yield Service(proc, url, log, token)
 
 
 @contextmanager

@@ -64,6 +64,35 @@ def start(args: Sequence[str], env: dict[str, str] | None = None) -> subprocess.
     )
 
 
+@contextmanager
+def reconciler_serving(
+    config: Path, port: int, env: dict[str, str], log: Path
+) -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
+    """``reconciler serve --config CONFIG`` (its schema upgraded first, an agent token made,
+    its output in ``log``) until the block ends; yields (its URL, the token, the process)."""
+    argv = [sys.executable, "-m", "reconciler"]
+    for args in (["db", "upgrade"], ["tokens", "create", "--name", "bench", "--scope", "agent"]):
+        made = subprocess.run(
+            [*argv, *args, "--config", str(config)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        )
+    token = made.stdout.strip()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*argv, "serve", "--config", str(config)], cwd=ROOT, env=env, stdout=out, stderr=out
+        )
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/readyz", timeout=120)
+        yield f"http://127.0.0.1:{port}", token, proc
+    finally:
+        stop(proc)
+
+
 def stop(proc: subprocess.Popen[bytes]) -> None:
     """Stop a process a bench started, by its PID: SIGTERM, then SIGKILL after 10 s."""
     if proc.poll() is None:

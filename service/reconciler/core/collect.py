@@ -14,7 +14,7 @@ from enum import Enum
 from typing import Any
 
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
-from reconciler.core.provider_calls import CallResult, ResultCheck
+from reconciler.core.provider_calls import CallResult, ResultCheck, answer_words
 from reconciler.core.states import State
 from reconciler.core.vocabulary import RETRYABLE_4XX, RemoteCategory
 
@@ -127,7 +127,7 @@ def decide_collect(
     with a 2xx); ``detail`` is the call's history detail, kept in the error.
     """
     if call.denied:
-        said = call.refused if call.credential_refused else f"HTTP {call.http_status}"
+        said = answer_words(call)
         return Denied(f"the result fetch was refused for this service's credential ({said})")
     if call.refused is None and retryable(call) and attempts < max_failures:
         # The provider's Retry-After (also retry-after-ms, a reset header) is a minimum.

@@ -32,7 +32,7 @@ from reconciler.core.outcome_parts import (
     provider_message,
 )
 from reconciler.core.poll_values import Stop
-from reconciler.core.provider_calls import CallResult
+from reconciler.core.provider_calls import CallResult, answer_words
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import (
@@ -274,14 +274,8 @@ def create_observation(call: CallResult, job_id: str | None) -> CreateObservatio
 
 def unsettled_lookup(call: CallResult, problem: str | None) -> str:
     """Why a lookup settled nothing (docs/design.md#create_unknown): it is looked up again."""
-    if problem:
-        why = problem
-    elif call.transport_error is not None:
-        why = f"no answer ({call.transport_error.value})"
-    elif call.refused:
-        why = f"not sent ({call.refused})"
-    else:
-        why = f"HTTP {call.http_status}"
+    why = problem or answer_words(call)
+    if not problem and call.http_status is not None:
         error = create_observation(call, None).error
         said = provider_message(error) if error is not None else None
         if said:

@@ -104,6 +104,16 @@ class CallResult:
         return self.http_status in (401, 403) and not self.rate_limited
 
 
+def answer_words(call: CallResult) -> str:
+    """What a call came to, in a few words: ``HTTP 422``, ``no answer (timeout)``, or
+    ``not sent (why)``."""
+    if call.http_status is not None:
+        return f"HTTP {call.http_status}"
+    if call.transport_error is not None:
+        return f"no answer ({call.transport_error.value})"
+    return f"not sent ({call.refused})"
+
+
 def call_detail(call: CallResult) -> dict[str, Any]:
     """What a history entry keeps of a provider call: metadata, never credentials."""
     detail: dict[str, Any] = {"method": call.method, "target": call.target}

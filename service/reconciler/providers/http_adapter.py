@@ -27,7 +27,7 @@ import httpx
 
 from reconciler.core.clock import Clock, SystemClock
 from reconciler.core.errors import ConfigError, UnsafePathValue
-from reconciler.core.provider_calls import CallResult, unstorable_in
+from reconciler.core.provider_calls import CallResult, answer_words, unstorable_in
 from reconciler.core.strict_json import shown
 from reconciler.providers.adapter import (
     PROTOCOL_METHODS,
@@ -209,7 +209,7 @@ class HttpAdapter:
             )
             if page > 1 and not call.ok:
                 # The first page's 404 says "no such job"; a later page's says nothing.
-                return _unread(call, f"page {page} of the lookup answered {_answer(call)}")
+                return _unread(call, f"page {page} of the lookup answered {answer_words(call)}")
             outcome = lookup_outcome(self._spec, call, wanted)
             if outcome.verdict is not LookupVerdict.NOT_FOUND or not call.ok:
                 return outcome
@@ -291,14 +291,6 @@ class HttpAdapter:
     async def fetch_errors(self, subject: Subject, errors_ref: str) -> CallResult:
         """The separate errors file of a JSONL result (``errors_path`` with ``{errors_ref}``)."""
         return await self._results.fetch_errors(self.values(subject), subject.trace_id, errors_ref)
-
-
-def _answer(call: CallResult) -> str:
-    if call.http_status is not None:
-        return f"HTTP {call.http_status}"
-    if call.transport_error is not None:
-        return f"no answer ({call.transport_error.value})"
-    return f"nothing: {call.refused}"
 
 
 def _unread(call: CallResult, why: str) -> LookupOutcome:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from reconciler.config import Secret
-from reconciler.core.errors import ConfigError
+from reconciler.providers.credentials import env_secret
 
 if TYPE_CHECKING:
     from reconciler.providers.spec import ProviderSpec
@@ -18,12 +18,7 @@ if TYPE_CHECKING:
 
 def env_value(spec: ProviderSpec, key: str, variable: str, environ: Mapping[str, str]) -> Secret:
     """Read one variable; the error names the variable, never a value."""
-    value = environ.get(variable)
-    if value is None:
-        raise ConfigError(f"{spec.where(key)}: environment variable {variable} is not set")
-    if not value.strip():
-        raise ConfigError(f"{spec.where(key)}: environment variable {variable} is empty")
-    return Secret(value)
+    return env_secret(spec.where(key), variable, environ)
 
 
 def auth_secret(spec: ProviderSpec, environ: Mapping[str, str]) -> Secret | None:

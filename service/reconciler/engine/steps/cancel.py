@@ -14,6 +14,7 @@ within the cancel window; a refused credential is a person's call
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -29,7 +30,7 @@ from reconciler.core.cancel import (
     send_or_watch,
 )
 from reconciler.core.clock import isoformat
-from reconciler.core.provider_calls import CallResult, call_detail
+from reconciler.core.provider_calls import CallResult, answer_words, call_detail
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind
@@ -131,11 +132,11 @@ class CancelStep:
                 retry_not_before=floor,
             )
         cause = "cancel_accepted" if answer is CancelAnswer.ACCEPTED else "cancel_sent"
-
-        def record(conn: Connection, fresh: OperationRecord) -> OperationRecord:
-            if State(fresh.state) is not State.CANCEL_REQUESTED:
-                return journal.write(conn, fresh, now=now, entries=[entry], lease=ctx.lease)
-            return journal.transition(
+        await self._while_requested(
+            sent,
+            entry,
+            now,
+            lambda conn, fresh: journal.transition(
                 conn,
                 fresh,
                 State.CANCELLING,
@@ -146,9 +147,26 @@ class CancelStep:
                 changes={**changes, "cancel_refusal": None},
                 before=[entry],
                 lease=ctx.lease,
-            )
+            ),
+        )
 
-        await ctx.apply(sent, record, final=True)
+    async def _while_requested(
+        self,
+        op: OperationRecord,
+        entry: Entry,
+        now: datetime,
+        move: Callable[[Connection, OperationRecord], OperationRecord],
+    ) -> None:
+        """``move`` on the fresh row while it still awaits this cancel; otherwise (a decision
+        or the job's own end moved it meanwhile) the answer is only recorded."""
+        ctx, journal = self.ctx, self.ctx.deps.journal
+
+        def record(conn: Connection, fresh: OperationRecord) -> OperationRecord:
+            if State(fresh.state) is not State.CANCEL_REQUESTED:
+                return journal.write(conn, fresh, now=now, entries=[entry], lease=ctx.lease)
+            return move(conn, fresh)
+
+        await ctx.apply(op, record, final=True)
 
     async def _refused(
         self,
@@ -161,11 +179,11 @@ class CancelStep:
         """The provider said no: the job goes on being observed, and its answer says why."""
         ctx, journal = self.ctx, self.ctx.deps.journal
         refusal = refusal_record(call, now)
-
-        def record(conn: Connection, fresh: OperationRecord) -> OperationRecord:
-            if State(fresh.state) is not State.CANCEL_REQUESTED:
-                return journal.write(conn, fresh, now=now, entries=[entry], lease=ctx.lease)
-            return journal.transition(
+        await self._while_requested(
+            op,
+            entry,
+            now,
+            lambda conn, fresh: journal.transition(
                 conn,
                 fresh,
                 State.OBSERVING,
@@ -176,9 +194,8 @@ class CancelStep:
                 changes={**changes, **_INTENT_SPENT, "cancel_refusal": refusal},
                 before=[entry],
                 lease=ctx.lease,
-            )
-
-        await ctx.apply(op, record, final=True)
+            ),
+        )
 
     async def _not_taken(
         self,
@@ -194,7 +211,7 @@ class CancelStep:
         if close is not None and now >= close:
             detail = (
                 f"the provider did not take the cancel by {isoformat(close)} "
-                f"(last answer: {_answer_text(call)}); it was never confirmed sent"
+                f"(last answer: {answer_words(call)}); it was never confirmed sent"
             )
             await ctx.escalate(
                 op,
@@ -218,19 +235,11 @@ class CancelStep:
             "delay_source": source.value,
         }
 
-        def record(conn: Connection, fresh: OperationRecord) -> OperationRecord:
-            if State(fresh.state) is not State.CANCEL_REQUESTED:
-                return journal.write(conn, fresh, now=now, entries=[entry], lease=ctx.lease)
-            return journal.write(
+        await self._while_requested(
+            op,
+            entry,
+            now,
+            lambda conn, fresh: journal.write(
                 conn, fresh, now=now, changes=changes, entries=[entry], lease=ctx.lease
-            )
-
-        await ctx.apply(op, record, final=True)
-
-
-def _answer_text(call: CallResult) -> str:
-    if call.http_status is not None:
-        return f"HTTP {call.http_status}"
-    if call.transport_error is not None:
-        return f"no answer ({call.transport_error.value})"
-    return f"not sent ({call.refused})"
+            ),
+        )

@@ -42,7 +42,7 @@ from reconciler.core.create import (
     window_unsettled,
 )
 from reconciler.core.poll_values import Stop
-from reconciler.core.provider_calls import CallResult, call_detail
+from reconciler.core.provider_calls import CallResult, answer_words, call_detail
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind
@@ -450,7 +450,7 @@ class CreateStep:
 
     async def _denied(self, op: OperationRecord, call: CallResult) -> None:
         """The lookup was refused for this service's credential: looking again cures nothing."""
-        said = call.refused if call.credential_refused else f"HTTP {call.http_status}"
+        said = answer_words(call)
         entry = Entry(
             kind=HistoryKind.OBSERVATION,
             actor=self.ctx.actor,
