@@ -40,7 +40,8 @@ from reconciler.providers.adapter import ProviderAdapter
 from reconciler.providers.http_adapter import build_adapter
 from reconciler.providers.loader import load_providers
 from reconciler.providers.result_fetch import URL_NAME
-from reconciler.providers.spec import ProviderSpec, WebhookSpec, webhook_secrets
+from reconciler.providers.secrets import webhook_secrets
+from reconciler.providers.spec import ProviderSpec, WebhookSpec
 from reconciler.storage import completion_steps, trust
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
@@ -187,7 +188,7 @@ class Runtime:
         )
         for name, spec in providers.items():
             if spec.webhook is not None:
-                secrets = [s.reveal() for s in webhook_secrets(spec, env)]
+                secrets = [s.reveal() for s in webhook_secrets(spec.webhook, spec.where, env)]
                 verifier = build_verifier(
                     spec.webhook.scheme,
                     secrets,

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from reconciler.core.errors import ConfigError
+from reconciler.providers.credentials import check_credential
 from reconciler.providers.loader import (
     PRESETS_DIR,
     load_providers,
@@ -18,7 +19,8 @@ from reconciler.providers.loader import (
     preset_file,
     preset_names,
 )
-from reconciler.providers.spec import INLINE_SOURCE, ProviderSpec, auth_secret, webhook_secrets
+from reconciler.providers.secrets import webhook_secrets
+from reconciler.providers.spec import INLINE_SOURCE, ProviderSpec
 
 PRESET = """\
 # Example API reference: https://api.example.com/docs (what this preset decides).
@@ -248,5 +250,5 @@ def test_every_shipped_preset_loads(name: str) -> None:
         environ[spec.auth.env_key[1]] = "credential"
     if spec.webhook is not None:
         environ[spec.webhook.secrets_env] = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-    assert (auth_secret(spec, environ) is None) == (spec.auth.env_key is None)
-    assert len(webhook_secrets(spec, environ)) == (0 if spec.webhook is None else 1)
+    check_credential(spec.auth, spec.where, environ)  # every variable it names is set
+    assert len(webhook_secrets(spec.webhook, spec.where, environ)) == (spec.webhook is not None)

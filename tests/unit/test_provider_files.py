@@ -9,19 +9,16 @@ from typing import Any
 import pytest
 
 from reconciler.core.backoff import BackoffPolicy
+from reconciler.core.clock import ManualClock
 from reconciler.core.errors import ConfigError
 from reconciler.core.signatures import WebhookScheme
 from reconciler.core.trust import TrustMode
 from reconciler.core.vocabulary import RemoteCategory
+from reconciler.providers.credentials import build_credential
 from reconciler.providers.loader import load_providers, parse_provider
 from reconciler.providers.pointer import MISSING
-from reconciler.providers.spec import (
-    INLINE_SOURCE,
-    AuthType,
-    ProviderSpec,
-    auth_secret,
-    webhook_secrets,
-)
+from reconciler.providers.secrets import webhook_secrets
+from reconciler.providers.spec import INLINE_SOURCE, AuthType, ProviderSpec
 from tests.support.provider_tables import with_key
 
 SPEC_EXAMPLE = """\
@@ -524,13 +521,16 @@ def test_empty_environment_variable_is_an_error_without_the_value(tmp_path: Path
 
 def test_secrets_come_from_the_injected_environment(tmp_path: Path) -> None:
     spec = _load_one(tmp_path, SPEC_EXAMPLE)
-    token = auth_secret(spec, ENV)
-    assert token is not None and token.reveal() == "tok-secret-123"
-    assert "tok-secret-123" not in repr(token) and "tok-secret-123" not in repr(spec)
-    secrets = webhook_secrets(spec, ENV)
+    credential = build_credential(spec.auth, spec.where, ENV, ManualClock())
+    assert credential is not None
+    assert credential.static_header() == ("Authorization", "Bearer tok-secret-123")
+    assert "tok-secret-123" not in repr(credential) and "tok-secret-123" not in repr(spec)
+    assert credential.source == "bearer token from environment variable ACME_TOKEN"
+    secrets = webhook_secrets(spec.webhook, spec.where, ENV)
     assert [s.reveal() for s in secrets] == ["whsec_b2xk", "whsec_bmV3"]
     assert "whsec" not in repr(secrets)
-    assert auth_secret(parse_provider("n", MINIMAL, INLINE_SOURCE), {}) is None
+    none = parse_provider("n", MINIMAL, INLINE_SOURCE)
+    assert build_credential(none.auth, none.where, {}, ManualClock()) is None
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,8 @@ from pydantic import ValidationError
 from reconciler.core.errors import ConfigError
 from reconciler.core.file_values import first_problem
 from reconciler.providers.credentials import check_credential
-from reconciler.providers.spec import INLINE_SOURCE, ProviderSpec, webhook_secrets
+from reconciler.providers.secrets import webhook_secrets
+from reconciler.providers.spec import INLINE_SOURCE, ProviderSpec
 
 PRESETS_DIR = Path(__file__).with_name("presets")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
@@ -243,6 +244,6 @@ def load_providers(
         spec = validate(table, public_url)
         if check_secrets:
             check_credential(spec.auth, spec.where, environ)
-            webhook_secrets(spec, environ)
+            webhook_secrets(spec.webhook, spec.where, environ)
         specs[spec.name] = spec
     return specs

@@ -5,8 +5,9 @@ Guarantee: a provider is declared, not coded. Each model is strict, frozen and k
 its keys (an unknown key is refused, naming the known ones); each value type says
 what is wrong with a bad value (``providers.fields``); checks across keys live in
 the model that holds them. Secrets are never in the file, only the names of the
-environment variables that hold them (``providers.secrets`` reads them). Reading
-files, presets and the message format are ``providers.loader``'s job.
+environment variables (or files) that hold them (``providers.credentials`` and
+``providers.secrets`` read them). Reading files, presets and the message format are
+``providers.loader``'s job.
 
 Every key, its type, default and meaning is in docs/providers.md#every-key
 (``tests/unit/test_provider_keys_page.py`` holds the page to these models).
@@ -42,7 +43,6 @@ from reconciler.providers.rules import (
     StaticHeaders,
     quoted,
 )
-from reconciler.providers.secrets import auth_secret, env_value, webhook_secrets
 from reconciler.providers.sections import (
     DEFAULT_CANCEL_DEADLINE,
     INLINE_SOURCE,
@@ -104,11 +104,8 @@ __all__ = [
     "SourcedPointer",
     "StatusSpec",
     "WebhookSpec",
-    "auth_secret",
     "cancel_deadline_seconds",
-    "env_value",
     "template_fields",
-    "webhook_secrets",
 ]
 
 
