@@ -69,6 +69,9 @@ async def test_a_job_longer_than_its_tokens_never_meets_a_401(tmp_path: Path, db
         # One token an hour (refreshed a tenth of its life early), never one per call.
         assert authority.requests <= hours + 2
         assert authority.requests * 10 < reads
+        # No token is kept anywhere an agent or an operator reads.
+        kept = str(rig.history(op_id)) + str(rig.view(op_id))
+        assert not any(token in kept for token in authority.tokens)
 
 
 async def test_a_revoked_token_is_renewed_once_and_the_call_sent_again(
