@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.api.webhooks import is_hint
+from reconciler.commands.webhooks import is_hint
 from reconciler.core.backoff import BackoffPolicy, parse_retry_after
 from reconciler.core.collect import CollectDecision, RetryFetch, decide_collect
 from reconciler.core.create import may_have_landed
