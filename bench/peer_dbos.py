@@ -3,7 +3,7 @@
     python bench/peer_dbos.py [--operations 1000] [--concurrency 64] [--duration 0.2]
         [--rounds 3] [--backends sqlite,postgresql] [--systems reconciler,dbos]
         [--dbos-start direct|queue] [--dbos-lookup table|attributes]
-        [--statements N] [--py-spy DIR] [--keep] [--smoke]
+        [--statements N] [--py-spy DIR] [--stages] [--keep] [--smoke]
 
 The peer is the library a user would pick instead: a Starlette app on DBOS Transact 3.4
 (``bench/peer_dbos_app.py``: one durable workflow per operation that creates the job,
@@ -34,7 +34,11 @@ backend, background work included), commits (``pg_stat_database.xact_commit`` of
 run's database) and statements per operation (``pg_stat_statements`` calls in that
 database, BEGIN and COMMIT included), counted until the service has stopped so that every
 connection's counters are flushed. ``--statements N`` prints each system's N most
-frequent statements per operation. Each round also runs the bare client of
+frequent statements per operation. Every run also prints what the agent and the
+provider waited (``bench/stages.py``'s ``Waits``): the POST's p50/p99, create -> callback
+p50/p90 (the POST sent to the callback's arrival at the receiver), POSTs answered 503 and
+webhook deliveries refused, by status; ``--stages`` adds, for reconciler, where each
+operation waited inside the service (``bench/stages.py``). Each round also runs the bare client of
 ``bench/throughput.py`` (the same provider and callback calls with no service: the
 ceiling both systems share) and the provider's and the receiver's own ceilings. Printed:
 every run, then medians over ``--rounds`` rounds, and reconciler / DBOS per backend.
@@ -69,6 +73,7 @@ for _path in (str(ROOT / "service"), str(ROOT)):
         sys.path.insert(0, _path)
 
 import sqlalchemy as sa  # noqa: E402
+from bench import stages  # noqa: E402
 from bench import throughput as tp  # noqa: E402
 from bench.poller import cpu_seconds  # noqa: E402
 from bench.support import SMOKE_HELP, free_port, sampled, smoke, stop, wait_ready  # noqa: E402
@@ -249,6 +254,7 @@ class Result:
     commits: float | None = None
     statements: float | None = None
     missing: int = 0
+    waits: stages.Waits | None = None
 
     @property
     def rate(self) -> float:
@@ -281,6 +287,7 @@ def run_ours(
         run.seconds,
         run.cpu_ms or 0.0,
         missing=run.failed,
+        waits=run.waits,
         **_from_meter(meter, n),  # type: ignore[arg-type]
     )
     return result, meter
@@ -351,7 +358,8 @@ def run_dbos(
                 meter.begin(db_url)
             cpu0 = cpu_seconds(app.pid)
             started = time.time()
-            answers = asyncio.run(tp.submit(url, API_TOKEN, args, f"{rcv}/cb"))
+            timings: list[tuple[str, float, float, int]] = []
+            answers = asyncio.run(tp.submit(url, API_TOKEN, args, f"{rcv}/cb", timings))
             created = sum(n for code, n in answers.items() if 200 <= code < 300)
             if created < args.operations:
                 print(f"    submissions to DBOS answered {dict(answers)}")
@@ -360,6 +368,7 @@ def run_dbos(
             while dbos_finished(db_url) < created and time.monotonic() < deadline:
                 time.sleep(0.05)
             cpu = cpu_seconds(app.pid) - cpu0
+            seen = tp.peer_waits(timings, rcv, provider_url)
             if meter is not None:
                 meter.finished()
         stop(app)
@@ -377,6 +386,7 @@ def run_dbos(
         last - started,
         cpu * 1000 / n,
         missing=args.operations - arrived,
+        waits=seen,
         **_from_meter(meter, n),  # type: ignore[arg-type]
     )
     return result, meter
@@ -395,6 +405,8 @@ def describe(r: Result) -> str:
     parts.append(f"({r.operations} in {r.seconds:.2f} s; load {os.getloadavg()[0]:.1f})")
     if r.missing:
         parts.append(f"MISSING {r.missing}")
+    if r.waits is not None:
+        parts.append(f"\n      {r.waits.describe()}")
     return "  ".join(parts)
 
 
@@ -425,6 +437,7 @@ def summary(results: list[Result], ceilings: list[tp.Run]) -> None:
                 f"  {system:<10} {backend:<10} {rate:7.1f}  {cpu:17.1f}  {server:16.1f}"
                 f"  {commits:10.1f}  {statements:13.1f}"
             )
+    print_waits(results)
     for backend in sorted({b for _, b in medians}):
         if (OURS, backend) in medians and (DBOS, backend) in medians:
             ratio = medians[(OURS, backend)] / medians[(DBOS, backend)]
@@ -433,6 +446,33 @@ def summary(results: list[Result], ceilings: list[tp.Run]) -> None:
         rates = [c.rate for c in ceilings if c.label == kind]
         if rates:
             print(f"  ceiling: {kind:<9} {_med(list(rates)):7.1f} {unit}")
+
+
+def print_waits(results: list[Result]) -> None:
+    """Medians of what the agent and the provider waited (``bench/stages.py``)."""
+    print(
+        "  system     backend    POST p50/p99 ms  create->callback p50/p90 s  "
+        "agent 503s  webhook deliveries refused (all rounds)"
+    )
+    for backend in sorted({r.backend for r in results}, key=lambda b: b != "sqlite"):
+        for system in (OURS, DBOS):
+            seen = [r.waits for r in results if (r.system, r.backend) == (system, backend)]
+            found = [w for w in seen if w is not None]
+            if not found:
+                continue
+            refused: dict[str, int] = {}
+            for w in found:
+                for code, n in w.webhooks_refused.items():
+                    refused[code] = refused.get(code, 0) + n
+            said = ", ".join(f"{n} x {code}" for code, n in sorted(refused.items())) or "none"
+            print(
+                f"  {system:<10} {backend:<10} "
+                f"{_med([w.post_p50 * 1000 for w in found]):6.0f}/"
+                f"{_med([w.post_p99 * 1000 for w in found]):<6.0f}    "
+                f"{_med([w.callback_p50 for w in found]):10.2f}/"
+                f"{_med([w.callback_p90 for w in found]):<6.2f}          "
+                f"{sum(w.agent_refused for w in found):6d}  {said}"
+            )
 
 
 def print_top(meters: dict[str, ServerMeter], n: int, limit: int) -> None:
@@ -514,6 +554,7 @@ def main() -> int:
     )
     parser.add_argument("--statements", type=int, default=0, help="print the N most frequent")
     parser.add_argument("--py-spy", type=Path, default=None, help="sample each service into DIR")
+    parser.add_argument("--stages", action="store_true", help=tp.STAGES_HELP)
     parser.add_argument("--keep", action="store_true", help="keep each run's files")
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     # What bench/throughput.py's pieces read.
