@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from reconciler.core.completion_lanes import callback_lane
 from tests.steps.test_complete_step import CALLBACK_URL, finished
 from tests.support.steps import step_rig
 from tests.support.waiting import wait_until_async
@@ -80,3 +81,41 @@ async def test_a_slot_freed_during_a_claim_is_claimed_by_the_same_tick(
         assert sorted(receiver.arrived[2:]) == sorted(set(ops) - {first, second})
         for op_id in ops:
             receiver.let(op_id)
+
+
+async def test_a_delivery_answered_gives_its_hosts_slot_back_before_its_record_commits(
+    tmp_path: Path, db_url: str
+) -> None:
+    """The host's share bounds deliveries in flight to it, not the writes that record them:
+    once a delivery is answered its slot goes back while the record waits for the database,
+    and the next claim sends the host's next callback into it."""
+    receiver = HeldReceiver()
+    transport = httpx.MockTransport(receiver.handle)
+    async with step_rig(tmp_path, db_url, callbacks=CALLBACKS, callback_transport=transport) as rig:
+        ops = [await finished(rig, callback_url=CALLBACK_URL) for _ in range(3)]
+        worker = rig.worker
+        lane = callback_lane(httpx.URL(CALLBACK_URL).host)
+        await worker.tick()  # the host's two slots: two deliveries, held
+        await wait_until_async(lambda: len(receiver.arrived) == 2, 10, "two deliveries")
+        assert worker.shares.used(lane) == 2
+        first = receiver.arrived[0]
+
+        holder = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")  # no record can commit meanwhile
+            receiver.let(first)
+            await wait_until_async(lambda: first in receiver.answered, 10, "the answer")
+            # Answered, its record not yet written: one delivery in flight, one slot free.
+            await wait_until_async(lambda: worker.shares.used(lane) == 1, 10, "the slot back")
+            assert rig.row(first).completion_pending
+        finally:
+            holder.close()
+        await wait_until_async(lambda: not rig.row(first).completion_pending, 10, "the record")
+        await worker.tick()
+        await wait_until_async(lambda: len(receiver.arrived) == 3, 10, "the third delivery")
+        assert sorted(receiver.arrived) == sorted(ops)
+        for op_id in ops:
+            receiver.let(op_id)
+        for op_id in ops:
+            await wait_until_async(lambda o=op_id: not rig.row(o).completion_pending, 10, "all")
+        assert worker.shares.used(lane) == 0  # every slot back once, none twice

@@ -405,6 +405,9 @@ class CompleteStep:
             )
         event = {"type": "operation.completed", "operation": outcome}
         result = await self.callbacks.deliver(op.callback_url, webhook_id(op), event, plan.keys)
+        flow = flow_var.get()
+        if flow is not None:
+            flow.lend(op)  # the round's last call: the host's slot is free while it is recorded
         label = (
             "delivered"
             if result.delivered
