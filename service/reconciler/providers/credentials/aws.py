@@ -83,7 +83,6 @@ class AwsSigV4(Credential):
     def _find(self) -> Any:
         import botocore.exceptions
         import botocore.session
-
         from botocore.credentials import EnvProvider
 
         try:
