@@ -19,7 +19,7 @@ import pytest
 
 from reconciler.core.completion_lanes import callback_lane
 from tests.steps.test_complete_step import CALLBACK_URL, finished
-from tests.support.steps import step_rig
+from tests.support.steps import StepRig, step_rig
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.anyio
@@ -119,3 +119,37 @@ async def test_a_delivery_answered_gives_its_hosts_slot_back_before_its_record_c
         for op_id in ops:
             await wait_until_async(lambda o=op_id: not rig.row(o).completion_pending, 10, "all")
         assert worker.shares.used(lane) == 0  # every slot back once, none twice
+
+
+async def test_a_create_answered_gives_the_providers_slot_back_before_its_accept_commits(
+    tmp_path: Path, db_url: str
+) -> None:
+    """The provider's share bounds its calls in flight: once the create is answered (the
+    step's last call) the slot is free while the accept waits for the database."""
+    rigs: list[StepRig] = []
+    held: list[sqlite3.Connection] = []
+
+    def provider(request: httpx.Request) -> httpx.Response:
+        answer = rigs[0].provider.handle(request)
+        if request.method == "POST" and not held:  # the create: no write may commit now
+            holder = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+            holder.execute("BEGIN IMMEDIATE")
+            held.append(holder)
+        return answer
+
+    async with step_rig(tmp_path, db_url, transport=httpx.MockTransport(provider)) as rig:
+        rigs.append(rig)
+        op_id = rig.submit()
+        worker = rig.worker
+        try:
+            await worker.tick()
+            await wait_until_async(lambda: bool(held), 10, "the create sent")
+            await wait_until_async(lambda: worker.shares.used("sim") == 0, 10, "the slot back")
+            assert rig.row(op_id).state == "create_pending"  # its accept not yet written
+        finally:
+            for holder in held:
+                holder.close()
+        await wait_until_async(lambda: rig.row(op_id).state != "create_pending", 10, "accepted")
+        await wait_until_async(lambda: worker.in_flight == 0, 10, "the task done")
+        assert worker.shares.used("sim") == 0  # given back once, not twice
+        assert len([r for r in rig.provider.requests if r.endpoint == "create"]) == 1

@@ -74,6 +74,14 @@ class ClaimRun:
             return
         self.worker.give(key)
 
+    def _moved_to(self, wanted: str) -> None:
+        """The task now holds a slot of ``wanted`` (``Worker.move``); the old one went back."""
+        if wanted == self.share:
+            return
+        if self.share != NO_SLOT:
+            self.worker.give_moved(self.share)
+        self.share = wanted
+
     def _release_in(self, conn: Connection, op_id: str) -> None:
         store.release_at_commit(conn, op_id, self.worker.owner)
 
@@ -117,10 +125,7 @@ class ClaimRun:
                 # answer): give this slot back and let that share claim it when it can.
                 rt.notifier.wake()
                 return
-            if wanted != self.share:
-                if self.share != NO_SLOT:
-                    worker.give_moved(self.share)
-                self.share = wanted
+            self._moved_to(wanted)
             step = worker.step_for(op)
             if step is None:
                 await worker.park(op)

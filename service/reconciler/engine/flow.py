@@ -143,3 +143,11 @@ class Flow:
 
 
 flow_var: ContextVar[Flow | None] = ContextVar("reconciler_flow", default=None)
+
+
+def lend_slot(op: OperationRecord) -> None:
+    """A step's calls to its party are over: the task's slot for them goes back
+    (``Flow.lend``; nothing outside a worker's task holds one)."""
+    flow = flow_var.get()
+    if flow is not None:
+        flow.lend(op)
