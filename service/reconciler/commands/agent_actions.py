@@ -178,13 +178,18 @@ async def _start(rt: Runtime, who: Principal, req: CreateOperation) -> tuple[Ope
     limits = rt.limits_for(req.provider)
     tracing = rt.tracing
     args = (rt.journal, who, req, limits, rt.clock.now(), tracing.current())
+    # The agent waits on the wire: ahead of the engine's queued writes (``storage.writer``).
     try:
-        op, created = await rt.db.run_joined(creating.create_operation, *args, key=NEW_OPERATION)
+        op, created = await rt.db.run_joined(
+            creating.create_operation, *args, key=NEW_OPERATION, first=True
+        )
     except Conflict:
         if req.idempotency_key is None:
             raise
         # Lost a race with a request carrying the same key: now it finds that one stored.
-        op, created = await rt.db.run_joined(creating.create_operation, *args, key=NEW_OPERATION)
+        op, created = await rt.db.run_joined(
+            creating.create_operation, *args, key=NEW_OPERATION, first=True
+        )
     if tracing.enabled:
         tracing.note(operation=op.id, provider=op.provider, created=created)
         if not created:

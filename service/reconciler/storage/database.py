@@ -450,7 +450,12 @@ class Database:
         return await self.writer.run(fn, *args, wait=wait)
 
     async def run_joined(
-        self, fn: Callable[..., T], *args: Any, attempts: int = 1, key: str = ""
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        attempts: int = 1,
+        key: str = "",
+        first: bool = False,
     ) -> T:
         """Run ``fn(conn, *args)`` in a write transaction shared with the other such writes
         queued with it (``write_together``): fewer commits under load. A lost race
@@ -461,8 +466,9 @@ class Database:
         two of them, on this replica or another, take the rows they share in the same
         order and do not wait on each other in a cycle. A cycle met anyway (rows locked
         in another order inside one write) undoes that one transaction, which runs again.
+        ``first``: a request on the wire waits for it; it goes ahead of the queued writes.
         """
-        return await self.writer.run_joined(fn, *args, attempts=attempts, key=key)
+        return await self.writer.run_joined(fn, *args, attempts=attempts, key=key, first=first)
 
     @property
     def writer(self) -> Writer:
