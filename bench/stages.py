@@ -274,13 +274,18 @@ class Waits:
     callback_p90: float
     agent_refused: int  # POSTs answered 503
     webhooks_refused: dict[str, int]  # delivery attempts answered otherwise, by status
+    # create -> callback p50 of each fifth of the operations, in the order they were sent:
+    # a backlog building up inside shows as a rising trend.
+    trend: tuple[float, ...] = ()
 
     def describe(self) -> str:
         refused = ", ".join(f"{n} x {code}" for code, n in sorted(self.webhooks_refused.items()))
+        trend = " ".join(f"{t:.2f}" for t in self.trend)
         return (
             f"POST p50/p99 {self.post_p50 * 1000:.0f}/{self.post_p99 * 1000:.0f} ms  "
-            f"create -> callback p50/p90 {self.callback_p50:.2f}/{self.callback_p90:.2f} s  "
-            f"agent 503s {self.agent_refused}  webhook deliveries refused: {refused or 'none'}"
+            f"create -> callback p50/p90 {self.callback_p50:.2f}/{self.callback_p90:.2f} s "
+            f"(by fifths: {trend})  agent 503s {self.agent_refused}  "
+            f"webhook deliveries refused: {refused or 'none'}"
         )
 
 
@@ -292,7 +297,11 @@ def waits(
     """From the submitter's (operation id, sent, answered, status) and the receiver's
     arrival of each operation's first callback."""
     posts = [answered - sent for _, sent, answered, _ in timings]
-    ends = [arrived[op] - sent for op, sent, _, code in timings if code < 300 and op in arrived]
+    done = sorted(
+        (sent, arrived[op] - sent) for op, sent, _, code in timings if code < 300 and op in arrived
+    )
+    ends = [end for _, end in done]
+    fifth = max(1, len(ends) // 5)
     return Waits(
         posts=len(posts),
         post_p50=percentile(posts, 50),
@@ -301,6 +310,9 @@ def waits(
         callback_p90=percentile(ends, 90),
         agent_refused=sum(1 for *_, code in timings if code == 503),
         webhooks_refused=dict(webhooks_refused),
+        trend=tuple(
+            percentile(ends[i : i + fifth], 50) for i in range(0, fifth * 5, fifth) if ends[i:]
+        ),
     )
 
 
