@@ -196,18 +196,22 @@ async def _start(rt: Runtime, who: Principal, req: CreateOperation) -> tuple[Ope
             tracing.link(operation_context(op))  # an idempotent retry: the operation's trace
     if created:
         rt.notifier.wake()
-        # A short, bounded wait so the answer usually carries the job id already; it
-        # holds neither a thread nor a connection, and reads nothing when the job id is
-        # learned in this process (the change hands over its record).
-        deadline = asyncio.get_running_loop().time() + rt.settings.server.create_wait_seconds
-        op = await wait_until(
-            rt,
-            op.id,
-            who,
-            deadline,
-            lambda current: current.state != State.CREATE_PENDING,
-            current=op,
-        )
+        wait = rt.settings.server.create_wait_seconds
+        if wait > 0 and rt.create_waits.should_wait():
+            # A short, bounded wait so the answer usually carries the job id already; it
+            # holds neither a thread nor a connection, and reads nothing when the job id
+            # is learned in this process (the change hands over its record). Only while
+            # job ids come within it (``core.create_wait``): else the answer comes at once.
+            deadline = asyncio.get_running_loop().time() + wait
+            op = await wait_until(
+                rt,
+                op.id,
+                who,
+                deadline,
+                lambda current: current.state != State.CREATE_PENDING,
+                current=op,
+            )
+            rt.create_waits.saw(op.state != State.CREATE_PENDING)
     return op, created
 
 
