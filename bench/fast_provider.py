@@ -20,7 +20,8 @@ the file the bench gives the service) the way ``python -m reconciler.demo.sim`` 
 * ``duration`` s after the create, one ``job.succeeded`` event to ``--webhook-url``,
   signed by the sim's own signer (``reconciler.demo.sim.signing``) with the sim's
   headers and body; a failed delivery is tried again after 0.5 s and 1 s, as the sim does.
-* ``GET /_fast/stats`` (no token) → jobs created and webhooks sent and failed.
+* ``GET /_fast/stats`` (no token) → jobs created, webhooks sent and failed, and the
+  attempts answered otherwise by status (``refused``: a 503, a 404).
 
 ``--server protocol`` (the default) serves it on ``bench/fast_http.py``, one
 asyncio.Protocol over httptools on uvloop; ``--server starlette``, the same handler as
@@ -124,6 +125,7 @@ class Provider:
         self.jobs: dict[str, Job] = {}
         self.keys: dict[str, str] = {}
         self.sent = self.failed = 0
+        self.refused: dict[str, int] = {}  # webhook attempts answered otherwise, by status
         self.webhook = urlsplit(webhook_url) if webhook_url else None
         self.poster: Poster | None = None
 
@@ -131,7 +133,12 @@ class Provider:
         path = request.path
         if path == "/_fast/stats":
             return _json(
-                {"jobs": len(self.jobs), "webhooks_sent": self.sent, "failed": self.failed}
+                {
+                    "jobs": len(self.jobs),
+                    "webhooks_sent": self.sent,
+                    "failed": self.failed,
+                    "refused": self.refused,
+                }
             )
         given = request.headers.get("authorization", "").encode("latin-1")
         if not hmac.compare_digest(given, self.token):
@@ -260,6 +267,7 @@ class Provider:
             if 200 <= status < 300:
                 self.sent += 1
                 return
+            self.refused[str(status)] = self.refused.get(str(status), 0) + 1
             if delay is None:
                 break
             await asyncio.sleep(delay)

@@ -1,16 +1,20 @@
 """reconciler against DBOS Transact doing the same job, on SQLite and on PostgreSQL.
 
-    python bench/peer_dbos.py [--operations 1000] [--concurrency 64] [--duration 0.2]
+    python bench/peer_dbos.py [--operations 1000] [--concurrency 32] [--duration 0.2]
         [--rounds 3] [--backends sqlite,postgresql] [--systems reconciler,dbos]
-        [--dbos-start direct|queue] [--dbos-lookup table|attributes]
-        [--statements N] [--py-spy DIR] [--keep] [--smoke]
+        [--dbos-polls 0.2,defaults]
+        [--statements N] [--py-spy DIR] [--stages] [--keep] [--smoke]
 
-The peer is the library a user would pick instead: a Starlette app on DBOS Transact 3.4
-(``bench/peer_dbos_app.py``: one durable workflow per operation that creates the job,
-waits for the webhook's message or polls, reads the status, fetches and checks the result
-and sends the signed callback; on PostgreSQL the webhook route finds the workflow by
-its attributes, on SQLite, where DBOS filters no attributes, in a table of the app's).
-It runs in a virtualenv of its own, made on first use
+The peer is the library a user would pick instead: a Starlette app on DBOS Transact 3.4,
+as lean as a DBOS user writes it (``bench/peer_dbos_app.py``: one durable workflow per
+operation on a DBOS queue; a step creates the job and keeps its id in a table of the
+app's, where the webhook route finds the workflow; it waits for the webhook's message or
+the fallback read, reads the status, fetches and checks the result and sends the signed
+callback). It runs once per ``--dbos-polls`` entry: the queue polled every 0.2 s
+(``dbos@0.2s``) and at DBOS's own defaults (``dbos@defaults``: every second), so it can
+show where it is faster than us. Its CPU an operation is printed with what that makes
+of one core (``ops/s a core``: the rate of a process held to one core by its own CPU),
+as ours is. It runs in a virtualenv of its own, made on first use
 under ``~/.cache/reconciler-bench/dbos-3.4.0`` (``$RECONCILER_BENCH_CACHE`` instead of
 ``~/.cache/reconciler-bench``), with ``dbos==3.4.0``, Starlette, uvicorn and httpx from
 the package index.
@@ -34,10 +38,15 @@ backend, background work included), commits (``pg_stat_database.xact_commit`` of
 run's database) and statements per operation (``pg_stat_statements`` calls in that
 database, BEGIN and COMMIT included), counted until the service has stopped so that every
 connection's counters are flushed. ``--statements N`` prints each system's N most
-frequent statements per operation. Each round also runs the bare client of
+frequent statements per operation. Every run also prints what the agent and the
+provider waited (``bench/stages.py``'s ``Waits``): the POST's p50/p99, create -> callback
+p50/p90 (the POST sent to the callback's arrival at the receiver), POSTs answered 503 and
+webhook deliveries refused, by status; ``--stages`` adds, for reconciler, where each
+operation waited inside the service (``bench/stages.py``). Each round also runs the bare client of
 ``bench/throughput.py`` (the same provider and callback calls with no service: the
 ceiling both systems share) and the provider's and the receiver's own ceilings. Printed:
-every run, then medians over ``--rounds`` rounds, and reconciler / DBOS per backend.
+every run, then medians over ``--rounds`` rounds, and reconciler / each DBOS run per
+backend.
 ``--smoke``: a few operations, one round; it installs nothing, so DBOS runs only when a
 full run made its virtualenv before (else it is skipped, saying so), and PostgreSQL is
 skipped when its binaries are missing.
@@ -69,6 +78,7 @@ for _path in (str(ROOT / "service"), str(ROOT)):
         sys.path.insert(0, _path)
 
 import sqlalchemy as sa  # noqa: E402
+from bench import stages  # noqa: E402
 from bench import throughput as tp  # noqa: E402
 from bench.poller import cpu_seconds  # noqa: E402
 from bench.support import SMOKE_HELP, free_port, sampled, smoke, stop, wait_ready  # noqa: E402
@@ -85,6 +95,7 @@ DBOS_PACKAGES = (
 PIP_QUIET = ("--disable-pip-version-check",)
 API_TOKEN = "bench-dbos-token"
 OURS, DBOS = "reconciler", "dbos"
+DEFAULTS = "defaults"  # DBOS's own polling: its queue every second
 STATS_SETTINGS = "-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.max=5000"
 
 
@@ -249,6 +260,7 @@ class Result:
     commits: float | None = None
     statements: float | None = None
     missing: int = 0
+    waits: stages.Waits | None = None
 
     @property
     def rate(self) -> float:
@@ -281,6 +293,7 @@ def run_ours(
         run.seconds,
         run.cpu_ms or 0.0,
         missing=run.failed,
+        waits=run.waits,
         **_from_meter(meter, n),  # type: ignore[arg-type]
     )
     return result, meter
@@ -308,8 +321,18 @@ def _whsec() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
 
 
+def dbos_label(poll: str) -> str:
+    """The name of a DBOS run by its polling: ``dbos@0.2s``, ``dbos@defaults``."""
+    return f"{DBOS}@{poll}s" if poll != DEFAULTS else f"{DBOS}@{DEFAULTS}"
+
+
 def run_dbos(
-    backend: str, args: argparse.Namespace, cluster: Cluster | None, work: Path, python: str
+    backend: str,
+    args: argparse.Namespace,
+    cluster: Cluster | None,
+    work: Path,
+    python: str,
+    poll: str,
 ) -> tuple[Result, ServerMeter | None]:
     with contextlib.ExitStack() as stack:
         if backend == "postgresql":
@@ -331,8 +354,7 @@ def run_dbos(
         rcv, _ = stack.enter_context(tp.receiver(work, secret, args.receiver_server))
         cmd = ["bench/peer_dbos_app.py", "--port", str(port), "--database", system_db]
         cmd += ["--app-database", app_db]
-        cmd += ["--provider", provider_url, "--pool", str(pool), "--start", args.dbos_start]
-        cmd += ["--lookup", args.dbos_lookup or ("table" if backend == "sqlite" else "attributes")]
+        cmd += ["--provider", provider_url, "--pool", str(pool), "--poll", poll]
         env = {
             "SIM_TOKEN": tp.SIM_TOKEN,
             "SIM_WEBHOOK_SECRET": tp.webhook_secret(),
@@ -345,38 +367,42 @@ def run_dbos(
         url = f"http://127.0.0.1:{port}"
         wait_ready(f"{url}/healthz", timeout=120)
         meter = ServerMeter(cluster) if cluster is not None and backend == "postgresql" else None
-        spy = args.py_spy / f"{DBOS}-{backend}-{time.time_ns()}.txt" if args.py_spy else None
+        label = dbos_label(poll)
+        spy = args.py_spy / f"{label}-{backend}-{time.time_ns()}.txt" if args.py_spy else None
         with sampled(app.pid, spy, tp.SPY_OPTIONS):
             if meter is not None:
                 meter.begin(db_url)
             cpu0 = cpu_seconds(app.pid)
             started = time.time()
-            answers = asyncio.run(tp.submit(url, API_TOKEN, args, f"{rcv}/cb"))
+            timings: list[tuple[str, float, float, int]] = []
+            answers = asyncio.run(tp.submit(url, API_TOKEN, args, f"{rcv}/cb", timings))
             created = sum(n for code, n in answers.items() if 200 <= code < 300)
             if created < args.operations:
-                print(f"    submissions to DBOS answered {dict(answers)}")
+                print(f"    submissions to {label} answered {dict(answers)}")
             stats = tp.await_callbacks(rcv, created, timeout=max(300, created))
             deadline = time.monotonic() + 60
             while dbos_finished(db_url) < created and time.monotonic() < deadline:
                 time.sleep(0.05)
             cpu = cpu_seconds(app.pid) - cpu0
+            seen = tp.peer_waits(timings, rcv, provider_url)
             if meter is not None:
                 meter.finished()
         stop(app)
         if meter is not None:
             meter.after_stop()
     if stats["rejected"]:
-        print(f"    the receiver refused {stats['rejected']} deliveries of DBOS")
+        print(f"    the receiver refused {stats['rejected']} deliveries of {label}")
     arrived = int(stats["distinct"])
     n = max(1, arrived)
     last = stats["last_at"] or time.time()
     result = Result(
-        DBOS,
+        label,
         backend,
         arrived,
         last - started,
         cpu * 1000 / n,
         missing=args.operations - arrived,
+        waits=seen,
         **_from_meter(meter, n),  # type: ignore[arg-type]
     )
     return result, meter
@@ -386,7 +412,8 @@ def run_dbos(
 
 
 def describe(r: Result) -> str:
-    parts = [f"{r.system:<10} {r.backend:<10} {r.rate:7.1f} ops/s  CPU {r.cpu_ms:5.1f} ms/op"]
+    core = f" ({1000 / r.cpu_ms:.0f} ops/s a core)" if r.cpu_ms > 0 else ""
+    parts = [f"{r.system:<14} {r.backend:<10} {r.rate:7.1f} ops/s  CPU {r.cpu_ms:5.1f} ms/op{core}"]
     if r.server_ms is not None:
         parts.append(
             f"server {r.server_ms:5.1f} ms/op  commits {r.commits:5.1f}/op  "
@@ -395,6 +422,8 @@ def describe(r: Result) -> str:
     parts.append(f"({r.operations} in {r.seconds:.2f} s; load {os.getloadavg()[0]:.1f})")
     if r.missing:
         parts.append(f"MISSING {r.missing}")
+    if r.waits is not None:
+        parts.append(f"\n      {r.waits.describe()}")
     return "  ".join(parts)
 
 
@@ -403,15 +432,21 @@ def _med(values: list[float | None]) -> float:
     return statistics.median(found) if found else float("nan")
 
 
+def _systems(results: list[Result]) -> list[str]:
+    """reconciler first, then each DBOS run by its polling, in the order first run."""
+    names = [OURS] if any(r.system == OURS for r in results) else []
+    return names + list(dict.fromkeys(r.system for r in results if r.system != OURS))
+
+
 def summary(results: list[Result], ceilings: list[tp.Run]) -> None:
     print("medians over rounds:")
     print(
-        "  system     backend      ops/s  service CPU ms/op  server CPU ms/op  "
+        "  system         backend      ops/s  service CPU ms/op  server CPU ms/op  "
         "commits/op  statements/op"
     )
     medians: dict[tuple[str, str], float] = {}
     for backend in sorted({r.backend for r in results}, key=lambda b: b != "sqlite"):
-        for system in (OURS, DBOS):
+        for system in _systems(results):
             mine = [r for r in results if (r.system, r.backend) == (system, backend)]
             if not mine:
                 continue
@@ -422,17 +457,45 @@ def summary(results: list[Result], ceilings: list[tp.Run]) -> None:
                 _med([r.statements for r in mine]),
             )
             print(
-                f"  {system:<10} {backend:<10} {rate:7.1f}  {cpu:17.1f}  {server:16.1f}"
-                f"  {commits:10.1f}  {statements:13.1f}"
+                f"  {system:<14} {backend:<10} {rate:7.1f}  {cpu:17.1f}  {server:16.1f}"
+                f"  {commits:10.1f}  {statements:13.1f}  ({1000 / cpu:4.0f} ops/s a core)"
             )
-    for backend in sorted({b for _, b in medians}):
-        if (OURS, backend) in medians and (DBOS, backend) in medians:
-            ratio = medians[(OURS, backend)] / medians[(DBOS, backend)]
-            print(f"  {backend}: reconciler / DBOS {ratio:5.2f} (ops/s)")
+    print_waits(results)
+    for system, backend in sorted(medians):
+        if system != OURS and (OURS, backend) in medians:
+            ratio = medians[(OURS, backend)] / medians[(system, backend)]
+            print(f"  {backend}: reconciler / {system} {ratio:5.2f} (ops/s)")
     for kind, unit in ((tp.BARE, "ops/s"), (tp.PROVIDER, "ops/s"), (tp.RECEIVER, "callbacks/s")):
         rates = [c.rate for c in ceilings if c.label == kind]
         if rates:
             print(f"  ceiling: {kind:<9} {_med(list(rates)):7.1f} {unit}")
+
+
+def print_waits(results: list[Result]) -> None:
+    """Medians of what the agent and the provider waited (``bench/stages.py``)."""
+    print(
+        "  system         backend    POST p50/p99 ms  create->callback p50/p90 s  "
+        "agent 503s  webhook deliveries refused (all rounds)"
+    )
+    for backend in sorted({r.backend for r in results}, key=lambda b: b != "sqlite"):
+        for system in _systems(results):
+            seen = [r.waits for r in results if (r.system, r.backend) == (system, backend)]
+            found = [w for w in seen if w is not None]
+            if not found:
+                continue
+            refused: dict[str, int] = {}
+            for w in found:
+                for code, n in w.webhooks_refused.items():
+                    refused[code] = refused.get(code, 0) + n
+            said = ", ".join(f"{n} x {code}" for code, n in sorted(refused.items())) or "none"
+            print(
+                f"  {system:<14} {backend:<10} "
+                f"{_med([w.post_p50 * 1000 for w in found]):6.0f}/"
+                f"{_med([w.post_p99 * 1000 for w in found]):<6.0f}    "
+                f"{_med([w.callback_p50 for w in found]):10.2f}/"
+                f"{_med([w.callback_p90 for w in found]):<6.2f}          "
+                f"{sum(w.agent_refused for w in found):6d}  {said}"
+            )
 
 
 def print_top(meters: dict[str, ServerMeter], n: int, limit: int) -> None:
@@ -460,11 +523,15 @@ class Rounds:
         peers = [tp.BARE] if self.args.smoke else [tp.BARE, tp.PROVIDER, tp.RECEIVER]
         order: list[tuple[str, str]] = [(kind, "-") for kind in peers]
         for backend in self.backends:
-            order += [(s, backend) for s in self.args.systems if s != DBOS or self.python]
+            for system in self.args.systems:
+                if system == OURS:
+                    order.append((OURS, backend))
+                elif system == DBOS and self.python:
+                    order += [(f"{DBOS}:{poll}", backend) for poll in self.args.dbos_polls]
         shift = number % len(order)
         for kind, backend in order[shift:] + order[:shift]:
             with _work(self.args.keep) as work:
-                if kind not in (OURS, DBOS):
+                if kind != OURS and not kind.startswith(DBOS):
                     ceiling = tp.run_bare("none", self.args, work, kind)
                     self.ceilings.append(ceiling)
                     print(f"  round {number + 1}  {tp.describe(ceiling, None)}")
@@ -473,10 +540,13 @@ class Rounds:
                     result, meter = run_ours(backend, self.args, self.cluster, work)
                 else:
                     assert self.python is not None
-                    result, meter = run_dbos(backend, self.args, self.cluster, work, self.python)
+                    poll = kind.partition(":")[2]
+                    result, meter = run_dbos(
+                        backend, self.args, self.cluster, work, self.python, poll
+                    )
                 self.results.append(result)
                 if meter is not None:
-                    self.meters[f"{kind} {backend}"] = meter
+                    self.meters[f"{result.system} {backend}"] = meter
                 print(f"  round {number + 1}  {describe(result)}")
 
 
@@ -495,16 +565,15 @@ def main() -> int:
     _stop_on_signals()
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--operations", type=int, default=1000)
-    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--duration", type=float, default=0.2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backends", default="sqlite,postgresql")
-    parser.add_argument("--dbos-start", choices=("direct", "queue"), default="direct")
     parser.add_argument(
-        "--dbos-lookup",
-        choices=("table", "attributes"),
-        default=None,
-        help="how DBOS finds a webhook's workflow (default: attributes on PostgreSQL, table)",
+        "--dbos-polls",
+        type=lambda text: [s.strip() for s in text.split(",") if s.strip()],
+        default=["0.2", DEFAULTS],
+        help="DBOS runs, one per queue polling interval in seconds ('defaults': DBOS's own)",
     )
     parser.add_argument(
         "--systems",
@@ -514,6 +583,7 @@ def main() -> int:
     )
     parser.add_argument("--statements", type=int, default=0, help="print the N most frequent")
     parser.add_argument("--py-spy", type=Path, default=None, help="sample each service into DIR")
+    parser.add_argument("--stages", action="store_true", help=tp.STAGES_HELP)
     parser.add_argument("--keep", action="store_true", help="keep each run's files")
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     # What bench/throughput.py's pieces read.
@@ -545,7 +615,8 @@ def main() -> int:
             backends.remove("postgresql")
     print(
         f"{args.operations} operations, {args.concurrency} at a time, jobs of {args.duration:g} s; "
-        f"DBOS {DBOS_VERSION} ({args.dbos_start}); {os.cpu_count()} CPUs, load average "
+        f"DBOS {DBOS_VERSION} (its queue polled: {', '.join(args.dbos_polls)}); "
+        f"{os.cpu_count()} CPUs, load average "
         f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}"
     )
     rounds = Rounds(args, backends, cluster, python)

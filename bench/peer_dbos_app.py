@@ -1,24 +1,24 @@
 """The peer of ``bench/peer_dbos.py``: the same job as ``reconciler serve``, on DBOS Transact.
 
     python bench/peer_dbos_app.py --port N --database URL --app-database URL
-        --provider URL [--pool N] [--start direct|queue]
+        --provider URL [--pool N] [--poll SECONDS|defaults]
     (environment: SIM_TOKEN, SIM_WEBHOOK_SECRET, CALLBACK_SECRET, API_TOKEN)
 
 It runs in a virtualenv of its own (``dbos`` 3.4.0, Starlette, uvicorn, httpx, aiosqlite;
 made by ``bench/peer_dbos.py`` on first use) and imports nothing of reconciler: it is
-written as a DBOS user writes a Starlette app, from DBOS's documented workflow, step,
-datasource transaction, queue and message APIs.
+written as lean as a DBOS user writes a Starlette app, from DBOS's documented workflow,
+step, queue and message APIs, with no transaction of its own a user would not add.
 
 * ``POST /v1/operations`` (bearer token): the agent's submission, the same body as
   reconciler's (``provider``, ``request``, ``callback_url``, ``idempotency_key``). One
   durable workflow per operation, its ID made of the key (a submission sent again is the
-  same workflow), started at once (``--start direct``, ``DBOS.start_workflow_async``) or
-  enqueued on a DBOS queue (``--start queue``); 202 once DBOS has recorded it.
+  same workflow), enqueued on a DBOS queue; 202 once DBOS has recorded it.
+* The queue is polled every ``--poll`` seconds (``0.2``; ``defaults``: DBOS's own, 1 s),
+  and on SQLite, which has no LISTEN/NOTIFY, messages are polled for as often.
 * The workflow: a step creates the job at the provider (its ``Idempotency-Key`` the
-  workflow ID); the job id goes where the webhook route finds the workflow by it
-  (``--lookup attributes``: the workflow's attributes, which DBOS indexes on PostgreSQL
-  and cannot filter on SQLite; ``--lookup table``: a transaction in the application's
-  database, ``--app-database``, a DBOS datasource); it waits for a webhook's message
+  workflow ID) and keeps the job id where the webhook route finds the workflow (one
+  ``INSERT ... ON CONFLICT DO NOTHING`` in the application's table, ``--app-database``:
+  a step that runs again writes nothing twice); it waits for a webhook's message
   (``DBOS.recv``) or, failing one, until the next fallback read (30 s, doubling to 120 s,
   as the bench gives reconciler); a step reads the status; once the job succeeded a step
   fetches the result and checks its sha256, and a step sends the agent one callback
@@ -47,7 +47,8 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 import uvicorn
-from dbos import DBOS, AsyncSQLAlchemyDatasource, DBOSConfig, SetWorkflowID
+from dbos import DBOS, DBOSConfig, SetWorkflowID
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -70,16 +71,14 @@ def _signature(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
 
 
 class Settings:
-    jobs: AsyncSQLAlchemyDatasource  # the application's database: job id -> workflow
-    remember: Any  # remember_job as a transaction of ``jobs``
+    jobs: AsyncEngine  # the application's database: job id -> workflow
     provider: httpx.AsyncClient
     gate: asyncio.Semaphore  # a provider call waits here for a pooled connection
     callbacks: httpx.AsyncClient
     webhook_key: bytes
     callback_key: bytes
     api_token: bytes
-    start: str
-    lookup: str  # how the webhook route finds a job's workflow: "table" or "attributes"
+    queue: Any  # the DBOS queue the submissions go to
 
 
 S = Settings()
@@ -94,19 +93,21 @@ async def create_job(request: dict[str, Any]) -> str:
     async with S.gate:
         answer = await S.provider.post("/v1/jobs", json=request, headers={"Idempotency-Key": key})
     answer.raise_for_status()
-    return str(answer.json()["job_id"])
-
-
-async def remember_job(job_id: str, workflow_id: str) -> None:
-    """Where the webhook route finds the workflow of a job (a transaction of ``S.jobs``)."""
-    await S.jobs.sql_session().execute(
-        sa.text("INSERT INTO jobs (job_id, workflow_id) VALUES (:job, :workflow)"),
-        {"job": job_id, "workflow": workflow_id},
-    )
+    job_id = str(answer.json()["job_id"])
+    # Where the webhook route finds the workflow; a step run again finds it there already.
+    async with S.jobs.begin() as conn:
+        await conn.execute(
+            sa.text(
+                "INSERT INTO jobs (job_id, workflow_id) VALUES (:job, :workflow) "
+                "ON CONFLICT (job_id) DO NOTHING"
+            ),
+            {"job": job_id, "workflow": key},
+        )
+    return job_id
 
 
 async def workflow_of(job_id: str) -> str | None:
-    async with S.jobs.engine.connect() as conn:
+    async with S.jobs.connect() as conn:
         found = await conn.execute(
             sa.text("SELECT workflow_id FROM jobs WHERE job_id = :job"), {"job": job_id}
         )
@@ -153,10 +154,6 @@ async def send_callback(url: str, operation: dict[str, Any]) -> int:
 async def operation(request: dict[str, Any], callback_url: str) -> str:
     workflow_id = DBOS.workflow_id or ""
     job_id = await create_job(request)
-    if S.lookup == "attributes":
-        await DBOS.update_workflow_attributes_async(workflow_id, {"job_id": job_id}, merge=True)
-    else:
-        await S.remember(job_id, workflow_id)
     wait, reads, waited = FIRST_READ, 0, 0.0
     while True:
         # A webhook's message, or the fallback read's time: either way, read the status.
@@ -202,12 +199,7 @@ async def submit(request: Request) -> Response:
     body = await request.json()
     workflow_id = f"op-{body['idempotency_key']}"
     with SetWorkflowID(workflow_id):
-        if S.start == "queue":
-            queue = await DBOS.retrieve_queue_async("operations")
-            assert queue is not None
-            await queue.enqueue_async(operation, body["request"], body["callback_url"])
-        else:
-            await DBOS.start_workflow_async(operation, body["request"], body["callback_url"])
+        await S.queue.enqueue_async(operation, body["request"], body["callback_url"])
     return JSONResponse({"id": workflow_id, "state": "accepted"}, 202)
 
 
@@ -233,14 +225,7 @@ async def webhook(request: Request) -> Response:
     event_id = _verified(request, body)
     if event_id is None:
         return JSONResponse({"error": "bad signature"}, 401)
-    job_id = json.loads(body)["data"]["job_id"]
-    if S.lookup == "attributes":
-        found = await DBOS.list_workflows_async(
-            attributes={"job_id": job_id}, limit=1, load_input=False, load_output=False
-        )
-        workflow_id = found[0].workflow_id if found else None
-    else:
-        workflow_id = await workflow_of(job_id)
+    workflow_id = await workflow_of(json.loads(body)["data"]["job_id"])
     if workflow_id is None:
         # Not recorded yet: the provider delivers again; the fallback read is the net.
         return JSONResponse({"error": "unknown job"}, 404)
@@ -259,6 +244,9 @@ def app(args: argparse.Namespace) -> Starlette:
         "run_admin_server": False,
         "log_level": "WARNING",
     }
+    if args.poll is not None:
+        # Messages are polled for where the database has no LISTEN/NOTIFY (SQLite).
+        config["notification_listener_polling_interval_sec"] = args.poll
     DBOS(config=config)
 
     @asynccontextmanager
@@ -272,12 +260,8 @@ def app(args: argparse.Namespace) -> Starlette:
         # in a semaphore of the pool's size instead, as reconciler's own calls do.
         S.gate = asyncio.Semaphore(args.pool)
         S.callbacks = httpx.AsyncClient(timeout=10)
-        # DBOS's own system-database pool (20), but a burst of workflows waits for a
-        # connection instead of failing after 30 s (on SQLite every write waits its turn).
-        pool = {"pool_size": 20, "max_overflow": 0, "pool_timeout": 600}
-        S.jobs = await AsyncSQLAlchemyDatasource.create(args.app_database, engine_kwargs=pool)
-        S.remember = S.jobs.transaction(name="remember_job")(remember_job)
-        async with S.jobs.engine.begin() as conn:
+        S.jobs = create_async_engine(args.app_database, pool_size=20, max_overflow=0)
+        async with S.jobs.begin() as conn:
             await conn.execute(
                 sa.text(
                     "CREATE TABLE IF NOT EXISTS jobs "
@@ -285,15 +269,15 @@ def app(args: argparse.Namespace) -> Starlette:
                 )
             )
         DBOS.launch()  # on this loop: queued async workflows run on it too
-        if S.start == "queue":
-            await DBOS.register_queue_async("operations")
+        polling = {} if args.poll is None else {"polling_interval_sec": args.poll}
+        S.queue = await DBOS.register_queue_async("operations", **polling)
         try:
             yield
         finally:
             await S.provider.aclose()
             await S.callbacks.aclose()
             DBOS.destroy()
-            await S.jobs.engine.dispose()
+            await S.jobs.dispose()
 
     routes = [
         Route("/v1/operations", submit, methods=["POST"]),
@@ -310,15 +294,18 @@ def main() -> int:
     parser.add_argument("--app-database", required=True, help="the application's (jobs)")
     parser.add_argument("--provider", required=True)
     parser.add_argument("--pool", type=int, default=64)
-    parser.add_argument("--start", choices=("direct", "queue"), default="direct")
-    parser.add_argument("--lookup", choices=("table", "attributes"), default="table")
+    parser.add_argument(
+        "--poll",
+        type=lambda text: None if text == "defaults" else float(text),
+        default=0.2,
+        help="seconds between the queue's polls (default: DBOS's own)",
+    )
     args = parser.parse_args()
     # Secrets and tokens come from the environment, as a deployed app takes them.
     args.provider_token = os.environ["SIM_TOKEN"]
     S.webhook_key = _key(os.environ["SIM_WEBHOOK_SECRET"])
     S.callback_key = _key(os.environ["CALLBACK_SECRET"])
     S.api_token = os.environ["API_TOKEN"].encode()
-    S.start, S.lookup = args.start, args.lookup
     uvicorn.run(app(args), host="127.0.0.1", port=args.port, log_level="warning")
     return 0
 

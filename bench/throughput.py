@@ -3,7 +3,7 @@
     python bench/throughput.py [--operations 1000] [--concurrency 64] [--duration 0.2]
         [--rounds 1] [--postgres] [--baseline TREE] [--ceiling-clients N]
         [--provider-server protocol|starlette] [--receiver-server protocol|starlette]
-        [--py-spy DIR] [--keep] [--traced] [--smoke]
+        [--py-spy DIR] [--stages] [--keep] [--traced] [--smoke]
     python bench/throughput.py frames FILE [--top 25]
 
 Per round and backend (SQLite WAL file; PostgreSQL with ``--postgres``: a throw-away
@@ -54,7 +54,10 @@ last answer). Printed per run: completed operations per second and the ratio our
 from the first submission until every operation's completion is recorded), the
 provider's and the receiver's CPU per operation in the same window, write transactions
 per operation (``reconciler_write_transactions_total`` on ``/metrics``) and status reads
-per operation (``reconciler_status_requests_total``), with the machine's load average.
+per operation (``reconciler_status_requests_total``), with the machine's load average,
+and what the agent and the provider waited (``bench/stages.py``: POST p50/p99, create ->
+callback p50/p90, 503s); ``--stages`` adds where each operation waited inside the
+service, stage by stage.
 The bare run prints its own CPU per operation: what the same four outbound calls cost in
 this HTTP stack with nothing else, a floor under the service's figure (which adds the two
 inbound requests, the database and the completion bookkeeping).
@@ -106,6 +109,7 @@ for _path in (str(ROOT / "service"), str(ROOT)):
         sys.path.insert(0, _path)
 
 import httpx  # noqa: E402
+from bench import stages  # noqa: E402
 from bench.poller import cpu_seconds  # noqa: E402
 from bench.support import SMOKE_HELP, free_port, sampled, smoke, stop, wait_ready  # noqa: E402
 from tests.support import loopback  # noqa: E402
@@ -122,6 +126,7 @@ POLLING = {
     "deadline_seconds": 600.0,
     "max_status_requests": 60,
 }
+STAGES_HELP = "print where each operation waited in the service (bench/stages.py; costs CPU)"
 SECRET_LINE = re.compile(r"callback secret for .*: (whsec_\S+)")
 # The bare client's runs: against both peers, and against each alone (its ceiling).
 BARE, PROVIDER, RECEIVER = "bare", "provider", "receiver"
@@ -155,6 +160,7 @@ class Run:
     reads: float | None = None  # status reads per operation
     failed: int = 0
     peers_ms: tuple[float, float] | None = None  # the provider's and the receiver's CPU per op
+    waits: stages.Waits | None = None  # what the agent and the provider waited
 
     @property
     def rate(self) -> float:
@@ -388,8 +394,15 @@ def await_callbacks(url: str, count: int, timeout: float) -> dict[str, Any]:
     return stats
 
 
-async def submit(url: str, token: str, args: argparse.Namespace, callback: str) -> Counter[int]:
-    """Every operation through ``POST /v1/operations``, ``--concurrency`` at a time."""
+async def submit(
+    url: str,
+    token: str,
+    args: argparse.Namespace,
+    callback: str,
+    timings: list[tuple[str, float, float, int]] | None = None,
+) -> Counter[int]:
+    """Every operation through ``POST /v1/operations``, ``--concurrency`` at a time;
+    ``timings`` gets (operation id, sent, answered, status) for each answer."""
     headers = {"Authorization": f"Bearer {token}"}
     limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=None)
     answers: Counter[int] = Counter()
@@ -414,6 +427,7 @@ async def submit(url: str, token: str, args: argparse.Namespace, callback: str) 
             }
             async with gate:
                 for attempt in range(SUBMIT_TRIES):
+                    sent = time.time()
                     try:
                         response = await client.post("/v1/operations", json=body, headers=headers)
                     except httpx.TransportError:
@@ -423,6 +437,10 @@ async def submit(url: str, token: str, args: argparse.Namespace, callback: str) 
                         answers[0] += 1
                     else:
                         answers[response.status_code] += 1
+                        if timings is not None:
+                            found = response.json() if response.status_code < 300 else {}
+                            answered = (str(found.get("id", "")), sent, time.time())
+                            timings.append((*answered, response.status_code))
                     break
 
         await asyncio.gather(*(one(i) for i in range(args.operations)))
@@ -464,6 +482,9 @@ def run_ours(
             ):
                 cmd = ["bench/throughput_parts.py", "serve", "--root", str(tree.root)]
                 cmd += ["--config", str(config)]
+                staged = work / "stages.json" if getattr(args, "stages", False) else None
+                if staged is not None:
+                    cmd += ["--stages", str(staged)]
                 env = service_env(otlp or None)
                 service = spawn(cmd, work / "service.log", env, tree.python)
                 url = f"http://127.0.0.1:{port}"
@@ -476,7 +497,8 @@ def run_ours(
                             meter.begin(db_url)
                         cpu0 = [cpu_seconds(pid) for pid in pids]
                         started = time.time()
-                        answers = asyncio.run(submit(url, token, args, f"{rcv}/cb"))
+                        timings: list[tuple[str, float, float, int]] = []
+                        answers = asyncio.run(submit(url, token, args, f"{rcv}/cb", timings))
                         created = sum(n for code, n in answers.items() if 200 <= code < 300)
                         if created < args.operations or answers[RESENT]:
                             # 0: no answer after every try; -1: sent again after no answer
@@ -486,11 +508,14 @@ def run_ours(
                         while finished(db_url) < created and time.monotonic() < deadline:
                             time.sleep(0.05)
                         cpu = [cpu_seconds(pid) - c for pid, c in zip(pids, cpu0, strict=True)]
+                        seen = peer_waits(timings, rcv, provider_url)
                         if meter is not None:
                             meter.finished()
                     writes1, reads1 = scrape(url)
                 finally:
                     stop(service)
+                if staged is not None and staged.exists():
+                    stages.report(staged)
                 if meter is not None:
                     meter.after_stop()
                 if otlp:
@@ -514,7 +539,17 @@ def run_ours(
         reads=(reads1 - reads0) / n,
         failed=args.operations - arrived,
         peers_ms=(cpu[1] * 1000 / n, cpu[2] * 1000 / n),
+        waits=seen,
     )
+
+
+def peer_waits(
+    timings: list[tuple[str, float, float, int]], rcv: str, provider_url: str
+) -> stages.Waits:
+    """The run's waits as the agent and the provider saw them (``bench/stages.py``)."""
+    arrived = loopback.get(f"{rcv}/arrivals", timeout=30).json()
+    refused = loopback.get(f"{provider_url}/_fast/stats", timeout=30).json().get("refused", {})
+    return stages.waits(timings, arrived, refused)
 
 
 @dataclass(frozen=True)
@@ -877,6 +912,8 @@ def describe(run: Run, bare: Run | None) -> str:
     parts.append(f"({run.operations} in {run.seconds:.2f} s; load {os.getloadavg()[0]:.1f})")
     if run.failed:
         parts.append(f"MISSING {run.failed}")
+    if run.waits is not None:
+        parts.append(f"\n      {run.waits.describe()}")
     return "  ".join(parts)
 
 
@@ -989,6 +1026,7 @@ def main() -> int:
     )
     parser.add_argument("--no-bare", action="store_true")
     parser.add_argument("--py-spy", type=Path, default=None, help="sample the service into DIR")
+    parser.add_argument("--stages", action="store_true", help=STAGES_HELP)
     parser.add_argument("--keep", action="store_true", help="keep each run's files")
     parser.add_argument(
         "--ceiling-clients",

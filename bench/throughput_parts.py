@@ -1,6 +1,7 @@
 """The processes of ``bench/throughput.py`` other than the driver: the service and the receiver.
 
     python bench/throughput_parts.py serve --root TREE --config PATH [--profile FILE]
+        [--stages FILE]
     python bench/throughput_parts.py receiver --port N --secret whsec_...
     python bench/throughput_parts.py otlp --port N
 
@@ -10,10 +11,12 @@ run) exactly as ``reconciler serve --config PATH`` does. A checkout whose databa
 does not count its write transactions yet gets the count from outside (a wrapper
 around ``Database.write``, one increment per transaction) as
 ``reconciler_write_transactions_total`` on ``/metrics``, so both are counted alike.
+``--stages FILE`` records where each operation waits (``bench/stages.py``).
 
 ``receiver`` is the agent's callback receiver: it verifies every delivery with the
 agent's own callback secret (``reconciler.client.verify_callback``), answers 204, and
-reports on ``GET /stats`` how many distinct operations arrived and when the last did.
+reports on ``GET /stats`` how many distinct operations arrived and when the last did, and on
+``GET /arrivals`` when each operation's first callback arrived (by the operation's id).
 
 ``otlp`` is an OTLP/HTTP trace receiver for a traced run: it decodes every export
 (``opentelemetry-proto``), counts the spans and reports them on ``GET /stats``.
@@ -80,11 +83,15 @@ def _count_writes_from_outside() -> None:
     Metrics.__init__ = with_writes  # type: ignore[method-assign]
 
 
-def serve(root: Path, config: Path, profile: Path | None) -> int:
+def serve(root: Path, config: Path, profile: Path | None, stages: Path | None = None) -> int:
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() not in (HERE, HERE / "bench")]
     sys.path.insert(0, str(root / "service"))
     sys.path.append(str(HERE))  # for this module's hook, as bench.throughput_parts
     _count_writes_from_outside()
+    if stages is not None:
+        from bench.stages import install
+
+        install(stages)
     from reconciler.app import serve as run
     from reconciler.config import load_settings
 
@@ -112,8 +119,9 @@ class Arrivals:
         self.rejected = 0
         self.first_at: float | None = None
         self.last_at: float | None = None
+        self.arrived: dict[str, float] = {}  # operation id -> its first callback's arrival
 
-    def add(self, webhook_id: str) -> None:
+    def add(self, webhook_id: str, operation_id: str = "") -> None:
         now = time.time()
         with self.lock:
             self.deliveries += 1
@@ -121,6 +129,7 @@ class Arrivals:
                 self.ids.add(webhook_id)
                 self.first_at = self.first_at or now
                 self.last_at = now
+                self.arrived.setdefault(operation_id or webhook_id, now)
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
@@ -135,6 +144,7 @@ class Arrivals:
     def reset(self) -> None:
         with self.lock:
             self.ids.clear()
+            self.arrived.clear()
             self.deliveries = self.rejected = 0
             self.first_at = self.last_at = None
 
@@ -157,10 +167,13 @@ def receiver(port: int, secret: str, server: str) -> int:
                 with arrivals.lock:
                     arrivals.rejected += 1
                 return Answer(401)
-            arrivals.add(event.webhook_id)
+            arrivals.add(event.webhook_id, event.operation.id)
             return Answer(204)
         if request.method == "GET" and request.path == "/stats":
             return Answer(200, json.dumps(arrivals.stats()).encode())
+        if request.method == "GET" and request.path == "/arrivals":
+            with arrivals.lock:
+                return Answer(200, json.dumps(arrivals.arrived).encode())
         if request.method == "POST" and request.path == "/reset":
             arrivals.reset()
             return Answer(204)
@@ -217,6 +230,7 @@ def main() -> int:
     srv.add_argument("--root", type=Path, required=True)
     srv.add_argument("--config", type=Path, required=True)
     srv.add_argument("--profile", type=Path, default=None)
+    srv.add_argument("--stages", type=Path, default=None, help="bench/stages.py's records")
     rcv = sub.add_parser("receiver")
     rcv.add_argument("--port", type=int, required=True)
     rcv.add_argument("--secret", required=True)
@@ -225,7 +239,7 @@ def main() -> int:
     sink.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
     if args.command == "serve":
-        return serve(args.root, args.config, args.profile)
+        return serve(args.root, args.config, args.profile, args.stages)
     if args.command == "otlp":
         return otlp(args.port)
     return receiver(args.port, args.secret, args.server)

@@ -209,8 +209,10 @@ class CallbackSettings(SettingsTable):
     max_response_bytes: CountOrZero = 65_536  # 0: the receiver's answer is not read
     concurrency: Count = 32  # callback deliveries in flight, all receiver hosts together
     # Deliveries in flight to one receiver host (at most half of ``concurrency``): a host
-    # that hangs holds only these.
-    per_host_concurrency: Count = 4
+    # that hangs holds only these. Eight, not four: with four, a task that ran the hooks
+    # rarely found a slot to start the callback in, and each callback waited for a claim
+    # (docs/design.md#shares).
+    per_host_concurrency: Count = 8
     hook_concurrency: Count = 16  # hooks in flight, a share apart from the callbacks
 
     @model_validator(mode="after")

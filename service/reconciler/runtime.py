@@ -22,6 +22,7 @@ import anyio.to_thread
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Secret, Settings
 from reconciler.core.clock import Clock, SystemClock
 from reconciler.core.completion_lanes import first_lane, round_steps
+from reconciler.core.create_wait import CreateWaits
 from reconciler.core.errors import ConfigError, InvalidRequest
 from reconciler.core.ids import worker_id
 from reconciler.core.limits import ProviderLimits
@@ -67,6 +68,7 @@ class Runtime:
     rng: random.Random = field(default_factory=random.Random)
     worker_id: str = field(default_factory=lambda: worker_id(socket.gethostname(), os.getpid()))
     notifier: Notifier = field(default_factory=Notifier)
+    create_waits: CreateWaits = field(default_factory=CreateWaits)  # agent_actions.start
     webhook_intakes: dict[str, tuple[WebhookSpec, Verifier]] = field(default_factory=dict)
     adapters: dict[str, ProviderAdapter] = field(default_factory=dict)
     callback_key: bytes | None = None

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from bench import lag, naive, poller
+from bench import lag, naive, poller, stages
 
 from reconciler.core.vocabulary import EscalationReason
 from reconciler.storage import audit
@@ -64,6 +64,7 @@ PARTS = {
     "soak_infra",
     "soak_load",
     "soak_sim",
+    "stages",
     "support",
     "throughput_parts",
     "trust_sim",
@@ -91,6 +92,8 @@ def test_each_bench_runs_as_a_script_in_its_smoke_mode(name: str, tmp_path: Path
         args += ["--postgres", postgres_admin_url() or ""]
     if name == "amplification":
         args += ["--dir", str(tmp_path)]
+    if name == "throughput":
+        args += ["--stages"]  # the per-stage breakdown's wrappers, in the measured service
     # As a person runs it: from the checkout, with nothing of the test run on the path.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "COVERAGE_PROCESS_START")}
     done = subprocess.run(
@@ -99,6 +102,23 @@ def test_each_bench_runs_as_a_script_in_its_smoke_mode(name: str, tmp_path: Path
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     assert BENCHES[name] in done.stdout, done.stdout[-2000:]
+    if name == "throughput":
+        # Every stage was recorded: the wrappers found what they wrap in this checkout.
+        for stage in ("due -> claimed", "call end -> committed", "POST wait for the job id"):
+            assert stage in done.stdout, done.stdout[-3000:]
+
+
+def test_the_waits_are_taken_per_operation_and_in_the_order_sent() -> None:
+    """create -> callback pairs each POST with its operation's first callback, fifths go by
+    the order sent, and 503s and refused deliveries are counted as given."""
+    timings = [(f"op_{i}", float(i), i + 0.1, 202) for i in range(10)]
+    timings.append(("", 10.0, 10.2, 503))
+    arrived = {f"op_{i}": i + 1.0 + (i // 2) for i in range(10)}  # later and later
+    seen = stages.waits(timings, arrived, {"503": 2})
+    assert seen.posts == 11 and seen.agent_refused == 1
+    assert seen.webhooks_refused == {"503": 2}
+    assert seen.trend == (1.0, 2.0, 3.0, 4.0, 5.0)
+    assert seen.callback_p50 == pytest.approx(3.0)
 
 
 def test_naive_reads_match_a_poller_stepping_on_a_clock() -> None:

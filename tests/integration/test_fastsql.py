@@ -167,7 +167,8 @@ def _pooled_backend(engine: sa.Engine) -> int:
 def test_an_idle_postgres_connection_the_server_closed_is_replaced_unseen(db: Database) -> None:
     if db.sqlite:
         pytest.skip("PostgreSQL connections")
-    engine = _postgres_engine(db.url, idle_ping_seconds=0.0)  # every pooled one counts as idle
+    # Every pooled connection counts as idle.
+    engine = _postgres_engine(db.url, set(), idle_ping_seconds=0.0)
     try:
         first = _pooled_backend(engine)
         _terminate(db, first)
@@ -180,7 +181,7 @@ def test_an_idle_postgres_connection_the_server_closed_is_replaced_unseen(db: Da
 def test_a_connection_in_steady_use_is_not_pinged(db: Database) -> None:
     if db.sqlite:
         pytest.skip("PostgreSQL connections")
-    engine = _postgres_engine(db.url, idle_ping_seconds=3600.0)
+    engine = _postgres_engine(db.url, set(), idle_ping_seconds=3600.0)
     try:
         first = _pooled_backend(engine)
         _terminate(db, first)

@@ -26,7 +26,9 @@ from reconciler.storage.database import Database, savepoint
 from reconciler.storage.journal import Journal
 from reconciler.storage.tables import EVENTS
 from reconciler.storage.webhook_events import IncomingEvent, Outcome
+from reconciler.storage.writer import JOIN_LIMIT
 from tests.support.factories import new_operation
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.anyio
 
@@ -264,3 +266,42 @@ async def test_a_webhook_batch_with_a_bad_event_stores_the_others(db: Database) 
     with db.read() as conn:
         stored = {row[0] for row in conn.execute(sa.select(EVENTS.c.event_id))}
     assert stored == {"evt_a", "evt_b"}
+
+
+@pytest.mark.both_backends
+async def test_a_webhook_batch_goes_ahead_of_the_queued_engine_writes(db: Database) -> None:
+    """A delivery's bound is spent on one transaction, not on the engine's backlog: its
+    batch is taken before writes queued earlier, more than every writer takes at once."""
+    committer = GroupCommitter(db, Journal(), lambda: NOW, on_hint=lambda: None)
+    first_round = len(db.writer._threads) * JOIN_LIMIT  # what every writer takes at once
+    order: list[str] = []
+    write_batch = committer._write
+
+    def batch(conn: Connection, pending: Any) -> Any:
+        order.append("webhook")
+        return write_batch(conn, pending)
+
+    committer._write = batch  # type: ignore[method-assign]
+
+    def engine(n: int) -> Callable[[Connection], None]:
+        def write(conn: Connection) -> None:
+            order.append(f"engine-{n}")
+
+        return write
+
+    go = threading.Event()
+    held = await _hold_writers(db, go)
+    backlog = [
+        asyncio.ensure_future(db.run_joined(engine(n), key=f"op_{n:04d}"))
+        for n in range(2 * first_round)
+    ]
+    event = IncomingEvent("sim", "evt_first", None, "0" * 64, "{}", NOW)  # type: ignore[arg-type]
+    delivery = asyncio.ensure_future(committer.submit(event))
+    await wait_until_async(lambda: db.writer._queue.qsize() > len(backlog), 10, "the batch queued")
+    go.set()
+    await held
+    assert await delivery == Outcome.ORPHAN
+    await asyncio.gather(*backlog)
+    assert len(order) == len(backlog) + 1
+    # In the writers' first round, though queued behind two rounds of the engine's writes.
+    assert order.index("webhook") < first_round, order.index("webhook")

@@ -85,10 +85,18 @@ async def test_a_webhook_batch_refused_by_a_busy_database_is_a_warning(
         committer = GroupCommitter(
             db, Journal(), lambda: datetime.now(UTC), on_hint=lambda: None, wait_seconds=2.0
         )
-        gate = threading.Event()
-        holding = asyncio.ensure_future(db.run_write(gate.wait, 10.0, wait=10.0))
+        gate, entered = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            entered.set()
+            gate.wait(10.0)
+
+        holding = asyncio.ensure_future(db.run_write(hold, wait=10.0))
         event = IncomingEvent("sim", "evt_1", "job_1", "0" * 64, "{}", datetime.now(UTC))
         try:
+            # The writer holds the lock before the batch comes (a batch goes ahead of
+            # writes still queued, not of one running).
+            assert await asyncio.to_thread(entered.wait, 10)
             with pytest.raises(StorageUnavailable):
                 await committer.submit(event)
             # The sender's bound and the writer's are the same 0.3 s and the sender's starts

@@ -17,8 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from reconciler.core.completion_lanes import callback_lane
 from tests.steps.test_complete_step import CALLBACK_URL, finished
-from tests.support.steps import step_rig
+from tests.support.steps import StepRig, step_rig
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.anyio
@@ -80,3 +81,75 @@ async def test_a_slot_freed_during_a_claim_is_claimed_by_the_same_tick(
         assert sorted(receiver.arrived[2:]) == sorted(set(ops) - {first, second})
         for op_id in ops:
             receiver.let(op_id)
+
+
+async def test_a_delivery_answered_gives_its_hosts_slot_back_before_its_record_commits(
+    tmp_path: Path, db_url: str
+) -> None:
+    """The host's share bounds deliveries in flight to it, not the writes that record them:
+    once a delivery is answered its slot goes back while the record waits for the database,
+    and the next claim sends the host's next callback into it."""
+    receiver = HeldReceiver()
+    transport = httpx.MockTransport(receiver.handle)
+    async with step_rig(tmp_path, db_url, callbacks=CALLBACKS, callback_transport=transport) as rig:
+        ops = [await finished(rig, callback_url=CALLBACK_URL) for _ in range(3)]
+        worker = rig.worker
+        lane = callback_lane(httpx.URL(CALLBACK_URL).host)
+        await worker.tick()  # the host's two slots: two deliveries, held
+        await wait_until_async(lambda: len(receiver.arrived) == 2, 10, "two deliveries")
+        assert worker.shares.used(lane) == 2
+        first = receiver.arrived[0]
+
+        holder = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")  # no record can commit meanwhile
+            receiver.let(first)
+            await wait_until_async(lambda: first in receiver.answered, 10, "the answer")
+            # Answered, its record not yet written: one delivery in flight, one slot free.
+            await wait_until_async(lambda: worker.shares.used(lane) == 1, 10, "the slot back")
+            assert rig.row(first).completion_pending
+        finally:
+            holder.close()
+        await wait_until_async(lambda: not rig.row(first).completion_pending, 10, "the record")
+        await worker.tick()
+        await wait_until_async(lambda: len(receiver.arrived) == 3, 10, "the third delivery")
+        assert sorted(receiver.arrived) == sorted(ops)
+        for op_id in ops:
+            receiver.let(op_id)
+        for op_id in ops:
+            await wait_until_async(lambda o=op_id: not rig.row(o).completion_pending, 10, "all")
+        assert worker.shares.used(lane) == 0  # every slot back once, none twice
+
+
+async def test_a_create_answered_gives_the_providers_slot_back_before_its_accept_commits(
+    tmp_path: Path, db_url: str
+) -> None:
+    """The provider's share bounds its calls in flight: once the create is answered (the
+    step's last call) the slot is free while the accept waits for the database."""
+    rigs: list[StepRig] = []
+    held: list[sqlite3.Connection] = []
+
+    def provider(request: httpx.Request) -> httpx.Response:
+        answer = rigs[0].provider.handle(request)
+        if request.method == "POST" and not held:  # the create: no write may commit now
+            holder = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+            holder.execute("BEGIN IMMEDIATE")
+            held.append(holder)
+        return answer
+
+    async with step_rig(tmp_path, db_url, transport=httpx.MockTransport(provider)) as rig:
+        rigs.append(rig)
+        op_id = rig.submit()
+        worker = rig.worker
+        try:
+            await worker.tick()
+            await wait_until_async(lambda: bool(held), 10, "the create sent")
+            await wait_until_async(lambda: worker.shares.used("sim") == 0, 10, "the slot back")
+            assert rig.row(op_id).state == "create_pending"  # its accept not yet written
+        finally:
+            for holder in held:
+                holder.close()
+        await wait_until_async(lambda: rig.row(op_id).state != "create_pending", 10, "accepted")
+        await wait_until_async(lambda: worker.in_flight == 0, 10, "the task done")
+        assert worker.shares.used("sim") == 0  # given back once, not twice
+        assert len([r for r in rig.provider.requests if r.endpoint == "create"]) == 1

@@ -178,31 +178,40 @@ async def _start(rt: Runtime, who: Principal, req: CreateOperation) -> tuple[Ope
     limits = rt.limits_for(req.provider)
     tracing = rt.tracing
     args = (rt.journal, who, req, limits, rt.clock.now(), tracing.current())
+    # The agent waits on the wire: ahead of the engine's queued writes (``storage.writer``).
     try:
-        op, created = await rt.db.run_joined(creating.create_operation, *args, key=NEW_OPERATION)
+        op, created = await rt.db.run_joined(
+            creating.create_operation, *args, key=NEW_OPERATION, first=True
+        )
     except Conflict:
         if req.idempotency_key is None:
             raise
         # Lost a race with a request carrying the same key: now it finds that one stored.
-        op, created = await rt.db.run_joined(creating.create_operation, *args, key=NEW_OPERATION)
+        op, created = await rt.db.run_joined(
+            creating.create_operation, *args, key=NEW_OPERATION, first=True
+        )
     if tracing.enabled:
         tracing.note(operation=op.id, provider=op.provider, created=created)
         if not created:
             tracing.link(operation_context(op))  # an idempotent retry: the operation's trace
     if created:
         rt.notifier.wake()
-        # A short, bounded wait so the answer usually carries the job id already; it
-        # holds neither a thread nor a connection, and reads nothing when the job id is
-        # learned in this process (the change hands over its record).
-        deadline = asyncio.get_running_loop().time() + rt.settings.server.create_wait_seconds
-        op = await wait_until(
-            rt,
-            op.id,
-            who,
-            deadline,
-            lambda current: current.state != State.CREATE_PENDING,
-            current=op,
-        )
+        wait = rt.settings.server.create_wait_seconds
+        if wait > 0 and rt.create_waits.should_wait():
+            # A short, bounded wait so the answer usually carries the job id already; it
+            # holds neither a thread nor a connection, and reads nothing when the job id
+            # is learned in this process (the change hands over its record). Only while
+            # job ids come within it (``core.create_wait``): else the answer comes at once.
+            deadline = asyncio.get_running_loop().time() + wait
+            op = await wait_until(
+                rt,
+                op.id,
+                who,
+                deadline,
+                lambda current: current.state != State.CREATE_PENDING,
+                current=op,
+            )
+            rt.create_waits.saw(op.state != State.CREATE_PENDING)
     return op, created
 
 

@@ -75,7 +75,7 @@ class Background:
         rt = self.deps
         rt.notifier.bind(asyncio.get_running_loop())
         if not rt.db.sqlite:
-            rt.notifier.start_listener(rt.db.url)
+            rt.notifier.start_listener(rt.db.url, rt.db.is_own_backend)
         if self.run_scheduler:
             self.scheduler.start()
 

@@ -20,7 +20,7 @@ from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.step_retry import step_of
 from reconciler.engine.flow import Flow, Prep, Preparer
-from reconciler.engine.shares import CALLBACKS, share_of
+from reconciler.engine.shares import CALLBACKS, NO_SLOT, share_of
 from reconciler.engine.step_table import SPAN_OF_STATE, STATUS_READ_STATES, Step
 from reconciler.logs import trace_id_var
 from reconciler.storage import operations as store
@@ -53,6 +53,7 @@ class ClaimRun:
             release=self._release_in,
             keeps=self._keeps,
             reserve=self._reserve_lane,
+            lend=self._lend,
         )
 
     def claimed(self, share: str) -> None:
@@ -60,6 +61,26 @@ class ClaimRun:
         self.share = share
         self.steps_left = MAX_STEPS_PER_CLAIM
         self.sent_status_read = False
+
+    def _lend(self, op: OperationRecord) -> None:
+        """The call of the step on ``op`` is over: its slot goes back (``Flow.lend``), and
+        the task holds none of that share until it moves into one again."""
+        key = share_of(op)
+        if key == self.completion_slot:
+            self.completion_slot = None
+        elif key == self.share:
+            self.share = NO_SLOT
+        else:
+            return
+        self.worker.give(key)
+
+    def _moved_to(self, wanted: str) -> None:
+        """The task now holds a slot of ``wanted`` (``Worker.move``); the old one went back."""
+        if wanted == self.share:
+            return
+        if self.share != NO_SLOT:
+            self.worker.give_moved(self.share)
+        self.share = wanted
 
     def _release_in(self, conn: Connection, op_id: str) -> None:
         store.release_at_commit(conn, op_id, self.worker.owner)
@@ -104,9 +125,7 @@ class ClaimRun:
                 # answer): give this slot back and let that share claim it when it can.
                 rt.notifier.wake()
                 return
-            if wanted != self.share:
-                worker.give_moved(self.share)
-                self.share = wanted
+            self._moved_to(wanted)
             step = worker.step_for(op)
             if step is None:
                 await worker.park(op)
@@ -188,7 +207,8 @@ class ClaimRun:
         if last is not None and not self.flow.released and share_of(last) == lane:
             # The result is in and the completion handler is due: this task runs it in the
             # slot it held, and the provider's slot goes back.
-            self.worker.give(self.share)
+            if self.share != NO_SLOT:
+                self.worker.give(self.share)
             self.share = lane
             return
         self.worker.give(lane)

@@ -86,6 +86,11 @@ class Flow:
     # completion step's record, when the next step runs elsewhere): hold a slot of it,
     # so that the write can start the step there instead of a transaction of its own.
     reserve: Callable[[str], Awaitable[None]] = lambda _lane: _no_slot()
+    # On the loop, once a step's last call to a party is over (the callback's delivery):
+    # the slot the call held in ``op``'s share goes back before the write that records
+    # it, so the claim can start the next call there while this one commits. The share
+    # bounds calls to the party, and none is in flight any more.
+    lend: Callable[[OperationRecord], None] = lambda _op: None
     # What the task's writes left: the latest record, a prepared next step, the lease given up.
     last: OperationRecord | None = None
     changed: bool = False
@@ -138,3 +143,11 @@ class Flow:
 
 
 flow_var: ContextVar[Flow | None] = ContextVar("reconciler_flow", default=None)
+
+
+def lend_slot(op: OperationRecord) -> None:
+    """A step's calls to its party are over: the task's slot for them goes back
+    (``Flow.lend``; nothing outside a worker's task holds one)."""
+    flow = flow_var.get()
+    if flow is not None:
+        flow.lend(op)

@@ -154,7 +154,7 @@ class GroupCommitter:
         """The batch's outcomes; a batch that fails for one bad event is stored one by one
         (each its own write, which the writer may still join into one transaction)."""
         try:
-            return list(await self.db.run_joined(self._write, batch))
+            return list(await self.db.run_joined(self._write, batch, first=True))
         except StorageUnavailable:
             raise  # the database, not an event: every sender is told to retry
         except Exception as exc:
@@ -167,7 +167,8 @@ class GroupCommitter:
             )
         # One bad event must not cost the others their commit.
         alone = await asyncio.gather(
-            *(self.db.run_joined(self._write, [p]) for p in batch), return_exceptions=True
+            *(self.db.run_joined(self._write, [p], first=True) for p in batch),
+            return_exceptions=True,
         )
         results: list[Outcome | Exception] = []
         for outcome in alone:

@@ -27,6 +27,8 @@ from reconciler.core.states import END_STATES, State
 # in its own host's share. Neither key can be a provider's name (those have no colon).
 CALLBACKS = ":callbacks"
 HOOKS = HOOKS_LANE
+# A task's share once it lent its slot back (``Flow.lend``): it holds none until it moves.
+NO_SLOT = ""
 
 
 def completing(op: OperationRecord) -> bool:
@@ -133,13 +135,16 @@ class Shares:
         return was_full
 
     def move(self, frm: str, to: str) -> bool:
-        """Hand a running operation to another share if it has room (else it stays put)."""
+        """Hand a running operation to another share if it has room (else it stays put);
+        from ``NO_SLOT`` it only takes one."""
         if frm == to:
             return True
+        if frm == NO_SLOT:
+            return self.take(to)
         if not self.take(to):
             return False
         self._drop(frm)
         return True
 
 
-__all__ = ["CALLBACKS", "HOOKS", "Shares", "completing", "share_of"]
+__all__ = ["CALLBACKS", "HOOKS", "NO_SLOT", "Shares", "completing", "share_of"]

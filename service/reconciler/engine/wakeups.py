@@ -30,6 +30,13 @@ log = logging.getLogger("reconciler.engine.wakeups")
 
 # The listener tries to reconnect this often while PostgreSQL is away.
 RECONNECT_SECONDS = 1.0
+# A change this process committed reaches its waiters from the writer, with the record
+# it committed (``Notifier.changed``). PostgreSQL's notification of the same change, sent
+# by one of this process's own connections, usually comes first, and each waiter would
+# read the row again (an agent's create waiting for its job id: one read transaction an
+# operation). It is relayed this much later instead: by then the writer's relay has
+# come, and a change no writer relays here still wakes its waiters.
+OWN_CHANGE_DELAY_SECONDS = 0.05
 
 
 class _ListenerHealth:
@@ -76,7 +83,8 @@ class Change(asyncio.Event):
 
 
 class Notifier:
-    def __init__(self) -> None:
+    def __init__(self, own_change_delay: float = OWN_CHANGE_DELAY_SECONDS) -> None:
+        self.own_change_delay = own_change_delay
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: dict[str, Change] = {}
         self._counts: dict[str, int] = {}
@@ -159,14 +167,20 @@ class Notifier:
     def waiting(self) -> int:
         return len(self._waiters)
 
-    async def listen(self, dsn: str) -> None:
-        """Relay PostgreSQL notifications to local handlers until cancelled; reconnects."""
+    async def listen(self, dsn: str, own: Callable[[int], bool] = lambda _pid: False) -> None:
+        """Relay PostgreSQL notifications to local handlers until cancelled; reconnects.
+
+        ``own(pid)``: whether the server process that sent one serves this process's own
+        connections (its changes are relayed later: ``OWN_CHANGE_DELAY_SECONDS``)."""
         health = _ListenerHealth()
+        loop = asyncio.get_running_loop()
         while True:
             try:
-                async for channel, payload in notifications(dsn, health.listening):
+                async for channel, payload, pid in notifications(dsn, health.listening):
                     if channel == WAKE_CHANNEL:
                         self._wake_local()
+                    elif own(pid):
+                        loop.call_later(self.own_change_delay, self._changed_local, payload)
                     else:
                         self._changed_local(payload)
             except asyncio.CancelledError:
@@ -175,9 +189,9 @@ class Notifier:
                 health.lost(exc)
                 await asyncio.sleep(RECONNECT_SECONDS)
 
-    def start_listener(self, url: str) -> None:
+    def start_listener(self, url: str, own: Callable[[int], bool] = lambda _pid: False) -> None:
         dsn = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-        self._listener = asyncio.get_running_loop().create_task(self.listen(dsn))
+        self._listener = asyncio.get_running_loop().create_task(self.listen(dsn, own))
 
     async def stop(self) -> None:
         if self._listener is not None:

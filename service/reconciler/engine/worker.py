@@ -42,7 +42,7 @@ from reconciler.engine.catch_up import overdue_after, spread_overdue
 from reconciler.engine.claim_run import ClaimRun
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Prep, Preparer, flow_var
-from reconciler.engine.shares import CALLBACKS, HOOKS, Shares, share_of
+from reconciler.engine.shares import CALLBACKS, HOOKS, NO_SLOT, Shares, share_of
 from reconciler.engine.step_failures import StepFailures, step_retry_policy
 from reconciler.engine.step_table import Step, Steps, step_table
 from reconciler.logs import OutageLog, operation_id_var
@@ -338,6 +338,8 @@ class Worker:
             log.error("worker task failed", exc_info=task.exception())
 
     def give(self, share: str) -> None:
+        if share == NO_SLOT:
+            return  # lent back already (``Flow.lend``)
         was_full = self.shares.give(share)
         if self._claiming:
             # The claim in flight counted the free slots before this one was given back:

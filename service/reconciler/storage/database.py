@@ -78,6 +78,7 @@ IDLE_PING_SECONDS = 5.0
 # text, not this one). ASCII-only as before, so any database encoding takes it.
 _JSON_TEXT = json.JSONEncoder(separators=(",", ":"))
 _RETURNED_AT = "reconciler_returned_at"
+_BACKEND = "reconciler_backend_pid"
 # A lost race is retried on fresh data this many times before StaleWrite reaches the caller.
 STALE_ATTEMPTS = 5
 # PostgreSQL's answers that a transaction was chosen to break a deadlock (40P01) or lost a
@@ -150,8 +151,23 @@ def _sqlite_engine(
     return engine
 
 
-def _postgres_engine(url: str, idle_ping_seconds: float = IDLE_PING_SECONDS) -> Engine:
+def _postgres_engine(
+    url: str, own: set[int], idle_ping_seconds: float = IDLE_PING_SECONDS
+) -> Engine:
+    """``own`` gets the server process of each connection while it is open (the listener
+    tells this process's own notifications by it: ``engine.wakeups``)."""
     engine = sa.create_engine(url, json_serializer=_JSON_TEXT.encode, pool_size=10, max_overflow=20)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, record: Any) -> None:
+        pid = getattr(getattr(dbapi_conn, "info", None), "backend_pid", None)
+        if isinstance(pid, int):
+            record.info[_BACKEND] = pid
+            own.add(pid)
+
+    @event.listens_for(engine, "close")
+    def _on_close(_dbapi_conn: Any, record: Any) -> None:
+        own.discard(record.info.pop(_BACKEND, -1))
 
     # A connection that sat in the pool is pinged before use; one in steady use is not
     # (see IDLE_PING_SECONDS). The ping is the dialect's own (pool_pre_ping's, which would
@@ -263,6 +279,8 @@ class Database:
         self.availability = Availability(now)
         self._writer: Writer | None = None
         self._writer_guard = threading.Lock()
+        # The PostgreSQL server processes of this process's open connections.
+        self._own_backends: set[int] = set()
         self._checkpointer: threading.Thread | None = None
         self._stop = threading.Event()
         if self.sqlite:
@@ -279,7 +297,7 @@ class Database:
                 )
                 self._checkpointer.start()
         else:
-            self.engine = _postgres_engine(url)
+            self.engine = _postgres_engine(url, self._own_backends)
             self.read_engine = self.engine
         self._limiter = anyio.CapacityLimiter(16)
         # SQLite has one writer at a time. This process's writers queue on a lock, woken
@@ -292,6 +310,10 @@ class Database:
         self.write_transactions = 0
         self.write_cycles = 0
         self._count_guard = threading.Lock()
+
+    def is_own_backend(self, pid: int) -> bool:
+        """Whether PostgreSQL's process ``pid`` serves one of this process's connections."""
+        return pid in self._own_backends
 
     @property
     def dialect(self) -> str:
@@ -450,7 +472,12 @@ class Database:
         return await self.writer.run(fn, *args, wait=wait)
 
     async def run_joined(
-        self, fn: Callable[..., T], *args: Any, attempts: int = 1, key: str = ""
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        attempts: int = 1,
+        key: str = "",
+        first: bool = False,
     ) -> T:
         """Run ``fn(conn, *args)`` in a write transaction shared with the other such writes
         queued with it (``write_together``): fewer commits under load. A lost race
@@ -461,8 +488,9 @@ class Database:
         two of them, on this replica or another, take the rows they share in the same
         order and do not wait on each other in a cycle. A cycle met anyway (rows locked
         in another order inside one write) undoes that one transaction, which runs again.
+        ``first``: a request on the wire waits for it; it goes ahead of the queued writes.
         """
-        return await self.writer.run_joined(fn, *args, attempts=attempts, key=key)
+        return await self.writer.run_joined(fn, *args, attempts=attempts, key=key, first=first)
 
     @property
     def writer(self) -> Writer:

@@ -54,8 +54,9 @@ commit_tail.sends(_KIND, _send)
 
 async def notifications(
     dsn: str, on_listening: Callable[[], None] | None = None
-) -> AsyncIterator[tuple[str, str]]:
-    """``(channel, payload)`` for every notification on one dedicated connection.
+) -> AsyncIterator[tuple[str, str, int]]:
+    """``(channel, payload, pid)`` for every notification on one dedicated connection
+    (``pid``: the server process of the session that sent it).
 
     ``on_listening`` is called once the connection listens (the listener is back).
     """
@@ -67,4 +68,4 @@ async def notifications(
         if on_listening is not None:
             on_listening()
         async for note in aconn.notifies():
-            yield note.channel, note.payload
+            yield note.channel, note.payload, note.pid

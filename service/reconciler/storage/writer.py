@@ -20,6 +20,11 @@ fails undoes only itself, and answers each only after that transaction committed
 writes run in the order of their keys (the operation each locks), so two such
 transactions take shared rows in one order. What is not joinable keeps its own
 transaction and its place in the queue.
+
+A write a request on the wire waits for (``first``: a webhook batch, an agent's create)
+goes ahead of the queued ones, in order among such writes: its caller's bound (2 s for
+a webhook) is then spent on one transaction, never on the engine's backlog, so a busy
+service does not refuse a delivery or a create while its database works.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ class _Job:
     joins: bool = field(default=False)  # ``fn(conn, *args)``, for ``join``
     attempts: int = field(default=1)
     key: str = field(default="")  # the operation whose row it locks: the order joined
+    first: bool = field(default=False)  # ahead of the queued writes (see the module)
 
     def joined(self) -> Joined:
         return (lambda conn: self.fn(conn, *self.args)), self.attempts
@@ -126,6 +132,27 @@ class _Mailbox:
             _settle(*box.popleft())
 
 
+class _Queue(queue.Queue[_Job | None]):
+    """FIFO, except that ``first`` jobs go ahead of the others, FIFO among themselves."""
+
+    def _init(self, maxsize: int) -> None:
+        super()._init(maxsize)
+        self.ahead = 0  # the first jobs at the head of the deque
+
+    def _put(self, item: _Job | None) -> None:
+        if item is not None and item.first:
+            self.queue.insert(self.ahead, item)
+            self.ahead += 1
+        else:
+            self.queue.append(item)
+
+    def _get(self) -> _Job | None:
+        if self.ahead:
+            self.ahead -= 1
+        job: _Job | None = self.queue.popleft()
+        return job
+
+
 class Writer:
     """``threads`` writer threads fed by one queue of at most ``queue_limit`` jobs."""
 
@@ -142,7 +169,7 @@ class Writer:
         self.wait_seconds = wait_seconds
         self._join = join
         self._join_limit = join_limit
-        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_limit)
+        self._queue = _Queue(maxsize=queue_limit)
         self._local = threading.local()
         # The mailbox of the loop that asked last (each job keeps its own, so a second loop
         # only costs the first its coalescing, never an outcome).
@@ -165,12 +192,20 @@ class Writer:
         return await self._submit(fn, args, wait, joins=False)
 
     async def run_joined(
-        self, fn: Callable[..., T], *args: Any, attempts: int = 1, key: str = ""
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        attempts: int = 1,
+        key: str = "",
+        first: bool = False,
     ) -> T:
         """Run ``fn(conn, *args)`` in a write transaction it may share with the other
         joined writes queued with it (at most ``join_limit``), through ``join``, which
-        takes them in ``key`` order (queue order among equal keys)."""
-        return await self._submit(fn, args, None, joins=True, attempts=attempts, key=key)
+        takes them in ``key`` order (queue order among equal keys); ``first``: ahead of
+        the writes queued before it (a request on the wire waits for it)."""
+        return await self._submit(
+            fn, args, None, joins=True, attempts=attempts, key=key, first=first
+        )
 
     async def _submit(
         self,
@@ -181,6 +216,7 @@ class Writer:
         joins: bool,
         attempts: int = 1,
         key: str = "",
+        first: bool = False,
     ) -> T:
         bound = self.wait_seconds if wait is None else wait
         loop = asyncio.get_running_loop()
@@ -190,6 +226,7 @@ class Writer:
         future = loop.create_future()
         deadline = time.monotonic() + bound
         job = _Job(fn, args, deadline, mailbox, future, joins=joins, attempts=attempts, key=key)
+        job.first = first
         try:
             self._queue.put_nowait(job)
         except queue.Full:

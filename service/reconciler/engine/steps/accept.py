@@ -24,6 +24,7 @@ from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.engine.context import StepContext
+from reconciler.engine.flow import lend_slot
 from reconciler.providers.adapter import CreateOutcome
 from reconciler.storage.journal import Checked, Entry, Step
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
@@ -45,6 +46,7 @@ async def accept_job(
     before: Sequence[Entry] = (),
 ) -> None:
     """Record ``job_id`` as ``op``'s job, learned from ``call`` (``via``: create or lookup)."""
+    lend_slot(op)  # the create's calls are over: the provider's slot is free while it is recorded
     spec = ctx.spec(op)
     now = ctx.now()
     policy = ctx.poll_policy(spec)

@@ -31,7 +31,7 @@ from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.vocabulary import EscalationReason, HistoryKind
 from reconciler.engine.context import StepContext, refuse_unstorable
-from reconciler.engine.flow import Prep
+from reconciler.engine.flow import Prep, lend_slot
 from reconciler.providers.adapter import Subject
 from reconciler.providers.result_check import check_off_loop, release
 from reconciler.storage.journal import Entry
@@ -127,6 +127,7 @@ class CollectStep:
             )
         finally:
             release(call, errors_call)
+        lend_slot(op)  # no more calls: the provider's slot is free while this is recorded
         # A body too large to hold was scanned apart from the call: what the scan kept of it
         # (summary values, failed items) is checked as an answer is.
         refuse_unstorable("result", check, call)

@@ -39,7 +39,7 @@ from reconciler.core.records import OperationRecord, with_changes
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import EscalationReason, HistoryKind
 from reconciler.engine.context import StepContext
-from reconciler.engine.flow import Flow, Prep, flow_var
+from reconciler.engine.flow import Flow, Prep, flow_var, lend_slot
 from reconciler.engine.hooks import Hook
 from reconciler.engine.shares import share_of
 from reconciler.outbound.callbacks import CallbackClient, receiver_host
@@ -405,6 +405,7 @@ class CompleteStep:
             )
         event = {"type": "operation.completed", "operation": outcome}
         result = await self.callbacks.deliver(op.callback_url, webhook_id(op), event, plan.keys)
+        lend_slot(op)  # the round's last call: the host's slot is free while it is recorded
         label = (
             "delivered"
             if result.delivered

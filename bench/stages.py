@@ -1,0 +1,422 @@
+"""Where an operation waits inside the service: a per-stage breakdown under load.
+
+    (in the service) bench/throughput_parts.py serve ... --stages FILE
+    python bench/stages.py FILE
+
+``install(FILE)`` runs inside the measured service (``bench/throughput_parts.py serve
+--stages FILE``, which ``bench/throughput.py --stages`` and ``bench/peer_dbos.py --stages``
+pass) and wraps, from outside, a few of its methods by name, so that a checkout that knows
+nothing of this module is measured alike (the unmodified tree before a change, too):
+
+* ``Worker._spawn``: each claimed operation, with the time it was due (``next_poll_at``)
+  and the time its claim came back to the loop: **due -> claimed**.
+* ``ClaimRun._step``: each step (named by the state it runs in), from the time its task
+  could start it (the claim, or the previous step's write) to its end: **ready -> step**.
+* the provider's and the callback's HTTP transports: each call in a step, **step ->
+  call** and the call itself.
+* ``Writer._submit`` and the writer threads' runs: every write with the queue's depth
+  when it was handed over, its **wait** in the queue, its transaction (and how many
+  writes shared it) and the hop back to the loop; a step's last write gives **call ->
+  committed**.
+* ``GroupCommitter.submit``: each webhook delivery's **wait for its commit** (and the
+  ones refused past the bound).
+* ``agent_actions.wait_until`` called by a create: the POST's **wait for the job id**,
+  and whether the job id came within it.
+
+Each record is a tuple appended to a list (the GIL makes that safe from the writer
+threads); the lists are written to FILE as JSON when the process exits. The wrappers
+cost a few microseconds a record: CPU figures are for runs without ``--stages``.
+``python bench/stages.py FILE`` prints the breakdown (``report``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import functools
+import json
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.support import percentile
+
+# The step a task is in (its record), for the calls and writes made inside it.
+_STEP: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "bench_stage_step", default=None
+)
+_WRITE: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "bench_stage_write", default=None
+)
+
+
+class Records:
+    def __init__(self) -> None:
+        self.claims: list[dict[str, Any]] = []  # per claimed operation
+        self.ticks: list[dict[str, Any]] = []  # per claim: what each share asked and got
+        self.steps: list[dict[str, Any]] = []
+        self.writes: list[dict[str, Any]] = []
+        self.webhooks: list[dict[str, Any]] = []
+        self.posts: list[dict[str, Any]] = []
+        self.spawned: dict[str, float] = {}  # operation -> when its claim reached the loop
+
+    def dump(self, path: Path) -> None:
+        data = {
+            "claims": self.claims,
+            "ticks": self.ticks,
+            "steps": self.steps,
+            "writes": self.writes,
+            "webhooks": self.webhooks,
+            "posts": self.posts,
+        }
+        path.write_text(json.dumps(data), "utf-8")
+
+
+def _kind(fn: Any) -> str:
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return str(name).replace(".<locals>", "")
+
+
+def install(path: Path) -> None:
+    """Wrap the service's methods (by name) and write the records at exit."""
+    rec = Records()
+    atexit.register(rec.dump, path)
+    _wrap_claims(rec)
+    _wrap_steps(rec)
+    _wrap_writes(rec)
+    _wrap_requests(rec)
+
+
+def _wrap_claims(rec: Records) -> None:
+    from reconciler.engine import worker
+
+    spawn = worker.Worker._spawn
+
+    def _spawn(self: Any, claimed: Any, share: str) -> None:
+        now = time.time()
+        op = claimed.op
+        due = op.next_poll_at.timestamp() if op.next_poll_at is not None else None
+        rec.claims.append({"state": op.state, "due": due, "at": now})
+        rec.spawned[op.id] = now
+        spawn(self, claimed, share)
+
+    worker.Worker._spawn = _spawn  # type: ignore[method-assign]
+    claim = worker.Worker._claim
+
+    async def _claim(self: Any, wants: dict[str, int]) -> Any:
+        entry: dict[str, Any] = {"start": time.time(), "wants": dict(wants)}
+        try:
+            claims = await claim(self, wants)
+        finally:
+            entry["end"] = time.time()
+            rec.ticks.append(entry)
+        entry["got"] = {key: len(batch) for key, batch in claims.items()}
+        return claims
+
+    worker.Worker._claim = _claim  # type: ignore[method-assign]
+
+
+def _wrap_steps(rec: Records) -> None:
+    from reconciler.engine import claim_run
+    from reconciler.outbound.callbacks import DeliveryTransport
+    from reconciler.providers.aiohttp_transport import AiohttpTransport
+
+    step = claim_run.ClaimRun._step
+
+    async def _step(self: Any, fn: Any, op: Any, prep: Any) -> Any:
+        start = time.time()
+        ready = getattr(self, "_bench_ready", None) or rec.spawned.pop(op.id, start)
+        entry: dict[str, Any] = {
+            "state": op.state,
+            "completion": bool(op.completion_pending),
+            "ready": ready,
+            "start": start,
+            "calls": [],
+            "writes": [],
+        }
+        token = _STEP.set(entry)
+        try:
+            return await step(self, fn, op, prep)
+        finally:
+            _STEP.reset(token)
+            entry["end"] = self._bench_ready = time.time()
+            rec.steps.append(entry)
+
+    claim_run.ClaimRun._step = _step  # type: ignore[method-assign]
+    for cls, label in ((AiohttpTransport, "provider"), (DeliveryTransport, "callback")):
+        _time_calls(cls, label)
+
+
+def _time_calls(cls: Any, label: str) -> None:
+    handle = cls.handle_async_request
+
+    async def handle_async_request(self: Any, request: Any) -> Any:
+        entry = _STEP.get()
+        start = time.time()
+        try:
+            return await handle(self, request)
+        finally:
+            if entry is not None:
+                entry["calls"].append([label, request.method, start, time.time()])
+
+    cls.handle_async_request = handle_async_request
+
+
+def _wrap_writes(rec: Records) -> None:
+    from reconciler.storage import writer
+
+    class _Job(writer._Job):  # type: ignore[name-defined,misc]
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            self.bench = _WRITE.get()
+
+    writer._Job = _Job  # type: ignore[attr-defined]
+    submit = writer.Writer._submit
+
+    async def _submit(self: Any, fn: Any, args: Any, wait: Any, **kw: Any) -> Any:
+        step_entry = _STEP.get()
+        entry: dict[str, Any] = {
+            "kind": _kind(fn),
+            "depth": self._queue.qsize(),
+            "queued": time.time(),
+            "state": step_entry["state"] if step_entry is not None else None,
+        }
+        token = _WRITE.set(entry)
+        try:
+            return await submit(self, fn, args, wait, **kw)
+        except Exception as exc:
+            entry["error"] = type(exc).__name__
+            raise
+        finally:
+            _WRITE.reset(token)
+            entry["done"] = time.time()
+            rec.writes.append(entry)
+            if step_entry is not None:
+                step_entry["writes"].append(entry)
+
+    writer.Writer._submit = _submit  # type: ignore[method-assign]
+    writer.Writer._run_joined = _stamped(writer.Writer._run_joined)  # type: ignore[method-assign]
+    writer.Writer._run_one = _stamped(writer.Writer._run_one)  # type: ignore[method-assign]
+
+
+def _stamped(run: Any) -> Any:
+    """A writer thread's run of one job or of joined ones, stamped on each job's record."""
+
+    @functools.wraps(run)
+    def wrapper(self: Any, jobs: Any) -> Any:
+        many = [j for j in (jobs if isinstance(jobs, list) else [jobs])]
+        entries = [j.bench for j in many if getattr(j, "bench", None) is not None]
+        start = time.time()
+        for entry in entries:
+            entry["start"], entry["batch"] = start, len(many)
+        try:
+            return run(self, jobs)
+        finally:
+            end = time.time()
+            for entry in entries:
+                entry["committed"] = end
+
+    return wrapper
+
+
+def _wrap_requests(rec: Records) -> None:
+    from reconciler.commands import agent_actions
+    from reconciler.core.states import State
+    from reconciler.engine.group_commit import GroupCommitter
+
+    group_submit = GroupCommitter.submit
+
+    async def webhook_submit(self: Any, event: Any) -> Any:
+        entry: dict[str, Any] = {"start": time.time()}
+        try:
+            return await group_submit(self, event)
+        except Exception as exc:
+            entry["error"] = type(exc).__name__
+            raise
+        finally:
+            entry["end"] = time.time()
+            rec.webhooks.append(entry)
+
+    GroupCommitter.submit = webhook_submit  # type: ignore[method-assign]
+    wait_until = agent_actions.wait_until
+
+    async def create_wait(
+        rt: Any, op_id: str, who: Any, deadline: float, *a: Any, **kw: Any
+    ) -> Any:
+        start = time.time()
+        op = await wait_until(rt, op_id, who, deadline, *a, **kw)
+        if kw.get("current") is not None:  # a create's wait (an agent's own waits read first)
+            pending = op.state == State.CREATE_PENDING.value
+            rec.posts.append({"start": start, "end": time.time(), "job": not pending})
+        return op
+
+    agent_actions.wait_until = create_wait
+
+
+# --- what the agent and the provider see (any system, no wrapper) -----------------------
+
+
+@dataclass(frozen=True)
+class Waits:
+    """A run's waits as its peers see them: the agent's POST and its callback, and the
+    provider's webhook deliveries refused (by status)."""
+
+    posts: int
+    post_p50: float
+    post_p99: float
+    callback_p50: float  # create (the POST sent) -> its callback at the receiver
+    callback_p90: float
+    agent_refused: int  # POSTs answered 503
+    webhooks_refused: dict[str, int]  # delivery attempts answered otherwise, by status
+    # create -> callback p50 of each fifth of the operations, in the order they were sent:
+    # a backlog building up inside shows as a rising trend.
+    trend: tuple[float, ...] = ()
+
+    def describe(self) -> str:
+        refused = ", ".join(f"{n} x {code}" for code, n in sorted(self.webhooks_refused.items()))
+        trend = " ".join(f"{t:.2f}" for t in self.trend)
+        return (
+            f"POST p50/p99 {self.post_p50 * 1000:.0f}/{self.post_p99 * 1000:.0f} ms  "
+            f"create -> callback p50/p90 {self.callback_p50:.2f}/{self.callback_p90:.2f} s "
+            f"(by fifths: {trend})  agent 503s {self.agent_refused}  "
+            f"webhook deliveries refused: {refused or 'none'}"
+        )
+
+
+def waits(
+    timings: list[tuple[str, float, float, int]],
+    arrived: dict[str, float],
+    webhooks_refused: dict[str, int],
+) -> Waits:
+    """From the submitter's (operation id, sent, answered, status) and the receiver's
+    arrival of each operation's first callback."""
+    posts = [answered - sent for _, sent, answered, _ in timings]
+    done = sorted(
+        (sent, arrived[op] - sent) for op, sent, _, code in timings if code < 300 and op in arrived
+    )
+    ends = [end for _, end in done]
+    fifth = max(1, len(ends) // 5)
+    return Waits(
+        posts=len(posts),
+        post_p50=percentile(posts, 50),
+        post_p99=percentile(posts, 99),
+        callback_p50=percentile(ends, 50),
+        callback_p90=percentile(ends, 90),
+        agent_refused=sum(1 for *_, code in timings if code == 503),
+        webhooks_refused=dict(webhooks_refused),
+        trend=tuple(
+            percentile(ends[i : i + fifth], 50) for i in range(0, fifth * 5, fifth) if ends[i:]
+        ),
+    )
+
+
+# --- the report -------------------------------------------------------------------------
+
+
+def _ms(values: list[float], qs: tuple[int, ...] = (50, 90, 99)) -> str:
+    if not values:
+        return "-"
+    shown = "/".join(f"{percentile(values, q) * 1000:.0f}" for q in qs)
+    return f"{shown} (max {max(values) * 1000:.0f})"
+
+
+def _short(state: str, completion: bool) -> str:
+    return f"{state}+completion" if completion else state
+
+
+def report(path: Path, out: Any = None) -> None:
+    """The breakdown of one run's records: milliseconds, p50/p90/p99 (max)."""
+    data = json.loads(path.read_text("utf-8"))
+    lines = ["  stages, ms p50/p90/p99 (max):"]
+    lines += _claimed(data["claims"])
+    lines += _steps(data["steps"])
+    lines += _writes(data["writes"])
+    hooks = data["webhooks"]
+    refused = sum(1 for h in hooks if "error" in h)
+    lines.append(
+        f"    webhook wait for its commit  n={len(hooks)} "
+        f"{_ms([h['end'] - h['start'] for h in hooks])}  refused {refused}"
+    )
+    posts = data["posts"]
+    got = sum(1 for p in posts if p["job"])
+    lines.append(
+        f"    POST wait for the job id     n={len(posts)} "
+        f"{_ms([p['end'] - p['start'] for p in posts])}  job id within it: {got}"
+    )
+    print("\n".join(lines), file=out or sys.stdout)
+
+
+def _claimed(claims: list[dict[str, Any]]) -> list[str]:
+    by_state: dict[str, list[float]] = defaultdict(list)
+    for c in claims:
+        if c["due"] is not None:
+            by_state[c["state"]].append(max(0.0, c["at"] - c["due"]))
+    return [
+        f"    due -> claimed      {state:<22} n={len(lags):<5} {_ms(lags)}"
+        for state, lags in sorted(by_state.items())
+    ]
+
+
+def _steps(records: list[dict[str, Any]]) -> list[str]:
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in records:
+        groups[_short(s["state"], s["completion"])].append(s)
+    lines = []
+    for name, steps in sorted(groups.items()):
+        committed = []
+        for s in steps:
+            done = [w for w in s["writes"] if "committed" in w]
+            if s["calls"] and done:
+                committed.append(done[-1]["committed"] - s["calls"][-1][3])
+        lines += [
+            f"    step {name} (n={len(steps)}):",
+            f"      ready -> step start       {_ms([s['start'] - s['ready'] for s in steps])}",
+            "      step start -> call        "
+            + _ms([s["calls"][0][2] - s["start"] for s in steps if s["calls"]]),
+            "      call                      "
+            + _ms([c[3] - c[2] for s in steps for c in s["calls"]]),
+            f"      call end -> committed     {_ms(committed)}",
+            f"      step                      {_ms([s['end'] - s['start'] for s in steps])}",
+        ]
+    return lines
+
+
+def _writes(records: list[dict[str, Any]]) -> list[str]:
+    kinds: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for w in records:
+        kinds[w["kind"]].append(w)
+    lines = ["    writes: queue depth p50/p90/max, wait in queue, transaction, back to the loop:"]
+    for kind, writes in sorted(kinds.items(), key=lambda kv: -len(kv[1])):
+        started = [w for w in writes if "start" in w]
+        depth = [float(w["depth"]) for w in writes]
+        batch = [float(w["batch"]) for w in started]
+        failed = sum(1 for w in writes if "error" in w)
+        lines.append(
+            f"      {kind[:44]:<44} n={len(writes):<5} depth "
+            f"{percentile(depth, 50):.0f}/{percentile(depth, 90):.0f}/{max(depth):.0f}  "
+            f"batch {percentile(batch, 50):.0f}" + (f"  FAILED {failed}" if failed else "")
+        )
+        lines.append(
+            f"        wait {_ms([w['start'] - w['queued'] for w in started])}"
+            f"  txn {_ms([w['committed'] - w['start'] for w in started])}"
+            f"  hop {_ms([w['done'] - w['committed'] for w in started])}"
+        )
+    return lines
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        print(__doc__)
+        return 2
+    report(Path(sys.argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
