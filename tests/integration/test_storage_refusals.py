@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from reconciler.api import webhooks
+from reconciler.commands import webhooks
 from reconciler.core.clock import ManualClock
 from reconciler.core.errors import StorageUnavailable, UnstorableContent
 from reconciler.core.vocabulary import HistoryKind
