@@ -149,12 +149,13 @@ async def start(
     is stored. ``headers``: the request's, whose ``traceparent`` the operation's trace
     continues.
     """
+    arrived = asyncio.get_running_loop().time()
     with rt.tracing.request(SpanName.AGENT_CREATE, headers or {}):
         # Off the loop: a request of a megabyte takes tens of ms to walk and validate.
         req = await anyio.to_thread.run_sync(
             parse_create, body, rt.providers, rt.check_callback_url, limiter=rt.request_checks
         )
-        return await start_validated(rt, who, req)
+        return await _start(rt, who, req, arrived)
 
 
 async def start_validated(
@@ -162,13 +163,19 @@ async def start_validated(
 ) -> tuple[OperationRecord, bool]:
     """``start`` for a body already validated as a ``CreateOperation`` (an MCP call, whose
     HTTP request's ``headers`` may carry the agent's ``traceparent``)."""
+    arrived = asyncio.get_running_loop().time()
     if rt.tracing.enabled and rt.tracing.current() is None:
         with rt.tracing.request(SpanName.AGENT_CREATE, headers or {}):
-            return await _start(rt, who, req)
-    return await _start(rt, who, req)
+            return await _start(rt, who, req, arrived)
+    return await _start(rt, who, req, arrived)
 
 
-async def _start(rt: Runtime, who: Principal, req: CreateOperation) -> tuple[OperationRecord, bool]:
+async def _start(
+    rt: Runtime, who: Principal, req: CreateOperation, arrived: float
+) -> tuple[OperationRecord, bool]:
+    """Check, store and (briefly) wait; ``arrived``: when the request came, on the loop's
+    clock, from which the wait for the job id is counted (the checks and the insert are
+    inside it, so the answer never waits longer than ``create_wait_seconds`` in all)."""
     admit_create(req, rt.providers, rt.check_callback_url)
     spec = rt.providers[req.provider]
     if spec.request_schema is None:
@@ -202,7 +209,7 @@ async def _start(rt: Runtime, who: Principal, req: CreateOperation) -> tuple[Ope
             # holds neither a thread nor a connection, and reads nothing when the job id
             # is learned in this process (the change hands over its record). Only while
             # job ids come within it (``core.create_wait``): else the answer comes at once.
-            deadline = asyncio.get_running_loop().time() + wait
+            deadline = arrived + wait
             op = await wait_until(
                 rt,
                 op.id,
