@@ -121,9 +121,12 @@ def _imported(tree: ast.Module, module: str, is_package: bool, known: frozenset[
                 target = f"{base}.{node.module}" if node.module else base
             else:
                 target = node.module or ""
-            found.add(target)
-            # ``from reconciler.core import errors`` imports the module ``reconciler.errors``.
-            found.update(f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known)
+            # ``from reconciler.core import errors`` imports the module ``reconciler.core.errors``
+            # (the package is only its way there); a name defined in the package imports it.
+            modules = {f"{target}.{a.name}" for a in node.names} & known
+            found.update(modules)
+            if len(modules) < len(node.names):
+                found.add(target)
     return {name for name in found if name == PACKAGE or name.startswith(PACKAGE + ".")}
 
 
@@ -219,6 +222,45 @@ def door_violations(graph: Graph) -> list[Violation]:
     return found
 
 
+def circles(graph: Graph) -> list[list[str]]:
+    """Each import circle: for each group of modules that reach one another, a shortest
+    way round from its first module (by name) back to it."""
+    reached = {module: set(reach(graph, [module])) for module in graph}
+    found = []
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start in done or start not in reached[start]:
+            continue
+        group = {start} | {m for m in reached[start] if start in reached.get(m, set())}
+        done |= group
+        found.append(_way_round(graph, start, group))
+    return found
+
+
+def _way_round(graph: Graph, start: str, group: set[str]) -> list[str]:
+    came_from: dict[str, str] = {}
+    todo = [start]
+    while todo:
+        here = todo.pop(0)
+        for there in sorted(graph.get(here, frozenset()) & group):
+            if there == start:
+                way = [here]
+                while way[-1] != start:
+                    way.append(came_from[way[-1]])
+                return [*reversed(way), start]
+            if there not in came_from:
+                came_from[there] = here
+                todo.append(there)
+    raise AssertionError(f"{start} is in no circle")
+
+
+def circle_violations(graph: Graph) -> list[Violation]:
+    return [
+        Violation(way[0], way[1], "no import circle: " + " -> ".join(way))
+        for way in circles(graph)
+    ]
+
+
 def client_violations(graph: Graph) -> list[Violation]:
     client = [m for m in graph if part_of(m) == "client"]
     return [
@@ -235,6 +277,7 @@ RULES = {
     "engine": engine_violations,
     "doors": door_violations,
     "client": client_violations,
+    "circles": circle_violations,
 }
 
 
@@ -275,6 +318,11 @@ BAD: dict[str, dict[str, frozenset[str]]] = {
     "client": {
         "reconciler.client.x": frozenset({"reconciler.core.y"}),
         "reconciler.core.y": frozenset({"reconciler.storage.z"}),
+    },
+    "circles": {
+        "reconciler.engine.x": frozenset({"reconciler.engine.y"}),
+        "reconciler.engine.y": frozenset({"reconciler.engine.z"}),
+        "reconciler.engine.z": frozenset({"reconciler.engine.x"}),
     },
 }
 

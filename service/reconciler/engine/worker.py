@@ -37,14 +37,13 @@ from reconciler.core.errors import (
     StorageUnavailable,
 )
 from reconciler.core.records import OperationRecord
-from reconciler.core.states import END_STATES, State
 from reconciler.engine.catch_up import overdue_after, spread_overdue
-from reconciler.engine.claim_run import ClaimRun
+from reconciler.engine.claim_run import ClaimRun, Crew
 from reconciler.engine.context import StepContext
-from reconciler.engine.flow import Prep, Preparer, flow_var
+from reconciler.engine.flow import Prep, flow_var
 from reconciler.engine.shares import CALLBACKS, HOOKS, NO_SLOT, Shares, share_of
 from reconciler.engine.step_failures import StepFailures, step_retry_policy
-from reconciler.engine.step_table import Step, Steps, step_table
+from reconciler.engine.step_table import StepChoice, Steps
 from reconciler.logs import OutageLog, operation_id_var
 from reconciler.storage import operations as store
 from reconciler.storage.availability import explain
@@ -80,8 +79,7 @@ class Worker:
         self.ctx = ctx
         self.deps = ctx.deps
         self.failures = StepFailures(ctx, step_retry_policy(ctx.deps.settings.scheduler))
-        self.steps = step_table(steps)
-        self.completion = steps.complete
+        self.steps = StepChoice.of(steps)
         self.max_in_flight = max_in_flight
         self.on_next_due = on_next_due
         # An outage fails every tick's claim: said when it starts, each minute, and at its end.
@@ -286,7 +284,7 @@ class Worker:
         return store.Ask(n, store.ShareFilter(provider=key, completion=False))
 
     def _prepare_claimed(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
-        step = self.preparer(op, now)
+        step = self.steps.preparer(op, now)
         if step is None:
             return None
         try:
@@ -295,13 +293,6 @@ class Worker:
             raise
         except Exception as exc:  # the claim is made again without it: see _claim
             raise _PrepFailed() from exc
-
-    def preparer(self, op: OperationRecord, now: datetime) -> Preparer | None:
-        """The step that will run on ``op`` now, if it can do its first write ahead."""
-        if op.next_poll_at is None or op.next_poll_at > now:
-            return None
-        step = self.step_for(op)
-        return step if step is not None and hasattr(step, "prepare") else None
 
     def _spawn(self, claimed: _Claimed, share: str) -> None:
         op_id = claimed.op.id
@@ -350,20 +341,13 @@ class Worker:
             # The share (or the worker) was full: there may be due work we could not claim.
             self.deps.notifier.wake()
 
-    def step_for(self, op: OperationRecord) -> Step | None:
-        state = State(op.state)
-        # Only an end state is completed: an operator may have reopened one (extend, cancel)
-        # before its completion finished, and then the flows own the operation again.
-        if op.completion_pending and self.completion is not None and state in END_STATES:
-            return self.completion
-        return self.steps.get(state)
-
     async def _process(
         self, op_id: str, share: str, op: OperationRecord | None = None, prep: Prep | None = None
     ) -> None:
         operation_id_var.set(op_id)
         self.deps.tracing.detach()
-        task = ClaimRun(self, share)
+        crew = Crew(self.owner, self.ctx, self.steps, self.failures, self.shares, self)
+        task = ClaimRun(crew, share)
         flow_var.set(task.flow)
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(op_id))
         try:
@@ -429,16 +413,6 @@ class Worker:
                     return
             except StorageUnavailable:
                 continue
-
-    async def park(self, op: OperationRecord) -> None:
-        """Nothing to do in this state: stop looking until something changes it."""
-        rt = self.deps
-
-        def park(conn: Connection) -> None:
-            rt.journal.write(conn, op, now=rt.clock.now(), changes={"next_poll_at": None})
-
-        with contextlib.suppress(StaleWrite):
-            await rt.db.run_joined(park, key=op.id)
 
     async def _release(self, op_id: str, last: OperationRecord | None) -> None:
         rt = self.deps
