@@ -32,7 +32,7 @@ from reconciler.engine.catch_up import NOT_SPREAD
 from reconciler.storage import fastsql, retention
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
-from reconciler.storage.journal import OPS
+from reconciler.storage.tables import OPS
 from tests.support.statements import Ran, recording
 
 pytestmark = pytest.mark.both_backends

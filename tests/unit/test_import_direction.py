@@ -256,8 +256,7 @@ def _way_round(graph: Graph, start: str, group: set[str]) -> list[str]:
 
 def circle_violations(graph: Graph) -> list[Violation]:
     return [
-        Violation(way[0], way[1], "no import circle: " + " -> ".join(way))
-        for way in circles(graph)
+        Violation(way[0], way[1], "no import circle: " + " -> ".join(way)) for way in circles(graph)
     ]
 
 

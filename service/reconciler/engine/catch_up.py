@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.engine import Connection
 
 from reconciler.core.catch_up import Overdue, spread
+from reconciler.core.chain import Entry
 from reconciler.core.clock import isoformat
 from reconciler.core.errors import StaleWrite
 from reconciler.core.poll_values import record_of
@@ -29,7 +30,6 @@ from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.engine.deps import EngineDeps
 from reconciler.storage import operations as store
-from reconciler.storage.journal import Entry
 
 # At most this many due reads are looked at per claim (the rest wait for the next tick).
 SCAN_LIMIT = 2000

@@ -44,12 +44,11 @@ from reconciler.storage.retention import (
     Tombstone,
     tombstone_of,
 )
-from reconciler.storage.tables import OPS
+from reconciler.storage.tables import OPS, OPS_COLUMNS
 from reconciler.storage.tokens import Principal
 
 MAX_PAGE = 200
 BAD_CURSOR = "cursor is not valid; pass the next_cursor of a previous page"
-OPS_COLUMNS = tuple(c.name for c in OPS.c)
 _COLUMN_LIST = ", ".join(OPS_COLUMNS)
 # A whole record: the row's columns, and on PostgreSQL its parts in the same statement.
 _RECORD_LIST = f"{_COLUMN_LIST}[[, {payloads.inline()}|]]"
