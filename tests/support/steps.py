@@ -45,6 +45,7 @@ from reconciler.outbound.callbacks import CallbackClient
 from reconciler.outbound.ssrf import Resolver
 from reconciler.providers.http_adapter import build_adapter
 from reconciler.runtime import Runtime
+from reconciler.storage import leases
 from reconciler.storage import operations as store
 from reconciler.storage.history import history_of
 from reconciler.storage.operation_reads import view_of
@@ -172,7 +173,7 @@ class StepRig:
 
         def claim() -> list[str]:
             with rt.db.write() as conn:
-                claimed = store.claim_records(conn, owner, self.clock.now(), LEASE_SECONDS, 1000)
+                claimed = leases.claim_records(conn, owner, self.clock.now(), LEASE_SECONDS, 1000)
                 return [op.id for op, _ in claimed]
 
         claimed = await rt.db.run(claim)
@@ -184,7 +185,7 @@ class StepRig:
 
             def release() -> None:
                 with rt.db.write() as conn:
-                    store.release(conn, claimed, owner)
+                    leases.release(conn, claimed, owner)
 
             await rt.db.run(release)
         return self.row(op_id)

@@ -29,7 +29,7 @@ from reconciler.engine.shares import CALLBACKS, NO_SLOT, Shares, share_of
 from reconciler.engine.step_failures import StepFailures
 from reconciler.engine.step_table import SPAN_OF_STATE, STATUS_READ_STATES, Step, StepChoice
 from reconciler.logs import trace_id_var
-from reconciler.storage import operations as store
+from reconciler.storage import leases
 from reconciler.tracing import SpanName
 
 # Steps per claim: enough to go from a confirmed success through result collection to the
@@ -109,7 +109,7 @@ class ClaimRun:
         self.share = wanted
 
     def _release_in(self, conn: Connection, op_id: str) -> None:
-        store.release_at_commit(conn, op_id, self.crew.owner)
+        leases.release_at_commit(conn, op_id, self.crew.owner)
 
     def _keeps(self, after: OperationRecord) -> bool:
         """Inside a write: whether this task could go on with ``after`` in its next share."""

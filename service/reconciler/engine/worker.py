@@ -1,7 +1,7 @@
 """The worker: claims due operations under a lease and runs one step at a time on each.
 
 The scheduler only says *when* to look (``tick``); whether there is work,
-and who may do it, is decided by the database: ``store.claim_records`` leases
+and who may do it, is decided by the database: ``leases.claim_records`` leases
 due rows to this worker, and every write a step makes is conditional on
 still holding that lease (``journal.Lease``), so a worker whose lease
 expired cannot write. A claimed operation is reloaded before anything is
@@ -45,7 +45,7 @@ from reconciler.engine.shares import CALLBACKS, HOOKS, NO_SLOT, Shares, share_of
 from reconciler.engine.step_failures import StepFailures, step_retry_policy
 from reconciler.engine.step_table import StepChoice, Steps
 from reconciler.logs import OutageLog, operation_id_var
-from reconciler.storage import operations as store
+from reconciler.storage import leases
 from reconciler.storage.availability import explain
 from reconciler.storage.journal import rows_together
 
@@ -224,7 +224,7 @@ class Worker:
         def claim(conn: Connection, prepare: bool) -> dict[str, list[_Claimed]]:
             if probe:
                 spread_overdue(conn, rt, now, self.ctx.actor)
-            claims = store.claim_shares(conn, self.owner, now, lease, asks)
+            claims = leases.claim_shares(conn, self.owner, now, lease, asks)
             try:
                 # The steps' counts before their sends: one statement, not one each.
                 with rows_together(conn):
@@ -270,18 +270,18 @@ class Worker:
                 )
         return claims
 
-    def _ask(self, key: str, n: int) -> store.Ask:
+    def _ask(self, key: str, n: int) -> leases.Ask:
         """The claim of one share, taken on the loop (the claim itself runs in a thread)."""
         if key == HOOKS:
-            return store.Ask(n, store.ShareFilter(completion=True, lanes=store.Lanes.HOOKS))
+            return leases.Ask(n, leases.ShareFilter(completion=True, lanes=leases.Lanes.HOOKS))
         if key == CALLBACKS:
             shares = self.shares
             room, cap = shares.host_room(), shares.host_cap
-            share = store.ShareFilter(
-                completion=True, lanes=store.Lanes.CALLBACKS, exclude=tuple(shares.full_hosts())
+            share = leases.ShareFilter(
+                completion=True, lanes=leases.Lanes.CALLBACKS, exclude=tuple(shares.full_hosts())
             )
-            return store.Ask(n, share, lambda found: choose(found, room, cap, n))
-        return store.Ask(n, store.ShareFilter(provider=key, completion=False))
+            return leases.Ask(n, share, lambda found: choose(found, room, cap, n))
+        return leases.Ask(n, leases.ShareFilter(provider=key, completion=False))
 
     def _prepare_claimed(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
         step = self.steps.preparer(op, now)
@@ -406,7 +406,7 @@ class Worker:
 
             def extend() -> bool:
                 with rt.db.write() as conn:
-                    return store.extend_lease(conn, op_id, self.owner, rt.clock.now(), lease)
+                    return leases.extend_lease(conn, op_id, self.owner, rt.clock.now(), lease)
 
             try:
                 if not await rt.db.run_write(extend):
@@ -418,7 +418,7 @@ class Worker:
         rt = self.deps
 
         def release(conn: Connection) -> dict[str, Any]:
-            return store.release(conn, [op_id], self.owner)
+            return leases.release(conn, [op_id], self.owner)
 
         try:
             released = await rt.db.run_joined(release, key=op_id)
