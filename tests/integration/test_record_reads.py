@@ -11,12 +11,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from reconciler.core.principal import Principal
 from reconciler.core.vocabulary import Scope
 from reconciler.storage import leases, payloads
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
-from reconciler.storage.tokens import Principal
 from tests.support.factories import insert_operation
 from tests.support.statements import recording
 

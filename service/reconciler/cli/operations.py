@@ -14,6 +14,7 @@ from reconciler.commands.decide import decide
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Settings
 from reconciler.core import story
 from reconciler.core.clock import SystemClock, isoformat
+from reconciler.core.principal import Principal
 from reconciler.core.states import State
 from reconciler.core.strict_json import visible
 from reconciler.core.vocabulary import Scope
@@ -23,7 +24,6 @@ from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
 from reconciler.storage.journal import Journal
 from reconciler.storage.operation_reads import view_of
-from reconciler.storage.tokens import Principal
 from reconciler.wire import parse_decision
 
 

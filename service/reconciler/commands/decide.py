@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.chain import Entry
 from reconciler.core.operator_decision import DecisionRequest, plan_decision
+from reconciler.core.principal import Principal, require_operator
 from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.providers.spec import ProviderSpec, cancel_deadline_seconds
@@ -23,7 +24,6 @@ from reconciler.storage.database import Database, retry_stale
 from reconciler.storage.escalations import mark_decided, open_escalation
 from reconciler.storage.journal import Journal
 from reconciler.storage.notify import CHANGE_CHANNEL, WAKE_CHANNEL, notify_in_transaction
-from reconciler.storage.tokens import Principal, require_operator
 
 
 def decide(

@@ -24,12 +24,13 @@ from starlette.templating import Jinja2Templates
 from reconciler.console import formatting, operator_text
 from reconciler.console.session import SESSION_COOKIE, Session, Signer, key_from
 from reconciler.core import errors
+from reconciler.core.principal import Principal
 from reconciler.core.strict_json import require_field_text, visible
 from reconciler.inbound.auth import cached_principal
 from reconciler.inbound.bodies import read_limited
 from reconciler.inbound.errors import status_for
 from reconciler.runtime import Runtime
-from reconciler.storage.tokens import Principal, principal_by_id
+from reconciler.storage.tokens import principal_by_id
 
 log = logging.getLogger("reconciler.console")
 

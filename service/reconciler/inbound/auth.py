@@ -20,8 +20,9 @@ from sqlalchemy.engine import Connection
 from starlette.requests import Request
 
 from reconciler.core.errors import AuthenticationFailed, ReconcilerError
+from reconciler.core.principal import Principal
 from reconciler.runtime import Runtime
-from reconciler.storage.tokens import Principal, authenticate, digest
+from reconciler.storage.tokens import authenticate, digest
 
 CACHE_SECONDS = 5.0
 CACHE_LIMIT = 10_000

@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core import ids
 from reconciler.core.errors import Gone, InvalidRequest, NotFound
+from reconciler.core.principal import Principal
 from reconciler.core.records import FIELDS, PAYLOADS, OperationRecord
 from reconciler.core.retention import key_digest
 from reconciler.core.states import END_STATES, REOPENABLE, State
@@ -37,7 +38,6 @@ from reconciler.storage.retention import (
     tombstone_of,
 )
 from reconciler.storage.tables import OPS, OPS_COLUMNS
-from reconciler.storage.tokens import Principal
 
 MAX_PAGE = 200
 BAD_CURSOR = "cursor is not valid; pass the next_cursor of a previous page"
