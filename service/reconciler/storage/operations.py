@@ -39,7 +39,6 @@ from reconciler.storage.retention import (
 )
 from reconciler.storage.tables import OPS, OPS_COLUMNS
 
-MAX_PAGE = 200
 BAD_CURSOR = "cursor is not valid; pass the next_cursor of a previous page"
 COLUMN_LIST = ", ".join(OPS_COLUMNS)
 # A whole record: the row's columns, and on PostgreSQL its parts in the same statement.
