@@ -13,8 +13,8 @@ are in place while inserting), of which ``--due`` are due now and the rest due i
 16): a tick claims at most that many, so a larger due set is not one tick's work.
 Figures per size, from ``--rounds`` rounds that alternate between the sizes:
 
-* claim step: ``store.claim_records`` (batch_size 100) in one write transaction plus
-  ``store.release`` of what it claimed in another: the database part of a tick
+* claim step: ``leases.claim_records`` (batch_size 100) in one write transaction plus
+  ``leases.release`` of what it claimed in another: the database part of a tick
   (``--claim-repeats`` samples per round); also the same with nothing due (idle claim);
 * full tick: ``Worker.tick()`` of the real worker (``Background`` with the scheduler off,
   a ``ManualClock``) until every claimed operation finished its step (reload, budget
@@ -315,13 +315,13 @@ def make_due(db: Any, op_ids: Sequence[str], when: datetime, *, fresh: bool = Fa
 
 def time_claim(db: Any, owner: str, now: datetime, limit: int) -> tuple[float, int]:
     """One claim transaction plus one release transaction; (seconds, rows claimed)."""
-    from reconciler.storage import operations as store
+    from reconciler.storage import leases
 
     started = time.perf_counter()
     with db.write() as conn:
-        claims = store.claim_records(conn, owner, now, 30.0, limit)
+        claims = leases.claim_records(conn, owner, now, 30.0, limit)
     with db.write() as conn:
-        store.release(conn, [op.id for op, _ in claims], owner)
+        leases.release(conn, [op.id for op, _ in claims], owner)
     return time.perf_counter() - started, len(claims)
 
 

@@ -34,13 +34,13 @@ from tests.support.process import upgrade
 from reconciler.commands.create import create_operation
 from reconciler.core.errors import Conflict, Gone
 from reconciler.core.limits import ProviderLimits
+from reconciler.core.principal import Principal
 from reconciler.core.retention import RetentionPolicy, cutoffs
 from reconciler.core.states import State
 from reconciler.core.vocabulary import Scope
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
 from reconciler.storage.pruner import Pruner
-from reconciler.storage.tokens import Principal
 from reconciler.wire import CreateOperation, validated
 
 AGENT = Principal("agent-1", Scope.AGENT)

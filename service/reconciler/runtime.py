@@ -26,6 +26,7 @@ from reconciler.core.create_wait import CreateWaits
 from reconciler.core.errors import ConfigError, InvalidRequest
 from reconciler.core.ids import worker_id
 from reconciler.core.limits import ProviderLimits
+from reconciler.core.principal import Principal
 from reconciler.core.quotas import Quota
 from reconciler.core.records import OperationRecord
 from reconciler.core.signatures import Verifier, build_verifier, decode_whsec
@@ -48,7 +49,6 @@ from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Also, Journal
 from reconciler.storage.operation_reads import ViewBatcher
-from reconciler.storage.tokens import Principal
 from reconciler.telemetry import OFF, Telemetry
 from reconciler.telemetry import build as build_telemetry
 from reconciler.tracing import Tracing

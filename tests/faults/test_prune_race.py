@@ -21,11 +21,11 @@ import sqlalchemy as sa
 from reconciler.commands.create import create_operation
 from reconciler.core.errors import Gone
 from reconciler.core.limits import ProviderLimits
+from reconciler.core.principal import Principal
 from reconciler.core.records import OperationRecord
 from reconciler.storage import retention
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
-from reconciler.storage.tokens import Principal
 from reconciler.wire import CreateOperation, validated
 from tests.support.factories import seed_finished
 from tests.support.steps import AGENT

@@ -14,6 +14,7 @@ from reconciler.commands.decide import apply_decision
 from reconciler.core.clock import ManualClock
 from reconciler.core.escalation import UNKNOWN_PROVIDER
 from reconciler.core.operator_decision import DecisionRequest
+from reconciler.core.principal import Principal
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State, awaits_decision, is_done
 from reconciler.core.vocabulary import DecisionAction, EscalationReason, Scope
@@ -23,7 +24,6 @@ from reconciler.storage.escalations import escalate
 from reconciler.storage.journal import Journal
 from reconciler.storage.operation_reads import view_of
 from reconciler.storage.tables import OPS
-from reconciler.storage.tokens import Principal
 from tests.support.factories import insert_operation
 
 pytestmark = pytest.mark.both_backends

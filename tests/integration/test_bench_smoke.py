@@ -25,8 +25,7 @@ import sqlalchemy as sa
 from bench import lag, naive, poller, stages
 
 from reconciler.core.vocabulary import EscalationReason
-from reconciler.storage import audit
-from reconciler.storage import operations as store
+from reconciler.storage import audit, leases
 from reconciler.storage.database import Database
 from reconciler.storage.tables import HISTORY, OPS
 from tests.support.databases import postgres_admin_url
@@ -183,8 +182,8 @@ def test_seeded_rows_are_valid_and_a_tick_reads_each_due_operation_once(
     try:
         assert audit.verify(db, None).ok
         with db.write() as conn:
-            claims = store.claim_records(conn, "smoke", seeded_at, 30.0, 100)
-            store.release(conn, [op.id for op, _ in claims], "smoke")
+            claims = leases.claim_records(conn, "smoke", seeded_at, 30.0, 100)
+            leases.release(conn, [op.id for op, _ in claims], "smoke")
         assert sorted(op.id for op, _ in claims) == sorted(due_ids)
         seconds, claimed = poller.time_claim(db, "smoke", seeded_at, 100)
         assert claimed == 5 and seconds >= 0.0

@@ -29,10 +29,9 @@ from psycopg import ClientCursor
 
 from reconciler.core.states import State
 from reconciler.engine.catch_up import NOT_SPREAD
-from reconciler.storage import fastsql, retention
-from reconciler.storage import operations as store
+from reconciler.storage import fastsql, leases, retention
 from reconciler.storage.database import Database
-from reconciler.storage.journal import OPS
+from reconciler.storage.tables import OPS
 from tests.support.statements import Ran, recording
 
 pytestmark = pytest.mark.both_backends
@@ -91,13 +90,13 @@ def _occasional_claims(db: Database, now: datetime) -> None:
     """The claim-path statements a quiet tick does not run: the catch-up's scan, the
     callbacks share with some hosts full, and the release."""
     with db.write() as conn:
-        store.due_status_reads(conn, now, NOT_SPREAD, 100)
-        full = store.ShareFilter(
-            completion=True, lanes=store.Lanes.CALLBACKS, exclude=("callback:a.example",)
+        leases.due_status_reads(conn, now, NOT_SPREAD, 100)
+        full = leases.ShareFilter(
+            completion=True, lanes=leases.Lanes.CALLBACKS, exclude=("callback:a.example",)
         )
-        claimed = store.claim_records(conn, "plans", now, 30.0, 10, full)
-        claimed += store.claim_records(conn, "plans", now, 30.0, 10)
-        store.release(conn, [op.id for op, _ in claimed] or ["op_none"], "plans")
+        claimed = leases.claim_records(conn, "plans", now, 30.0, 10, full)
+        claimed += leases.claim_records(conn, "plans", now, 30.0, 10)
+        leases.release(conn, [op.id for op, _ in claimed] or ["op_none"], "plans")
 
 
 def _numbered(sql: str) -> str:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from reconciler.core.states import State
+from reconciler.storage import leases
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
@@ -40,18 +41,18 @@ def test_each_share_gets_its_own_and_a_pick_leaves_the_rest_unleased(
     db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ids = _seed(db)
-    hooks = store.ShareFilter(completion=True, lanes=store.Lanes.HOOKS)
-    callbacks = store.ShareFilter(completion=True, lanes=store.Lanes.CALLBACKS)
+    hooks = leases.ShareFilter(completion=True, lanes=leases.Lanes.HOOKS)
+    callbacks = leases.ShareFilter(completion=True, lanes=leases.Lanes.CALLBACKS)
     asks = {
-        "sim": store.Ask(5, store.ShareFilter(provider="sim", completion=False)),
-        "hooks": store.Ask(5, hooks),
+        "sim": leases.Ask(5, leases.ShareFilter(provider="sim", completion=False)),
+        "hooks": leases.Ask(5, hooks),
         # The host of b.example is full: its candidate is passed over.
-        "callbacks": store.Ask(
+        "callbacks": leases.Ask(
             5, callbacks, lambda found: [i for i, lane in found if "a." in lane]
         ),
     }
     with recording(monkeypatch) as ran, db.write() as conn:
-        claimed = store.claim_shares(conn, "w1", NOW, 30.0, asks)
+        claimed = leases.claim_shares(conn, "w1", NOW, 30.0, asks)
     assert {key: [op.id for op, _ in got] for key, got in claimed.items()} == {
         "sim": [ids["sim"]],
         "hooks": [ids["hooks"]],

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.errors import StaleWrite
 from reconciler.core.states import State
+from reconciler.storage import leases
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database, savepoint
 from reconciler.storage.journal import Journal
@@ -104,12 +105,12 @@ def test_leases_given_back_in_a_transaction_are_free_after_its_commit(
                 )
             )
     with db.write() as conn:
-        store.release_at_commit(conn, ops[0].id, "w1")
+        leases.release_at_commit(conn, ops[0].id, "w1")
         with pytest.raises(StaleWrite), savepoint(conn, "attempt"):
-            store.release_at_commit(conn, ops[1].id, "w1")
+            leases.release_at_commit(conn, ops[1].id, "w1")
             raise StaleWrite("lost")
-        store.release_at_commit(conn, ops[2].id, "w1")
-        store.release_at_commit(conn, ops[2].id, "w1")  # twice: one statement all the same
+        leases.release_at_commit(conn, ops[2].id, "w1")
+        leases.release_at_commit(conn, ops[2].id, "w1")  # twice: one statement all the same
         assert [_owner(conn, op.id) for op in ops] == ["w1", "w1", "w1"]  # not yet
     with db.read() as conn:
         assert [_owner(conn, op.id) for op in ops] == [None, "w1", None]
@@ -134,8 +135,8 @@ def test_leases_and_notifications_go_as_one_statement_and_both_take_effect(
         with db.write() as conn:
             held.append(journal.write(conn, op, now=now, changes=lease))
     with recording(monkeypatch) as ran, db.write() as conn:
-        store.release_at_commit(conn, held[0].id, "w1")
-        store.release_at_commit(conn, held[1].id, "w2")
+        leases.release_at_commit(conn, held[0].id, "w1")
+        leases.release_at_commit(conn, held[1].id, "w2")
         notify_in_transaction(conn, CHANGE_CHANNEL, held[0].id)
     [(statement, _)] = ran  # the notifications, and one release for each owner
     assert statement.startswith("WITH part_0 AS MATERIALIZED") and "part_2" in statement

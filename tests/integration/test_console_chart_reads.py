@@ -2,15 +2,17 @@
 
 What the providers page draws is read back from rows the service's own storage
 functions wrote, and the trust transitions found by replaying the stored
-verdicts are the ones ``count_completions`` reported when it counted them.
+verdicts (read by ``commands.provider_reads`` only when they are needed) are the ones
+``count_completions`` reported when it counted them.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
+from reconciler.commands.provider_reads import TrustHistory, read_providers
 from reconciler.console import provider_charts
 from reconciler.core.clock import ManualClock
 from reconciler.core.states import State
@@ -55,15 +57,20 @@ def test_transitions_replayed_from_the_verdicts_are_the_counted_ones(db: Databas
     made = completed_hours(db, journal, "sim", clock.now())
     expected = [(made.window.starts[i], state) for i, state in TRANSITIONS]
     assert [(at.replace(minute=0, second=0), s) for at, s in made.transitions] == expected
-    since = made.window.starts[0]
-    with db.read() as conn:
-        markers = provider_charts.markers_of(conn, "sim", POLICY, since)
-        deciding = provider_stats.deciding_verdicts(conn, "sim")
-        assert provider_charts.markers_of(conn, "sim", None, since) == []
-        off = TrustPolicy(mode=TrustMode.OFF)
-        assert provider_charts.markers_of(conn, "sim", off, since) == []
-        # The last change before the window: nothing to mark, and no replay read.
-        later = made.transitions[-1][0] + timedelta(seconds=1)
-        assert provider_charts.markers_of(conn, "sim", POLICY, later) == []
+    window = made.window
+
+    def history(policies: dict[str, TrustPolicy], since: datetime) -> dict[str, TrustHistory]:
+        starts = (since, window.starts[-1])  # the chart's hours need not be whole here
+        return read_providers(db, policies, starts, window.end, clock.now()).history
+
+    found = history({"sim": POLICY}, window.starts[0])["sim"]
+    markers = provider_charts.transitions(found.verdicts, POLICY, found.stored, window.starts[0])
     assert [(m.at, m.label) for m in markers] == made.transitions
-    assert [v for v, _, _ in deciding] == [v for v in VERDICTS.values() if v is not Verdict.LATE]
+    deciding = [v for v in VERDICTS.values() if v is not Verdict.LATE]
+    assert [v for v, _, _ in found.verdicts] == deciding
+    # No longer configured, or not adaptive: no replay read.
+    assert history({}, window.starts[0]) == {}
+    assert history({"sim": TrustPolicy(mode=TrustMode.OFF)}, window.starts[0]) == {}
+    # The last change before the window: nothing to mark, and no replay read.
+    later = made.transitions[-1][0] + timedelta(seconds=1)
+    assert history({"sim": POLICY}, later) == {}

@@ -20,12 +20,13 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import Connection
 
+from reconciler.core.chain import Entry
 from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.storage import operations as store
 from reconciler.storage.database import CYCLE_ATTEMPTS, Database
 from reconciler.storage.history import history_of
-from reconciler.storage.journal import Entry, Journal
+from reconciler.storage.journal import Journal
 from tests.support.factories import new_operation
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reconciler.core.chain import Entry
 from reconciler.core.clock import ManualClock
 from reconciler.core.errors import IllegalTransition, StaleWrite
 from reconciler.core.records import OperationRecord
@@ -21,7 +22,7 @@ from reconciler.core.vocabulary import HistoryKind
 from reconciler.storage import completion_steps as steps
 from reconciler.storage.audit import verify
 from reconciler.storage.database import Database
-from reconciler.storage.journal import Entry, Journal, Lease, Step
+from reconciler.storage.journal import Journal, Lease, Step
 from reconciler.storage.operations import load_operation
 from reconciler.storage.tables import HISTORY, OPS
 from tests.support.factories import insert_operation

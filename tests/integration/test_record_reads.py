@@ -11,12 +11,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from reconciler.core.principal import Principal
 from reconciler.core.vocabulary import Scope
+from reconciler.storage import leases, payloads
 from reconciler.storage import operations as store
-from reconciler.storage import payloads
 from reconciler.storage.database import Database
 from reconciler.storage.journal import Journal
-from reconciler.storage.tokens import Principal
 from tests.support.factories import insert_operation
 from tests.support.statements import recording
 
@@ -46,7 +46,7 @@ def _parts(op: store.OperationRecord) -> dict[str, object]:
 def test_every_read_of_a_record_carries_its_parts_but_the_request(db: Database) -> None:
     op_id = _seed(db)
     with db.write() as conn:
-        claimed = store.claim_records(conn, "w1", NOW, 30.0, 10)
+        claimed = leases.claim_records(conn, "w1", NOW, 30.0, 10)
         by_id = store.load_records(conn, [op_id], lock=True)
     with db.read() as conn:
         unlocked = store.get_operation(conn, op_id)
@@ -74,7 +74,7 @@ def test_a_claim_reads_no_part_in_a_statement_of_its_own_on_postgres(
 ) -> None:
     _seed(db)
     with recording(monkeypatch) as ran, db.write() as conn:
-        claimed = store.claim_records(conn, "w1", NOW, 30.0, 10)
+        claimed = leases.claim_records(conn, "w1", NOW, 30.0, 10)
     assert [op.meta for op, _ in claimed] == [PARTS["meta"]]
     own = [sql for sql, _ in ran if sql.lstrip().startswith("SELECT operation_id, name, value")]
     assert len(own) == (1 if db.sqlite else 0)

@@ -18,12 +18,13 @@ import pytest
 import sqlalchemy as sa
 
 from reconciler.commands import webhooks
+from reconciler.core.chain import Entry
 from reconciler.core.clock import ManualClock
 from reconciler.core.errors import StorageUnavailable, UnstorableContent
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.storage.database import Database
 from reconciler.storage.history import history_of
-from reconciler.storage.journal import Entry, Journal
+from reconciler.storage.journal import Journal
 from reconciler.storage.tables import OPS
 from tests.integration.test_webhook_endpoint import event_body, open_endpoint
 from tests.support.factories import insert_operation
@@ -108,7 +109,7 @@ def test_a_webhook_the_database_refuses_is_400_unstorable_and_nothing_is_stored(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # The route's own check refuses such a job id first; with it out of the way the
+    # The command's own check refuses such a job id first; with it out of the way the
     # database's refusal is what answers, and it must be the same 400, never a 503:
     # PostgreSQL refuses a NUL (a DataError, mapped in storage), and no driver can encode
     # a lone surrogate.

@@ -19,10 +19,11 @@ import sqlalchemy as sa
 from reconciler.cli import main
 from reconciler.core.clock import ManualClock
 from reconciler.core.errors import AuthenticationFailed, Conflict, InvalidRequest, PermissionDenied
+from reconciler.core.principal import require_operator
 from reconciler.core.vocabulary import Scope
 from reconciler.storage.database import Database
 from reconciler.storage.tables import TOKENS
-from reconciler.storage.tokens import authenticate, create_token, require_operator
+from reconciler.storage.tokens import authenticate, create_token
 
 pytestmark = pytest.mark.both_backends
 

@@ -18,10 +18,10 @@ import pytest
 from standardwebhooks import Webhook
 
 from reconciler.config import HookSpec
+from reconciler.core.chain import Entry
 from reconciler.core.errors import ConfigError
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.engine.hooks import load_hooks
-from reconciler.storage.journal import Entry
 from reconciler.storage.tokens import SALTS
 from tests.support import hooks
 from tests.support.statements import recording

@@ -11,6 +11,7 @@ again with a fresh count. Each test runs on SQLite and PostgreSQL.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -206,12 +207,12 @@ async def test_a_completion_that_keeps_failing_stops_and_waits_for_a_decision(
     async with step_rig(tmp_path, db_url) as rig:
         op_id, job_id = await observing(rig)
         rig.provider.finish(job_id)
-        completion = rig.worker.completion
+        steps = rig.worker.steps
 
         async def broken(op: OperationRecord, prep: Any = None) -> None:
             raise KeyError("a defect in the completion")
 
-        rig.worker.completion = broken
+        rig.worker.steps = replace(steps, completion=broken)
         op = await fail_once(rig, op_id)  # read, collect, and the completion raises
         assert (op.state, op.failed_step, op.step_failures) == ("succeeded", "completion", 1)
         for _ in range(ATTEMPTS - 1):
@@ -222,7 +223,7 @@ async def test_a_completion_that_keeps_failing_stops_and_waits_for_a_decision(
         assert [o["action"] for o in view["escalation"]["options"]] == ["retry", "abandon"]
         assert "completion step failed" in view["escalation"]["message"]
 
-        rig.worker.completion = completion
+        rig.worker.steps = steps
         op = rig.decide(op_id, {"action": "retry"})
         assert op.next_poll_at is not None and op.step_failures == 0
         op = await rig.run(op_id, ["succeeded"])
@@ -236,7 +237,9 @@ async def test_our_own_outage_is_not_counted(tmp_path: Path, db_url: str) -> Non
         async def outage(op: OperationRecord, prep: Any = None) -> None:
             raise StorageUnavailable("the database is unavailable; retry later")
 
-        rig.worker.steps = {**rig.worker.steps, **{s: outage for s in rig.worker.steps}}
+        rig.worker.steps = replace(
+            rig.worker.steps, table=dict.fromkeys(rig.worker.steps.table, outage)
+        )
         op = await fail_once(rig, op_id)
         assert op.step_failures == 0 and op.failed_step is None
 

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from reconciler.console.provider_charts import Window
+from reconciler.core.chain import Entry
 from reconciler.core.states import State
 from reconciler.core.trust import TrustMode, TrustPolicy, Verdict
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.storage import trust
 from reconciler.storage.database import Database
-from reconciler.storage.journal import Entry, Journal
+from reconciler.storage.journal import Journal
 from tests.support.factories import insert_operation
 
 # Trust earned after 3 webhook-first completions, lost at the first miss.

@@ -29,6 +29,7 @@ from reconciler.commands.validation import parse_create
 from reconciler.config import CallbackSettings, HookSpec, SchedulerSettings, Settings
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import ManualClock
+from reconciler.core.principal import Principal
 from reconciler.core.records import HistoryRecord, OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import Scope
@@ -45,10 +46,11 @@ from reconciler.outbound.callbacks import CallbackClient
 from reconciler.outbound.ssrf import Resolver
 from reconciler.providers.http_adapter import build_adapter
 from reconciler.runtime import Runtime
+from reconciler.storage import leases
 from reconciler.storage import operations as store
 from reconciler.storage.history import history_of
 from reconciler.storage.operation_reads import view_of
-from reconciler.storage.tokens import Principal, callback_salt, create_token
+from reconciler.storage.tokens import callback_salt, create_token
 from reconciler.wire import parse_decision
 from tests.support.provider_mock import BASE_URL, FakeProvider
 from tests.support.stack import CALLBACK_SECRET, SIM_TOKEN, WEBHOOK_SECRET, sim_provider_table
@@ -172,7 +174,7 @@ class StepRig:
 
         def claim() -> list[str]:
             with rt.db.write() as conn:
-                claimed = store.claim_records(conn, owner, self.clock.now(), LEASE_SECONDS, 1000)
+                claimed = leases.claim_records(conn, owner, self.clock.now(), LEASE_SECONDS, 1000)
                 return [op.id for op, _ in claimed]
 
         claimed = await rt.db.run(claim)
@@ -184,7 +186,7 @@ class StepRig:
 
             def release() -> None:
                 with rt.db.write() as conn:
-                    store.release(conn, claimed, owner)
+                    leases.release(conn, claimed, owner)
 
             await rt.db.run(release)
         return self.row(op_id)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from reconciler.console import charts, provider_charts, timeline
 from reconciler.core.records import HistoryRecord
-from reconciler.core.trust import Health, TrustMode, TrustPolicy, TrustState, Verdict
+from reconciler.core.trust import Health, TrustMode, TrustPolicy, TrustState, Verdict, needs_replay
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.storage.provider_stats import Hour
 
@@ -253,7 +253,7 @@ def test_transitions_are_the_counted_verdicts_replayed() -> None:
     assert provider_charts.transitions(verdicts, POLICY, stored, at(150))[0].at == at(90)
     quiet = Health(state=TrustState.DISTRUSTED, changed_at=at(2000))
     assert provider_charts.transitions(verdicts, POLICY, quiet, at(250)) == []
-    assert not provider_charts.needs_replay(POLICY, quiet, at(250))
+    assert not needs_replay(POLICY, quiet, at(250))
 
 
 def test_a_replay_that_disagrees_with_the_stored_state_marks_the_stored_change_only() -> None:

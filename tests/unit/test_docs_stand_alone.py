@@ -1,13 +1,15 @@
 """The repository explains itself: no text cites a document it does not hold.
 
 Comments and docs point to ``docs/<page>.md#<anchor>``, the README or SECURITY.md.
-Three rules: nothing in the tree cites the outside notes the project began from (the
+Four rules: nothing in the tree cites the outside notes the project began from (the
 numbered source documents, or the product specification by its short name); every
 ``docs/<page>.md#<anchor>`` (or ``README.md#``, ``SECURITY.md#``) reference anywhere in
-the tree resolves to a heading of that page; and every relative link of the Markdown
+the tree resolves to a heading of that page; every relative link of the Markdown
 pages (README.md, SECURITY.md, docs/*.md, deploy/README.md) resolves to a file, and its
-``#anchor`` to a heading there, so moving a section or renaming a heading cannot leave
-a link or a comment pointing nowhere.
+``#anchor`` to a heading there; and every module a page names (```storage/journal.py```,
+a path of the package, of ``service/`` or of the repository) is there. So moving a
+section, renaming a heading or splitting a module cannot leave a link, a comment or the
+code map pointing nowhere.
 """
 
 from __future__ import annotations
@@ -178,6 +180,33 @@ def test_every_link_of_the_pages_resolves() -> None:
     assert sum(map(len, found.values())) >= 30, "the pages link to each other; none was found"
     broken = [f"{p.relative_to(ROOT)}: {b}" for p in pages for b in broken_links(p)]
     assert not broken, "\n".join(broken)
+
+
+# A module as a page names it: a path of ``.py`` file in backquotes (``:name`` may follow).
+MODULE = re.compile(r"`((?:[\w.-]+/)+[\w.-]+\.py)(?::[\w.]+)?`")
+MODULE_ROOTS = (ROOT / "service" / "reconciler", ROOT / "service", ROOT)
+
+
+def missing_modules(page: Path, roots: tuple[Path, ...] = MODULE_ROOTS) -> list[str]:
+    """The modules ``page`` names that are in none of ``roots``."""
+    named = MODULE.findall(page.read_text(encoding="utf-8"))
+    return [name for name in named if not any((root / name).is_file() for root in roots)]
+
+
+def test_every_module_a_page_names_is_there() -> None:
+    pages = sorted({p for pattern in PAGES for p in ROOT.glob(pattern)})
+    named = [m for p in pages for m in MODULE.findall(p.read_text(encoding="utf-8"))]
+    assert len(named) >= 100, "the code map names modules; the scan found none"
+    missing = [f"{p.relative_to(ROOT)}: {m}" for p in pages for m in missing_modules(p)]
+    assert not missing, "no such module:\n" + "\n".join(missing)
+
+
+def test_a_module_that_moved_is_found(tmp_path: Path) -> None:
+    (tmp_path / "storage").mkdir()
+    (tmp_path / "storage" / "journal.py").write_text("")
+    page = tmp_path / "page.md"
+    page.write_text("`storage/journal.py`, `storage/journal.py:Journal`, `storage/gone.py`\n")
+    assert missing_modules(page, (tmp_path,)) == ["storage/gone.py"]
 
 
 def test_the_readme_routes_to_every_page() -> None:

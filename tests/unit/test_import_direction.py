@@ -29,11 +29,24 @@ command line sits above the root because it starts things: ``reconciler serve`` 
 may import: starting a door is not leaning on it). ``client`` is the library agents
 install, not a door: the stdio tools use it as any agent would.
 
+A door reaches the database only through ``commands`` (and ``inbound.auth``, which checks
+a request's token): what it reads or writes there is a function named for what it reads
+or does (``commands.operator_reads``, ``inbox_reads``, ``provider_reads``, ``tokens``,
+``database``, the actions and the writes). So two doors that read the same thing read it
+the same way, with the same visibility rule, and storage can change under the doors
+without touching them. From ``storage`` a door takes only plain values, by name: a class
+that neither holds nor takes a connection or a database handle (the rows a read answers
+with, a filter it passes, an error to catch), never a module, a function, a constant or
+a handle; and it imports no SQLAlchemy, since it holds no connection.
+
 Besides the layers: ``core`` imports nothing of ours outside ``core``; ``storage`` imports
 no engine, door or root; the engine receives its dependencies (``engine.deps``) and imports
 neither the runtime nor a door; the client library, imported by agents, reaches
-(directly or through what it imports) nothing server-side. Every import counts, also one
-inside a function or under ``TYPE_CHECKING``.
+(directly or through what it imports) nothing server-side. No module imports itself
+through others: in an import circle the order of the imports decides what each module
+finds half made, and two modules that need each other are one job in two files or lack
+a value or protocol between them (the lower one states what it needs; the higher hands
+it over). Every import counts, also one inside a function or under ``TYPE_CHECKING``.
 """
 
 from __future__ import annotations
@@ -121,9 +134,12 @@ def _imported(tree: ast.Module, module: str, is_package: bool, known: frozenset[
                 target = f"{base}.{node.module}" if node.module else base
             else:
                 target = node.module or ""
-            found.add(target)
-            # ``from reconciler.core import errors`` imports the module ``reconciler.errors``.
-            found.update(f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known)
+            # ``from reconciler.core import errors`` imports the module ``reconciler.core.errors``
+            # (the package is only its way there); a name defined in the package imports it.
+            modules = {f"{target}.{a.name}" for a in node.names} & known
+            found.update(modules)
+            if len(modules) < len(node.names):
+                found.add(target)
     return {name for name in found if name == PACKAGE or name.startswith(PACKAGE + ".")}
 
 
@@ -219,6 +235,44 @@ def door_violations(graph: Graph) -> list[Violation]:
     return found
 
 
+def circles(graph: Graph) -> list[list[str]]:
+    """Each import circle: for each group of modules that reach one another, a shortest
+    way round from its first module (by name) back to it."""
+    reached = {module: set(reach(graph, [module])) for module in graph}
+    found = []
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start in done or start not in reached[start]:
+            continue
+        group = {start} | {m for m in reached[start] if start in reached.get(m, set())}
+        done |= group
+        found.append(_way_round(graph, start, group))
+    return found
+
+
+def _way_round(graph: Graph, start: str, group: set[str]) -> list[str]:
+    came_from: dict[str, str] = {}
+    todo = [start]
+    while todo:
+        here = todo.pop(0)
+        for there in sorted(graph.get(here, frozenset()) & group):
+            if there == start:
+                way = [here]
+                while way[-1] != start:
+                    way.append(came_from[way[-1]])
+                return [*reversed(way), start]
+            if there not in came_from:
+                came_from[there] = here
+                todo.append(there)
+    raise AssertionError(f"{start} is in no circle")
+
+
+def circle_violations(graph: Graph) -> list[Violation]:
+    return [
+        Violation(way[0], way[1], "no import circle: " + " -> ".join(way)) for way in circles(graph)
+    ]
+
+
 def client_violations(graph: Graph) -> list[Violation]:
     client = [m for m in graph if part_of(m) == "client"]
     return [
@@ -235,7 +289,77 @@ RULES = {
     "engine": engine_violations,
     "doors": door_violations,
     "client": client_violations,
+    "circles": circle_violations,
 }
+
+
+# A class that names one of these holds or takes the database: not a plain value.
+DATABASE_HANDLES = frozenset({"Connection", "Engine", "Database"})
+# What doors take from below, by name: (module, name); a whole module is (module, "*").
+Taken = Mapping[str, frozenset[tuple[str, str]]]
+
+
+def storage_values(root: Path = ROOT) -> dict[str, frozenset[str]]:
+    """Each storage module's plain values: its classes that name no database handle."""
+    found = {}
+    for path in sorted((root / "storage").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        found[module_name(path, root)] = frozenset(
+            node.name
+            for node in tree.body
+            if isinstance(node, ast.ClassDef) and not _names_a_handle(node)
+        )
+    return found
+
+
+def _names_a_handle(node: ast.ClassDef) -> bool:
+    return any(
+        (isinstance(n, ast.Name) and n.id in DATABASE_HANDLES)
+        or (isinstance(n, ast.Attribute) and n.attr in DATABASE_HANDLES)
+        for n in ast.walk(node)
+    )
+
+
+def taken_by_doors(root: Path = ROOT) -> dict[str, frozenset[tuple[str, str]]]:
+    """What each door module imports from storage and from SQLAlchemy, name by name."""
+    paths = sorted(root.rglob("*.py"))
+    known = frozenset(module_name(p, root) for p in paths)
+    below = (f"{PACKAGE}.storage", "sqlalchemy")
+    found = {}
+    for path in paths:
+        name = module_name(path, root)
+        if part_of(name) not in DOORS:
+            continue
+        taken: set[tuple[str, str]] = set()
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                taken.update((a.name, "*") for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    whole = f"{node.module}.{alias.name}"
+                    taken.add((whole, "*") if whole in known else (node.module, alias.name))
+        found[name] = frozenset(
+            (module, what) for module, what in taken if module.startswith(below)
+        )
+    return found
+
+
+def door_reach_violations(taken: Taken, values: Mapping[str, frozenset[str]]) -> list[Violation]:
+    found = []
+    for importer, items in sorted(taken.items()):
+        for module, what in sorted(items):
+            if module.split(".")[0] == "sqlalchemy":
+                rule = "a door holds no connection: it imports no SQLAlchemy"
+            elif what not in values.get(module, frozenset()):
+                rule = (
+                    "a door reaches the database through commands: from storage it takes "
+                    "plain values and errors only, by name"
+                )
+            else:
+                continue
+            found.append(Violation(importer, module if what == "*" else f"{module}.{what}", rule))
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -275,6 +399,11 @@ BAD: dict[str, dict[str, frozenset[str]]] = {
     "client": {
         "reconciler.client.x": frozenset({"reconciler.core.y"}),
         "reconciler.core.y": frozenset({"reconciler.storage.z"}),
+    },
+    "circles": {
+        "reconciler.engine.x": frozenset({"reconciler.engine.y"}),
+        "reconciler.engine.y": frozenset({"reconciler.engine.z"}),
+        "reconciler.engine.z": frozenset({"reconciler.engine.x"}),
     },
 }
 
@@ -325,3 +454,48 @@ def test_the_door_rule_catches_one_door_leaning_on_another(importer: str, import
 )
 def test_the_door_rule_lets_shared_pieces_and_starts_through(importer: str, imported: str) -> None:
     assert not door_violations({importer: frozenset({imported})})
+
+
+def test_doors_reach_the_database_only_through_commands() -> None:
+    taken = taken_by_doors()
+    assert taken["reconciler.console.timeline"], "the doors' imports were not read"
+    found = door_reach_violations(taken, storage_values())
+    assert not found, "\n".join(str(v) for v in found)
+
+
+VALUES = {
+    "reconciler.storage.x": frozenset({"Row", "Refused"}),
+    "reconciler.storage.journal": frozenset(),
+}
+
+
+@pytest.mark.parametrize(
+    "taken",
+    [
+        ("reconciler.storage.x", "*"),  # from reconciler.storage import x
+        ("reconciler.storage.x", "read_rows"),  # a function
+        ("reconciler.storage.x", "MAX_ROWS"),  # a constant
+        ("reconciler.storage.journal", "Journal"),  # a class that takes a connection
+        ("sqlalchemy.engine", "Connection"),
+    ],
+)
+def test_the_reach_rule_catches_a_door_reading_storage(taken: tuple[str, str]) -> None:
+    assert door_reach_violations({"reconciler.console.x": frozenset({taken})}, VALUES)
+
+
+def test_the_reach_rule_lets_plain_values_and_errors_through() -> None:
+    taken = {("reconciler.storage.x", "Row"), ("reconciler.storage.x", "Refused")}
+    assert not door_reach_violations({"reconciler.cli.x": frozenset(taken)}, VALUES)
+
+
+def test_a_class_that_holds_or_takes_the_database_is_no_plain_value(tmp_path: Path) -> None:
+    storage = tmp_path / PACKAGE / "storage"
+    storage.mkdir(parents=True)
+    (storage / "x.py").write_text(
+        "class Row:\n    n: int\n"
+        "class Refused(Exception):\n    pass\n"
+        "class Reader:\n    def read(self, conn: Connection) -> None: ...\n"
+        "class Holder:\n    db: storage.Database\n"
+    )
+    values = storage_values(tmp_path / PACKAGE)
+    assert values["reconciler.storage.x"] == {"Row", "Refused"}

@@ -22,10 +22,8 @@ from reconciler.core.operation_view import operation_view
 from reconciler.core.states import END_STATES, State, awaits_decision, is_done
 from reconciler.core.strict_json import parse_json
 from reconciler.inbound.errors import error_response
-from reconciler.storage import operations as store
 from reconciler.storage.models import Escalation as EscalationRow
 from reconciler.wire import (
-    MAX_PAGE,
     CallbackEvent,
     ErrorBody,
     Operation,
@@ -86,10 +84,6 @@ def test_every_documented_body_is_a_wire_model() -> None:
     assert seen == models  # and no model is documented without a path that uses it
     # Every reference inside resolves to a generated component.
     assert {r.removeprefix(REF) for r in _refs(doc)} <= set(doc["components"]["schemas"])
-
-
-def test_the_page_size_is_the_one_storage_clamps_to() -> None:
-    assert MAX_PAGE == store.MAX_PAGE
 
 
 # --- MCP ----------------------------------------------------------------------------------

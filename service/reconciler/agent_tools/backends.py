@@ -16,8 +16,8 @@ from typing import Any, Protocol
 
 from reconciler.client import AsyncClient
 from reconciler.commands import agent_actions
+from reconciler.core.principal import Principal
 from reconciler.runtime import Runtime
-from reconciler.storage.tokens import Principal
 from reconciler.wire import CreateOperation, OperationFilter
 
 View = dict[str, Any]

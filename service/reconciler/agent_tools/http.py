@@ -54,12 +54,12 @@ from reconciler.core.errors import (
     InvalidRequest,
     ReconcilerError,
 )
+from reconciler.core.principal import Principal
 from reconciler.core.strict_json import parse_request_json
 from reconciler.inbound.auth import principal_for, until_refused
 from reconciler.inbound.bodies import read_limited, require_json_type
 from reconciler.inbound.errors import error_response, status_for
 from reconciler.runtime import Runtime
-from reconciler.storage.tokens import Principal
 
 log = logging.getLogger("reconciler.mcp")
 

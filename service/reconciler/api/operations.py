@@ -16,12 +16,12 @@ from reconciler.commands import agent_actions
 from reconciler.commands.decide import decide as commands_decide
 from reconciler.commands.validation import parse_history_params, parse_list_params
 from reconciler.core.errors import InvalidRequest
+from reconciler.core.principal import require_operator
 from reconciler.inbound.auth import principal as authenticate
 from reconciler.inbound.auth import while_authorized
 from reconciler.inbound.bodies import read_json
 from reconciler.inbound.responses import JSONResponse
 from reconciler.runtime import Runtime
-from reconciler.storage.tokens import require_operator
 from reconciler.tracing import SpanName
 from reconciler.wire import parse_decision
 

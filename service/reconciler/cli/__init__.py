@@ -30,7 +30,7 @@ from reconciler.core.errors import ConfigError, ReconcilerError
 from reconciler.core.states import State
 from reconciler.core.strict_json import require_field_text
 from reconciler.core.vocabulary import DecisionAction, Scope
-from reconciler.storage import operations as store
+from reconciler.wire import MAX_PAGE
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 
@@ -188,8 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--limit",
         type=int,
         default=50,
-        choices=range(1, store.MAX_PAGE + 1),
-        metavar=f"1..{store.MAX_PAGE}",
+        choices=range(1, MAX_PAGE + 1),
+        metavar=f"1..{MAX_PAGE}",
     )
     listing.set_defaults(handler=ops_command)
     for name, text in (("show", "the Operation as JSON"), ("history", "the story, oldest first")):

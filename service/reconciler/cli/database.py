@@ -1,6 +1,6 @@
-"""``reconciler db upgrade``, ``reconciler db prune`` and ``reconciler audit verify``, and
-the database every other command that reads or writes records opens: refused with one
-line when its schema is behind this version."""
+"""``reconciler db upgrade``, ``reconciler db prune`` and ``reconciler audit verify``
+(``commands.database``: every other command that reads or writes records opens the
+database through ``current``, refused with one line when its schema is behind)."""
 
 from __future__ import annotations
 
@@ -11,44 +11,18 @@ import sys
 from dataclasses import replace
 
 from reconciler.cli.durations import parse_duration
+from reconciler.commands import database
 from reconciler.config import Settings
 from reconciler.core.clock import SystemClock, isoformat
-from reconciler.core.errors import ConfigError
 from reconciler.core.ids import worker_id
 from reconciler.core.retention import RetentionPolicy, cutoffs
-from reconciler.storage import audit, migrate
-from reconciler.storage.database import Database
-from reconciler.storage.pruner import PRUNED_TABLES, LeaseHeld, Pruner, dry_run
-from reconciler.storage.retention import removed_lines
+from reconciler.storage.pruner import LeaseHeld
 
 
 def db_upgrade(args: argparse.Namespace, settings: Settings) -> int:
-    db = Database(settings.database_url)
-    try:
-        migrate.upgrade(db)
-        print(f"database at revision {migrate.current_revision(db)}")
-    finally:
-        db.dispose()
+    with database.opened(settings.database_url) as db:
+        print(f"database at revision {database.upgrade(db)}")
     return 0
-
-
-def current_database(settings: Settings) -> Database:
-    """The database, refused with a clear line when its schema is behind this version."""
-    db = Database(settings.database_url)
-    try:
-        current = migrate.is_current(db)
-    except BaseException:
-        db.dispose()
-        raise
-    if not current:
-        db.dispose()
-        raise ConfigError("the database schema is not current; run 'reconciler db upgrade' first")
-    return db
-
-
-def _audit_key(settings: Settings) -> bytes | None:
-    key = settings.audit_key()
-    return key.reveal().encode("utf-8") if key else None
 
 
 def db_prune(args: argparse.Namespace, settings: Settings) -> int:
@@ -61,42 +35,35 @@ def db_prune(args: argparse.Namespace, settings: Settings) -> int:
     )
     clock = SystemClock()
     limits = cutoffs(policy, clock.now())
-    db = current_database(settings)
-    try:
+    with database.current(settings.database_url) as db:
         if args.dry_run:
-            removed = dry_run(db, limits)
+            removed = database.count_prunable(db, limits)
             verb = "would remove"
         else:
             who = f"cli:{getpass.getuser()}@{worker_id(os.uname().nodename, os.getpid())}"
-            owner = who[:100]
-            pruner = Pruner(
-                db,
-                clock.now,
-                owner,
-                _audit_key(settings),
-                batch_size=kept.batch_size,
-                lease_seconds=settings.scheduler.lease_seconds,
-            )
             try:
-                removed = pruner.run(limits)
+                removed = database.prune(
+                    db,
+                    limits,
+                    now=clock.now,
+                    owner=who[:100],
+                    key=database.audit_key(settings),
+                    batch_size=kept.batch_size,
+                    lease_seconds=settings.scheduler.lease_seconds,
+                )
             except LeaseHeld as exc:
                 print(f"prune not started: {exc}; run it again after that sweep", file=sys.stderr)
                 return 1
             verb = "removed"
-    finally:
-        db.dispose()
     print(f"{verb}, operations finished before {isoformat(limits.operations)}:")
-    for line in removed_lines(removed, PRUNED_TABLES):
+    for line in database.removed_lines(removed):
         print(f"  {line}")
     return 0
 
 
 def audit_verify(args: argparse.Namespace, settings: Settings) -> int:
-    db = Database(settings.database_url)
-    try:
-        report = audit.verify(db, _audit_key(settings))
-    finally:
-        db.dispose()
+    with database.opened(settings.database_url) as db:
+        report = database.audit(db, database.audit_key(settings))
     if report.fault is not None:
         print(f"audit FAILED: {report.fault.describe()}", file=sys.stderr)
         return 1

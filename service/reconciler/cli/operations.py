@@ -7,48 +7,29 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
 
-from reconciler.cli.database import current_database
+from reconciler.commands import database, operator_reads
 from reconciler.commands.decide import decide
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Settings
 from reconciler.core import story
 from reconciler.core.clock import SystemClock, isoformat
+from reconciler.core.principal import Principal
 from reconciler.core.states import State
 from reconciler.core.strict_json import visible
 from reconciler.core.vocabulary import Scope
 from reconciler.providers.loader import load_providers
-from reconciler.storage import operations as store
-from reconciler.storage.database import Database
-from reconciler.storage.history import history_of
-from reconciler.storage.journal import Journal
-from reconciler.storage.operation_reads import view_of
-from reconciler.storage.tokens import Principal
 from reconciler.wire import parse_decision
-
-
-def _operator_view(db: Database, op_id: str) -> dict[str, Any]:
-    with db.read() as conn:
-        return view_of(conn, store.load_operation(conn, op_id), SystemClock().now())
-
 
 CLI_OPERATOR = Principal(name="cli", scope=Scope.OPERATOR)
 
 
 def ops_command(args: argparse.Namespace, settings: Settings) -> int:
-    db = current_database(settings)
-    try:
+    with database.current(settings.database_url) as db:
         if args.ops_command == "list":
             state = State(args.state) if args.state else None
-            with db.read() as conn:
-                page = store.list_operations(
-                    conn,
-                    CLI_OPERATOR,
-                    state=state,
-                    provider=args.provider,
-                    limit=args.limit,
-                    cursor=None,
-                )
+            page = operator_reads.operations_page(
+                db, CLI_OPERATOR, state, args.provider, args.limit
+            )
             for op in page.items:
                 print(
                     visible(
@@ -59,17 +40,14 @@ def ops_command(args: argparse.Namespace, settings: Settings) -> int:
             if not page.items:
                 print("no operations", file=sys.stderr)
         elif args.ops_command == "show":
-            print(json.dumps(_operator_view(db, args.operation), indent=2, sort_keys=True))
+            view = operator_reads.operation_view(db, args.operation, SystemClock().now())
+            print(json.dumps(view, indent=2, sort_keys=True))
         else:
-            with db.read() as conn:
-                op = store.load_operation(conn, args.operation)
-                entries = history_of(conn, args.operation)
+            op, entries = operator_reads.operation_story(db, args.operation)
             # Stored text no encoder can write is shown as a visible escape.
             print(visible(story.header(op)))
             for text in story.tell(entries):
                 print(visible(text))
-    finally:
-        db.dispose()
     return 0
 
 
@@ -86,8 +64,6 @@ def decide_command(args: argparse.Namespace, settings: Settings) -> int:
             **({"note": args.note} if args.note is not None else {}),
         }
     )
-    key = settings.audit_key()
-    journal = Journal(key=key.reveal().encode("utf-8") if key else None)
     # The provider files give the cancel window; the CLI needs none of their credentials.
     providers = load_providers(
         settings.providers_path(),
@@ -98,10 +74,8 @@ def decide_command(args: argparse.Namespace, settings: Settings) -> int:
         check_secrets=False,
     )
     who = Principal(name=args.by, scope=Scope.OPERATOR)
-    db = current_database(settings)
-    try:
+    with database.current(settings.database_url) as db:
+        journal = database.journal(settings)
         after = decide(db, journal, providers, args.operation, who, decision, SystemClock().now())
-    finally:
-        db.dispose()
     print(f"{after.id}: {args.action} recorded; state {after.state}")
     return 0

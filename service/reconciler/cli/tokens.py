@@ -9,21 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from reconciler.cli.database import current_database
 from reconciler.cli.durations import parse_duration
+from reconciler.commands import database, tokens
 from reconciler.config import Settings
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.clock import SystemClock, isoformat
 from reconciler.core.errors import ConfigError
 from reconciler.core.signatures import decode_whsec
 from reconciler.core.vocabulary import Scope
-from reconciler.storage.tokens import (
-    callback_salt,
-    create_token,
-    list_tokens,
-    revoke_token,
-    rotate_callback_salt,
-)
 
 DEFAULT_ROTATION_WINDOW = "24h"
 
@@ -64,13 +57,8 @@ def _show_callback_secret(settings: Settings, name: str, salt: str | None) -> No
 def tokens_create(args: argparse.Namespace, settings: Settings) -> int:
     now = SystemClock().now()
     expires = now + parse_duration(args.expires_in, "--expires-in") if args.expires_in else None
-    db = current_database(settings)
-    try:
-        with db.write() as conn:
-            token = create_token(conn, args.name, args.scope, now, expires)
-            salt = callback_salt(conn, args.name)
-    finally:
-        db.dispose()
+    with database.current(settings.database_url) as db:
+        token, salt = tokens.create(db, args.name, args.scope, now, expires)
     print(token)
     until = f", expires {isoformat(expires)}" if expires else ""
     print(
@@ -90,12 +78,8 @@ def tokens_rotate(args: argparse.Namespace, settings: Settings) -> int:
         )
     window = parse_duration(args.window, "--window")
     now = SystemClock().now()
-    db = current_database(settings)
-    try:
-        with db.write() as conn:
-            salt = rotate_callback_salt(conn, args.name, now, window)
-    finally:
-        db.dispose()
+    with database.current(settings.database_url) as db:
+        salt = tokens.rotate_callback_salt(db, args.name, now, window)
     print(as_whsec(agent_key(key, salt)))
     print(
         f"new callback secret for {args.name!r}, shown only this once; until "
@@ -106,14 +90,10 @@ def tokens_rotate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def tokens_list(args: argparse.Namespace, settings: Settings) -> int:
-    db = current_database(settings)
-    try:
-        with db.read() as conn:
-            tokens = list_tokens(conn)
-    finally:
-        db.dispose()
+    with database.current(settings.database_url) as db:
+        found = tokens.listing(db)
     now = SystemClock().now()
-    for info in tokens:
+    for info in found:
         if info.revoked_at:
             status = f"revoked {isoformat(info.revoked_at)}"
         elif info.expires_at and info.expires_at <= now:
@@ -131,12 +111,8 @@ def tokens_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def tokens_revoke(args: argparse.Namespace, settings: Settings) -> int:
-    db = current_database(settings)
-    try:
-        with db.write() as conn:
-            info = revoke_token(conn, args.name, SystemClock().now())
-    finally:
-        db.dispose()
+    with database.current(settings.database_url) as db:
+        info = tokens.revoke(db, args.name, SystemClock().now())
     print(
         f"token {info.name!r} revoked at {isoformat(info.revoked_at)}; running services "
         "refuse it within a few seconds"

@@ -29,6 +29,7 @@ from reconciler.commands.validation import (
 from reconciler.core import states
 from reconciler.core.errors import Conflict, InvalidRequest, NotFound
 from reconciler.core.operation_view import as_replayed, history_entry_view
+from reconciler.core.principal import Principal
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.strict_json import require_field_text, shown
@@ -38,7 +39,6 @@ from reconciler.storage import operations as store
 from reconciler.storage.database import NEW_OPERATION
 from reconciler.storage.history import history_page
 from reconciler.storage.operation_reads import operation_views
-from reconciler.storage.tokens import Principal
 from reconciler.tracing import SpanName, operation_context
 from reconciler.wire import CreateOperation, OperationFilter
 

@@ -12,16 +12,17 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.chain import Entry
 from reconciler.core.errors import Conflict
+from reconciler.core.principal import Principal
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.providers.spec import ProviderSpec, cancel_deadline_seconds
 from reconciler.storage import operations as store
 from reconciler.storage.database import Database, retry_stale
-from reconciler.storage.journal import Entry, Journal
+from reconciler.storage.journal import Journal
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
-from reconciler.storage.tokens import Principal
 
 
 def cancel(

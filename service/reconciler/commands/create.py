@@ -20,6 +20,7 @@ from reconciler.core import ids
 from reconciler.core.canonical import request_fingerprint, same_json
 from reconciler.core.errors import Gone, IdempotencyConflict, InvalidRequest, QuotaExceeded
 from reconciler.core.limits import ProviderLimits
+from reconciler.core.principal import Principal
 from reconciler.core.quotas import RATE_WINDOW, Quota, check_quota
 from reconciler.core.records import OperationRecord, new_operation
 from reconciler.core.retention import key_digest
@@ -28,7 +29,6 @@ from reconciler.storage import operations as store
 from reconciler.storage import retention
 from reconciler.storage.journal import Journal
 from reconciler.storage.notify import WAKE_CHANNEL
-from reconciler.storage.tokens import Principal
 from reconciler.tracing import StoredTrace
 from reconciler.wire import CreateOperation
 

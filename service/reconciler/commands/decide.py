@@ -12,7 +12,9 @@ from datetime import datetime
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.chain import Entry
 from reconciler.core.operator_decision import DecisionRequest, plan_decision
+from reconciler.core.principal import Principal, require_operator
 from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.providers.spec import ProviderSpec, cancel_deadline_seconds
@@ -20,9 +22,8 @@ from reconciler.storage import operations as store
 from reconciler.storage.completion_steps import reopen_given_up
 from reconciler.storage.database import Database, retry_stale
 from reconciler.storage.escalations import mark_decided, open_escalation
-from reconciler.storage.journal import Entry, Journal
+from reconciler.storage.journal import Journal
 from reconciler.storage.notify import CHANGE_CHANNEL, WAKE_CHANNEL, notify_in_transaction
-from reconciler.storage.tokens import Principal, require_operator
 
 
 def decide(

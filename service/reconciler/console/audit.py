@@ -1,4 +1,5 @@
-"""The audit page: the history chain check (``storage.audit``) run on request, its verdict shown."""
+"""The audit page: the history chain check (``commands.database.audit``) run on request,
+its verdict shown."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
+from reconciler.commands import database
 from reconciler.console.web import operator, page, render, runtime_of
-from reconciler.storage import audit
+from reconciler.storage.audit import AuditReport
 
 
 @page
@@ -16,9 +18,9 @@ async def audit_page(request: Request) -> Response:
     who = await operator(request)
     rt = runtime_of(request)
 
-    def check() -> tuple[audit.AuditReport, float]:
+    def check() -> tuple[AuditReport, float]:
         started = time.monotonic()
-        report = audit.verify(rt.db, rt.journal.key)
+        report = database.audit(rt.db, rt.journal.key)
         return report, time.monotonic() - started
 
     report, took = await rt.db.run(check)

@@ -17,14 +17,13 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from reconciler.commands import inbox_reads
 from reconciler.console import operator_text
 from reconciler.console.web import operator, page, render, runtime_of
 from reconciler.core import errors, risk
 from reconciler.core.states import State
 from reconciler.core.vocabulary import EscalationReason
-from reconciler.storage import inbox as reads
-from reconciler.storage.escalations import escalations_by_operation, escalations_for
-from reconciler.storage.operations import count_by_state
+from reconciler.storage.inbox import InboxFilter
 
 PAGE_SIZE = 20
 MAX_PAGE = 10_000
@@ -34,7 +33,7 @@ PARAMS = ("state", "provider", "reason", "q", "page", "risk_page", "all_page")
 
 @dataclass(frozen=True)
 class Query:
-    filter: reads.InboxFilter
+    filter: InboxFilter
     pages: dict[str, int]
     raw: dict[str, str]
 
@@ -89,7 +88,7 @@ def parse_query(params: dict[str, str], providers: set[str]) -> Query:
                 f"{MAX_QUERY} printable characters"
             )
     pages = {name: _page_number(raw[name], name) if name in raw else 1 for name in PARAMS[4:]}
-    found = reads.InboxFilter(state=state, provider=provider, reason=reason, query=query or None)
+    found = InboxFilter(state=state, provider=provider, reason=reason, query=query or None)
     return Query(found, pages, raw)
 
 
@@ -99,48 +98,22 @@ async def inbox(request: Request) -> Response:
     rt = runtime_of(request)
     now = rt.clock.now()
 
-    def load_providers() -> list[str]:
-        with rt.db.read() as conn:
-            return reads.providers_seen(conn)
-
-    providers = set(rt.providers) | set(await rt.db.run(load_providers))
+    providers = set(rt.providers) | set(await rt.db.run(inbox_reads.providers_seen, rt.db))
     query = parse_query(dict(request.query_params), providers)
-    f, pages = query.filter, query.pages
-
-    def load() -> dict[str, Any]:
-        with rt.db.read() as conn:
-            escalated = reads.escalated(conn, f, PAGE_SIZE, (pages["page"] - 1) * PAGE_SIZE)
-            # The reason is an escalation's: an operation at risk has none yet.
-            at_risk = (
-                reads.at_risk(conn, f, now, PAGE_SIZE, (pages["risk_page"] - 1) * PAGE_SIZE)
-                if f.reason is None
-                else None
-            )
-            matching = (
-                reads.matching(conn, f, PAGE_SIZE, (pages["all_page"] - 1) * PAGE_SIZE)
-                if f.narrows
-                else None
-            )
-            before = escalations_by_operation(conn, [op.id for op, _ in escalated.items])
-            risky = at_risk.items if at_risk is not None else []
-            last = escalations_for(conn, [op.escalation_id for op in risky if op.escalation_id])
-            # "Failing again" is judged against the reason of the operation's last escalation.
-            reasons = {
-                op.id: last[op.escalation_id].reason for op in risky if op.escalation_id in last
-            }
-            return {
-                "escalated": escalated,
-                "at_risk": at_risk,
-                "matching": matching,
-                "counts": count_by_state(conn),
-                "stamp": reads.stamp(conn),
-                "repeats": {
-                    op_id: operator_text.repeat_of(found) for op_id, found in before.items()
-                },
-                "risks": {op.id: risk.risks(op, now, reasons.get(op.id)) for op in risky},
-            }
-
-    data = await rt.db.run(load)
+    found = await rt.db.run(
+        inbox_reads.read_inbox, rt.db, query.filter, query.pages, PAGE_SIZE, now
+    )
+    risky = found.at_risk.items if found.at_risk is not None else []
+    data = {
+        "escalated": found.escalated,
+        "at_risk": found.at_risk,
+        "matching": found.matching,
+        "counts": found.counts,
+        "stamp": found.stamp,
+        "repeats": {op_id: operator_text.repeat_of(esc) for op_id, esc in found.before.items()},
+        # "Failing again" is judged against the reason of the operation's last escalation.
+        "risks": {op.id: risk.risks(op, now, found.reasons.get(op.id)) for op in risky},
+    }
     return render(
         request,
         "inbox.html",
@@ -162,8 +135,4 @@ async def inbox_stamp(request: Request) -> Response:
     await operator(request)
     rt = runtime_of(request)
 
-    def load() -> str:
-        with rt.db.read() as conn:
-            return reads.stamp(conn)
-
-    return JSONResponse({"stamp": await rt.db.run(load)})
+    return JSONResponse({"stamp": await rt.db.run(inbox_reads.stamp, rt.db)})

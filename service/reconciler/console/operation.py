@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from reconciler.commands import operator_reads
 from reconciler.commands.decide import decide as commands_decide
 from reconciler.console import operator_text, timeline
 from reconciler.console.web import (
@@ -37,11 +38,6 @@ from reconciler.core.operator_decision import plan_decision
 from reconciler.core.records import EscalationRecord, OperationRecord
 from reconciler.providers.spec import cancel_deadline_seconds
 from reconciler.runtime import Runtime
-from reconciler.storage import operations as store
-from reconciler.storage.completion_steps import steps_of
-from reconciler.storage.escalations import escalations_of
-from reconciler.storage.history import history_of
-from reconciler.storage.operation_reads import view_of
 from reconciler.tracing import SpanName
 from reconciler.wire import parse_decision
 from reconciler.wire.fields import MAX_DECISION_NOTE
@@ -82,12 +78,8 @@ def _open(op: OperationRecord, escalations: list[EscalationRecord]) -> Escalatio
 
 def _load(rt: Runtime, op_id: str) -> dict[str, Any]:
     now = rt.clock.now()
-    with rt.db.read() as conn:
-        op = store.load_operation(conn, op_id)
-        escalations = escalations_of(conn, op_id)
-        entries = history_of(conn, op_id)
-        steps = steps_of(conn, op_id)
-        view = view_of(conn, op, now)
+    found = operator_reads.operation_file(rt.db, op_id, now)
+    op, escalations, entries, view = found.op, found.escalations, found.entries, found.view
     story_rows = timeline.rows(entries)
     last = next((e for e in escalations if e.id == op.escalation_id), None)
     return {
@@ -100,7 +92,7 @@ def _load(rt: Runtime, op_id: str) -> dict[str, Any]:
         "escalations": escalations,
         "timeline": story_rows,
         "story_chart": timeline.chart(op.id, story_rows),
-        "deliveries": timeline.deliveries(steps, entries),
+        "deliveries": timeline.deliveries(found.steps, entries),
         "callback_url": without_query(op.callback_url),
         "result": _result(op.result),
         "risks": risk.risks(op, now, last.reason if last is not None else None),
@@ -205,8 +197,7 @@ async def decide(request: Request) -> Response:
 
     def check_escalation() -> None:
         # The confirmation named one escalation: refuse if another one is open by now.
-        with rt.db.read() as conn:
-            op = store.load_operation(conn, op_id)
+        op = operator_reads.operation(rt.db, op_id)
         confirmed = form.get("escalation", "")
         if op.escalation_id is not None and confirmed and confirmed != str(op.escalation_id):
             raise errors.DecisionNotAllowed(

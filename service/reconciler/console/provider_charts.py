@@ -20,15 +20,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from markupsafe import Markup
-from sqlalchemy.engine import Connection
 
 from reconciler.console import charts
 from reconciler.core.clock import utc
 from reconciler.core.trust import Health, TrustPolicy, Verdict
 from reconciler.core.trust import count as count_verdict
-from reconciler.storage import provider_stats
 from reconciler.storage.provider_stats import Hour
-from reconciler.storage.trust import load_health
 
 HOURS = 24
 HOUR = timedelta(hours=1)
@@ -65,22 +62,6 @@ def transitions(
     if health.state is stored.state and found:
         return found
     return [charts.Marker(stored.changed_at, stored.state.value, stored.state.value)]
-
-
-def needs_replay(policy: TrustPolicy, stored: Health, since: datetime) -> bool:
-    return policy.adaptive and stored.changed_at is not None and stored.changed_at >= since
-
-
-def markers_of(
-    conn: Connection, provider: str, policy: TrustPolicy | None, since: datetime
-) -> list[charts.Marker]:
-    """The provider's transitions in the window: nothing for a provider no longer configured."""
-    if policy is None:
-        return []
-    stored = load_health(conn, provider)
-    if not needs_replay(policy, stored, since):
-        return []
-    return transitions(provider_stats.deciding_verdicts(conn, provider), policy, stored, since)
 
 
 def _judged(count: int) -> str:

@@ -18,14 +18,13 @@ from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import Response
 
+from reconciler.commands.provider_reads import READ_BUCKETS, read_providers
 from reconciler.console import provider_charts
 from reconciler.console.web import operator, page, render, runtime_of
-from reconciler.core.trust import TrustPolicy, TrustState, TrustView
+from reconciler.core.trust import TrustState, TrustView
 from reconciler.metrics import totals
 from reconciler.runtime import Runtime
-from reconciler.storage import provider_stats, retention
-from reconciler.storage import trust as trust_store
-from reconciler.storage.inbox import providers_seen
+from reconciler.storage.provider_stats import ReadCounts, WebhookCounts
 from reconciler.storage.webhook_events import Outcome
 
 # Webhook results in the metrics that are not a stored event's outcome.
@@ -36,8 +35,8 @@ _NOT_REJECTED = {o.value for o in Outcome}
 class ProviderFigures:
     name: str
     configured: bool
-    webhooks: provider_stats.WebhookCounts
-    reads: provider_stats.ReadCounts
+    webhooks: WebhookCounts
+    reads: ReadCounts
     trust: TrustView | None
     rejected: dict[str, int] = field(default_factory=dict)  # this process
     statuses: dict[str, int] = field(default_factory=dict)  # status reads by HTTP status
@@ -75,11 +74,6 @@ def trust_words(view: TrustView) -> str:
     )
 
 
-def _policy(runtime: Runtime, provider: str) -> TrustPolicy | None:
-    spec = runtime.providers.get(provider)
-    return spec.polling.trust() if spec is not None else None
-
-
 def _process_figures(rt: Runtime) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     rejected: dict[str, dict[str, int]] = defaultdict(dict)
     for (provider, result), value in totals(rt.metrics.webhooks).items():
@@ -100,41 +94,19 @@ async def providers_page(request: Request) -> Response:
     rt = runtime_of(request)
 
     window = provider_charts.Window.ending_at(rt.clock.now())
-
-    def load() -> tuple[Any, Any, list[str], dict[str, Any], dict[str, Any], dict[str, Any], Any]:
-        with rt.db.read() as conn:
-            webhooks = provider_stats.webhook_counts(conn)
-            seen = providers_seen(conn)
-            named = set(rt.providers) | set(seen) | set(webhooks)
-            policies = {name: _policy(rt, name) for name in named}
-            markers = {
-                name: provider_charts.markers_of(conn, name, policy, window.starts[0])
-                for name, policy in policies.items()
-            }
-            # A provider no longer configured has no trust keys: no trust shown.
-            known = {name: policy for name, policy in policies.items() if policy is not None}
-            trust = trust_store.trust_views(conn, known)
-            return (
-                webhooks,
-                provider_stats.status_reads(conn),
-                seen,
-                provider_stats.hourly(conn, window.starts, window.end),
-                markers,
-                trust,
-                retention.progress(conn, rt.clock.now()),
-            )
-
-    webhooks, reads, seen, hours, markers, trust, progress = await rt.db.run(load)
-    size = await rt.db.run(rt.db.size_bytes)
+    since = window.starts[0]
+    policies = {name: spec.polling.trust() for name, spec in rt.providers.items()}
+    found = await rt.db.run(
+        read_providers, rt.db, policies, window.starts, window.end, rt.clock.now()
+    )
     rejected, statuses, calls = _process_figures(rt)
-    names = sorted(set(rt.providers) | set(seen) | set(webhooks))
     figures = [
         ProviderFigures(
             name=name,
             configured=name in rt.providers,
-            webhooks=webhooks.get(name, provider_stats.WebhookCounts()),
-            reads=reads.get(name, provider_stats.ReadCounts()),
-            trust=trust.get(name),
+            webhooks=found.webhooks.get(name, WebhookCounts()),
+            reads=found.reads.get(name, ReadCounts()),
+            trust=found.trust.get(name),
             rejected=rejected.get(name, {}),
             statuses=dict(sorted(statuses.get(name, {}).items())),
             calls={k: dict(sorted(v.items())) for k, v in sorted(calls.get(name, {}).items())},
@@ -142,11 +114,13 @@ async def providers_page(request: Request) -> Response:
                 f"provider-chart-{index}",
                 name,
                 window,
-                hours.get(name) or provider_charts.empty_hours(window),
-                markers.get(name, []),
+                found.hours.get(name) or provider_charts.empty_hours(window),
+                provider_charts.transitions(h.verdicts, h.policy, h.stored, since)
+                if (h := found.history.get(name)) is not None
+                else [],
             ),
         )
-        for index, name in enumerate(names)
+        for index, name in enumerate(found.names)
     ]
     unknown = rejected.get("unknown", {})
     return render(
@@ -155,12 +129,12 @@ async def providers_page(request: Request) -> Response:
         {
             "figures": figures,
             "unknown_provider": sum(unknown.values()),
-            "buckets": [b[0] for b in provider_stats.READ_BUCKETS],
+            "buckets": READ_BUCKETS,
             "trust_words": trust_words,
             "storage": {
-                "size": size,
+                "size": found.size_bytes,
                 "settings": rt.settings.retention,
-                "progress": progress,
+                "progress": found.progress,
                 "removed": {t[0]: int(v) for t, v in totals(rt.metrics.retention_removed).items()},
             },
         },

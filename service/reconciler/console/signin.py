@@ -13,6 +13,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from reconciler.commands import tokens
 from reconciler.console.return_to import return_to
 from reconciler.console.session import SESSION_COOKIE, SIGNIN_COOKIE
 from reconciler.console.web import (
@@ -26,7 +27,7 @@ from reconciler.console.web import (
     state_of,
 )
 from reconciler.core import errors
-from reconciler.storage.tokens import Standing, standing_of
+from reconciler.storage.tokens import Standing
 
 MAX_TOKEN_CHARS = 200
 NOTICES = {
@@ -107,11 +108,7 @@ async def sign_in(request: Request) -> Response:
     if not token or len(token) > MAX_TOKEN_CHARS or not token.isascii():
         return _form(request, 400, "", "Paste an operator token (it starts with rk_).", next_url)
 
-    def lookup() -> Standing | None:
-        with rt.db.read() as conn:
-            return standing_of(conn, token, now)
-
-    found = await rt.db.run(lookup)
+    found = await rt.db.run(tokens.standing, rt.db, token, now)
     refusal = _refusal(found)
     if refusal is not None or found is None:
         return _form(request, 403, "", refusal or "", next_url)

@@ -24,12 +24,12 @@ from starlette.templating import Jinja2Templates
 from reconciler.console import formatting, operator_text
 from reconciler.console.session import SESSION_COOKIE, Session, Signer, key_from
 from reconciler.core import errors
+from reconciler.core.principal import Principal
 from reconciler.core.strict_json import require_field_text, visible
-from reconciler.inbound.auth import cached_principal
+from reconciler.inbound.auth import session_principal
 from reconciler.inbound.bodies import read_limited
 from reconciler.inbound.errors import status_for
 from reconciler.runtime import Runtime
-from reconciler.storage.tokens import Principal, principal_by_id
 
 log = logging.getLogger("reconciler.console")
 
@@ -119,11 +119,7 @@ async def operator(request: Request) -> Operator:
     if session is None:
         raise SignInNeeded("expired" if SESSION_COOKIE in request.cookies else "none")
     try:
-        found = await cached_principal(
-            rt,
-            f"console:{session.token_id}",
-            lambda conn: principal_by_id(conn, session.token_id, rt.clock.now()),
-        )
+        found = await session_principal(rt, session.token_id)
     except errors.AuthenticationFailed:
         raise SignInNeeded("revoked") from None
     if not found.is_operator or found.name != session.name:

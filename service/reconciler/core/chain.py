@@ -1,4 +1,5 @@
-"""The history hash chain: pure functions over entry values.
+"""The history hash chain: pure functions over entry values (the entries a write appends,
+``Entry``, chained on by ``chained``; a stored chain checked by ``verify_chain``).
 
 Each entry's hash covers its own fields and the previous entry's hash, so an
 edit, a deletion in the middle or a reordering breaks the chain; the
@@ -12,13 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from reconciler.core.canonical import canonical_json
 from reconciler.core.clock import isoformat
+from reconciler.core.states import State
+from reconciler.core.vocabulary import DelaySource, HistoryKind
 
 GENESIS = ""
 HASHED_FIELDS = (
@@ -44,6 +47,51 @@ def entry_hash(fields: Mapping[str, Any], prev_hash: str, key: bytes | None) -> 
     if key:
         return hmac.new(key, text, hashlib.sha256).hexdigest()
     return hashlib.sha256(text).hexdigest()
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A history entry to append (``at``: None for the time of the write)."""
+
+    kind: HistoryKind
+    actor: str
+    cause: str
+    detail: Mapping[str, Any] | None = None
+    delay_source: DelaySource | None = None
+    from_state: State | None = None
+    to_state: State | None = None
+    at: datetime | None = None
+
+
+def chained(
+    operation_id: str,
+    head: str,
+    seq: int,
+    entries: Sequence[Entry],
+    now: datetime,
+    key: bytes | None,
+) -> tuple[list[dict[str, Any]], str, int]:
+    """The rows of ``entries``, each hashed on from the one before, the first from ``head``
+    (``GENESIS`` for a new chain) at ``seq + 1``; with the new head and seq."""
+    rows = []
+    for entry in entries:
+        seq += 1
+        fields = {
+            "operation_id": operation_id,
+            "seq": seq,
+            "at": entry.at or now,
+            "kind": entry.kind.value,
+            "actor": entry.actor,
+            "from_state": entry.from_state.value if entry.from_state else None,
+            "to_state": entry.to_state.value if entry.to_state else None,
+            "cause": entry.cause,
+            "delay_source": entry.delay_source.value if entry.delay_source else None,
+            "detail": dict(entry.detail) if entry.detail is not None else None,
+        }
+        digest = entry_hash(fields, head, key)
+        rows.append({**fields, "prev_hash": head, "hash": digest})
+        head = digest
+    return rows, head, seq
 
 
 @dataclass(frozen=True)

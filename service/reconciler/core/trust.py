@@ -174,6 +174,13 @@ def count(
     return after, Change(before, after.state, operation_id, verdict)
 
 
+def needs_replay(policy: TrustPolicy, stored: Health, since: datetime) -> bool:
+    """Whether the trust state's transitions from ``since`` on must be found by counting
+    the judged verdicts again (``count``, in the order judged): only the last one is
+    stored (``changed_at``), and only one at or after ``since`` can have others in it."""
+    return policy.adaptive and stored.changed_at is not None and stored.changed_at >= since
+
+
 def share(health: Health) -> float | None:
     """Webhook-first completions among all judged ones; None before any evidence."""
     judged = health.webhook_first + health.late + health.missed

@@ -36,6 +36,8 @@ from typing import Any
 
 from reconciler import logs
 from reconciler.app import create_app
+from reconciler.commands import database
+from reconciler.commands.tokens import create as create_token
 from reconciler.config import CallbackSettings, SchedulerSettings, ServerSettings, Settings
 from reconciler.core.callback_secrets import agent_key, as_whsec
 from reconciler.core.errors import DemoFailed
@@ -63,9 +65,6 @@ from reconciler.demo.processes import (
 )
 from reconciler.demo.report import RunReport, render_report
 from reconciler.runtime import Runtime
-from reconciler.storage import audit, migrate
-from reconciler.storage.database import Database
-from reconciler.storage.tokens import callback_salt, create_token
 
 MARKER = ".reconciler-demo"
 
@@ -158,20 +157,15 @@ def service_logs(path: Path, level: str) -> Iterator[None]:
 def _make_tokens(runtime: Runtime) -> tuple[str, str, str]:
     """The agent's and the operator's tokens, and the agent's own callback secret."""
     now = runtime.clock.now()
-    with runtime.db.write() as conn:
-        agent = create_token(conn, "demo-agent", Scope.AGENT.value, now)
-        operator = create_token(conn, "demo-operator", Scope.OPERATOR.value, now)
-        salt = callback_salt(conn, "demo-agent")
+    agent, salt = create_token(runtime.db, "demo-agent", Scope.AGENT.value, now)
+    operator, _ = create_token(runtime.db, "demo-operator", Scope.OPERATOR.value, now)
     assert runtime.callback_key is not None and salt is not None
     return agent, operator, as_whsec(agent_key(runtime.callback_key, salt))
 
 
 def _audit(url: str, key: bytes | None) -> tuple[bool, str]:
-    db = Database(url)
-    try:
-        report = audit.verify(db, key)
-    finally:
-        db.dispose()
+    with database.opened(url) as db:
+        report = database.audit(db, key)
     if report.fault is not None:
         return False, f"audit FAILED: {report.fault.describe()}"
     entries = f"{report.operations} operations, {report.entries} history entries intact"
@@ -228,7 +222,7 @@ def _run(options: DemoOptions, base: Settings, workdir: Path, started: float) ->
         }
         settings = demo_settings(base, workdir, sim_urls)
         runtime = Runtime.build(settings, environ=environ)
-        migrate.upgrade(runtime.db)
+        database.upgrade(runtime.db)
         *tokens, agent_secret = _make_tokens(runtime)
         receiver.trust(agent_secret)
         service_url = stack.enter_context(

@@ -22,14 +22,14 @@ from datetime import datetime, timedelta
 from sqlalchemy.engine import Connection
 
 from reconciler.core.catch_up import Overdue, spread
+from reconciler.core.chain import Entry
 from reconciler.core.clock import isoformat
 from reconciler.core.errors import StaleWrite
 from reconciler.core.poll_values import record_of
 from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.engine.deps import EngineDeps
-from reconciler.storage import operations as store
-from reconciler.storage.journal import Entry
+from reconciler.storage import leases
 
 # At most this many due reads are looked at per claim (the rest wait for the next tick).
 SCAN_LIMIT = 2000
@@ -56,10 +56,10 @@ def spread_overdue(conn: Connection, rt: EngineDeps, now: datetime, actor: str) 
     """Spread the due reads of every provider that has one long overdue; returns how many.
     The claim calls it when ``core.catch_up.probe_due`` says so."""
     late_by = overdue_after(rt)
-    if not store.any_status_read_due_before(conn, now, now - late_by, NOT_SPREAD):
+    if not leases.any_status_read_due_before(conn, now, now - late_by, NOT_SPREAD):
         return 0  # nothing long overdue (the usual case): no reason to look at every due read
     by_provider: dict[str, list[OperationRecord]] = defaultdict(list)
-    for op in store.due_status_reads(conn, now, NOT_SPREAD, SCAN_LIMIT):
+    for op in leases.due_status_reads(conn, now, NOT_SPREAD, SCAN_LIMIT):
         by_provider[op.provider].append(op)
     moved = 0
     for provider, ops in by_provider.items():

@@ -4,13 +4,17 @@ A task runs at most ``MAX_STEPS_PER_CLAIM`` steps per claim and never two status
 in one claim (a late wake sends no burst), moves between shares as its operation does
 (a provider's, the hooks', a callback host's), and owns the ``Flow`` through which a
 step's last write prepares the next step or gives the lease back (``engine.flow``).
-The worker (``engine.worker``) claims operations and starts one such run per claim.
+The worker (``engine.worker``) claims operations and starts one such run per claim,
+handing it what it needs as values (``Crew``) and its share slots as ``Slots``: the run
+imports nothing of the worker's.
 """
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sqlalchemy.engine import Connection
 
@@ -19,15 +23,14 @@ from reconciler.core.errors import StaleWrite, StorageError
 from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.step_retry import step_of
+from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Flow, Prep, Preparer
-from reconciler.engine.shares import CALLBACKS, NO_SLOT, share_of
-from reconciler.engine.step_table import SPAN_OF_STATE, STATUS_READ_STATES, Step
+from reconciler.engine.shares import CALLBACKS, NO_SLOT, Shares, share_of
+from reconciler.engine.step_failures import StepFailures
+from reconciler.engine.step_table import SPAN_OF_STATE, STATUS_READ_STATES, Step, StepChoice
 from reconciler.logs import trace_id_var
-from reconciler.storage import operations as store
+from reconciler.storage import leases
 from reconciler.tracing import SpanName
-
-if TYPE_CHECKING:
-    from reconciler.engine.worker import Worker
 
 # Steps per claim: enough to go from a confirmed success through result collection to the
 # completion handler without waiting for another tick, few enough that one operation cannot
@@ -35,11 +38,34 @@ if TYPE_CHECKING:
 MAX_STEPS_PER_CLAIM = 6
 
 
+class Slots(Protocol):
+    """The share slots a run moves through (``engine.shares``), as the worker that started
+    it keeps them: a slot given back may wake a claim, a move may wait for one."""
+
+    def take(self, key: str) -> bool: ...
+    def give(self, share: str) -> None: ...
+    def give_moved(self, share: str) -> None: ...
+    async def move(self, frm: str, to: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Crew:
+    """What every run of one worker shares: whose lease it holds, the steps' context and
+    choice, the record of unforeseen failures, the shares and the worker's slots."""
+
+    owner: str
+    ctx: StepContext
+    steps: StepChoice
+    failures: StepFailures
+    shares: Shares
+    slots: Slots
+
+
 class ClaimRun:
     """One task's run of steps on one operation under one claim (its ``Flow``'s owner)."""
 
-    def __init__(self, worker: Worker, share: str) -> None:
-        self.worker = worker
+    def __init__(self, crew: Crew, share: str) -> None:
+        self.crew = crew
         self.share = share
         self.steps_left = MAX_STEPS_PER_CLAIM
         self.sent_status_read = False
@@ -72,18 +98,18 @@ class ClaimRun:
             self.share = NO_SLOT
         else:
             return
-        self.worker.give(key)
+        self.crew.slots.give(key)
 
     def _moved_to(self, wanted: str) -> None:
         """The task now holds a slot of ``wanted`` (``Worker.move``); the old one went back."""
         if wanted == self.share:
             return
         if self.share != NO_SLOT:
-            self.worker.give_moved(self.share)
+            self.crew.slots.give_moved(self.share)
         self.share = wanted
 
     def _release_in(self, conn: Connection, op_id: str) -> None:
-        store.release_at_commit(conn, op_id, self.worker.owner)
+        leases.release_at_commit(conn, op_id, self.crew.owner)
 
     def _keeps(self, after: OperationRecord) -> bool:
         """Inside a write: whether this task could go on with ``after`` in its next share."""
@@ -103,16 +129,16 @@ class ClaimRun:
             return None
         if State(after.state) in STATUS_READ_STATES and self.sent_status_read:
             return None
-        return self.worker.preparer(after, now)
+        return self.crew.steps.preparer(after, now)
 
     async def run(self, op_id: str, op: OperationRecord | None, prep: Prep | None) -> None:
-        worker = self.worker
-        rt = worker.deps
+        crew = self.crew
+        rt = crew.ctx.deps
         while self.steps_left > 0:
             if op is None:
                 # Reload after the claim (when it did not read the row) or a lost race.
-                op, prep = await worker.ctx.reload(op_id), None
-                if op is None or op.lease_owner != worker.owner:
+                op, prep = await crew.ctx.reload(op_id), None
+                if op is None or op.lease_owner != crew.owner:
                     return
             self.last = op
             trace_id_var.set(op.trace_id)
@@ -120,15 +146,15 @@ class ClaimRun:
             if op.next_poll_at is None or op.next_poll_at > now:
                 return
             wanted = share_of(op)
-            if not await worker.move(self.share, wanted):
+            if not await crew.slots.move(self.share, wanted):
                 # The next step belongs to a full share (a callback after a provider's
                 # answer): give this slot back and let that share claim it when it can.
                 rt.notifier.wake()
                 return
             self._moved_to(wanted)
-            step = worker.step_for(op)
+            step = crew.steps.step_for(op)
             if step is None:
-                await worker.park(op)
+                await self._park(op)
                 return
             is_status_read = State(op.state) in STATUS_READ_STATES
             if is_status_read and self.sent_status_read:
@@ -136,7 +162,7 @@ class ClaimRun:
             self.sent_status_read = self.sent_status_read or is_status_read
             self.steps_left -= 1
             await self._reserve_completion(op)
-            self.full_shares = worker.shares.full_now()
+            self.full_shares = crew.shares.full_now()
             self.flow.begin_step()
             try:
                 ran = await self._step(step, op, prep)
@@ -156,10 +182,9 @@ class ClaimRun:
 
     async def _step(self, step: Step, op: OperationRecord, prep: Prep | None) -> bool | None:
         """Run one step: True when it ran, None when it lost a race, False when it failed."""
-        worker = self.worker
-        rt = worker.deps
+        rt = self.crew.ctx.deps
         name = SPAN_OF_STATE.get(State(op.state), SpanName.COMPLETION)
-        if step is worker.completion:
+        if step is self.crew.steps.completion:
             name = SpanName.COMPLETION
         try:
             with rt.tracing.about(op, name, state=op.state, delay_source=op.delay_source):
@@ -174,10 +199,20 @@ class ClaimRun:
             # Nothing foresaw it: counted, tried again later, in the end a person.
             held = self.flow.last if self.flow.changed and self.flow.last else op
             step_name = step_of(State(op.state))
-            self.keep_lease = not await worker.failures.record(held, step_name, exc)
+            self.keep_lease = not await self.crew.failures.record(held, step_name, exc)
             self.last = self.flow.last if self.flow.released else held
             return False
         return True
+
+    async def _park(self, op: OperationRecord) -> None:
+        """Nothing to do in this state: stop looking until something changes it."""
+        rt = self.crew.ctx.deps
+
+        def park(conn: Connection) -> None:
+            rt.journal.write(conn, op, now=rt.clock.now(), changes={"next_poll_at": None})
+
+        with contextlib.suppress(StaleWrite):
+            await rt.db.run_joined(park, key=op.id)
 
     async def _reserve_completion(self, op: OperationRecord) -> None:
         """Hold a slot of the share the completion will start in while collecting a result,
@@ -186,7 +221,7 @@ class ClaimRun:
         self.completion_slot = None
         if State(op.state) is not State.RESULT_COLLECTING:
             return
-        first = self.worker.deps.journal.first_lane
+        first = self.crew.ctx.deps.journal.first_lane
         await self._reserve_lane(lane_or_hooks(first(op) if first is not None else None))
 
     async def _reserve_lane(self, lane: str) -> None:
@@ -195,7 +230,7 @@ class ClaimRun:
         task into it or gives it back."""
         if self.completion_slot is not None or lane == self.share:
             return
-        if self.worker.take(lane):
+        if self.crew.slots.take(lane):
             self.completion_slot = lane
 
     def _settle_completion(self) -> None:
@@ -208,7 +243,7 @@ class ClaimRun:
             # The result is in and the completion handler is due: this task runs it in the
             # slot it held, and the provider's slot goes back.
             if self.share != NO_SLOT:
-                self.worker.give(self.share)
+                self.crew.slots.give(self.share)
             self.share = lane
             return
-        self.worker.give(lane)
+        self.crew.slots.give(lane)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from sqlalchemy.engine import Connection
 
 from reconciler.core.backoff import BackoffPolicy
+from reconciler.core.chain import Entry
 from reconciler.core.clock import isoformat
 from reconciler.core.errors import StaleWrite, UnstorableAnswer
 from reconciler.core.escalation import UNKNOWN_PROVIDER, ProviderTerms
@@ -35,7 +36,7 @@ from reconciler.providers.adapter import ProviderAdapter
 from reconciler.providers.spec import ProviderSpec
 from reconciler.storage import operations as store
 from reconciler.storage.escalations import escalate, open_escalation
-from reconciler.storage.journal import Entry, Lease
+from reconciler.storage.journal import Lease
 from reconciler.tracing import SpanName
 
 T = TypeVar("T")

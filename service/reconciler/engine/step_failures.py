@@ -30,6 +30,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.config import SchedulerSettings
 from reconciler.core import step_retry
+from reconciler.core.chain import Entry
 from reconciler.core.clock import isoformat
 from reconciler.core.errors import StaleWrite, UnstorableAnswer
 from reconciler.core.provider_calls import CallResult, call_detail
@@ -38,7 +39,6 @@ from reconciler.core.states import END_STATES, State
 from reconciler.core.step_retry import GiveUp, RetryDecision, StepRetryPolicy
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind, StepName
 from reconciler.engine.context import StepContext
-from reconciler.storage.journal import Entry
 
 log = logging.getLogger("reconciler.engine.worker")
 

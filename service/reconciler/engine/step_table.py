@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from typing import NamedTuple
 
-from reconciler.core.states import State
+from reconciler.core.records import OperationRecord
+from reconciler.core.states import END_STATES, State
+from reconciler.engine.flow import Preparer
 from reconciler.tracing import SpanName
 
 # A step does one unit of work on a leased, freshly loaded operation and writes its outcome.
@@ -48,3 +52,31 @@ def step_table(steps: Steps) -> dict[State, Step]:
         State.CANCEL_REQUESTED: steps.cancel,
         State.RESULT_COLLECTING: steps.collect,
     }
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    """Which step runs on an operation now: the state's (``step_table``), or the completion
+    handler on an end state whose completion is pending."""
+
+    table: Mapping[State, Step]
+    completion: Step | None
+
+    @classmethod
+    def of(cls, steps: Steps) -> StepChoice:
+        return cls(step_table(steps), steps.complete)
+
+    def step_for(self, op: OperationRecord) -> Step | None:
+        state = State(op.state)
+        # Only an end state is completed: an operator may have reopened one (extend, cancel)
+        # before its completion finished, and then the flows own the operation again.
+        if op.completion_pending and self.completion is not None and state in END_STATES:
+            return self.completion
+        return self.table.get(state)
+
+    def preparer(self, op: OperationRecord, now: datetime) -> Preparer | None:
+        """The step that will run on ``op`` now, if it can do its first write ahead."""
+        if op.next_poll_at is None or op.next_poll_at > now:
+            return None
+        step = self.step_for(op)
+        return step if step is not None and hasattr(step, "prepare") else None

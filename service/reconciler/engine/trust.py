@@ -26,6 +26,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.chain import Entry
 from reconciler.core.clock import isoformat
 from reconciler.core.errors import StorageUnavailable
 from reconciler.core.next_read import restore
@@ -40,7 +41,6 @@ from reconciler.storage import trust as store
 from reconciler.storage.availability import explain
 from reconciler.storage.database import retry_stale
 from reconciler.storage.history import last_read_before
-from reconciler.storage.journal import Entry
 
 log = logging.getLogger("reconciler.engine.trust")
 

@@ -1,7 +1,7 @@
 """The worker: claims due operations under a lease and runs one step at a time on each.
 
 The scheduler only says *when* to look (``tick``); whether there is work,
-and who may do it, is decided by the database: ``store.claim_records`` leases
+and who may do it, is decided by the database: ``leases.claim_records`` leases
 due rows to this worker, and every write a step makes is conditional on
 still holding that lease (``journal.Lease``), so a worker whose lease
 expired cannot write. A claimed operation is reloaded before anything is
@@ -37,16 +37,15 @@ from reconciler.core.errors import (
     StorageUnavailable,
 )
 from reconciler.core.records import OperationRecord
-from reconciler.core.states import END_STATES, State
 from reconciler.engine.catch_up import overdue_after, spread_overdue
-from reconciler.engine.claim_run import ClaimRun
+from reconciler.engine.claim_run import ClaimRun, Crew
 from reconciler.engine.context import StepContext
-from reconciler.engine.flow import Prep, Preparer, flow_var
+from reconciler.engine.flow import Prep, flow_var
 from reconciler.engine.shares import CALLBACKS, HOOKS, NO_SLOT, Shares, share_of
 from reconciler.engine.step_failures import StepFailures, step_retry_policy
-from reconciler.engine.step_table import Step, Steps, step_table
+from reconciler.engine.step_table import StepChoice, Steps
 from reconciler.logs import OutageLog, operation_id_var
-from reconciler.storage import operations as store
+from reconciler.storage import leases
 from reconciler.storage.availability import explain
 from reconciler.storage.journal import rows_together
 
@@ -80,8 +79,7 @@ class Worker:
         self.ctx = ctx
         self.deps = ctx.deps
         self.failures = StepFailures(ctx, step_retry_policy(ctx.deps.settings.scheduler))
-        self.steps = step_table(steps)
-        self.completion = steps.complete
+        self.steps = StepChoice.of(steps)
         self.max_in_flight = max_in_flight
         self.on_next_due = on_next_due
         # An outage fails every tick's claim: said when it starts, each minute, and at its end.
@@ -226,7 +224,7 @@ class Worker:
         def claim(conn: Connection, prepare: bool) -> dict[str, list[_Claimed]]:
             if probe:
                 spread_overdue(conn, rt, now, self.ctx.actor)
-            claims = store.claim_shares(conn, self.owner, now, lease, asks)
+            claims = leases.claim_shares(conn, self.owner, now, lease, asks)
             try:
                 # The steps' counts before their sends: one statement, not one each.
                 with rows_together(conn):
@@ -272,21 +270,21 @@ class Worker:
                 )
         return claims
 
-    def _ask(self, key: str, n: int) -> store.Ask:
+    def _ask(self, key: str, n: int) -> leases.Ask:
         """The claim of one share, taken on the loop (the claim itself runs in a thread)."""
         if key == HOOKS:
-            return store.Ask(n, store.ShareFilter(completion=True, lanes=store.Lanes.HOOKS))
+            return leases.Ask(n, leases.ShareFilter(completion=True, lanes=leases.Lanes.HOOKS))
         if key == CALLBACKS:
             shares = self.shares
             room, cap = shares.host_room(), shares.host_cap
-            share = store.ShareFilter(
-                completion=True, lanes=store.Lanes.CALLBACKS, exclude=tuple(shares.full_hosts())
+            share = leases.ShareFilter(
+                completion=True, lanes=leases.Lanes.CALLBACKS, exclude=tuple(shares.full_hosts())
             )
-            return store.Ask(n, share, lambda found: choose(found, room, cap, n))
-        return store.Ask(n, store.ShareFilter(provider=key, completion=False))
+            return leases.Ask(n, share, lambda found: choose(found, room, cap, n))
+        return leases.Ask(n, leases.ShareFilter(provider=key, completion=False))
 
     def _prepare_claimed(self, conn: Connection, op: OperationRecord, now: datetime) -> Prep | None:
-        step = self.preparer(op, now)
+        step = self.steps.preparer(op, now)
         if step is None:
             return None
         try:
@@ -295,13 +293,6 @@ class Worker:
             raise
         except Exception as exc:  # the claim is made again without it: see _claim
             raise _PrepFailed() from exc
-
-    def preparer(self, op: OperationRecord, now: datetime) -> Preparer | None:
-        """The step that will run on ``op`` now, if it can do its first write ahead."""
-        if op.next_poll_at is None or op.next_poll_at > now:
-            return None
-        step = self.step_for(op)
-        return step if step is not None and hasattr(step, "prepare") else None
 
     def _spawn(self, claimed: _Claimed, share: str) -> None:
         op_id = claimed.op.id
@@ -350,20 +341,13 @@ class Worker:
             # The share (or the worker) was full: there may be due work we could not claim.
             self.deps.notifier.wake()
 
-    def step_for(self, op: OperationRecord) -> Step | None:
-        state = State(op.state)
-        # Only an end state is completed: an operator may have reopened one (extend, cancel)
-        # before its completion finished, and then the flows own the operation again.
-        if op.completion_pending and self.completion is not None and state in END_STATES:
-            return self.completion
-        return self.steps.get(state)
-
     async def _process(
         self, op_id: str, share: str, op: OperationRecord | None = None, prep: Prep | None = None
     ) -> None:
         operation_id_var.set(op_id)
         self.deps.tracing.detach()
-        task = ClaimRun(self, share)
+        crew = Crew(self.owner, self.ctx, self.steps, self.failures, self.shares, self)
+        task = ClaimRun(crew, share)
         flow_var.set(task.flow)
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(op_id))
         try:
@@ -422,7 +406,7 @@ class Worker:
 
             def extend() -> bool:
                 with rt.db.write() as conn:
-                    return store.extend_lease(conn, op_id, self.owner, rt.clock.now(), lease)
+                    return leases.extend_lease(conn, op_id, self.owner, rt.clock.now(), lease)
 
             try:
                 if not await rt.db.run_write(extend):
@@ -430,21 +414,11 @@ class Worker:
             except StorageUnavailable:
                 continue
 
-    async def park(self, op: OperationRecord) -> None:
-        """Nothing to do in this state: stop looking until something changes it."""
-        rt = self.deps
-
-        def park(conn: Connection) -> None:
-            rt.journal.write(conn, op, now=rt.clock.now(), changes={"next_poll_at": None})
-
-        with contextlib.suppress(StaleWrite):
-            await rt.db.run_joined(park, key=op.id)
-
     async def _release(self, op_id: str, last: OperationRecord | None) -> None:
         rt = self.deps
 
         def release(conn: Connection) -> dict[str, Any]:
-            return store.release(conn, [op_id], self.owner)
+            return leases.release(conn, [op_id], self.owner)
 
         try:
             released = await rt.db.run_joined(release, key=op_id)

@@ -20,8 +20,9 @@ from sqlalchemy.engine import Connection
 from starlette.requests import Request
 
 from reconciler.core.errors import AuthenticationFailed, ReconcilerError
+from reconciler.core.principal import Principal
 from reconciler.runtime import Runtime
-from reconciler.storage.tokens import Principal, authenticate, digest
+from reconciler.storage.tokens import authenticate, digest, principal_by_id
 
 CACHE_SECONDS = 5.0
 CACHE_LIMIT = 10_000
@@ -67,6 +68,16 @@ async def principal_for(runtime: Runtime, header: str | None) -> Principal:
     key = digest(header) if header else None
     now = runtime.clock.now()
     return await cached_principal(runtime, key, lambda conn: authenticate(conn, header, now))
+
+
+async def session_principal(runtime: Runtime, token_id: int) -> Principal:
+    """The principal of the token a console session was signed in with, while that token
+    is still valid (``AuthenticationFailed`` once it is not), cached by token row."""
+    return await cached_principal(
+        runtime,
+        f"console:{token_id}",
+        lambda conn: principal_by_id(conn, token_id, runtime.clock.now()),
+    )
 
 
 async def until_refused(runtime: Runtime, header: str | None) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from reconciler.config import Secret
-from reconciler.providers.credentials import env_secret
+from reconciler.providers.credentials.credential import env_secret
 from reconciler.providers.sections import WebhookSpec
 
 

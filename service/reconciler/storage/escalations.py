@@ -14,12 +14,13 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from reconciler.core import escalation
+from reconciler.core.chain import Entry
 from reconciler.core.records import EscalationRecord, OperationRecord, with_changes
 from reconciler.core.states import END_STATES, State
 from reconciler.core.vocabulary import EscalationReason, HistoryKind, TransportError
 from reconciler.storage.after_commit import after_commit
 from reconciler.storage.fastsql import Sql
-from reconciler.storage.journal import Entry, Journal, Lease
+from reconciler.storage.journal import Journal, Lease
 from reconciler.storage.tables import ESCALATIONS
 
 log = logging.getLogger("reconciler.storage.escalations")

@@ -21,9 +21,8 @@ from reconciler.core.states import State
 from reconciler.core.vocabulary import EscalationReason
 from reconciler.storage.escalations import ESCALATION_COLUMNS, escalation_of
 from reconciler.storage.fastsql import AS_IS, Sql
-from reconciler.storage.journal import OPS_COLUMNS
 from reconciler.storage.models import record_of_values
-from reconciler.storage.tables import ESCALATIONS, OPS
+from reconciler.storage.tables import ESCALATIONS, OPS, OPS_COLUMNS
 
 _OPS_LIST = ", ".join(f"operations.{c}" for c in OPS_COLUMNS)
 _ESC_LIST = ", ".join(f"escalations.{c}" for c in ESCALATION_COLUMNS)

@@ -21,45 +21,24 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cache, partial
+from functools import partial
 from typing import Any, Protocol
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from reconciler.core.chain import HASHED_FIELDS, entry_hash
+from reconciler.core.chain import GENESIS, Entry, chained
 from reconciler.core.errors import StaleWrite
 from reconciler.core.records import PAYLOADS, OperationRecord, with_changes
 from reconciler.core.states import END_STATES, State, check_transition
 from reconciler.core.vocabulary import DelaySource, HistoryKind
+from reconciler.storage import journal_sql as sql
 from reconciler.storage import payloads
 from reconciler.storage.after_commit import after_commit
-from reconciler.storage.fastsql import AS_IS, MANY_ROWS, Bound, Sql, qualified
-from reconciler.storage.notify import (
-    CHANGE_CHANNEL,
-    NOTIFY,
-    notify_in_transaction,
-    sending,
-)
-from reconciler.storage.tables import HISTORY, OPS, PAYLOAD_TABLE, TOMBSTONES
+from reconciler.storage.fastsql import MANY_ROWS, Bound
+from reconciler.storage.notify import CHANGE_CHANNEL, notify_in_transaction, sending
+from reconciler.storage.tables import OPS, OPS_COLUMNS
 
 log = logging.getLogger("reconciler.storage.journal")
-
-
-# Every hashed field is stored, then the two links of the chain.
-HISTORY_COLUMNS = (*HASHED_FIELDS, "prev_hash", "hash")
-
-
-@dataclass(frozen=True)
-class Entry:
-    kind: HistoryKind
-    actor: str
-    cause: str
-    detail: Mapping[str, Any] | None = None
-    delay_source: DelaySource | None = None
-    from_state: State | None = None
-    to_state: State | None = None
-    at: datetime | None = None
 
 
 # A statement on another table that belongs to an operation's change and is written with
@@ -105,228 +84,6 @@ class RowHead(Protocol):
     def history_head(self) -> str: ...
     @property
     def history_seq(self) -> int: ...
-
-
-OPS_COLUMNS = tuple(c.name for c in OPS.c)
-_INSERT_OPERATION = Sql(
-    "operation-insert",
-    OPS,
-    f"INSERT INTO operations ({', '.join(OPS_COLUMNS)}) "
-    f"VALUES ({', '.join(['?'] * len(OPS_COLUMNS))})",
-    params=OPS_COLUMNS,
-)
-_APPEND_HISTORY = Sql(
-    "history-append",
-    HISTORY,
-    f"INSERT INTO history ({', '.join(HISTORY_COLUMNS)}) "
-    f"VALUES ({', '.join(['?'] * len(HISTORY_COLUMNS))})",
-    params=HISTORY_COLUMNS,
-)
-_BATCH_CONTROL = ("version", "history_head", "history_seq", "updated_at")
-
-
-@cache
-def _update(keys: tuple[str, ...], guarded: bool) -> Sql:
-    """The journal's conditional UPDATE of ``keys``: version and state (and lease) guarded."""
-    lease = " AND lease_owner = ? AND lease_expires_at > ?" if guarded else ""
-    return Sql(
-        "operation-write",
-        OPS,
-        f"UPDATE operations SET {', '.join(f'{k} = ?' for k in keys)} "
-        f"WHERE id = ? AND version = ? AND state = ?{lease}",
-        params=(
-            *keys,
-            "id",
-            "version",
-            "state",
-            *(("lease_owner", "lease_expires_at") if guarded else ()),
-        ),
-    )
-
-
-def _cast_type(column: sa.Column[Any]) -> str:
-    """The PostgreSQL type a value of ``column`` is cast to, with no length: a cast to
-    VARCHAR(n) would cut a longer value short where the INSERT refuses it."""
-    kind = column.type
-    if isinstance(kind, sa.TypeDecorator):
-        kind = kind.impl_instance
-    for family, name in (
-        (sa.DateTime, "TIMESTAMP"),
-        (sa.Boolean, "BOOLEAN"),
-        (sa.Integer, "INTEGER"),
-        (sa.Float, "DOUBLE PRECISION"),
-        (sa.JSON, "JSON"),
-    ):
-        if isinstance(kind, family):
-            return name
-    return "TEXT"
-
-
-_GUARD = ("id", "version", "state")
-
-
-@cache
-def _update_rows(keys: tuple[str, ...], rows: int) -> Sql:
-    """PostgreSQL: ``_update`` (unguarded by lease) of ``rows`` rows at once, each with its
-    own values, in one statement: a webhook batch is one round trip, not one a row. Each
-    value is cast to its column's type (a VALUES list has none of its own); the row count
-    is the rows that matched their version and state."""
-    names = [*(f"set_{i}" for i in range(len(keys))), *(f"old_{c}" for c in _GUARD)]
-    casts = [_cast_type(OPS.c[k]) for k in (*keys, *_GUARD)]
-    one = "({})".format(", ".join(f"CAST(? AS {cast})" for cast in casts))
-    sets = ", ".join(f"{k} = v.set_{i}" for i, k in enumerate(keys))
-    guard = " AND ".join(f"operations.{c} = v.old_{c}" for c in _GUARD)
-    return Sql(
-        "operation-write-rows",
-        OPS,
-        f"UPDATE operations SET {sets} FROM (VALUES {', '.join([one] * rows)}) "
-        f"AS v({', '.join(names)}) WHERE {guard}",
-        params=(*keys, *_GUARD) * rows,
-    )
-
-
-# Each history value cast to its column's type: in a VALUES list that is not an INSERT's
-# own, PostgreSQL would otherwise take an untyped parameter for text.
-_TYPED_HISTORY_ROW = "({})".format(
-    ", ".join(f"CAST(? AS {_cast_type(HISTORY.c[c])})" for c in HISTORY_COLUMNS)
-)
-
-
-def _with_history(
-    name: str,
-    head: Sql,
-    also: tuple[Sql, ...],
-    entries: int,
-    checked: int = -1,
-    noted: bool = False,
-) -> Sql:
-    """PostgreSQL: ``also``, then ``head`` (the operation's row), then ``entries`` history
-    rows appended only if ``head`` touched the row, as one statement. Its row count is the
-    rows appended (without entries, the rows ``head`` touched), so 0 means a lost race.
-    The ``also`` statements run either way; a lost race rolls back what it ran in
-    (``StaleWrite`` always undoes its write). ``checked``: the index of an ``also`` whose
-    rows changed each returned row answers (``Checked``). ``noted`` (with entries): the
-    notifications the write causes (``notify.NOTIFY``), sent only if it was made; counted,
-    so that every one is run, as a transaction's tail does."""
-    ctes = [
-        f"also_{i} AS ({sql.text}{' RETURNING 1' if i == checked else ''})"
-        for i, sql in enumerate(also)
-    ]
-    params = [qualified(sql, p, OPS) for sql in also for p in sql.params]
-    answer = f" RETURNING (SELECT count(*) FROM also_{checked})" if checked >= 0 else ""
-    if not entries:
-        if noted:
-            raise ValueError("a write without history sends its notifications at commit")
-        return Sql(
-            name, OPS, f"WITH {', '.join(ctes)} {head.text}{answer}", (*params, *head.params)
-        )
-    if noted:
-        ctes.append(f"noted AS MATERIALIZED ({NOTIFY.text})")
-        params += list(NOTIFY.params)
-    ctes.append(f"touched AS ({head.text} RETURNING id)")
-    return Sql(
-        name,
-        OPS,
-        _appended(ctes, entries, noted) + answer,
-        params=(*params, *head.params, *[f"history.{c}" for c in HISTORY_COLUMNS] * entries),
-    )
-
-
-def _appended(ctes: list[str], entries: int, noted: bool) -> str:
-    """``ctes``, one of them ``touched`` (the operation's row written), then ``entries``
-    history rows appended only if it wrote one; with ``noted``, only if the notifications
-    CTE ran too (counted, so that every one of them is sent)."""
-    columns = ", ".join(HISTORY_COLUMNS)
-    sent = " AND (SELECT count(*) FROM noted) > 0" if noted else ""
-    return (
-        f"WITH {', '.join(ctes)} INSERT INTO history ({columns}) "
-        f"SELECT * FROM (VALUES {', '.join([_TYPED_HISTORY_ROW] * entries)}) "
-        f"AS entry ({columns}) WHERE EXISTS (SELECT 1 FROM touched){sent}"
-    )
-
-
-@cache
-def _update_and_append(
-    keys: tuple[str, ...],
-    guarded: bool,
-    entries: int,
-    also: tuple[Sql, ...],
-    checked: int,
-    noted: bool,
-) -> Sql:
-    """``_update`` with its history and what comes ``also``, in one statement."""
-    return _with_history(
-        "operation-write-and-append", _update(keys, guarded), also, entries, checked, noted
-    )
-
-
-@cache
-def _insert_and_append(also: tuple[Sql, ...], noted: bool) -> Sql:
-    """A new operation's row, its first history entry and its parts, in one statement."""
-    return _with_history("operation-insert-and-append", _INSERT_OPERATION, also, 1, noted=noted)
-
-
-@cache
-def _insert_if_key_free(parts: int, noted: bool) -> Sql:
-    """PostgreSQL: a new operation's row unless its caller's idempotency key is taken (by a
-    row, or by the tombstone of a pruned one), and only with it its parts, its first
-    history entry and its notifications, in one statement. Its row count is the entries
-    appended: 0 means the key was not free and nothing was written. Values are cast to
-    their columns' types: a VALUES list that is not an INSERT's own has none.
-
-    A row holding the key in the statement's snapshot also stops the insert: ``ON
-    CONFLICT`` alone would wait for a prune deleting that row and, once it committed, find
-    the key free, while the tombstone it wrote is newer than the snapshot. The lookup
-    after then finds the row (prune not committed) or the tombstone."""
-    columns = ", ".join(OPS_COLUMNS)
-    row = ", ".join(f"CAST(? AS {_cast_type(OPS.c[c])})" for c in OPS_COLUMNS)
-    value = _cast_type(PAYLOAD_TABLE.c.value)
-    ctes = [
-        f"touched AS (INSERT INTO operations ({columns}) SELECT * FROM (VALUES ({row})) "
-        f"AS v({columns}) WHERE NOT EXISTS (SELECT 1 FROM {TOMBSTONES.name} "
-        "WHERE caller = ? AND key_digest = ?) AND NOT EXISTS (SELECT 1 FROM operations "
-        "WHERE caller = ? AND idempotency_key = ?) "
-        "ON CONFLICT (caller, idempotency_key) DO NOTHING RETURNING id)",
-        *(
-            f"part_{i} AS (INSERT INTO operation_payloads (operation_id, name, value) "
-            f"SELECT id, CAST(? AS TEXT), CAST(? AS {value}) FROM touched)"
-            for i in range(parts)
-        ),
-    ]
-    params = [*OPS_COLUMNS, "tombstones.caller", "tombstones.key_digest"]
-    params += ["operations.caller", "operations.idempotency_key"]
-    params += ["operation_payloads.name", "operation_payloads.value"] * parts
-    if noted:
-        # Only with the row: a key found taken commits nothing else, and must wake nobody.
-        ctes.append(f"noted AS MATERIALIZED ({NOTIFY.text} WHERE EXISTS (SELECT 1 FROM touched))")
-        params += list(NOTIFY.params)
-    return Sql(
-        "operation-insert-if-key-free",
-        OPS,
-        _appended(ctes, 1, noted),
-        params=(*params, *[f"history.{c}" for c in HISTORY_COLUMNS]),
-    )
-
-
-@cache
-def _update_if(keys: tuple[str, ...], gate: Sql) -> Sql:
-    """PostgreSQL: ``gate`` (a statement on another table that returns what it changed),
-    and the lease-guarded ``_update`` only if it changed something, in one statement;
-    answers the gate's rows, each with whether the operation's row was written."""
-    head = _update(keys, True)
-    return Sql(
-        "operation-write-if",
-        OPS,
-        f"WITH gate AS ({gate.text}), touched AS ({head.text} "
-        "AND EXISTS (SELECT 1 FROM gate) RETURNING id) "
-        "SELECT gate.*, (SELECT count(*) FROM touched) FROM gate",
-        params=(*(qualified(gate, p, OPS) for p in gate.params), *head.params),
-        returns=(*(qualified(gate, r, OPS) for r in gate.returns), AS_IS),
-    )
-
-
-def _history_row(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    return tuple(row[c] for c in HISTORY_COLUMNS)
 
 
 def _stale(op: OperationRecord, lease: Lease | None) -> StaleWrite:
@@ -378,7 +135,7 @@ def rows_together(conn: Connection) -> Iterator[None]:
         for start in range(0, len(values), MANY_ROWS):
             chunk = values[start : start + MANY_ROWS]
             flat = [v for row in chunk for v in row]
-            if _update_rows(keys, len(chunk)).run(conn, *flat).rowcount != len(chunk):
+            if sql.update_rows(keys, len(chunk)).run(conn, *flat).rowcount != len(chunk):
                 raise StaleWrite("an operation changed while its claim's counts were written")
 
 
@@ -411,7 +168,7 @@ class _Write:
             *payloads.changes(self.op.id, self.parts),
         )
         noted = bool(notify and self.rows)
-        statement = _update_and_append(
+        statement = sql.update_and_append(
             self.keys,
             self.lease is not None,
             len(self.rows),
@@ -422,7 +179,7 @@ class _Write:
         before = [value for b in bounds for value in b.values]
         if noted:
             before += sending(notify).values
-        values = [value for row in self.rows for value in _history_row(row)]
+        values = [value for row in self.rows for value in sql.history_row(row)]
         cursor = statement.run(conn, *before, *self.params, *values)
         if cursor.rowcount != max(1, len(self.rows)):
             raise _stale(self.op, self.lease)
@@ -438,11 +195,11 @@ class _Write:
                 bound.changed = bound.bound.run(conn).rowcount > 0
             else:
                 bound.run(conn)
-        if _update(self.keys, self.lease is not None).run(conn, *self.params).rowcount != 1:
+        if sql.update(self.keys, self.lease is not None).run(conn, *self.params).rowcount != 1:
             raise _stale(self.op, self.lease)
         if self.parts:
             payloads.store(conn, self.op.id, self.parts)
-        _APPEND_HISTORY.many(conn, [_history_row(row) for row in self.rows])
+        sql.APPEND_HISTORY.many(conn, [sql.history_row(row) for row in self.rows])
 
 
 @dataclass
@@ -475,14 +232,14 @@ class Journal:
         if conn.dialect.name == "postgresql":
             # One round trip for the row, its first entry, its parts and its notifications.
             written = payloads.changes(new.op.id, new.parts)
-            statement = _insert_and_append(tuple(b.sql for b in written), bool(notify))
+            statement = sql.insert_and_append(tuple(b.sql for b in written), bool(notify))
             sent = sending(notify).values if notify else ()
             statement.run(
                 conn, *[v for b in written for v in b.values], *sent, *new.row, *new.entry
             )
         else:
-            _INSERT_OPERATION.run(conn, *new.row)
-            _APPEND_HISTORY.run(conn, *new.entry)
+            sql.INSERT_OPERATION.run(conn, *new.row)
+            sql.APPEND_HISTORY.run(conn, *new.entry)
             payloads.store(conn, new.op.id, new.parts)
         self._created(conn, new.op)
         return new.op
@@ -507,7 +264,7 @@ class Journal:
             raise ValueError("an insert that checks its key in its statement is PostgreSQL's")
         new = self._first(op, actor, cause, now, detail)
         names = sorted(new.parts)
-        statement = _insert_if_key_free(len(names), bool(notify))
+        statement = sql.insert_if_key_free(len(names), bool(notify))
         sent = sending(notify).values if notify else ()
         values = [v for name in names for v in (name, new.parts[name])]
         made = statement.run(
@@ -534,33 +291,14 @@ class Journal:
         now: datetime,
         detail: Mapping[str, Any] | None,
     ) -> _NewRow:
-        fields = {
-            "operation_id": op.id,
-            "seq": 1,
-            "at": now,
-            "kind": HistoryKind.TRANSITION.value,
-            "actor": actor,
-            "from_state": None,
-            "to_state": op.state,
-            "cause": cause,
-            "delay_source": None,
-            "detail": dict(detail) if detail is not None else None,
-        }
-        digest = entry_hash(fields, "", self.key)
-        op = with_changes(
-            op,
-            {
-                "history_seq": 1,
-                "history_head": digest,
-                "version": 1,
-                "created_at": now,
-                "updated_at": now,
-            },
-        )
+        entry = Entry(HistoryKind.TRANSITION, actor, cause, detail, to_state=State(op.state))
+        rows, head, seq = chained(op.id, GENESIS, 0, [entry], now, self.key)
+        changes = {"history_seq": seq, "history_head": head, "version": 1}
+        op = with_changes(op, {**changes, "created_at": now, "updated_at": now})
         return _NewRow(
             op=op,
             row=tuple(getattr(op, c) for c in OPS_COLUMNS),
-            entry=_history_row({**fields, "prev_hash": "", "hash": digest}),
+            entry=sql.history_row(rows[0]),
             # A new operation has no parts to remove: only those it has are written.
             parts={name: value for name in PAYLOADS if (value := getattr(op, name)) is not None},
         )
@@ -601,7 +339,7 @@ class Journal:
         unknown = set(changes) - self._columns
         if unknown:
             raise ValueError(f"unknown operation columns: {sorted(unknown)}")
-        rows, head, seq = self._chain(op.id, op.history_head, op.history_seq, entries, now)
+        rows, head, seq = chained(op.id, op.history_head, op.history_seq, entries, now, self.key)
         changes.update(version=op.version + 1, history_head=head, history_seq=seq, updated_at=now)
         columns, parts = payloads.split(changes)
         keys = tuple(sorted(columns))
@@ -652,37 +390,13 @@ class Journal:
             raise ValueError("write_if writes row columns only")
         params = [changes[k] for k in keys]
         params += [op.id, op.version, op.state, lease.owner, now]
-        rows = _update_if(keys, gate.sql).rows(conn, *gate.values, *params)
+        rows = sql.update_if(keys, gate.sql).rows(conn, *gate.values, *params)
         if not rows:
             return None
         *answer, touched = rows[0]
         if touched != 1:
             raise _stale(op, lease)
         return with_changes(op, changes), answer
-
-    def _chain(
-        self, op_id: str, head: str, seq: int, entries: Sequence[Entry], now: datetime
-    ) -> tuple[list[dict[str, Any]], str, int]:
-        """History rows for ``entries``, chained on from ``head``; returns the new head and seq."""
-        rows = []
-        for entry in entries:
-            seq += 1
-            fields = {
-                "operation_id": op_id,
-                "seq": seq,
-                "at": entry.at or now,
-                "kind": entry.kind.value,
-                "actor": entry.actor,
-                "from_state": entry.from_state.value if entry.from_state else None,
-                "to_state": entry.to_state.value if entry.to_state else None,
-                "cause": entry.cause,
-                "delay_source": entry.delay_source.value if entry.delay_source else None,
-                "detail": dict(entry.detail) if entry.detail is not None else None,
-            }
-            digest = entry_hash(fields, head, self.key)
-            rows.append({**fields, "prev_hash": head, "hash": digest})
-            head = digest
-        return rows, head, seq
 
     def write_many(
         self,
@@ -706,8 +420,10 @@ class Journal:
         for op, changes, entries in items:
             if tuple(sorted(changes)) != keys or set(keys) & set(PAYLOADS):
                 raise ValueError("write_many needs the same row columns changed for every row")
-            rows, head, seq = self._chain(op.id, op.history_head, op.history_seq, entries, now)
-            history.extend([_history_row(row) for row in rows])
+            rows, head, seq = chained(
+                op.id, op.history_head, op.history_seq, entries, now, self.key
+            )
+            history.extend([sql.history_row(row) for row in rows])
             updates.append(
                 (
                     *[changes[k] for k in keys],
@@ -720,19 +436,19 @@ class Journal:
                     op.state,
                 )
             )
-        columns = (*keys, *_BATCH_CONTROL)
+        columns = (*keys, *sql.BATCH_CONTROL)
         changed: int | None
         if conn.dialect.name == "postgresql":
             changed = 0
             for start in range(0, len(updates), MANY_ROWS):
                 chunk = updates[start : start + MANY_ROWS]
                 values = [v for row in chunk for v in row]
-                changed += _update_rows(columns, len(chunk)).run(conn, *values).rowcount
+                changed += sql.update_rows(columns, len(chunk)).run(conn, *values).rowcount
         else:
-            changed = _update(columns, False).many(conn, updates)
+            changed = sql.update(columns, False).many(conn, updates)
         if changed is not None and changed != len(items):
             raise StaleWrite("an operation changed while its webhook batch was written")
-        _APPEND_HISTORY.many(conn, history)
+        sql.APPEND_HISTORY.many(conn, history)
 
     def transition(
         self,

@@ -573,8 +573,3 @@ def give_back(conn: Connection, name: str, owner: str) -> None:
 def lease_holder(conn: Connection, name: str) -> tuple[str, datetime] | None:
     row = _LEASE_OF.first(conn, name)
     return None if row is None else (str(row[0]), row[1])
-
-
-def removed_lines(removed: Removed, tables: Sequence[str]) -> list[str]:
-    """One line per table, in ``tables`` order (tables with nothing removed included)."""
-    return [f"{table}: {removed.tables.get(table, 0)}" for table in tables]

@@ -38,6 +38,8 @@ def table_of(model: type[SQLModel]) -> sa.Table:
 
 
 OPS = table_of(Operation)
+# The row's columns in the table's order, which is a record's (``core.records.COLUMNS``).
+OPS_COLUMNS = tuple(c.name for c in OPS.c)
 HISTORY = table_of(HistoryEntry)
 PAYLOAD_TABLE = table_of(OperationPayload)  # not core.records.PAYLOADS: those are its fields
 TOKENS = table_of(ApiToken)

@@ -29,8 +29,8 @@ from reconciler.core.errors import (
     Conflict,
     InvalidRequest,
     NotFound,
-    PermissionDenied,
 )
+from reconciler.core.principal import Principal
 from reconciler.core.vocabulary import Scope
 from reconciler.storage.fastsql import Sql
 from reconciler.storage.tables import TOKENS
@@ -89,19 +89,6 @@ _VALID_BY_ID = Sql(
     params=("id",),
     returns=("name", "scope", "expires_at"),
 )
-
-
-@dataclass(frozen=True)
-class Principal:
-    """Who is calling: the token's name is the caller recorded on operations."""
-
-    name: str
-    scope: Scope
-    expires_at: datetime | None = None
-
-    @property
-    def is_operator(self) -> bool:
-        return self.scope is Scope.OPERATOR
 
 
 def digest(token: str) -> str:
@@ -220,11 +207,6 @@ def authenticate(
     if expires_at is not None and now is not None and expires_at <= now:
         raise AuthenticationFailed("the bearer token has expired; ask an operator for a new one")
     return Principal(name=name, scope=Scope(scope), expires_at=expires_at)
-
-
-def require_operator(principal: Principal) -> None:
-    if not principal.is_operator:
-        raise PermissionDenied("this action needs an operator token")
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,8 @@ from reconciler.core.trust import count as count_verdict
 from reconciler.core.trust import view as trust_view_of
 from reconciler.core.vocabulary import DelaySource
 from reconciler.storage.fastsql import AS_IS, Bound, Sql
-from reconciler.storage.journal import OPS_COLUMNS
 from reconciler.storage.models import record_of_values
-from reconciler.storage.tables import EVENTS, HEALTH, OPS, VERDICTS
+from reconciler.storage.tables import EVENTS, HEALTH, OPS, OPS_COLUMNS, VERDICTS
 
 VERDICT_COLUMNS = (
     "operation_id",

@@ -32,11 +32,12 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.chain import Entry
 from reconciler.core.states import State
 from reconciler.core.trust import TrustState
 from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.storage.fastsql import AS_IS, Bound, Sql
-from reconciler.storage.journal import Entry, Journal
+from reconciler.storage.journal import Journal
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.tables import EVENTS, OPS
 from reconciler.storage.trust import is_trusted

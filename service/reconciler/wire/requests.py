@@ -28,7 +28,7 @@ from reconciler.wire.fields import (
     problem,
 )
 
-MAX_PAGE = 200  # the most operations one page holds (storage clamps to the same)
+MAX_PAGE = 200  # the most operations one page holds (``reconciler ops list`` too)
 DEFAULT_PAGE = 50
 WAIT_CAP = "wait_max_seconds"  # validation context: the service's long-poll cap
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.chain import Entry
 from reconciler.core.clock import isoformat
 from reconciler.core.next_read import first_poll
 from reconciler.core.provider_calls import CallResult, call_detail
@@ -26,7 +27,7 @@ from reconciler.core.vocabulary import DelaySource, HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import lend_slot
 from reconciler.providers.adapter import CreateOutcome
-from reconciler.storage.journal import Checked, Entry, Step
+from reconciler.storage.journal import Checked, Step
 from reconciler.storage.notify import WAKE_CHANNEL, notify_in_transaction
 from reconciler.storage.webhook_events import (
     attach_orphans,

@@ -29,6 +29,7 @@ from reconciler.core.cancel import (
     resend_at,
     send_or_watch,
 )
+from reconciler.core.chain import Entry
 from reconciler.core.clock import isoformat
 from reconciler.core.provider_calls import CallResult, answer_words, call_detail
 from reconciler.core.records import OperationRecord
@@ -37,7 +38,6 @@ from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKin
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Prep
 from reconciler.providers.adapter import Subject, answer_is
-from reconciler.storage.journal import Entry
 
 # What a refused cancel clears: the intent is spent, so the agent may ask again.
 _INTENT_SPENT = {

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.chain import Entry
 from reconciler.core.collect import (
     CollectPlan,
     Denied,
@@ -34,7 +35,6 @@ from reconciler.engine.context import StepContext, refuse_unstorable
 from reconciler.engine.flow import Prep, lend_slot
 from reconciler.providers.adapter import Subject
 from reconciler.providers.result_check import check_off_loop, release
-from reconciler.storage.journal import Entry
 
 
 def _ref(op: OperationRecord, ctx: StepContext) -> str | None:

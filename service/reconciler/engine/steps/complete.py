@@ -29,6 +29,7 @@ import anyio.to_thread
 from sqlalchemy.engine import Connection
 
 from reconciler.config import CallbackSettings
+from reconciler.core.chain import Entry
 from reconciler.core.completion_lanes import CALLBACK_STEP, HOOKS_LANE, callback_lane, round_steps
 from reconciler.core.completion_retry import (
     CompletionRetryPolicy,
@@ -45,7 +46,6 @@ from reconciler.engine.shares import share_of
 from reconciler.outbound.callbacks import CallbackClient, receiver_host
 from reconciler.storage import completion_steps as steps
 from reconciler.storage.completion_steps import StepRow, StepStatus
-from reconciler.storage.journal import Entry
 from reconciler.storage.operation_reads import view_of
 from reconciler.storage.tokens import callback_keys, keys_of
 from reconciler.tracing import SpanName, Tracing

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.chain import Entry
 from reconciler.core.clock import isoformat
 from reconciler.core.create import (
     RESEND_SAFE,
@@ -53,7 +54,6 @@ from reconciler.engine.steps.resend import lookup_job, resend_allowed
 from reconciler.providers.adapter import CreateOutcome, LookupOutcome, LookupVerdict, Subject
 from reconciler.providers.spec import IdempotencyMode, ProviderSpec
 from reconciler.storage.history import notes_with_cause
-from reconciler.storage.journal import Entry
 from reconciler.storage.payloads import request_of
 
 

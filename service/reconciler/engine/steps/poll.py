@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core import lapses
 from reconciler.core import poll as decisions
+from reconciler.core.chain import Entry
 from reconciler.core.clock import isoformat
 from reconciler.core.errors import StaleWrite
 from reconciler.core.next_read import after_answer, hinted_since, retry_floor
@@ -47,7 +48,7 @@ from reconciler.engine.flow import Flow, Prep, flow_var
 from reconciler.providers.adapter import StatusOutcome, Subject
 from reconciler.storage import trust as health
 from reconciler.storage.history import notes_with_cause
-from reconciler.storage.journal import Also, Checked, Entry
+from reconciler.storage.journal import Also, Checked
 
 MAX_KEPT_STATUS_BYTES = 65_536
 # States in which a status answer may still be applied after a concurrent write.

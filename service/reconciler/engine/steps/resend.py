@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Connection
 
+from reconciler.core.chain import Entry
 from reconciler.core.create import RESEND_DECISION, allows_resend
 from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import HistoryKind
 from reconciler.providers.adapter import LookupOutcome, ProviderAdapter, Subject
 from reconciler.storage.database import Database
 from reconciler.storage.history import last_of
-from reconciler.storage.journal import Entry
 
 _CAUSES = ("create_response", RESEND_DECISION)
 

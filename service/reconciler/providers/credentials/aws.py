@@ -18,7 +18,7 @@ import anyio.to_thread
 import httpx
 
 from reconciler.core.errors import CredentialUnavailable
-from reconciler.providers.credentials import Credential
+from reconciler.providers.credentials.credential import Credential
 
 # What each ``Credentials.method`` of botocore's chain is, in words.
 _SOURCES = {

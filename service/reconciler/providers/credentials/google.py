@@ -20,7 +20,7 @@ import httpx
 from reconciler.config import Secret
 from reconciler.core.clock import Clock
 from reconciler.core.errors import CredentialUnavailable
-from reconciler.providers.credentials import Credential
+from reconciler.providers.credentials.credential import Credential
 from reconciler.providers.credentials.tokens import Refreshing, Token
 
 # What each kind of credential google.auth.default finds is, in words.

@@ -19,7 +19,7 @@ from reconciler.config import Secret
 from reconciler.core.clock import Clock
 from reconciler.core.errors import CredentialUnavailable
 from reconciler.core.strict_json import shown
-from reconciler.providers.credentials import Credential
+from reconciler.providers.credentials.credential import Credential
 from reconciler.providers.credentials.tokens import Refreshing, Token
 
 TOKEN_TIMEOUT_SECONDS = 10.0

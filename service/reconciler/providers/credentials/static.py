@@ -10,7 +10,7 @@ import httpx
 
 from reconciler.config import Secret
 from reconciler.core.errors import CredentialUnavailable
-from reconciler.providers.credentials import Credential, env_secret
+from reconciler.providers.credentials.credential import Credential, env_secret
 from reconciler.providers.sections import AuthSpec, AuthType
 
 MAX_TOKEN_FILE_BYTES = 65_536
