@@ -38,7 +38,10 @@ backend, background work included), commits (``pg_stat_database.xact_commit`` of
 run's database) and statements per operation (``pg_stat_statements`` calls in that
 database, BEGIN and COMMIT included), counted until the service has stopped so that every
 connection's counters are flushed. ``--statements N`` prints each system's N most
-frequent statements per operation. Every run also prints what the agent and the
+frequent statements per operation. Each run also prints how busy it kept the system's
+process, that process's main thread (the event loop) and the whole machine, in cores over
+the same window (``bench/support.py``'s ``BusyMeter``): whether the process ran out of an
+interpreter's one core, the machine ran out of cores, or neither. Every run also prints what the agent and the
 provider waited (``bench/stages.py``'s ``Waits``): the POST's p50/p99, create -> callback
 p50/p90 (the POST sent to the callback's arrival at the receiver), POSTs answered 503 and
 webhook deliveries refused, by status; ``--stages`` adds, for reconciler, where each
@@ -81,7 +84,16 @@ import sqlalchemy as sa  # noqa: E402
 from bench import stages  # noqa: E402
 from bench import throughput as tp  # noqa: E402
 from bench.poller import cpu_seconds  # noqa: E402
-from bench.support import SMOKE_HELP, free_port, sampled, smoke, stop, wait_ready  # noqa: E402
+from bench.support import (  # noqa: E402
+    SMOKE_HELP,
+    Busy,
+    BusyMeter,
+    free_port,
+    sampled,
+    smoke,
+    stop,
+    wait_ready,
+)
 
 DBOS_VERSION = "3.4.0"
 DBOS_PACKAGES = (
@@ -261,6 +273,7 @@ class Result:
     statements: float | None = None
     missing: int = 0
     waits: stages.Waits | None = None
+    busy: Busy | None = None
 
     @property
     def rate(self) -> float:
@@ -294,6 +307,7 @@ def run_ours(
         run.cpu_ms or 0.0,
         missing=run.failed,
         waits=run.waits,
+        busy=run.busy,
         **_from_meter(meter, n),  # type: ignore[arg-type]
     )
     return result, meter
@@ -373,6 +387,7 @@ def run_dbos(
             if meter is not None:
                 meter.begin(db_url)
             cpu0 = cpu_seconds(app.pid)
+            busy = BusyMeter(app.pid)
             started = time.time()
             timings: list[tuple[str, float, float, int]] = []
             answers = asyncio.run(tp.submit(url, API_TOKEN, args, f"{rcv}/cb", timings))
@@ -384,6 +399,7 @@ def run_dbos(
             while dbos_finished(db_url) < created and time.monotonic() < deadline:
                 time.sleep(0.05)
             cpu = cpu_seconds(app.pid) - cpu0
+            busied = busy.stop()
             seen = tp.peer_waits(timings, rcv, provider_url)
             if meter is not None:
                 meter.finished()
@@ -403,6 +419,7 @@ def run_dbos(
         cpu * 1000 / n,
         missing=args.operations - arrived,
         waits=seen,
+        busy=busied,
         **_from_meter(meter, n),  # type: ignore[arg-type]
     )
     return result, meter
@@ -424,6 +441,8 @@ def describe(r: Result) -> str:
         parts.append(f"MISSING {r.missing}")
     if r.waits is not None:
         parts.append(f"\n      {r.waits.describe()}")
+    if r.busy is not None:
+        parts.append(f"\n      {r.busy.describe()}")
     return "  ".join(parts)
 
 

@@ -128,6 +128,71 @@ def sampled(pid: int, out: Path | None, options: Sequence[str]) -> Iterator[None
             proc.wait(timeout=10)
 
 
+@dataclass(frozen=True)
+class Busy:
+    """How many cores a process, its main thread (the event loop of an asyncio server) and
+    the whole machine kept busy over one window."""
+
+    process: float
+    main_thread: float
+    machine: float
+
+    def describe(self) -> str:
+        return (
+            f"busy: process {self.process:.2f} core (main thread {self.main_thread:.2f}), "
+            f"machine {self.machine:.2f} of {os.cpu_count()}"
+        )
+
+
+def _ticks(stat: str) -> int:
+    fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """All CPUs' ticks so far, and the idle ones among them (idle + iowait)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(values), values[3] + values[4]
+
+
+class BusyMeter:
+    """``Busy`` from the moment it is made to ``stop()``, read from /proc (Linux only).
+
+    What a ratio of CPU per operation cannot say: whether the process ran out of cores
+    (its threads share one interpreter) or the machine did (everything on it shares the
+    same cores), or neither and the run waited on something else."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._start = self._read()
+
+    def _read(self) -> tuple[float, int, int, tuple[int, int]]:
+        return (
+            time.monotonic(),
+            _ticks(f"/proc/{self.pid}/stat"),
+            _ticks(f"/proc/{self.pid}/task/{self.pid}/stat"),
+            _machine_ticks(),
+        )
+
+    def stop(self) -> Busy | None:
+        try:
+            end = self._read()
+        except (OSError, ValueError, IndexError):
+            return None  # the process is gone, or no /proc
+        wall = end[0] - self._start[0]
+        tick = os.sysconf("SC_CLK_TCK")
+        total = end[3][0] - self._start[3][0]
+        idle = end[3][1] - self._start[3][1]
+        if wall <= 0 or total <= 0:
+            return None
+        cpus = os.cpu_count() or 1
+        return Busy(
+            process=(end[1] - self._start[1]) / tick / wall,
+            main_thread=(end[2] - self._start[2]) / tick / wall,
+            machine=cpus * (total - idle) / total,
+        )
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:

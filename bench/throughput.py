@@ -111,7 +111,16 @@ for _path in (str(ROOT / "service"), str(ROOT)):
 import httpx  # noqa: E402
 from bench import stages  # noqa: E402
 from bench.poller import cpu_seconds  # noqa: E402
-from bench.support import SMOKE_HELP, free_port, sampled, smoke, stop, wait_ready  # noqa: E402
+from bench.support import (  # noqa: E402
+    SMOKE_HELP,
+    Busy,
+    BusyMeter,
+    free_port,
+    sampled,
+    smoke,
+    stop,
+    wait_ready,
+)
 from tests.support import loopback  # noqa: E402
 
 SIM_TOKEN = "bench-sim-token"
@@ -161,6 +170,7 @@ class Run:
     failed: int = 0
     peers_ms: tuple[float, float] | None = None  # the provider's and the receiver's CPU per op
     waits: stages.Waits | None = None  # what the agent and the provider waited
+    busy: Busy | None = None  # the service's cores and the machine's over the CPU window
 
     @property
     def rate(self) -> float:
@@ -496,6 +506,7 @@ def run_ours(
                         if meter is not None:
                             meter.begin(db_url)
                         cpu0 = [cpu_seconds(pid) for pid in pids]
+                        busy = BusyMeter(service.pid)
                         started = time.time()
                         timings: list[tuple[str, float, float, int]] = []
                         answers = asyncio.run(submit(url, token, args, f"{rcv}/cb", timings))
@@ -508,6 +519,7 @@ def run_ours(
                         while finished(db_url) < created and time.monotonic() < deadline:
                             time.sleep(0.05)
                         cpu = [cpu_seconds(pid) - c for pid, c in zip(pids, cpu0, strict=True)]
+                        busied = busy.stop()
                         seen = peer_waits(timings, rcv, provider_url)
                         if meter is not None:
                             meter.finished()
@@ -540,6 +552,7 @@ def run_ours(
         failed=args.operations - arrived,
         peers_ms=(cpu[1] * 1000 / n, cpu[2] * 1000 / n),
         waits=seen,
+        busy=busied,
     )
 
 
@@ -914,6 +927,8 @@ def describe(run: Run, bare: Run | None) -> str:
         parts.append(f"MISSING {run.failed}")
     if run.waits is not None:
         parts.append(f"\n      {run.waits.describe()}")
+    if run.busy is not None:
+        parts.append(f"\n      {run.busy.describe()}")
     return "  ".join(parts)
 
 
