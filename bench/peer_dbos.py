@@ -41,13 +41,14 @@ connection's counters are flushed. ``--statements N`` prints each system's N mos
 frequent statements per operation. Each run also prints how busy it kept the system's
 process, that process's main thread (the event loop) and the whole machine, in cores over
 the same window (``bench/support.py``'s ``BusyMeter``): whether the process ran out of an
-interpreter's one core, the machine ran out of cores, or neither. Every run also prints what the agent and the
-provider waited (``bench/stages.py``'s ``Waits``): the POST's p50/p99, create -> callback
-p50/p90 (the POST sent to the callback's arrival at the receiver), POSTs answered 503 and
-webhook deliveries refused, by status; ``--stages`` adds, for reconciler, where each
-operation waited inside the service (``bench/stages.py``). Each round also runs the bare client of
-``bench/throughput.py`` (the same provider and callback calls with no service: the
-ceiling both systems share) and the provider's and the receiver's own ceilings. Printed:
+interpreter's one core, the machine ran out of cores, or neither. Every run also prints
+what the agent and the provider waited (``bench/stages.py``'s ``Waits``): the POST's
+p50/p99, create -> callback p50/p90 (the POST sent to the callback's arrival at the
+receiver), POSTs answered 503 and webhook deliveries refused, by status; ``--stages``
+adds, for reconciler, where each operation waited inside the service
+(``bench/stages.py``). Each round also runs the bare client of ``bench/throughput.py``
+(the same provider and callback calls with no service: the ceiling both systems share)
+and the provider's and the receiver's own ceilings. Printed:
 every run, then medians over ``--rounds`` rounds, and reconciler / each DBOS run per
 backend.
 ``--smoke``: a few operations, one round; it installs nothing, so DBOS runs only when a
