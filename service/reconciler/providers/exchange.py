@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import io
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -226,14 +227,13 @@ class Exchange:
                 headers[name] = value
             # W3C trace context beside the provider's own trace header: the client span's.
             self._tracing.inject(headers)
-            result = await self._send(
-                method, url, target, headers, timeout, limit, content, spool, pinned
+            send = functools.partial(
+                self._send, method, url, target, headers, timeout, limit, content, spool
             )
+            result = await send(pinned)
             if self._renews(result, pinned):
                 # The answer refused the credential: a fresh one, and this call once more.
-                result = await self._renewed(
-                    result, method, url, target, headers, timeout, limit, content, spool
-                )
+                result = await self._renewed(result, lambda: send(None))
             if result.http_status is not None:
                 self._tracing.note(http_status=result.http_status)
             elif result.transport_error is not None:
@@ -288,16 +288,7 @@ class Exchange:
         return await self._answered(method, target, sent_at, elapsed, response, read, not spool)
 
     async def _renewed(
-        self,
-        result: CallResult,
-        method: str,
-        url: httpx.URL,
-        target: str,
-        headers: httpx.Headers,
-        timeout: float,
-        limit: int,
-        content: bytes | None,
-        spool: bool,
+        self, result: CallResult, resend: Callable[[], Awaitable[CallResult]]
     ) -> CallResult:
         """The answer refused the credential: a fresh one, and this call once more; or the
         answer as it was, saying why no fresh credential could be had."""
@@ -309,7 +300,7 @@ class Exchange:
         if not fresh:
             return result
         _discard(result)
-        again = await self._send(method, url, target, headers, timeout, limit, content, spool, None)
+        again = await resend()
         return dataclasses.replace(again, credential_renewed=True)
 
     def _renews(self, result: CallResult, pinned: Pinned | None) -> bool:
