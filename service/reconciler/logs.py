@@ -53,8 +53,18 @@ def configure(level: str = "INFO") -> None:
         logging.getLogger(name).propagate = True
     # Access lines would repeat every request; the service logs what matters itself.
     logging.getLogger("uvicorn.access").disabled = True
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    quiet_libraries()
+
+
+# Libraries kept to their warnings whatever the level: httpx and APScheduler would repeat a
+# line per request or per turn; botocore's DEBUG lines carry each signed request's
+# signature, canonical request and string to sign, which must never reach a log.
+QUIET_LIBRARIES = ("httpx", "apscheduler", "botocore", "google.auth")
+
+
+def quiet_libraries() -> None:
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 class OutageLog:

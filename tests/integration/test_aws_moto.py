@@ -19,6 +19,7 @@ what the service reports, and the calls each operation took.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -28,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from reconciler.logs import QUIET_LIBRARIES, quiet_libraries
 from reconciler.providers.adapter import LookupVerdict, Subject
 from tests.integration.presets.replay import merge
 from tests.support.aws_credentials import aws_credentials
@@ -160,6 +162,29 @@ async def test_transcribe_runs_a_job_to_completed_with_signed_calls(
         assert job["TranscriptionJob"]["Media"] == MEDIA["Media"]
         # One start; reads QUEUED, IN_PROGRESS, COMPLETED, and the result read again.
         assert wire.calls == {"StartTranscriptionJob": 1, "GetTranscriptionJob": 4}
+
+
+async def test_the_signed_requests_credentials_are_nowhere_the_service_keeps_or_says(
+    tmp_path: Path, db_url: str, moto: Moto, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")  # the level an operator may set (``log_level``)
+    quiet = [logging.getLogger(name) for name in QUIET_LIBRARIES]
+    levels = [logger.level for logger in quiet]
+    quiet_libraries()  # what the service's log set-up does at any level
+    try:
+        async with moto_rig(tmp_path, db_url, moto, "aws_transcribe", {}) as (rig, wire):
+            op_id = rig.submit(MEDIA)
+            await rig.run(op_id, ["succeeded"])
+            kept = json.dumps([rig.history(op_id), rig.view(op_id)], default=str)
+    finally:
+        for logger, level in zip(quiet, levels, strict=True):
+            logger.setLevel(level)
+    kept += caplog.text
+    signatures = [auth.rsplit("Signature=", 1)[1] for auth in wire.authorizations]
+    assert len(signatures) == 5 and all(len(sig) == 64 for sig in signatures)
+    for secret in (*signatures, moto.secret):
+        assert secret not in kept
+    assert "AWS4-HMAC-SHA256" not in kept
 
 
 async def test_transcribe_starts_once_per_key_and_a_lost_start_is_read_back(

@@ -158,11 +158,13 @@ class AwsWire(httpx.AsyncBaseTransport):
         self._inner = httpx.AsyncHTTPTransport()
         self.calls: Counter[str] = Counter()
         self.statuses: list[tuple[str, int]] = []
+        self.authorizations: list[str] = []  # each request's Authorization header, as sent
         self.lose: str | None = None
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         operation = operation_of(request)
         self.calls[operation] += 1
+        self.authorizations.append(request.headers.get("authorization", ""))
         response = await self._inner.handle_async_request(request)
         content = await response.aread()
         await response.aclose()
