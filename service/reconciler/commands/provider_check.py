@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from reconciler.core.cancel import CancelAnswer, cancel_answer
+from reconciler.core.cancel import CancelAnswer
 from reconciler.core.create import body_text
 from reconciler.core.errors import CredentialUnavailable
 from reconciler.core.ids import idempotency_token, trace_id
@@ -33,7 +33,7 @@ from reconciler.providers.adapter import (
     ProviderAdapter,
     StatusOutcome,
     Subject,
-    answer_is,
+    cancel_outcome,
 )
 from reconciler.providers.credentials import Credential
 from reconciler.providers.pointer import MISSING
@@ -63,10 +63,8 @@ class Report:
 
     out: Callable[[str], None]
     failed: bool = False
-    lines: list[str] = field(default_factory=list)
 
     def say(self, line: str) -> None:
-        self.lines.append(line)
         self.out(line)
 
     def call(self, name: str, call: CallResult) -> None:
@@ -202,8 +200,7 @@ class Check:
         report = self.report
         call = await self.adapter.cancel(subject)
         report.call("cancel", call)
-        rule = self.spec.cancel.refused if self.spec.cancel is not None else None
-        answer = cancel_answer(call, answer_is(rule, call))
+        answer = cancel_outcome(self.spec, call)
         if answer is not CancelAnswer.ACCEPTED:
             raise report.fail(
                 f"the provider did not take the cancel ({answer.value}): " + _why_not_read(call)
@@ -215,14 +212,12 @@ class Check:
         self, subject: Subject, sleep: Callable[[float], Any], max_reads: int
     ) -> StatusOutcome:
         """Status reads at the file's pace until the job ends (or the reads run out)."""
-        polling = self.spec.polling
-        delay = polling.base_delay_seconds
+        backoff = self.spec.polling.backoff()
         outcome = await self.status(subject)
-        for _ in range(max_reads - 1):
+        for attempt in range(max_reads - 1):
             if outcome.view is not None and outcome.view.category in _ENDED:
                 return outcome
-            await sleep(delay)
-            delay = min(delay * 2, polling.max_delay_seconds)
+            await sleep(backoff.raw(attempt))
             outcome = await self.status(subject)
         if outcome.view is None or outcome.view.category not in _ENDED:
             raise self.report.fail(f"the job had not ended after {max_reads} status reads")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
+from reconciler.core.cancel import CancelAnswer, cancel_answer
 from reconciler.core.provider_calls import CallResult
 from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import RemoteCategory
@@ -169,6 +170,12 @@ def _json_body(call: CallResult) -> tuple[bool, str | None]:
 def answer_is(rule: AnswerRule | None, call: CallResult) -> bool:
     """Whether ``call``'s answer is the one ``rule`` names (a duplicate, "no such job", ...)."""
     return rule is not None and rule.matches(call.http_status, call.body_bytes)
+
+
+def cancel_outcome(spec: ProviderSpec, call: CallResult) -> CancelAnswer:
+    """What a cancel's answer came to, with the file's ``[cancel] refused`` rule applied."""
+    rule = spec.cancel.refused if spec.cancel is not None else None
+    return cancel_answer(call, answer_is(rule, call))
 
 
 def create_outcome(spec: ProviderSpec, call: CallResult) -> CreateOutcome:

@@ -23,7 +23,6 @@ from sqlalchemy.engine import Connection
 from reconciler.core.cancel import (
     CancelAnswer,
     answer_floor,
-    cancel_answer,
     first_read,
     refusal_record,
     resend_at,
@@ -37,7 +36,7 @@ from reconciler.core.states import State
 from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKind
 from reconciler.engine.context import StepContext
 from reconciler.engine.flow import Prep
-from reconciler.providers.adapter import Subject, answer_is
+from reconciler.providers.adapter import Subject, cancel_outcome
 
 # What a refused cancel clears: the intent is spent, so the agent may ask again.
 _INTENT_SPENT = {
@@ -94,8 +93,7 @@ class CancelStep:
             sent = await ctx.write(op, lambda conn: self._mark_sent(conn, op, now))
         call = await ctx.call(op, "cancel", lambda: ctx.adapter(op).cancel(Subject.of(op)))
         now = ctx.now()
-        rule = spec.cancel.refused if spec.cancel is not None else None
-        answer = cancel_answer(call, answer_is(rule, call))
+        answer = cancel_outcome(spec, call)
         entry = Entry(
             kind=HistoryKind.OBSERVATION,
             actor=ctx.actor,
