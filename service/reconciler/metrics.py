@@ -130,7 +130,8 @@ class _TrustGauges(Collector):
     def __init__(self, views: Callable[[], dict[str, TrustView]]) -> None:
         self._views = views
 
-    def collect(self) -> Iterable[Metric]:
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily]:
         state = GaugeMetricFamily(
             "reconciler_webhook_trust_state",
             "1 for the provider's current webhook trust state (adaptive trust only).",
@@ -147,6 +148,15 @@ class _TrustGauges(Collector):
             "Completions a scheduled read found with no webhook within the grace.",
             labels=["provider"],
         )
+        return state, share, misses
+
+    def describe(self) -> Iterable[Metric]:
+        """The families without a sample: the registry asks at registration, before the
+        service has started, and a query then would be start-up work for nothing."""
+        yield from self._families()
+
+    def collect(self) -> Iterable[Metric]:
+        state, share, misses = self._families()
         try:
             views = self._views()
         except Exception:  # a scrape must not fail because the database blinked
@@ -169,11 +179,18 @@ class _DatabaseSize(Collector):
     def __init__(self, size: Callable[[], int]) -> None:
         self._size = size
 
-    def collect(self) -> Iterable[Metric]:
-        family = GaugeMetricFamily(
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
             "reconciler_database_size_bytes",
             "The database's size on disk (PostgreSQL: the database; SQLite: file and WAL).",
         )
+
+    def describe(self) -> Iterable[Metric]:
+        yield self._family()  # no query at registration (``_TrustGauges.describe``)
+
+    def collect(self) -> Iterable[Metric]:
+        family = self._family()
         try:
             family.add_metric([], self._size())
         except Exception:  # a scrape must not fail because the database blinked
