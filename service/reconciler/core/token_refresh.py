@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from reconciler.core.backoff import BackoffPolicy
+
 MIN_MARGIN_SECONDS = 60.0
 MARGIN_FRACTION = 0.1
 FIRST_RETRY_SECONDS = 1.0
 MAX_RETRY_SECONDS = 300.0
+_RETRY = BackoffPolicy(base_seconds=FIRST_RETRY_SECONDS, max_seconds=MAX_RETRY_SECONDS)
 
 
 def refresh_at(issued_at: datetime, lifetime_seconds: float | None) -> datetime | None:
@@ -33,4 +36,4 @@ def retry_delay(failures: int) -> float:
     """Seconds before a source that failed ``failures`` times in a row is asked again."""
     if failures <= 0:
         return 0.0
-    return float(min(FIRST_RETRY_SECONDS * 2.0 ** min(failures - 1, 30), MAX_RETRY_SECONDS))
+    return _RETRY.raw(failures - 1)

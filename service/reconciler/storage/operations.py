@@ -92,8 +92,6 @@ _COUNT_IN_STATES = Sql(
     "SELECT state, count(*) FROM operations WHERE state IN (?*) GROUP BY state",
     params=("state",),
 )
-_ENDED_STATES = sorted(state.value for state in END_STATES)
-_FLIGHT_STATES = sorted(state.value for state in State if state not in END_STATES)
 _LOCK_CALLER = Sql(
     "caller-lock", OPS, "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", params=(AS_IS,)
 )
@@ -319,7 +317,7 @@ def count_by_state(conn: Connection, *, ended: bool | None = None) -> dict[str, 
     if ended is None:
         rows = _COUNT_BY_STATE.rows(conn)
     else:
-        states = _ENDED_STATES if ended else _FLIGHT_STATES
+        states = _END_VALUES if ended else IN_FLIGHT
         rows = _COUNT_IN_STATES.rows(conn, states)
     return {str(state): int(count) for state, count in rows}
 

@@ -50,7 +50,7 @@ from reconciler.core.vocabulary import DelaySource, EscalationReason, HistoryKin
 from reconciler.engine.context import STORAGE_OUTAGE, StepContext
 from reconciler.engine.flow import Prep
 from reconciler.engine.steps.accept import accept_job
-from reconciler.engine.steps.resend import lookup_job, resend_allowed
+from reconciler.engine.steps.resend import resend_allowed
 from reconciler.providers.adapter import CreateOutcome, LookupOutcome, LookupVerdict, Subject
 from reconciler.providers.spec import IdempotencyMode, ProviderSpec
 from reconciler.storage.history import notes_with_cause
@@ -103,7 +103,7 @@ class CreateStep:
                 await self._create_unknown(op, Unsettled("the create may have made a job"), [])
                 return
         op = await self._reserve(op, {"create_lookups": op.create_lookups + 1})
-        found = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
+        found = await ctx.call(op, "lookup", lambda: ctx.adapter(op).lookup(Subject.of(op)))
         if found.verdict is LookupVerdict.FOUND and found.job_id:
             await accept_job(ctx, op, found.job_id, None, found.call, "lookup")
             return
@@ -140,7 +140,7 @@ class CreateStep:
         answered = False
         unsettled_by = ""
         if settling.lookup and may_have_sent(State(op.state), op.create_attempts):
-            found = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
+            found = await ctx.call(op, "lookup", lambda: ctx.adapter(op).lookup(Subject.of(op)))
             if found.verdict is LookupVerdict.FOUND and found.job_id:
                 await accept_job(ctx, op, found.job_id, None, found.call, "lookup", before=notes)
                 return
@@ -252,7 +252,7 @@ class CreateStep:
                 # A resend answered: make sure the provider did not start a second job for
                 # the same token (an unfamiliar job id is a contract violation:
                 # docs/design.md#duplicate-answers).
-                check = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
+                check = await ctx.call(op, "lookup", lambda: ctx.adapter(op).lookup(Subject.of(op)))
                 if (
                     check.verdict is LookupVerdict.FOUND
                     and check.job_id
@@ -277,7 +277,7 @@ class CreateStep:
             await self._retry(op, outcome.call, seen, "a duplicate answer, and no lookup")
             return
         op = await self._reserve(op, {"create_lookups": op.create_lookups + 1}, [seen])
-        found = await ctx.call(op, "lookup", lambda: lookup_job(ctx.adapter(op), op))
+        found = await ctx.call(op, "lookup", lambda: ctx.adapter(op).lookup(Subject.of(op)))
         if found.verdict is LookupVerdict.FOUND and found.job_id:
             await accept_job(ctx, op, found.job_id, None, found.call, "lookup")
             return

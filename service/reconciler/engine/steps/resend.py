@@ -5,8 +5,7 @@ made a job is never resent on the service's own: it escalates ``create_unknown``
 A further attempt goes out only on evidence kept in the history: the last attempt
 certainly made no job (it was never delivered, or the provider refused to take it),
 or an operator decided ``resend`` since (``core.create.allows_resend`` judges it; this
-module reads it). The lookup that settles a create where the provider can be asked
-(``lookup_job``) fills the same templates.
+module reads it).
 """
 
 from __future__ import annotations
@@ -17,17 +16,10 @@ from reconciler.core.chain import Entry
 from reconciler.core.create import RESEND_DECISION, allows_resend
 from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import HistoryKind
-from reconciler.providers.adapter import LookupOutcome, ProviderAdapter, Subject
 from reconciler.storage.database import Database
 from reconciler.storage.history import last_of
 
 _CAUSES = ("create_response", RESEND_DECISION)
-
-
-async def lookup_job(adapter: ProviderAdapter, op: OperationRecord) -> LookupOutcome:
-    """The idempotency lookup, about the operation's token (and id, which a
-    ``lookup.match`` template may use: ``{operation_id}``, written by ``create.set``)."""
-    return await adapter.lookup(Subject.of(op))
 
 
 def _evidence(conn: Connection, op: OperationRecord, actor: str) -> Entry | None:
