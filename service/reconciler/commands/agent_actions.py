@@ -34,6 +34,7 @@ from reconciler.core.records import OperationRecord
 from reconciler.core.states import State
 from reconciler.core.strict_json import require_field_text, shown
 from reconciler.providers.provider_view import provider_view
+from reconciler.providers.spec import ProviderSpec
 from reconciler.runtime import Runtime
 from reconciler.storage import operations as store
 from reconciler.storage.database import NEW_OPERATION
@@ -151,11 +152,22 @@ async def start(
     """
     arrived = asyncio.get_running_loop().time()
     with rt.tracing.request(SpanName.AGENT_CREATE, headers or {}):
-        # Off the loop: a request of a megabyte takes tens of ms to walk and validate.
+        # Off the loop, in one hop: a request of a megabyte takes tens of ms to walk and
+        # validate, and a provider's schema is checked there too.
         req = await anyio.to_thread.run_sync(
-            parse_create, body, rt.providers, rt.check_callback_url, limiter=rt.request_checks
+            _parse_checked, body, rt.providers, rt.check_callback_url, limiter=rt.request_checks
         )
-        return await _start(rt, who, req, arrived)
+        return await _store(rt, who, req, arrived)
+
+
+def _parse_checked(
+    body: Any, providers: Mapping[str, ProviderSpec], check_callback: Callable[[str], object]
+) -> CreateOperation:
+    """A create's body as ``parse_create`` takes it, then checked against its provider's
+    file (``check_provider_request``)."""
+    req = parse_create(body, providers, check_callback)
+    check_provider_request(req, providers[req.provider])
+    return req
 
 
 async def start_validated(
@@ -166,22 +178,30 @@ async def start_validated(
     arrived = asyncio.get_running_loop().time()
     if rt.tracing.enabled and rt.tracing.current() is None:
         with rt.tracing.request(SpanName.AGENT_CREATE, headers or {}):
-            return await _start(rt, who, req, arrived)
-    return await _start(rt, who, req, arrived)
+            return await _admitted(rt, who, req, arrived)
+    return await _admitted(rt, who, req, arrived)
 
 
-async def _start(
+async def _admitted(
     rt: Runtime, who: Principal, req: CreateOperation, arrived: float
 ) -> tuple[OperationRecord, bool]:
-    """Check, store and (briefly) wait; ``arrived``: when the request came, on the loop's
-    clock, from which the wait for the job id is counted (the checks and the insert are
-    inside it, so the answer never waits longer than ``create_wait_seconds`` in all)."""
+    """What ``start`` checks in its hop, checked for a body already validated; then stored."""
     admit_create(req, rt.providers, rt.check_callback_url)
     spec = rt.providers[req.provider]
     if spec.request_schema is None:
         check_provider_request(req, spec)
     else:
         await anyio.to_thread.run_sync(check_provider_request, req, spec, limiter=rt.request_checks)
+    return await _store(rt, who, req, arrived)
+
+
+async def _store(
+    rt: Runtime, who: Principal, req: CreateOperation, arrived: float
+) -> tuple[OperationRecord, bool]:
+    """Store a checked create and (briefly) wait; ``arrived``: when the request came, on
+    the loop's clock, from which the wait for the job id is counted (the checks and the
+    insert are inside it, so the answer never waits longer than ``create_wait_seconds``
+    in all)."""
     limits = rt.limits_for(req.provider)
     tracing = rt.tracing
     args = (rt.journal, who, req, limits, rt.clock.now(), tracing.current())
