@@ -56,11 +56,13 @@ def state_words(view: Mapping[str, Any]) -> str:
     return state
 
 
-def _size(result: Mapping[str, Any], whole: str) -> int:
+def result_size(result: Mapping[str, Any], whole: str | None = None) -> int:
+    """The result's bytes as the provider gave them (``size``), else those of its compact
+    JSON (``whole`` when the caller has it already)."""
     size = result.get("size")
     if isinstance(size, int) and not isinstance(size, bool):
         return size
-    return len(whole.encode("utf-8"))
+    return len((compact(result) if whole is None else whole).encode("utf-8"))
 
 
 def result_text(result: Mapping[str, Any]) -> str:
@@ -69,7 +71,7 @@ def result_text(result: Mapping[str, Any]) -> str:
     whole = compact(result)
     if len(whole.encode("utf-8")) <= TEXT_RESULT_BYTES:
         return f"result: {whole}"
-    parts = [f"result: {_size(result, whole):,} bytes"]
+    parts = [f"result: {result_size(result, whole):,} bytes"]
     if isinstance(result.get("content_type"), str):
         parts[0] += f" of {result['content_type']}"
     if isinstance(result.get("ref"), str):

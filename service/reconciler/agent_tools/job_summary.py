@@ -11,17 +11,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reconciler.agent_tools.answer_text import SUMMARY_CHARS, clipped, compact, state_words
+from reconciler.agent_tools.answer_text import (
+    SUMMARY_CHARS,
+    clipped,
+    compact,
+    result_size,
+    state_words,
+)
 from reconciler.wire import OperationFilter
 
 
 def _brief(result: Any) -> dict[str, Any] | None:
     if not isinstance(result, Mapping):
         return None
-    size = result.get("size")
-    if not isinstance(size, int) or isinstance(size, bool):
-        size = len(compact(result).encode("utf-8"))
-    return {"size": size, "summary": result.get("summary")}
+    return {"size": result_size(result), "summary": result.get("summary")}
 
 
 def job_summary(view: Mapping[str, Any]) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from reconciler.agent_tools.definitions import TASKS, ToolName, ToolSet
 from reconciler.agent_tools.job_summary import job_summary, page_text
 from reconciler.agent_tools.refusals import CALLER, TRANSIENT, task_error, tool_error
 from reconciler.agent_tools.request_summary import field_lines, request_summary
-from reconciler.agent_tools.tasks import TASKS_EXTENSION, task_view
+from reconciler.agent_tools.tasks import TASKS_EXTENSION, task_status, task_view
 from reconciler.agent_tools.wording import Door, said_for
 from reconciler.commands.agent_actions import operation_id
 from reconciler.core import errors
@@ -137,8 +137,14 @@ def tasks_declared(ctx: ServerRequestContext[Any, Any]) -> bool:
 
 
 def _task(view: View, now: datetime, *, result_type: str) -> dict[str, Any]:
-    wire = operation_result(view).model_dump(by_alias=True, mode="json", exclude_none=True)
-    said = said_for(Door.TASK, str(visible(view)["message"]), str(view["id"]))
+    # A working task carries no result: it is polled every few seconds, and building the
+    # whole answer (its result rows included) each time would be work thrown away.
+    wire = (
+        {}
+        if task_status(view) == "working"
+        else operation_result(view).model_dump(by_alias=True, mode="json", exclude_none=True)
+    )
+    said = said_for(Door.TASK, str(visible(str(view["message"]))), str(view["id"]))
     return task_view(view, said, wire, now, result_type=result_type)
 
 

@@ -58,8 +58,9 @@ def read_providers(
         seen = providers_seen(conn)
         names = sorted(set(policies) | set(seen) | set(webhooks))
         history: dict[str, TrustHistory] = {}
+        healths = trust_store.load_all(conn)
         for name, policy in policies.items():
-            stored = trust_store.load_health(conn, name)
+            stored = healths.get(name, Health())
             if needs_replay(policy, stored, starts[0]):
                 verdicts = provider_stats.deciding_verdicts(conn, name)
                 history[name] = TrustHistory(policy, stored, verdicts)

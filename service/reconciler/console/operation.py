@@ -24,6 +24,7 @@ from reconciler.commands import operator_reads
 from reconciler.commands.decide import decide as commands_decide
 from reconciler.console import operator_text, timeline
 from reconciler.console.web import (
+    MAX_ID,
     PREFIX,
     Operator,
     checked_form,
@@ -42,7 +43,6 @@ from reconciler.tracing import SpanName
 from reconciler.wire import parse_decision
 from reconciler.wire.fields import MAX_DECISION_NOTE
 
-MAX_ID = 40
 FORM_FIELDS = {"csrf", "action", "escalation", "extra_seconds", "extra_status_requests", "note"}
 # Names the escalation just decided, for the one page the decision leads to.
 DECIDED_COOKIE = "reconciler_console_decided"

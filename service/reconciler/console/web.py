@@ -34,6 +34,7 @@ from reconciler.runtime import Runtime
 log = logging.getLogger("reconciler.console")
 
 PREFIX = "/console"
+MAX_ID = 40  # the longest operation id a console URL may carry
 FORM_LIMIT = 16_384
 FORM_FIELDS = 20
 HEADERS = {
@@ -186,7 +187,9 @@ _BACK_TO_OPERATION = frozenset({400, 403, 409, 413})
 def error_page(request: Request, status: int, title: str, message: str) -> Response:
     """An error as a page; one refused on an operation's pages links back to the operation."""
     op_id = request.path_params.get("op_id")
-    back = str(op_id) if status in _BACK_TO_OPERATION and op_id and len(str(op_id)) <= 40 else None
+    back = (
+        str(op_id) if status in _BACK_TO_OPERATION and op_id and len(str(op_id)) <= MAX_ID else None
+    )
     return render(
         request,
         "error.html",
