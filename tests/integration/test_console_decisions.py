@@ -125,6 +125,7 @@ def test_a_decision_takes_a_note_and_less_than_was_offered(stack: Stack, ops: ht
     op = escalated(stack, NEVER, max_status_requests=1)
     url = f"/console/operations/{op['id']}"
     offered = op["escalation"]["options"][0]
+    assert "(awaiting a decision: not done)" in html_page(ops.get(url), 200)
     confirm = html_page(ops.get(f"{url}/confirm", params={"action": "extend"}), 200)
     seconds = str(int(offered["extra_seconds"]))
     assert f'name="extra_seconds" value="{seconds}" min="1" max="{seconds}"' in confirm
@@ -160,6 +161,7 @@ def test_a_decision_takes_a_note_and_less_than_was_offered(stack: Stack, ops: ht
     [entry] = [e for e in stack.history(op["id"]) if e["kind"] == "decision"]
     assert entry["detail"]["note"] == note
     assert after["budget"]["max_status_requests"] == 1 + 2
+    assert "(awaiting a decision" not in page and "(an end state)" not in page
 
 
 def confirm_id(page: str) -> int:

@@ -28,7 +28,6 @@ class OperationFile:
     escalations: list[EscalationRecord]
     entries: list[HistoryRecord]
     steps: list[StepRecord]
-    view: dict[str, Any]
 
 
 def operation(db: Database, op_id: str) -> OperationRecord:
@@ -37,15 +36,13 @@ def operation(db: Database, op_id: str) -> OperationRecord:
         return store.load_operation(conn, op_id)
 
 
-def operation_file(db: Database, op_id: str, now: datetime) -> OperationFile:
+def operation_file(db: Database, op_id: str) -> OperationFile:
     with db.read() as conn:
-        op = store.load_operation(conn, op_id)
         return OperationFile(
-            op,
+            store.load_operation(conn, op_id),
             escalations_of(conn, op_id),
             history_of(conn, op_id),
             steps_of(conn, op_id),
-            view_of(conn, op, now),
         )
 
 

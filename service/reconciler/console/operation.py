@@ -37,6 +37,7 @@ from reconciler.console.web import (
 from reconciler.core import errors, risk
 from reconciler.core.operator_decision import plan_decision
 from reconciler.core.records import EscalationRecord, OperationRecord
+from reconciler.core.states import State, awaits_decision, is_done
 from reconciler.providers.spec import cancel_deadline_seconds
 from reconciler.runtime import Runtime
 from reconciler.tracing import SpanName
@@ -69,25 +70,20 @@ def _op_id(request: Request) -> str:
     return op_id
 
 
-def _open(op: OperationRecord, escalations: list[EscalationRecord]) -> EscalationRecord | None:
-    for esc in escalations:
-        if esc.id == op.escalation_id and esc.decided_at is None:
-            return esc
-    return None
-
-
 def _load(rt: Runtime, op_id: str) -> dict[str, Any]:
     now = rt.clock.now()
-    found = operator_reads.operation_file(rt.db, op_id, now)
-    op, escalations, entries, view = found.op, found.escalations, found.entries, found.view
+    found = operator_reads.operation_file(rt.db, op_id)
+    op, escalations, entries = found.op, found.escalations, found.entries
     story_rows = timeline.rows(entries)
+    state = State(op.state)
+    awaiting = awaits_decision(state, op.escalation_open)
     last = next((e for e in escalations if e.id == op.escalation_id), None)
     return {
         "op": op,
-        "view": view,
-        "done": view["done"],
-        "summary": operator_text.summary(op.state, view["awaiting_decision"]),
-        "open": _open(op, escalations),
+        "done": is_done(state, op.escalation_open),
+        "awaiting_decision": awaiting,
+        "summary": operator_text.summary(op.state, awaiting),
+        "open": last if last is not None and last.decided_at is None else None,
         "repeat": operator_text.repeat_of(escalations),
         "escalations": escalations,
         "timeline": story_rows,
