@@ -58,6 +58,7 @@ def test_at_risk_lists_exactly_what_the_risk_rules_label(db: Database) -> None:
     expected = {op.id for op in made if risk.risks(op, now, reason.get(op.id))}
     assert {op.id for op in listed.items} == expected
     assert listed.total == len(expected)
+    assert listed.reasons == {op.id: reason[op.id] for op in listed.items if op.id in reason}
     assert all(risk.risks(op, now, reason.get(op.id)) for op in listed.items)
     deadlines = [op.deadline_at for op in listed.items]
     assert deadlines == sorted(deadlines)

@@ -11,7 +11,7 @@ from datetime import datetime
 from reconciler.core.records import EscalationRecord
 from reconciler.storage import inbox
 from reconciler.storage.database import Database
-from reconciler.storage.escalations import escalations_by_operation, escalations_for
+from reconciler.storage.escalations import escalations_by_operation
 from reconciler.storage.inbox import InboxFilter, Slice
 from reconciler.storage.operations import count_by_state
 
@@ -61,8 +61,6 @@ def read_inbox(
         )
         matching = inbox.matching(conn, f, page_size, offset("all_page")) if f.narrows else None
         before = escalations_by_operation(conn, [op.id for op, _ in escalated.items])
-        risky = at_risk.items if at_risk is not None else []
-        last = escalations_for(conn, [op.escalation_id for op in risky if op.escalation_id])
         return Inbox(
             escalated,
             at_risk,
@@ -70,5 +68,5 @@ def read_inbox(
             count_by_state(conn),
             inbox.stamp(conn),
             before,
-            {op.id: last[op.escalation_id].reason for op in risky if op.escalation_id in last},
+            at_risk.reasons if at_risk is not None else {},
         )

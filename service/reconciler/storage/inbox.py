@@ -9,7 +9,7 @@ operation id (with or without its ``op_``), a remote job id or a trace id.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -84,6 +84,8 @@ class Slice:
 
     items: list[Any]
     total: int
+    # At risk: each operation's last escalation's reason, for those that had one.
+    reasons: dict[str, str] = field(default_factory=dict)
 
 
 _SHAPES: dict[str, str] = {
@@ -141,8 +143,11 @@ def _list_sql(
         where += " AND escalations.reason = ?"
         params.append("escalations.reason")
     source = _SHAPES[shape].format(where=where)
-    columns = f"{_OPS_LIST}, {_ESC_LIST}" if shape == "escalated" else _OPS_LIST
-    returns = (*OPS_COLUMNS, *_ESC_RETURNS) if shape == "escalated" else OPS_COLUMNS
+    columns, returns = _OPS_LIST, OPS_COLUMNS
+    if shape == "escalated":
+        columns, returns = f"{_OPS_LIST}, {_ESC_LIST}", (*OPS_COLUMNS, *_ESC_RETURNS)
+    elif shape == "at_risk":  # its join has the last escalation's reason at hand
+        columns, returns = f"{_OPS_LIST}, escalations.reason", (*OPS_COLUMNS, "escalations.reason")
     page = Sql(
         f"inbox-{shape}",
         OPS,
@@ -198,7 +203,10 @@ def escalated(conn: Connection, f: InboxFilter, limit: int, offset: int) -> Slic
 def at_risk(conn: Connection, f: InboxFilter, now: datetime, limit: int, offset: int) -> Slice:
     """Running operations whose deadline, budget or failure allowance is nearly spent."""
     rows, total = _slice(conn, "at_risk", f, (_WATCHED, now.timestamp()), limit, offset)
-    return Slice([record_of_values(row) for row in rows], total)
+    width = len(OPS_COLUMNS)
+    items = [record_of_values(row[:width]) for row in rows]
+    reasons = {op.id: str(row[width]) for op, row in zip(items, rows, strict=True) if row[width]}
+    return Slice(items, total, reasons)
 
 
 def matching(conn: Connection, f: InboxFilter, limit: int, offset: int) -> Slice:
