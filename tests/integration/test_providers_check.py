@@ -150,6 +150,32 @@ def test_bad_arguments_are_one_line_naming_what_to_fix(
     assert err.startswith("reconciler: ") and fragment in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ('{"task": "a", "task": "b"}', "member name 'task' appears twice in one object"),
+        ('{"client_token": "mine"}', "--request: 'request' may not hold /client_token"),
+        ("x" * 2048, "is larger than 1024 bytes"),
+    ],
+)
+def test_a_request_file_is_refused_as_intake_refuses_an_agents(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    body: str,
+    fragment: str,
+) -> None:
+    monkeypatch.setenv("RUNS_TOKEN", TOKEN)
+    request = tmp_path / "request.json"
+    request.write_text(body)
+    config = _config(tmp_path, "runs", runs_table("http://127.0.0.1:9"))
+    with open(config, "a", encoding="utf-8") as fh:
+        fh.write("\n[server]\nmax_body_bytes = 1024\n")
+    code, lines, err = _check(capsys, config, "runs", "--request", str(request))
+    assert code == 1 and not lines
+    assert err.startswith("reconciler: ") and fragment in err and err.count("\n") == 1
+
+
 def test_the_simulated_provider_checks_clean_with_its_own_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

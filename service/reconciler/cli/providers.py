@@ -21,17 +21,15 @@ from reconciler.commands.provider_check import (
     obtain_credential,
     verdict,
 )
+from reconciler.commands.validation import check_provider_request
 from reconciler.config import DEFAULT_PROVIDERS_DIR, Settings
 from reconciler.core.errors import InvalidRequest
-from reconciler.core.strict_json import parse_json
+from reconciler.core.strict_json import parse_request_json
 from reconciler.outbound import ssrf
-from reconciler.providers.call_request import set_conflict
 from reconciler.providers.http_adapter import build_adapter
 from reconciler.providers.loader import load_providers, provider_tables
 from reconciler.providers.result_fetch import URL_NAME
 from reconciler.providers.spec import ProviderSpec
-
-MAX_REQUEST_BYTES = 1_048_576
 
 
 def providers_command(args: argparse.Namespace, settings: Settings) -> int:
@@ -51,24 +49,24 @@ def providers_command(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _request(path: str, spec: ProviderSpec) -> Any:
-    """The create's request from ``path`` (``-``: standard input), checked as intake does."""
+def _request(path: str, spec: ProviderSpec, limit: int) -> Any:
+    """The create's request from ``path`` (``-``: standard input), checked as intake checks
+    an agent's (``limit``: the server's ``max_body_bytes``)."""
     try:
         if path == "-":
-            data = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
+            data = sys.stdin.buffer.read(limit + 1)
         else:
             with Path(path).open("rb") as fh:
-                data = fh.read(MAX_REQUEST_BYTES + 1)
+                data = fh.read(limit + 1)
     except OSError as exc:
         raise InvalidRequest(f"--request: cannot read {path}: {exc.strerror}") from None
-    if len(data) > MAX_REQUEST_BYTES:
-        raise InvalidRequest(f"--request: {path} is larger than {MAX_REQUEST_BYTES} bytes")
-    request = parse_json(data, f"--request {path}")
-    if spec.request_schema is not None:
-        spec.request_schema.check(request)
-    conflict = set_conflict(request, spec.create.set)
-    if conflict is not None:
-        raise InvalidRequest(f"--request: {conflict}")
+    if len(data) > limit:
+        raise InvalidRequest(f"--request: {path} is larger than {limit} bytes")
+    request = parse_request_json(data, f"--request {path}")
+    try:
+        check_provider_request(request, spec)
+    except InvalidRequest as exc:
+        raise InvalidRequest(f"--request: {exc.message}") from None
     return request
 
 
@@ -86,7 +84,8 @@ def providers_check(args: argparse.Namespace, settings: Settings) -> int:
     if spec is None:
         known = ", ".join(sorted(specs)) or "none configured"
         raise InvalidRequest(f"no provider named {args.name!r} here (configured: {known})")
-    request = _request(args.request, spec) if args.request is not None else None
+    limit = settings.server.max_body_bytes
+    request = _request(args.request, spec, limit) if args.request is not None else None
     allow = settings.callbacks.allow_hosts
 
     async def guard(url: str) -> Any:

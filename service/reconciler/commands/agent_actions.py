@@ -166,7 +166,7 @@ def _parse_checked(
     """A create's body as ``parse_create`` takes it, then checked against its provider's
     file (``check_provider_request``)."""
     req = parse_create(body, providers, check_callback)
-    check_provider_request(req, providers[req.provider])
+    check_provider_request(req.request, providers[req.provider])
     return req
 
 
@@ -189,9 +189,11 @@ async def _admitted(
     admit_create(req, rt.providers, rt.check_callback_url)
     spec = rt.providers[req.provider]
     if spec.request_schema is None:
-        check_provider_request(req, spec)
+        check_provider_request(req.request, spec)
     else:
-        await anyio.to_thread.run_sync(check_provider_request, req, spec, limiter=rt.request_checks)
+        await anyio.to_thread.run_sync(
+            check_provider_request, req.request, spec, limiter=rt.request_checks
+        )
     return await _store(rt, who, req, arrived)
 
 

@@ -48,12 +48,12 @@ def admit_create(
     return req
 
 
-def check_provider_request(req: CreateOperation, spec: ProviderSpec) -> None:
-    """What the provider file asks of ``request``: its ``request_schema``, and no field the
-    service sets itself (``create.set``: the agent cannot override it)."""
+def check_provider_request(request: Any, spec: ProviderSpec) -> None:
+    """What the provider file asks of a create's request: its ``request_schema``, and no
+    field the service sets itself (``create.set``: the agent cannot override it)."""
     if spec.request_schema is not None:
-        spec.request_schema.check(req.request)
-    conflict = set_conflict(req.request, spec.create.set)
+        spec.request_schema.check(request)
+    conflict = set_conflict(request, spec.create.set)
     if conflict is not None:
         raise InvalidRequest(conflict)
 

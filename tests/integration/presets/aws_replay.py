@@ -345,9 +345,8 @@ def refusal(preset: str, deployment: dict[str, Any], request: Any) -> str | None
     merge(table, deployment)
     spec = parse_provider("p", table, "test")
     try:
-        check_provider_request(
-            parse_create({"provider": "p", "request": request}, {"p": spec}, str), spec
-        )
+        req = parse_create({"provider": "p", "request": request}, {"p": spec}, str)
+        check_provider_request(req.request, spec)
     except InvalidRequest as exc:
         return str(exc)
     return None
