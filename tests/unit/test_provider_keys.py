@@ -172,6 +172,10 @@ def test_webhook_url_needs_public_url_and_a_webhook_table() -> None:
     data = {**MINIMAL, "lookup": lookup, "webhook": WEBHOOK}
     assert 'lookup.match."/webhook": {webhook_url} needs server.public_url' in _error(data, "")
     assert _load(data).lookup is not None
+    status = {**MINIMAL["status"], "result_ref": "/out", "errors_ref": "/err"}
+    result = {**JSONL_RESULT, "errors_path": "/files/{errors_ref}?notify={webhook_url}"}
+    data = {**MINIMAL, "status": status, "result": result, "webhook": WEBHOOK}
+    assert "result.errors_path: {webhook_url} needs server.public_url" in _error(data, "")
 
 
 def test_no_public_url_no_webhook_url() -> None:

@@ -226,6 +226,8 @@ class ProviderSpec(FileTable):
             uses += [
                 (f"lookup.match.{quoted(p.text)}", template_fields(t)) for p, t in self.lookup.match
             ]
+        if self.result is not None and self.result.errors_path is not None:
+            uses.append(("result.errors_path", template_fields(self.result.errors_path)))
         for key, names in uses:
             if WEBHOOK_URL not in names:
                 continue
