@@ -31,12 +31,13 @@ import anyio.to_thread
 import httpx
 
 from reconciler.core.clock import Clock
-from reconciler.core.errors import CredentialUnavailable, InvalidRequest
+from reconciler.core.errors import CredentialUnavailable, InvalidRequest, UnsafePathValue
 from reconciler.core.provider_calls import CallResult
 from reconciler.core.rate_limit import is_rate_limited, retry_after_value
 from reconciler.core.strict_json import parse_json
 from reconciler.core.vocabulary import TransportError
 from reconciler.providers.aiohttp_transport import AiohttpTransport
+from reconciler.providers.call_request import CallRequest, build_request
 from reconciler.providers.client import OutboundClient
 from reconciler.providers.credentials import Credential
 from reconciler.providers.decoding import (
@@ -45,8 +46,10 @@ from reconciler.providers.decoding import (
     encoding_problem,
     read_bounded,
 )
-from reconciler.providers.spec import ProviderSpec
+from reconciler.providers.pointer import Pointer
+from reconciler.providers.spec import CallTable, ProviderSpec
 from reconciler.providers.spool import Spool
+from reconciler.providers.templates import Values
 from reconciler.providers.transport import classify_transport_error
 from reconciler.tracing import SpanName, Tracing
 
@@ -192,6 +195,32 @@ class Exchange:
         return CallResult(
             method, target, self._clock.now(), 0.0, refused=reason, maybe_delivered=False
         )
+
+    def build(
+        self,
+        table: CallTable,
+        path: str,
+        values: Values,
+        *,
+        request: Any = None,
+        page: tuple[Pointer, Any] | None = None,
+    ) -> CallRequest | CallResult:
+        """The request ``table`` describes (``build_request`` with the file's own headers and
+        job-id rule), or the refusal to send it: nothing went out."""
+        try:
+            return build_request(
+                table,
+                path,
+                values,
+                request=request,
+                static=self._spec.headers,
+                keep_slashes=self._spec.job_id_slashes,
+                page=page,
+            )
+        except UnsafePathValue as exc:
+            return self.refused(table.method, path, exc.message)
+        except (TypeError, ValueError):
+            return self.refused(table.method, path, "the request body is not JSON")
 
     def unsent(self, method: str, target: str, kind: TransportError, detail: str) -> CallResult:
         """A call that failed before a request could go out (its host did not resolve)."""

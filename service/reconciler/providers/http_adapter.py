@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from reconciler.core.clock import Clock, SystemClock
-from reconciler.core.errors import ConfigError, UnsafePathValue
+from reconciler.core.errors import ConfigError
 from reconciler.core.provider_calls import CallResult, answer_words, unstorable_in
 from reconciler.core.strict_json import shown
 from reconciler.providers.adapter import (
@@ -42,10 +42,9 @@ from reconciler.providers.adapter import (
     next_page,
     status_outcome,
 )
-from reconciler.providers.call_request import CallRequest, build_request
+from reconciler.providers.call_request import CallRequest
 from reconciler.providers.credentials import build_credential
 from reconciler.providers.exchange import Exchange
-from reconciler.providers.pointer import Pointer
 from reconciler.providers.result_fetch import ResultFetcher, UrlGuard
 from reconciler.providers.spec import (
     CallTable,
@@ -113,31 +112,6 @@ class HttpAdapter:
             **refs,
         }
 
-    def build(
-        self,
-        table: CallTable,
-        path: str,
-        values: Mapping[str, str | None],
-        *,
-        request: Any = None,
-        page: tuple[Pointer, Any] | None = None,
-    ) -> CallRequest | CallResult:
-        """The request ``table`` describes, or the refusal to send it (nothing went out)."""
-        try:
-            return build_request(
-                table,
-                path,
-                values,
-                request=request,
-                static=self._spec.headers,
-                keep_slashes=self._spec.job_id_slashes,
-                page=page,
-            )
-        except UnsafePathValue as exc:
-            return self._exchange.refused(table.method, path, exc.message)
-        except (TypeError, ValueError):
-            return self._exchange.refused(table.method, path, "the request body is not JSON")
-
     async def send(
         self,
         built: CallRequest,
@@ -165,7 +139,7 @@ class HttpAdapter:
 
     async def create(self, request: Any, subject: Subject) -> CreateOutcome:
         create = self._spec.create
-        built = self.build(create, create.path, self.values(subject), request=request)
+        built = self._exchange.build(create, create.path, self.values(subject), request=request)
         if isinstance(built, CallResult):
             return create_outcome(self._spec, built)
         extra = {}
@@ -188,7 +162,7 @@ class HttpAdapter:
             refused = ex.refused("GET", "", "the provider file has no [lookup] table")
             return lookup_outcome(self._spec, refused)
         values = self.values(subject)
-        built = self.build(lookup, lookup.path, values)
+        built = self._exchange.build(lookup, lookup.path, values)
         if isinstance(built, CallResult):
             return lookup_outcome(self._spec, built)
         extra = {}
@@ -242,7 +216,9 @@ class HttpAdapter:
     ) -> tuple[CallRequest, httpx.URL] | CallResult:
         """The next page's request: its cursor in the body or in the query."""
         if lookup.page_pointer is not None:
-            nxt = self.build(lookup, lookup.path, values, page=(lookup.page_pointer, cursor))
+            nxt = self._exchange.build(
+                lookup, lookup.path, values, page=(lookup.page_pointer, cursor)
+            )
             return nxt if isinstance(nxt, CallResult) else (nxt, self._exchange.url(nxt.path))
         assert lookup.next_param is not None  # next_page gives a cursor only then
         url = self._exchange.url(built.path).copy_merge_params({lookup.next_param: str(cursor)})
@@ -251,7 +227,7 @@ class HttpAdapter:
     async def _job_call(
         self, table: CallTable, path: str, subject: Subject, timeout: float, limit: int
     ) -> CallResult:
-        built = self.build(table, path, self.values(subject))
+        built = self._exchange.build(table, path, self.values(subject))
         if isinstance(built, CallResult):
             return built
         return await self.send(built, subject.trace_id, timeout, limit)

@@ -27,10 +27,10 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import httpx
 
-from reconciler.core.errors import InvalidRequest, ResolutionFailed, UnsafePathValue
+from reconciler.core.errors import InvalidRequest, ResolutionFailed
 from reconciler.core.provider_calls import CallResult
 from reconciler.core.vocabulary import TransportError
-from reconciler.providers.call_request import CallRequest, build_request
+from reconciler.providers.call_request import CallRequest
 from reconciler.providers.exchange import Exchange, Pinned
 from reconciler.providers.spec import ProviderSpec, ResultSpec
 from reconciler.providers.templates import ERRORS_REF, RESULT_REF, Values
@@ -89,7 +89,7 @@ class ResultFetcher:
         ex = self._exchange
         values = {**values, RESULT_REF: result_ref}
         if result.path is not None:
-            built = self._build(result, result.path, values)
+            built = self._exchange.build(result, result.path, values)
             if isinstance(built, CallResult):
                 return built
             return await self._follow(result, ex.url(built.path), trace_id, built)
@@ -97,7 +97,7 @@ class ResultFetcher:
         if url is None:
             reason = "result_ref is not an http(s) URL or path and [result] has no path"
             return ex.refused(result.method, "", reason)
-        built = self._build(result, "", values)
+        built = self._exchange.build(result, "", values)
         if isinstance(built, CallResult):
             return built
         return await self._follow(result, url, trace_id, built)
@@ -108,22 +108,10 @@ class ResultFetcher:
         ex = self._exchange
         if result.errors_path is None:
             return ex.refused(result.method, "", "the provider file has no result.errors_path")
-        built = self._build(result, result.errors_path, {**values, ERRORS_REF: errors_ref})
+        built = self._exchange.build(result, result.errors_path, {**values, ERRORS_REF: errors_ref})
         if isinstance(built, CallResult):
             return built
         return await self._follow(result, ex.url(built.path), trace_id, built)
-
-    def _build(self, result: ResultSpec, path: str, values: Values) -> CallRequest | CallResult:
-        try:
-            return build_request(
-                result,
-                path,
-                values,
-                static=self._spec.headers,
-                keep_slashes=self._spec.job_id_slashes,
-            )
-        except UnsafePathValue as exc:
-            return self._exchange.refused(result.method, path, exc.message)
 
     def _result_url(self, result_ref: str | None) -> httpx.URL | None:
         if not result_ref or not (result_ref.startswith("/") or "://" in result_ref):
