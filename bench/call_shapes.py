@@ -166,12 +166,13 @@ def build_costs(rounds: int) -> list[tuple[str, float, float, int]]:
         ("cancel", spec.cancel, spec.cancel.path if spec.cancel else "", None),
         ("result", spec.result, spec.result.path if spec.result else "", None),
     )
+    typed = any(name.lower() == "content-type" for name, _ in spec.headers)
     rows = []
     for name, call, path, body in calls:
         assert call is not None and path is not None
 
         def ours(call: Any = call, path: str = path, body: Any = body) -> Any:
-            built = build_request(call, path, values, request=body, static=spec.headers)
+            built = build_request(call, path, values, request=body, typed=typed)
             return httpx.Request(
                 built.method,
                 spec.base_url + built.path,

@@ -122,14 +122,15 @@ def build_request(
     values: Values,
     *,
     request: Any = None,
-    static: HeaderPairs = (),
+    typed: bool = False,
     keep_slashes: bool = False,
     page: tuple[Pointer, Any] | None = None,
 ) -> CallRequest:
     """The request ``table`` describes, for ``path`` (its path, or another of its templates).
 
     ``request``: the create's body as the agent gave it (None for the other calls, whose
-    body starts empty). ``page``: a body-paged lookup's cursor and where it goes. Raises
+    body starts empty). ``typed``: the provider's static headers name a Content-Type
+    already. ``page``: a body-paged lookup's cursor and where it goes. Raises
     ``UnsafePathValue`` for a value the call cannot carry, ``ValueError``/``TypeError`` for
     a body that is not JSON.
     """
@@ -142,7 +143,6 @@ def build_request(
     content = None
     if body is not None:
         content = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-        named = {name.lower() for name, _ in headers} | {name.lower() for name, _ in static}
-        if CONTENT_TYPE not in named:
+        if not typed and all(name.lower() != CONTENT_TYPE for name, _ in headers):
             headers.insert(0, ("Content-Type", JSON))
     return CallRequest(table.method, filled, tuple(headers), content)

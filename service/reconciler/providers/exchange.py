@@ -37,7 +37,7 @@ from reconciler.core.rate_limit import is_rate_limited, retry_after_value
 from reconciler.core.strict_json import parse_json
 from reconciler.core.vocabulary import TransportError
 from reconciler.providers.aiohttp_transport import AiohttpTransport
-from reconciler.providers.call_request import CallRequest, build_request
+from reconciler.providers.call_request import CONTENT_TYPE, CallRequest, build_request
 from reconciler.providers.client import OutboundClient
 from reconciler.providers.credentials import Credential
 from reconciler.providers.decoding import (
@@ -131,6 +131,8 @@ class Exchange:
         tracing: Tracing,
     ) -> None:
         self._spec = spec
+        # Whether the file's static headers name a Content-Type: a body then gets no other.
+        self._typed = any(name.lower() == CONTENT_TYPE for name, _ in spec.headers)
         self._credential = credential
         # A credential that is one fixed header goes on with the other headers; any other is
         # put on each request last (a signature covers the request as it is sent).
@@ -213,7 +215,7 @@ class Exchange:
                 path,
                 values,
                 request=request,
-                static=self._spec.headers,
+                typed=self._typed,
                 keep_slashes=self._spec.job_id_slashes,
                 page=page,
             )
