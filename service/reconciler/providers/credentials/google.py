@@ -15,13 +15,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio.to_thread
-import httpx
 
 from reconciler.config import Secret
 from reconciler.core.clock import Clock
 from reconciler.core.errors import CredentialUnavailable
-from reconciler.providers.credentials.credential import Credential
-from reconciler.providers.credentials.tokens import Refreshing, Token
+from reconciler.providers.credentials.tokens import BearerToken, Token
 
 # What each kind of credential google.auth.default finds is, in words.
 _SOURCES = {
@@ -36,19 +34,12 @@ _SOURCES = {
 }
 
 
-class GoogleCredential(Credential):
+class GoogleCredential(BearerToken):
     def __init__(self, scopes: tuple[str, ...], clock: Clock) -> None:
         self._scopes = scopes
         self._found: Any = None  # the google-auth credentials, once found
-        self.tokens = Refreshing(self._fetch, clock)
+        super().__init__(self._fetch, clock)
         self.source = "Google Application Default Credentials (not obtained yet)"
-
-    async def apply(self, request: httpx.Request) -> None:
-        token = await self.tokens.value()
-        request.headers["Authorization"] = "Bearer " + token.reveal()
-
-    async def renew(self) -> bool:
-        return await self.tokens.renew()
 
     async def _fetch(self) -> Token:
         return await anyio.to_thread.run_sync(self._fetch_blocking)

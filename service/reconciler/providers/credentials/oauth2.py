@@ -19,14 +19,13 @@ from reconciler.config import Secret
 from reconciler.core.clock import Clock
 from reconciler.core.errors import CredentialUnavailable
 from reconciler.core.strict_json import shown
-from reconciler.providers.credentials.credential import Credential
-from reconciler.providers.credentials.tokens import Refreshing, Token
+from reconciler.providers.credentials.tokens import BearerToken, Token
 
 TOKEN_TIMEOUT_SECONDS = 10.0
 MAX_TOKEN_ANSWER_BYTES = 65_536
 
 
-class OAuth2Credential(Credential):
+class OAuth2Credential(BearerToken):
     def __init__(
         self,
         token_url: str,
@@ -41,15 +40,8 @@ class OAuth2Credential(Credential):
         self._client_secret = client_secret
         self._scope = scope
         self._http = httpx.AsyncClient(transport=transport, timeout=TOKEN_TIMEOUT_SECONDS)
-        self.tokens = Refreshing(self._fetch, clock)
+        super().__init__(self._fetch, clock)
         self.source = f"OAuth2 client credentials from {token_url}"
-
-    async def apply(self, request: httpx.Request) -> None:
-        token = await self.tokens.value()
-        request.headers["Authorization"] = "Bearer " + token.reveal()
-
-    async def renew(self) -> bool:
-        return await self.tokens.renew()
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -15,10 +15,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import httpx
+
 from reconciler.config import Secret
 from reconciler.core.clock import Clock
 from reconciler.core.errors import CredentialUnavailable
 from reconciler.core.token_refresh import refresh_at, retry_delay
+from reconciler.providers.credentials.credential import Credential
 
 
 @dataclass(frozen=True)
@@ -88,3 +91,18 @@ class Refreshing:
             return self._token.value
         assert self._failure is not None
         raise self._failure
+
+
+class BearerToken(Credential):
+    """A credential that is a token fetched by ``fetch`` (OAuth2, Google), sent as
+    ``Authorization: Bearer`` and fetched again when it is due or refused."""
+
+    def __init__(self, fetch: Callable[[], Awaitable[Token]], clock: Clock) -> None:
+        self.tokens = Refreshing(fetch, clock)
+
+    async def apply(self, request: httpx.Request) -> None:
+        token = await self.tokens.value()
+        request.headers["Authorization"] = "Bearer " + token.reveal()
+
+    async def renew(self) -> bool:
+        return await self.tokens.renew()
