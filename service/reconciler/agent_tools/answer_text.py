@@ -15,22 +15,14 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from reconciler.core.states import State
+from reconciler.core.states import END_STATES, USABLE_ENDS, State
 
 # The most of a result written into the text whole; a larger one is described.
 TEXT_RESULT_BYTES = 2_000
 SUMMARY_CHARS = 500
 SHOWN_FAILED_ITEMS = 5
 # Ends with no usable outcome (what the Python client calls failed or rejected).
-_NO_OUTCOME = frozenset(
-    {
-        State.FAILED,
-        State.RESULT_TIMED_OUT,
-        State.RESULT_UNAVAILABLE,
-        State.RESULT_VALIDATION_FAILED,
-        State.CANCELLATION_UNCONFIRMED,
-    }
-)
+_NO_OUTCOME = END_STATES - USABLE_ENDS
 
 
 def compact(value: Any) -> str:

@@ -44,6 +44,11 @@ END_STATES: frozenset[State] = frozenset(
         State.CANCELLATION_UNCONFIRMED,
     }
 )
+# The ends that leave a usable outcome; every other end is a failure to the agent (the
+# answers' isError, the client's ``failed``).
+USABLE_ENDS: frozenset[State] = frozenset(
+    {State.SUCCEEDED, State.COMPLETED_WITH_ERRORS, State.CANCELLED}
+)
 
 S = State
 
