@@ -226,7 +226,7 @@ async def _store(
     if created:
         rt.notifier.wake()
         wait = rt.settings.server.create_wait_seconds
-        if wait > 0 and rt.create_waits.should_wait():
+        if wait > 0 and rt.create_waits.should_wait(rt.clock.monotonic()):
             # A short, bounded wait so the answer usually carries the job id already; it
             # holds neither a thread nor a connection, and reads nothing when the job id
             # is learned in this process (the change hands over its record). Only while
@@ -240,7 +240,7 @@ async def _store(
                 lambda current: current.state != State.CREATE_PENDING,
                 current=op,
             )
-            rt.create_waits.saw(op.state != State.CREATE_PENDING)
+            rt.create_waits.saw(op.state != State.CREATE_PENDING, rt.clock.monotonic())
     return op, created
 
 
