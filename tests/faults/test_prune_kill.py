@@ -47,20 +47,28 @@ def _log_records(db: Database) -> int:
 def _held(db: Database) -> Iterator[None]:
     """A lock the prune's next batch needs, taken once a first batch committed and held
     until the block ends. On SQLite the write lock itself: taken again and again between
-    batches (each try waits for the running one) until a committed record is seen under
-    it, so the prune cannot finish while the test looks."""
+    batches until a committed record is seen under it, so the prune cannot finish while
+    the test looks. Each try is refused at once while a batch holds the lock and made
+    again a moment later: SQLite's own busy wait sleeps up to 100 ms between its looks,
+    long enough on a loaded machine for the prune's back-to-back batches to finish."""
     if db.sqlite:
         path = sa.make_url(db.url).database
         assert path
-        conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+        conn = sqlite3.connect(path, timeout=0, isolation_level=None)
         try:
             deadline = time.monotonic() + 60
             while True:
-                conn.execute("BEGIN IMMEDIATE")
+                assert time.monotonic() < deadline, "no batch committed within 60 s"
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc):
+                        raise
+                    time.sleep(0.0005)  # a batch holds it: look again
+                    continue
                 if conn.execute("SELECT count(*) FROM retention_log").fetchone()[0] >= 1:
                     break
                 conn.execute("ROLLBACK")
-                assert time.monotonic() < deadline, "no batch committed within 60 s"
             yield
             conn.execute("ROLLBACK")
         finally:
