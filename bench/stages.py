@@ -14,6 +14,10 @@ nothing of this module is measured alike (the unmodified tree before a change, t
   could start it (the claim, or the previous step's write) to its end: **ready -> step**.
 * the provider's and the callback's HTTP transports: each call in a step, **step ->
   call** and the call itself.
+* ``Shares.take`` and its slot's return: each share's slots held by running steps over
+  time, and those a claim in flight asked for (held back from everything else until it
+  returns), set beside the calls really in flight to the share's party: whether
+  operations wait for a share whose slots are held but not calling, and by what.
 * ``Writer._submit`` and the writer threads' runs: every write with the queue's depth
   when it was handed over, its **wait** in the queue, its transaction (and how many
   writes shared it) and the hop back to the loop; a step's last write gives **call ->
@@ -65,6 +69,8 @@ class Records:
         self.webhooks: list[dict[str, Any]] = []
         self.posts: list[dict[str, Any]] = []
         self.spawned: dict[str, float] = {}  # operation -> when its claim reached the loop
+        # (time, share, slots held after the change, capacity) on each take and return.
+        self.slots: list[tuple[float, str, int, int]] = []
 
     def dump(self, path: Path) -> None:
         data = {
@@ -74,6 +80,7 @@ class Records:
             "writes": self.writes,
             "webhooks": self.webhooks,
             "posts": self.posts,
+            "slots": self.slots,
         }
         path.write_text(json.dumps(data), "utf-8")
 
@@ -120,6 +127,31 @@ def _wrap_claims(rec: Records) -> None:
         return claims
 
     worker.Worker._claim = _claim  # type: ignore[method-assign]
+    _wrap_slots(rec)
+
+
+def _wrap_slots(rec: Records) -> None:
+    from reconciler.engine import shares
+
+    def held(self: Any, key: str) -> tuple[str, int, int]:
+        if key in self._capacity:
+            return key, self._used[key], self._capacity[key]
+        return "callbacks", sum(self._hosts.values()), self._pool
+
+    take, drop = shares.Shares.take, shares.Shares._drop
+
+    def _take(self: Any, key: str, *, claimed: bool = False) -> bool:
+        took = take(self, key, claimed=claimed)
+        if took:
+            rec.slots.append((time.time(), *held(self, key)))
+        return bool(took)
+
+    def _drop(self: Any, key: str) -> None:
+        drop(self, key)
+        rec.slots.append((time.time(), *held(self, key)))
+
+    shares.Shares.take = _take  # type: ignore[method-assign]
+    shares.Shares._drop = _drop  # type: ignore[method-assign]
 
 
 def _wrap_steps(rec: Records) -> None:
@@ -335,6 +367,7 @@ def report(path: Path, out: Any = None) -> None:
     data = json.loads(path.read_text("utf-8"))
     lines = ["  stages, ms p50/p90/p99 (max):"]
     lines += _claimed(data["claims"])
+    lines += _occupancy(data.get("slots", []), data["steps"], data["ticks"])
     lines += _steps(data["steps"])
     lines += _writes(data["writes"])
     hooks = data["webhooks"]
@@ -361,6 +394,59 @@ def _claimed(claims: list[dict[str, Any]]) -> list[str]:
         f"    due -> claimed      {state:<22} n={len(lags):<5} {_ms(lags)}"
         for state, lags in sorted(by_state.items())
     ]
+
+
+def _occupancy(
+    slots: list[list[Any]], steps: list[dict[str, Any]], ticks: list[dict[str, Any]]
+) -> list[str]:
+    """Each share's slots held on average and the time it was full, over the window its
+    slots moved in, beside the calls in flight to its party and the claims' own time."""
+    if not slots:
+        return []
+    start, end = slots[0][0], slots[-1][0]
+    window = end - start
+    if window <= 0:
+        return []
+    held: dict[str, float] = defaultdict(float)
+    full: dict[str, float] = defaultdict(float)
+    last: dict[str, tuple[float, int, int]] = {}
+    for at, share, used, capacity in slots:
+        if share in last:
+            since, was, cap = last[share]
+            held[share] += was * (at - since)
+            if was >= cap:
+                full[share] += at - since
+        last[share] = (at, used, capacity)
+    in_flight: dict[str, float] = defaultdict(float)
+    for step in steps:
+        for label, _method, began, ended in step["calls"]:
+            in_flight[label] += max(0.0, min(ended, end) - max(began, start))
+    asked_for: dict[str, float] = defaultdict(float)
+    claiming = 0.0
+    for t in ticks:
+        overlap = max(0.0, min(t["end"], end) - max(t["start"], start))
+        claiming += overlap
+        for key, n in t["wants"].items():
+            asked_for[key.lstrip(":") if key == ":callbacks" else key] += n * overlap
+    claimed = sum(sum(t.get("got", {}).values()) for t in ticks)
+    asked = sum(sum(t["wants"].values()) for t in ticks)
+    lines = [
+        "    shares, slots on average: held by steps + asked for by the claim in flight, "
+        "of the capacity; time full (steps alone); calls in flight:"
+    ]
+    for share in sorted(last):
+        party = "callback" if share == "callbacks" else ("" if share == ":hooks" else "provider")
+        calls = f"  {party} calls {in_flight[party] / window:.1f}" if party else ""
+        lines.append(
+            f"      {share[:24]:<24} {held[share] / window:5.1f} + {asked_for[share] / window:4.1f}"
+            f" of {last[share][2]:<3} full {100 * full[share] / window:3.0f}%{calls}"
+        )
+    lines.append(
+        f"    claims: in flight {100 * claiming / window:.0f}% of the time, "
+        f"{claimed / max(1, len(ticks)):.1f} operations each of "
+        f"{asked / max(1, len(ticks)):.1f} asked for (n={len(ticks)})"
+    )
+    return lines
 
 
 def _steps(records: list[dict[str, Any]]) -> list[str]:
