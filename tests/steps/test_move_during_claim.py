@@ -1,7 +1,7 @@
 """A task refused a share only because a claim is in flight waits for it, lease in hand.
 
-The claim holds back the hooks' and callbacks' free slots for what it claims. A task
-whose operation moves into one of them meanwhile (a result in, its completion due) used
+The claim holds back every share's free slots for what it claims. A task whose
+operation moves into one of them meanwhile (a result in, its completion due) used
 to give its lease back at once: one transaction for that, and a claim of its own to get
 the operation again. It now waits for the claim, which is a write and so bounded, and
 moves into the slot that is still free after it.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.engine.shares import HOOKS
+from reconciler.engine.shares import HOOKS, NO_SLOT
 from reconciler.engine.worker import Worker
 from tests.support.steps import step_rig
 from tests.support.waiting import wait_until_async
@@ -59,6 +59,26 @@ async def test_a_move_refused_by_a_claim_in_flight_waits_for_it(
         assert await tick == 0  # nothing was due
         assert await asyncio.wait_for(move, 10)
         assert worker.shares.free(HOOKS) == free - 1 and worker.shares.free("sim") > 0
+
+
+async def test_a_move_into_a_providers_share_waits_for_the_claim_too(
+    tmp_path: Path, db_url: str
+) -> None:
+    """A task whose create lent the provider's slot back and whose next read is due at
+    once takes a slot of the provider's share again. Taken during a claim, it could be
+    the one a claimed operation was given: that operation, its read charged, then waited
+    with no slot for its lease to expire (30 s), and its charge was never observed."""
+    async with step_rig(tmp_path, db_url) as rig:
+        worker = rig.worker
+        free = worker.shares.free("sim")
+        async with held_claim(db_url, worker) as tick:
+            move = asyncio.ensure_future(worker.move(NO_SLOT, "sim"))
+            await turns()
+            assert not move.done()  # waiting for the claim, not taking its slot
+            assert worker.shares.free("sim") == free
+        assert await tick == 0  # nothing was due
+        assert await asyncio.wait_for(move, 10)
+        assert worker.shares.free("sim") == free - 1
 
 
 async def test_a_full_share_refuses_the_move_at_once(tmp_path: Path, db_url: str) -> None:

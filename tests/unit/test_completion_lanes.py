@@ -15,7 +15,7 @@ from reconciler.core.completion_lanes import (
     host_cap,
     lane_or_hooks,
 )
-from reconciler.engine.shares import CALLBACKS, Shares
+from reconciler.engine.shares import CALLBACKS, NO_SLOT, Shares
 
 LANES = st.sampled_from([callback_lane(h) for h in ("a.example", "b.example", "127.0.0.2")])
 
@@ -80,15 +80,18 @@ def test_shares_hold_a_host_to_its_cap_and_the_pool_to_its_size(
     assert shares.free(HOOKS_LANE) == 2  # callbacks never touch the hooks' share
 
 
-def test_while_a_claim_is_in_flight_only_the_claim_takes_completion_slots() -> None:
-    """The claim chose on the free slots as they were; a task taking one meanwhile would
-    leave a claimed operation without a slot, its lease idle until it expired."""
+def test_while_a_claim_is_in_flight_only_the_claim_takes_slots() -> None:
+    """The claim asked for the free slots as they were; a task taking one meanwhile would
+    leave a claimed operation without a slot, its step prepared (a provider's: the status
+    request charged) and its lease idle until it expired."""
     shares = Shares({"prov": 1, HOOKS_LANE: 1}, callbacks=4, per_host=2)
     lane = callback_lane("a.example")
     shares.claiming = True
     assert not shares.take(lane) and not shares.take(HOOKS_LANE)
+    assert not shares.take("prov")  # a task whose create lent its slot back, moving on
+    assert not shares.move(NO_SLOT, "prov")
+    assert shares.take("prov", claimed=True)
     assert not shares.move("prov", lane)
-    assert shares.take("prov")  # provider shares are not part of the completion claim
     assert shares.take(lane, claimed=True) and shares.take(HOOKS_LANE, claimed=True)
     shares.claiming = False
     assert shares.take(lane) and not shares.take(lane)  # the host's two, and no more

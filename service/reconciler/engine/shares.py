@@ -57,9 +57,10 @@ class Shares:
         self._pool = callbacks
         self.host_cap = host_cap(callbacks, per_host) if callbacks > 0 else 0
         self._hosts: dict[str, int] = {}
-        # While a claim is in flight its choice was made on the free slots as they were;
-        # a task taking a completion slot meanwhile could leave a claimed operation with
-        # no slot (its lease idle until it expired), so only the claim's own take may.
+        # While a claim is in flight it asks for the free slots as they were; a task taking
+        # one meanwhile (a completion's, or a provider's after a create lent its slot back)
+        # could leave a claimed operation with no slot, its step prepared and its lease
+        # idle until it expired. So only the claim's own take may, of any share.
         self.claiming = False
 
     def __iter__(self) -> Iterator[str]:
@@ -110,7 +111,7 @@ class Shares:
         """One slot of ``key``; ``claimed``: for an operation the claim just leased."""
         if key == CALLBACKS or self.free(key) <= 0:
             return False
-        if self.claiming and not claimed and (key == HOOKS or is_callback_lane(key)):
+        if self.claiming and not claimed:
             return False
         if is_callback_lane(key):
             self._hosts[key] = self._hosts.get(key, 0) + 1

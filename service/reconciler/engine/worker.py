@@ -180,7 +180,7 @@ class Worker:
     async def _after_claim(self, key: str) -> bool:
         """Wait for the claim in flight when only it holds back a free slot of ``key``.
 
-        A claim holds back the hooks' and callbacks' free slots for what it claims. A task
+        A claim holds back every share's free slots for what it claims. A task
         refused only for that waits for the claim to end (a write, so bounded by the write
         wait; the tick claims no further while a task waits) and asks again: giving its
         lease back instead would cost a transaction, and a claim of its own to get it
