@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.config import Settings
 from reconciler.core.errors import DemoFailed
 from reconciler.core.trust import TrustMode, TrustState, TrustView
+from reconciler.demo import run
 from reconciler.demo.plan import (
     DEMO_POLLING,
     EXPECTED_ENDS,
@@ -265,3 +267,37 @@ def test_the_warm_up_wave_earns_trust_before_the_rest():
     assert len(warm) == WARMUP_COUNT
     assert {p.kind for p in first} - set(WARMUP_KINDS) == {"rate_limit_storm"}
     assert set(EXPECTED_ENDS) == {p.kind for p in planned}
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_an_interrupt_stops_the_demo_as_ctrl_c_even_inside_a_task_group(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    wrapped: bool,
+) -> None:
+    """SIGTERM mid-run raised inside an agent's connection being opened (anyio's task
+    group) came out as a group, not a KeyboardInterrupt: the demo exited 1 with a
+    traceback instead of 130 with its line (tests/faults/test_demo_stop.py, once)."""
+
+    def interrupted(*_args: object) -> None:
+        if wrapped:
+            raise BaseExceptionGroup("unhandled errors in a TaskGroup", [KeyboardInterrupt()])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "_run", interrupted)
+    options = run.DemoOptions(directory=tmp_path / "demo-run")
+    with pytest.raises(KeyboardInterrupt):
+        run.run_demo(options, Settings())
+    assert "interrupted; the simulated provider is stopped" in capsys.readouterr().out
+
+
+def test_a_failure_in_a_task_group_is_not_taken_for_an_interrupt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failed(*_args: object) -> None:
+        raise BaseExceptionGroup("unhandled errors in a TaskGroup", [OSError("refused")])
+
+    monkeypatch.setattr(run, "_run", failed)
+    with pytest.raises(BaseExceptionGroup):
+        run.run_demo(run.DemoOptions(directory=tmp_path / "demo-run"), Settings())

@@ -309,9 +309,13 @@ def run_demo(options: DemoOptions, base: Settings) -> int:
         report = _run(options, base, workdir, started)
     except DemoFailed as exc:
         raise DemoFailed(f"{exc.message} (logs in {workdir})") from None
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, BaseExceptionGroup) as exc:
+        # Ctrl-C or SIGTERM raised inside a task group (an agent's connection being
+        # opened) arrives wrapped in the group: it is the same interruption.
+        if isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is None:
+            raise
         print(f"interrupted; the simulated provider is stopped, files kept in {workdir}")
-        raise
+        raise KeyboardInterrupt from None
     finally:
         signal.signal(signal.SIGTERM, previous)
     failed = bool(report.failures())
