@@ -136,7 +136,7 @@ def _wrap_slots(rec: Records) -> None:
     def held(self: Any, key: str) -> tuple[str, int, int]:
         if key in self._capacity:
             return key, self._used[key], self._capacity[key]
-        return "callbacks", sum(self._hosts.values()), self._pool
+        return shares.CALLBACKS, sum(self._hosts.values()), self._pool
 
     take, drop = shares.Shares.take, shares.Shares._drop
 
@@ -427,7 +427,7 @@ def _occupancy(
         overlap = max(0.0, min(t["end"], end) - max(t["start"], start))
         claiming += overlap
         for key, n in t["wants"].items():
-            asked_for[key.lstrip(":") if key == ":callbacks" else key] += n * overlap
+            asked_for[key] += n * overlap
     claimed = sum(sum(t.get("got", {}).values()) for t in ticks)
     asked = sum(sum(t["wants"].values()) for t in ticks)
     lines = [
@@ -435,7 +435,7 @@ def _occupancy(
         "of the capacity; time full (steps alone); calls in flight:"
     ]
     for share in sorted(last):
-        party = "callback" if share == "callbacks" else ("" if share == ":hooks" else "provider")
+        party = {":callbacks": "callback", ":hooks": ""}.get(share, "provider")
         calls = f"  {party} calls {in_flight[party] / window:.1f}" if party else ""
         lines.append(
             f"      {share[:24]:<24} {held[share] / window:5.1f} + {asked_for[share] / window:4.1f}"

@@ -229,8 +229,9 @@ async def _store(
         if wait > 0 and rt.create_waits.should_wait(rt.clock.monotonic()):
             # A short, bounded wait so the answer usually carries the job id already; it
             # holds neither a thread nor a connection, and reads nothing when the job id
-            # is learned in this process (the change hands over its record). Only while
-            # job ids come within it (``core.create_wait``): else the answer comes at once.
+            # is learned in this process (the change hands over its record). Unless job
+            # ids have been coming late for a while (``core.create_wait``): then the
+            # answer comes at once.
             deadline = arrived + wait
             op = await wait_until(
                 rt,
