@@ -26,6 +26,10 @@ nothing of this module is measured alike (the unmodified tree before a change, t
   ones refused past the bound).
 * ``agent_actions.wait_until`` called by a create: the POST's **wait for the job id**,
   and whether the job id came within it.
+* every thread's CPU time, read from /proc every quarter second: the cores each thread
+  kept busy over the load, beside the share of it each writer thread spent inside a
+  transaction. A writer in a transaction but not on a core waits for PostgreSQL's answer
+  or for the interpreter lock; ``py-spy --idle --threads`` tells the two apart.
 
 Each record is a tuple appended to a list (the GIL makes that safe from the writer
 threads); the lists are written to FILE as JSON when the process exits. The wrappers
@@ -39,7 +43,9 @@ import atexit
 import contextvars
 import functools
 import json
+import os
 import sys
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -71,6 +77,10 @@ class Records:
         self.spawned: dict[str, float] = {}  # operation -> when its claim reached the loop
         # (time, share, slots held after the change, capacity) on each take and return.
         self.slots: list[tuple[float, str, int, int]] = []
+        # (thread, start, end) of each writer thread's transaction run.
+        self.runs: list[tuple[str, float, float]] = []
+        # (time, {thread name: CPU seconds so far}) every THREAD_SAMPLE_SECONDS.
+        self.cpu: list[tuple[float, dict[str, float]]] = []
 
     def dump(self, path: Path) -> None:
         data = {
@@ -81,6 +91,8 @@ class Records:
             "webhooks": self.webhooks,
             "posts": self.posts,
             "slots": self.slots,
+            "runs": self.runs,
+            "cpu": self.cpu,
         }
         path.write_text(json.dumps(data), "utf-8")
 
@@ -98,6 +110,33 @@ def install(path: Path) -> None:
     _wrap_steps(rec)
     _wrap_writes(rec)
     _wrap_requests(rec)
+    threading.Thread(target=_sample_cpu, args=(rec,), name="bench-cpu", daemon=True).start()
+
+
+# How often each thread's CPU time is read; the report takes the busy window from these.
+THREAD_SAMPLE_SECONDS = 0.25
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of each thread of this process, by its name (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for thread in threading.enumerate():
+        if thread.native_id is None or thread.name == "bench-cpu":
+            continue
+        try:
+            stat = Path(f"/proc/self/task/{thread.native_id}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        out[thread.name] = out.get(thread.name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _sample_cpu(rec: Records) -> None:
+    while True:
+        rec.cpu.append((time.time(), _thread_cpu()))
+        time.sleep(THREAD_SAMPLE_SECONDS)
 
 
 def _wrap_claims(rec: Records) -> None:
@@ -233,11 +272,11 @@ def _wrap_writes(rec: Records) -> None:
                 step_entry["writes"].append(entry)
 
     writer.Writer._submit = _submit  # type: ignore[method-assign]
-    writer.Writer._run_joined = _stamped(writer.Writer._run_joined)  # type: ignore[method-assign]
-    writer.Writer._run_one = _stamped(writer.Writer._run_one)  # type: ignore[method-assign]
+    writer.Writer._run_joined = _stamped(writer.Writer._run_joined, rec)  # type: ignore[method-assign]
+    writer.Writer._run_one = _stamped(writer.Writer._run_one, rec)  # type: ignore[method-assign]
 
 
-def _stamped(run: Any) -> Any:
+def _stamped(run: Any, rec: Records) -> Any:
     """A writer thread's run of one job or of joined ones, stamped on each job's record."""
 
     @functools.wraps(run)
@@ -253,6 +292,7 @@ def _stamped(run: Any) -> Any:
             end = time.time()
             for entry in entries:
                 entry["committed"] = end
+            rec.runs.append((threading.current_thread().name, start, end))
 
     return wrapper
 
@@ -370,6 +410,7 @@ def report(path: Path, out: Any = None) -> None:
     lines += _occupancy(data.get("slots", []), data["steps"], data["ticks"])
     lines += _steps(data["steps"])
     lines += _writes(data["writes"])
+    lines += _threads(data.get("cpu", []), data.get("runs", []), data["writes"])
     hooks = data["webhooks"]
     refused = sum(1 for h in hooks if "error" in h)
     lines.append(
@@ -493,6 +534,37 @@ def _writes(records: list[dict[str, Any]]) -> list[str]:
             f"  txn {_ms([w['committed'] - w['start'] for w in started])}"
             f"  hop {_ms([w['done'] - w['committed'] for w in started])}"
         )
+    return lines
+
+
+def _threads(
+    cpu: list[list[Any]], runs: list[list[Any]], writes: list[dict[str, Any]]
+) -> list[str]:
+    """Each thread's cores over the busy window (first write queued to last committed), and
+    the writers' share of it inside a transaction: the part of that not on a core waited
+    for PostgreSQL's answers or for the interpreter lock (py-spy tells the two apart)."""
+    started = [w for w in writes if "start" in w]
+    if not cpu or not started:
+        return []
+    begin = min(w["queued"] for w in started)
+    end = max(w["committed"] for w in started)
+    # The samples that bracket the window (a short run may have none inside it).
+    t0, first = max((c for c in cpu if c[0] <= begin), default=cpu[0], key=lambda c: c[0])
+    t1, last = min((c for c in cpu if c[0] >= end), default=cpu[-1], key=lambda c: c[0])
+    wall = t1 - t0
+    if wall <= 0:
+        return []
+    in_txn: dict[str, float] = defaultdict(float)
+    for name, start, stop in runs:
+        in_txn[name] += max(0.0, min(stop, t1) - max(start, t0))
+    busy = {name: (last[name] - first.get(name, 0.0)) / wall for name in last}
+    lines = [f"    threads over {wall:.1f} s of load, cores busy (writers: time in a transaction):"]
+    shown = sorted((n for n in busy if busy[n] >= 0.01 or n in in_txn), key=lambda n: -busy[n])
+    rest = sum(b for n, b in busy.items() if n not in shown)
+    for name in shown:
+        txn = f"  (in a transaction {in_txn[name] / wall:.2f})" if name in in_txn else ""
+        lines.append(f"      {name[:28]:<28} {busy[name]:.2f}{txn}")
+    lines.append(f"      {'all others':<28} {rest:.2f}   process {sum(busy.values()):.2f}")
     return lines
 
 

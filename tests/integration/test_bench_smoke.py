@@ -103,7 +103,8 @@ def test_each_bench_runs_as_a_script_in_its_smoke_mode(name: str, tmp_path: Path
     assert BENCHES[name] in done.stdout, done.stdout[-2000:]
     if name == "throughput":
         # Every stage was recorded: the wrappers found what they wrap in this checkout.
-        for stage in ("due -> claimed", "call end -> committed", "POST wait for the job id"):
+        stages_seen = ("due -> claimed", "call end -> committed", "POST wait for the job id")
+        for stage in (*stages_seen, "in a transaction"):
             assert stage in done.stdout, done.stdout[-3000:]
 
 
@@ -118,6 +119,23 @@ def test_the_waits_are_taken_per_operation_and_in_the_order_sent() -> None:
     assert seen.webhooks_refused == {"503": 2}
     assert seen.trend == (1.0, 2.0, 3.0, 4.0, 5.0)
     assert seen.callback_p50 == pytest.approx(3.0)
+
+
+def test_the_threads_line_takes_cores_and_transactions_over_the_load_only() -> None:
+    """Startup and the idle tail after the last write are left out: a writer on a core for
+    1 s of a 4 s load, inside transactions for 3 s of it."""
+    writes = [{"queued": 10.0, "start": 10.0, "committed": 14.0}]
+    cpu = [
+        [9.0, {"MainThread": 5.0, "db-writer-0": 0.0}],  # startup: not in the window
+        [10.0, {"MainThread": 6.0, "db-writer-0": 1.0}],
+        [14.0, {"MainThread": 8.0, "db-writer-0": 2.0}],
+        [20.0, {"MainThread": 9.0, "db-writer-0": 2.0}],
+    ]
+    runs = [["db-writer-0", 9.5, 11.0], ["db-writer-0", 12.0, 14.0]]
+    text = "\n".join(stages._threads(cpu, runs, writes))
+    assert "MainThread                   0.50" in text
+    assert "db-writer-0                  0.25  (in a transaction 0.75)" in text
+    assert "process 0.75" in text
 
 
 def test_naive_reads_match_a_poller_stepping_on_a_clock() -> None:
