@@ -54,6 +54,37 @@ async def _stop_while_a_tick_runs(caplog: pytest.LogCaptureFixture) -> None:
     assert not [r for r in caplog.records if "raised an exception" in r.getMessage()]
 
 
+def test_a_tick_the_stop_cancels_before_it_starts_logs_no_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The run is submitted in the turn of the loop the stop comes in: the shutdown
+    cancels it before any code of ours runs, so only the executor can keep it quiet."""
+    asyncio.run(_stop_before_the_tick_starts(caplog))
+
+
+async def _stop_before_the_tick_starts(caplog: pytest.LogCaptureFixture) -> None:
+    worker = BlockingWorker()
+    scheduler = Scheduler(worker, tick_seconds=60)  # type: ignore[arg-type]
+    caplog.set_level(logging.DEBUG)
+    scheduler.start()  # the first tick is due now: the scheduler submits it on a later turn
+    assert scheduler._scheduler is not None
+    executor = scheduler._scheduler._lookup_executor("default")
+    submitted: list[asyncio.Future[Any]] = []
+    submit = executor._do_submit_job
+
+    def noting(job: Any, run_times: Any) -> None:
+        submit(job, run_times)
+        submitted.extend(executor._pending_futures)
+
+    executor._do_submit_job = noting
+    scheduler.shutdown()  # APScheduler's shutdown, too, runs on a later turn: after the submit
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert submitted and all(f.cancelled() for f in submitted), "submitted, cancelled unstarted"
+    assert not worker.entered.is_set()
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+
+
 def test_a_tick_cancelled_while_the_scheduler_runs_is_passed_on() -> None:
     asyncio.run(_cancel_while_running())
 
