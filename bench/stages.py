@@ -55,7 +55,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.support import percentile
+from bench.support import cpu_ticks, percentile
 
 # The step a task is in (its record), for the calls and writes made inside it.
 _STEP: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
@@ -125,11 +125,10 @@ def _thread_cpu() -> dict[str, float]:
         if thread.native_id is None or thread.name == "bench-cpu":
             continue
         try:
-            stat = Path(f"/proc/self/task/{thread.native_id}/stat").read_text()
+            ticks = cpu_ticks(f"/proc/self/task/{thread.native_id}/stat")
         except OSError:
             continue
-        fields = stat.rsplit(")", 1)[1].split()
-        out[thread.name] = out.get(thread.name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        out[thread.name] = out.get(thread.name, 0.0) + ticks / tick
     return out
 
 

@@ -144,7 +144,8 @@ class Busy:
         )
 
 
-def _ticks(stat: str) -> int:
+def cpu_ticks(stat: str) -> int:
+    """utime + stime, in clock ticks, of the process or thread whose /proc stat file this is."""
     fields = Path(stat).read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])  # utime + stime
 
@@ -169,8 +170,8 @@ class BusyMeter:
     def _read(self) -> tuple[float, int, int, tuple[int, int]]:
         return (
             time.monotonic(),
-            _ticks(f"/proc/{self.pid}/stat"),
-            _ticks(f"/proc/{self.pid}/task/{self.pid}/stat"),
+            cpu_ticks(f"/proc/{self.pid}/stat"),
+            cpu_ticks(f"/proc/{self.pid}/task/{self.pid}/stat"),
             _machine_ticks(),
         )
 
