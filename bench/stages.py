@@ -143,13 +143,17 @@ def _wrap_claims(rec: Records) -> None:
 
     spawn = worker.Worker._spawn
 
-    def _spawn(self: Any, claimed: Any, share: str) -> None:
+    def _spawn(self: Any, claimed: Any, share: str, *, held: bool = False) -> None:
         now = time.time()
         op = claimed.op
-        due = op.next_poll_at.timestamp() if op.next_poll_at is not None else None
-        rec.claims.append({"state": op.state, "due": due, "at": now})
+        if held:  # started by its insert (``engine.create_start``): due since it was made
+            state, due = f"{op.state} (at insert)", op.created_at.timestamp()
+        else:
+            state = op.state
+            due = op.next_poll_at.timestamp() if op.next_poll_at is not None else None
+        rec.claims.append({"state": state, "due": due, "at": now})
         rec.spawned[op.id] = now
-        spawn(self, claimed, share)
+        spawn(self, claimed, share, held=held)
 
     worker.Worker._spawn = _spawn  # type: ignore[method-assign]
     claim = worker.Worker._claim

@@ -32,6 +32,8 @@ def create_app(runtime: Runtime, *, background: bool = True) -> Starlette:
     """Every route, MCP at ``/mcp``, the error handlers, and the engine and the MCP
     transport in the app's lifespan (``background=False``: the engine's scheduler is off)."""
     worker = Background(runtime, run_scheduler=background)
+    if worker.run_scheduler:
+        runtime.create_starts = worker.create_starts
     mcp = McpEndpoint(runtime)
 
     @asynccontextmanager

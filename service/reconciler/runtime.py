@@ -31,6 +31,7 @@ from reconciler.core.quotas import Quota
 from reconciler.core.records import OperationRecord
 from reconciler.core.signatures import Verifier, build_verifier, decode_whsec
 from reconciler.core.trust import TrustView
+from reconciler.engine.create_start import CreateStarts
 from reconciler.engine.group_commit import GroupCommitter
 from reconciler.engine.wakeups import Notifier
 from reconciler.logs import OutageLog
@@ -76,6 +77,8 @@ class Runtime:
     transport: Any = None  # an httpx transport for provider calls (tests); None = network
     resolver: ssrf.Resolver = ssrf.system_resolver  # for provider URLs on other hosts
     webhooks: GroupCommitter = field(init=False)
+    # Where a create stored here starts at once (the app's engine); None: by a claim.
+    create_starts: CreateStarts | None = None
     views: ViewBatcher = field(init=False)
     metrics: Metrics = field(default_factory=Metrics)
     # Authenticated principals by digest of the Authorization header, with their expiry.

@@ -206,24 +206,34 @@ async def _store(
     in all)."""
     limits = rt.limits_for(req.provider)
     tracing = rt.tracing
-    args = (rt.journal, who, req, limits, rt.clock.now(), tracing.current())
-    # The agent waits on the wire: ahead of the engine's queued writes (``storage.writer``).
+    # A slot of the provider's share taken first: the insert leases the row to this
+    # replica's worker and its step starts as it commits (``engine.create_start``).
+    start = None if rt.create_starts is None else await rt.create_starts.reserve(req.provider)
+    args = (
+        rt.journal,
+        who,
+        req,
+        limits,
+        rt.clock.now(),
+        tracing.current(),
+        None if start is None else start.changes,
+    )
     try:
-        op, created = await rt.db.run_joined(
-            creating.create_operation, *args, key=NEW_OPERATION, first=True
-        )
-    except Conflict:
-        if req.idempotency_key is None:
-            raise
-        # Lost a race with a request carrying the same key: now it finds that one stored.
-        op, created = await rt.db.run_joined(
-            creating.create_operation, *args, key=NEW_OPERATION, first=True
-        )
+        op, created = await _insert(rt, req, args)
+    except BaseException:
+        if start is not None:
+            start.cancel()
+        raise
+    if start is not None:
+        if created:
+            start.begin(op)
+        else:
+            start.cancel()
     if tracing.enabled:
         tracing.note(operation=op.id, provider=op.provider, created=created)
         if not created:
             tracing.link(operation_context(op))  # an idempotent retry: the operation's trace
-    if created:
+    if created and start is None:
         rt.notifier.wake()
         wait = rt.settings.server.create_wait_seconds
         if wait > 0 and rt.create_waits.should_wait(rt.clock.monotonic()):
@@ -243,6 +253,23 @@ async def _store(
             )
             rt.create_waits.saw(op.state != State.CREATE_PENDING, rt.clock.monotonic())
     return op, created
+
+
+async def _insert(
+    rt: Runtime, req: CreateOperation, args: tuple[Any, ...]
+) -> tuple[OperationRecord, bool]:
+    # The agent waits on the wire: ahead of the engine's queued writes (``storage.writer``).
+    try:
+        return await rt.db.run_joined(
+            creating.create_operation, *args, key=NEW_OPERATION, first=True
+        )
+    except Conflict:
+        if req.idempotency_key is None:
+            raise
+        # Lost a race with a request carrying the same key: now it finds that one stored.
+        return await rt.db.run_joined(
+            creating.create_operation, *args, key=NEW_OPERATION, first=True
+        )
 
 
 async def cancel(rt: Runtime, who: Principal, op_id: str, body: Any) -> OperationRecord:

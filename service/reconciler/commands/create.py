@@ -12,7 +12,9 @@ transaction; the caller runs it off the event loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy.engine import Connection
 
@@ -22,7 +24,7 @@ from reconciler.core.errors import Gone, IdempotencyConflict, InvalidRequest, Qu
 from reconciler.core.limits import ProviderLimits
 from reconciler.core.principal import Principal
 from reconciler.core.quotas import RATE_WINDOW, Quota, check_quota
-from reconciler.core.records import OperationRecord, new_operation
+from reconciler.core.records import OperationRecord, new_operation, with_changes
 from reconciler.core.retention import key_digest
 from reconciler.core.states import State
 from reconciler.storage import operations as store
@@ -142,6 +144,7 @@ def create_operation(
     limits: ProviderLimits,
     now: datetime,
     trace: StoredTrace | None = None,
+    start: Callable[[OperationRecord], Mapping[str, Any]] | None = None,
 ) -> tuple[OperationRecord, bool]:
     """Store the operation durably (``create_pending``) before any provider call, in the
     caller's write transaction (``Database.run_joined``, ``key=NEW_OPERATION``).
@@ -150,7 +153,9 @@ def create_operation(
     terms returns the stored operation; with anything else it is a conflict. A request
     that loses a race with another carrying its key raises ``Conflict`` from the unique
     key: run again, it finds the winner. ``trace``: the agent's request's span, whose
-    trace the operation's story joins (tracing on).
+    trace the operation's story joins (tracing on). ``start``: the values a new operation
+    is inserted with when this replica starts it at once (``engine.create_start``: its
+    lease, its first create counted); its insert then wakes no claim.
     """
     deadline, budget = _within(limits, req)
     fingerprint = request_fingerprint(req.provider, req.request)
@@ -178,7 +183,10 @@ def create_operation(
         max_transport_failures=limits.max_transport_failures,
         next_poll_at=now,
     )
-    actor, cause, wake = f"agent:{principal.name}", "agent_request:create", [(WAKE_CHANNEL, "")]
+    wake = [(WAKE_CHANNEL, "")]
+    if start is not None:
+        op, wake = with_changes(op, start(op)), []
+    actor, cause = f"agent:{principal.name}", "agent_request:create"
     detail = {
         "request_fingerprint": fingerprint,
         "idempotency_key": key,

@@ -7,6 +7,7 @@ import logging
 from datetime import datetime, timedelta
 
 from reconciler.engine.context import StepContext
+from reconciler.engine.create_start import CreateStarts
 from reconciler.engine.deps import EngineDeps
 from reconciler.engine.hooks import load_hooks
 from reconciler.engine.retention import RetentionSweep
@@ -42,14 +43,18 @@ class Background:
             if deps.callback_key is not None
             else None
         )
+        create = CreateStep(self.ctx)
         steps = Steps(
-            create=CreateStep(self.ctx),
+            create=create,
             poll=PollStep(self.ctx),
             cancel=CancelStep(self.ctx),
             collect=CollectStep(self.ctx),
             complete=CompleteStep(self.ctx, hooks, self.callbacks),
         )
         self.worker = Worker(self.ctx, steps, on_next_due=self._next_due)
+        # Creates stored here start here (the app hands this to its doors while it runs
+        # the scheduler; a test driving the ticks itself keeps every start to a claim).
+        self.create_starts = CreateStarts(self.worker, create, settings.scheduler.lease_seconds)
         self.trust = TrustKeeper(self.ctx)
         self.retention = RetentionSweep(deps)
         self.scheduler = Scheduler(

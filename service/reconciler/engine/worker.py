@@ -105,6 +105,8 @@ class Worker:
         self._again = False
         self._stopping = False
         self._probed_at: datetime | None = None  # the last claim that looked for a burst
+        # The shares whose last claim took all it asked for: due work of theirs may wait.
+        self._backlog: set[str] = set()
 
     @property
     def owner(self) -> str:
@@ -145,6 +147,7 @@ class Worker:
                         self._spawn(item, share_of(item.op) if key == CALLBACKS else key)
                     claimed += len(batch)
                     more = more or len(batch) == wants[key]
+                self._note_backlog(wants, claims)
                 # A host that filled up in this claim is left out of the next one, which may
                 # find other hosts' work among the candidates it had to pass over.
                 more = more or bool(set(self.shares.full_hosts()) - full_before)
@@ -160,6 +163,17 @@ class Worker:
             self._claims_over.set()
         return claimed
 
+    def _note_backlog(self, wants: dict[str, int], claims: dict[str, list[_Claimed]]) -> None:
+        """Which shares may have due work left: those the claim filled (a failed claim,
+        which took nothing, says nothing of them)."""
+        if not claims:
+            return
+        for key, n in wants.items():
+            if len(claims.get(key, ())) == n:
+                self._backlog.add(key)
+            else:
+                self._backlog.discard(key)
+
     def take(self, key: str) -> bool:
         """One slot of share ``key`` for a task of ours, held ahead of a write that may hand
         the operation to it; False at once when none is free.
@@ -170,6 +184,23 @@ class Worker:
         move waits for the claim instead.
         """
         return self.shares.take(key)
+
+    async def reserve(self, share: str) -> bool:
+        """One slot of ``share`` for an operation a write of this replica is about to lease
+        to it (``engine.create_start``), waiting for the claim in flight as a move does.
+
+        False when none is free, or when the share's last claim took all it asked for:
+        due work of that share may be waiting, and it goes first (the claims take the
+        earliest due); the new operation then waits its turn among them.
+        """
+        if self._stopping or share in self._backlog or len(self._tasks) >= self.max_in_flight:
+            return False
+        return await self.move(NO_SLOT, share)
+
+    def start(self, op: OperationRecord, prep: Prep | None, share: str) -> None:
+        """Work ``op``, leased to this worker by a write that committed, in the slot of
+        ``share`` that ``reserve`` took."""
+        self._spawn(_Claimed(op, None, prep), share, held=True)
 
     async def move(self, frm: str, to: str) -> bool:
         """Move a running operation to share ``to`` (see ``Shares.move``, ``_after_claim``)."""
@@ -294,9 +325,9 @@ class Worker:
         except Exception as exc:  # the claim is made again without it: see _claim
             raise _PrepFailed() from exc
 
-    def _spawn(self, claimed: _Claimed, share: str) -> None:
+    def _spawn(self, claimed: _Claimed, share: str, *, held: bool = False) -> None:
         op_id = claimed.op.id
-        if not self.shares.take(share, claimed=True):
+        if not held and not self.shares.take(share, claimed=True):
             return  # cannot happen (the claim asked for free slots only); the lease expires
         if op_id in self._working:
             # A task of ours is still on the operation: a hint made it due again just as

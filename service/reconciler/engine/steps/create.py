@@ -80,6 +80,11 @@ class CreateStep:
         charged = self._reserve_in(conn, op, {"create_attempts": 1}, [], now)
         return Prep(charged, request_of(conn, op))
 
+    def first_send(self, op: OperationRecord, now: datetime) -> dict[str, Any]:
+        """What ``prepare`` writes on a new operation (its first create counted, the next
+        try scheduled), as values its insert carries (``engine.create_start``)."""
+        return self._reserved(op, {"create_attempts": 1}, now)
+
     async def __call__(self, op: OperationRecord, prep: Prep | None = None) -> None:
         ctx = self.ctx
         if prep is not None:
@@ -207,19 +212,24 @@ class CreateStep:
         now: datetime,
     ) -> OperationRecord:
         """Count the call and schedule the next try one backoff step away, before sending."""
+        changes = self._reserved(op, counts, now)
+        return self.ctx.deps.journal.write(
+            conn, op, now=now, lease=self.ctx.lease, changes=changes, entries=before
+        )
+
+    def _reserved(
+        self, op: OperationRecord, counts: dict[str, int], now: datetime
+    ) -> dict[str, Any]:
         ctx = self.ctx
         calls = op.create_attempts + op.create_lookups + 1
         retry_at = next_try_at(
             op.create_deadline_at, calls, now, ctx.deps.rng, ctx.backoff(ctx.spec(op))
         )
-        changes = {
+        return {
             **counts,
             "next_poll_at": retry_at,
             "delay_source": DelaySource.LOCAL_BACKOFF.value,
         }
-        return ctx.deps.journal.write(
-            conn, op, now=now, lease=ctx.lease, changes=changes, entries=before
-        )
 
     async def _reserve(
         self, op: OperationRecord, counts: dict[str, int], before: list[Entry] | None = None
