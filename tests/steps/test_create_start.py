@@ -69,7 +69,7 @@ async def test_the_insert_holds_the_lease_and_the_count_a_crash_leaves_to_a_take
     goes out once more with the same idempotency token: one job."""
     async with step_rig(tmp_path, db_url) as rig:
         starts = starting(rig, lease_seconds=5)
-        start = await starts.reserve("sim")
+        start = starts.reserve("sim")
         assert start is not None
         rt = rig.runtime
         req = parse_create(BODY, rt.providers, rt.check_callback_url)
@@ -136,16 +136,29 @@ async def test_a_share_whose_last_claim_was_filled_leaves_new_creates_to_the_cla
         gate.set()
         await settled(rig)
         assert worker.shares.free("sim") == free  # free slots, yet due work may wait
-        assert await starts.reserve("sim") is None
+        assert starts.reserve("sim") is None
         op, created = await agent_actions.start(rig.runtime, AGENT, BODY)
         assert created and not worker.in_flight
         assert rig.row(op.id).lease_owner is None
         assert len(rig.provider.sent("create")) == free  # neither the last nor the new one
         assert await rig.tick() == 2  # both, as due: less than the share has free
         assert {rig.row(i).state for i in [*due, op.id]} == {State.OBSERVING}
-        start = await starts.reserve("sim")
+        start = starts.reserve("sim")
         assert start is not None
         start.cancel()
+
+
+async def test_a_create_never_waits_for_a_claim_in_flight(tmp_path: Path, db_url: str) -> None:
+    """The claim holds the free slots back for what it finds; the request on the wire does
+    not wait for it: its operation is left to the claims."""
+    async with step_rig(tmp_path, db_url) as rig:
+        starts = starting(rig)
+        rig.worker.shares.claiming = True  # as ``Worker._claim`` sets it
+        assert starts.reserve("sim") is None
+        op, created = await agent_actions.start(rig.runtime, AGENT, BODY)
+        assert created and not rig.worker.in_flight
+        rig.worker.shares.claiming = False
+        assert await rig.tick() == 1 and rig.row(op.id).state == State.OBSERVING
 
 
 async def test_the_app_hands_its_doors_the_starts_only_while_it_runs_the_scheduler(

@@ -208,7 +208,7 @@ async def _store(
     tracing = rt.tracing
     # A slot of the provider's share taken first: the insert leases the row to this
     # replica's worker and its step starts as it commits (``engine.create_start``).
-    start = None if rt.create_starts is None else await rt.create_starts.reserve(req.provider)
+    start = None if rt.create_starts is None else rt.create_starts.reserve(req.provider)
     args = (
         rt.journal,
         who,

@@ -3,7 +3,7 @@
 Left to the claims, a new operation waits for the next one to find it due: under load,
 most of an agent's POST (the create's wait for the job id, ``server.create_wait_seconds``)
 was that wait. So the create first takes a free slot of its provider's share
-(``Worker.reserve``, which waits for a claim in flight as a step's move does); the insert
+(``Worker.reserve``, never waiting: none while a claim is in flight); the insert
 then leases the row to this worker and counts the first create call, exactly what a
 claim and the create step's ``prepare`` would have written, and the step starts from the
 committed row. A crash in between leaves what a crash after a claim leaves: a row leased
@@ -66,8 +66,8 @@ class CreateStarts:
         self.step = step
         self.lease_seconds = lease_seconds
 
-    async def reserve(self, provider: str) -> Start | None:
+    def reserve(self, provider: str) -> Start | None:
         """A slot of ``provider``'s share for a create about to be stored; None: none free."""
-        if not await self.worker.reserve(provider):
+        if not self.worker.reserve(provider):
             return None
         return Start(self, provider)

@@ -185,17 +185,18 @@ class Worker:
         """
         return self.shares.take(key)
 
-    async def reserve(self, share: str) -> bool:
+    def reserve(self, share: str) -> bool:
         """One slot of ``share`` for an operation a write of this replica is about to lease
-        to it (``engine.create_start``), waiting for the claim in flight as a move does.
+        to it (``engine.create_start``); False at once when none is free.
 
-        False when none is free, or when the share's last claim took all it asked for:
-        due work of that share may be waiting, and it goes first (the claims take the
-        earliest due); the new operation then waits its turn among them.
+        Also False while a claim is in flight (it holds the free slots back, and a
+        request on the wire does not wait for it), and when the share's last claim took
+        all it asked for: due work of that share may be waiting, and it goes first (the
+        claims take the earliest due); the new operation then waits its turn among it.
         """
         if self._stopping or share in self._backlog or len(self._tasks) >= self.max_in_flight:
             return False
-        return await self.move(NO_SLOT, share)
+        return self.shares.take(share)
 
     def start(self, op: OperationRecord, prep: Prep | None, share: str) -> None:
         """Work ``op``, leased to this worker by a write that committed, in the slot of
