@@ -41,7 +41,7 @@ async def settled(rig: StepRig) -> None:
     )
 
 
-async def test_a_create_with_a_free_slot_is_sent_without_a_claim(
+async def test_a_create_with_a_free_slot_is_sent_without_a_claim_and_once(
     tmp_path: Path, db_url: str
 ) -> None:
     async with step_rig(tmp_path, db_url) as rig:
@@ -55,6 +55,11 @@ async def test_a_create_with_a_free_slot_is_sent_without_a_claim(
         assert row.lease_owner is None  # the step's last write gave the lease back
         assert len(rig.provider.sent("create")) == 1
         assert rig.worker.shares.free("sim") == free
+        # A replay of its key gives its slot back and starts nothing.
+        again, created = await agent_actions.start(rig.runtime, AGENT, BODY)
+        assert not created and again.id == op.id
+        assert not rig.worker.in_flight and rig.worker.shares.free("sim") == free
+        assert len(rig.provider.sent("create")) == 1
         # The same story a claimed create tells: nothing more, nothing less.
         claimed = rig.submit(idempotency_key="k-2")
         assert await rig.tick() == 1
@@ -97,20 +102,6 @@ async def test_the_insert_holds_the_lease_and_the_count_a_crash_leaves_to_a_take
         assert rig.provider.sent("create") or rig.provider.sent("lookup")
         assert len(rig.provider.jobs) == 1  # under the operation's own token
         assert rig.provider.by_key[row.idempotency_token] == after.remote_job_id
-
-
-async def test_a_replayed_key_gives_its_slot_back_and_starts_nothing(
-    tmp_path: Path, db_url: str
-) -> None:
-    async with step_rig(tmp_path, db_url) as rig:
-        starting(rig)
-        free = rig.worker.shares.free("sim")
-        first, _ = await agent_actions.start(rig.runtime, AGENT, BODY)
-        await settled(rig)
-        again, created = await agent_actions.start(rig.runtime, AGENT, BODY)
-        assert not created and again.id == first.id
-        assert not rig.worker.in_flight and rig.worker.shares.free("sim") == free
-        assert len(rig.provider.sent("create")) == 1
 
 
 async def test_a_share_whose_last_claim_was_filled_leaves_new_creates_to_the_claims(
