@@ -30,6 +30,8 @@ BODY = {"provider": "sim", "request": {"report": "q3"}, "idempotency_key": "k-1"
 
 
 def starting(rig: StepRig, lease_seconds: float = LEASE_SECONDS) -> CreateStarts:
+    """Creates start here, and changes reach the create's wait (as the app's engine does)."""
+    rig.runtime.notifier.bind(asyncio.get_running_loop())
     starts = CreateStarts(rig.worker, rig.steps.create, lease_seconds)
     rig.runtime.create_starts = starts
     return starts
@@ -48,6 +50,7 @@ async def test_a_create_with_a_free_slot_is_sent_without_a_claim_and_once(
         starting(rig)
         free = rig.worker.shares.free("sim")
         op, created = await agent_actions.start(rig.runtime, AGENT, BODY)
+        assert op.remote_job_id is not None  # the answer waited for it, as for any create
         await settled(rig)
         row = rig.row(op.id)
         assert created and row.state == State.OBSERVING

@@ -233,8 +233,9 @@ async def _store(
         tracing.note(operation=op.id, provider=op.provider, created=created)
         if not created:
             tracing.link(operation_context(op))  # an idempotent retry: the operation's trace
-    if created and start is None:
-        rt.notifier.wake()
+    if created:
+        if start is None:
+            rt.notifier.wake()  # a claim takes it; one started here needs none
         wait = rt.settings.server.create_wait_seconds
         if wait > 0 and rt.create_waits.should_wait(rt.clock.monotonic()):
             # A short, bounded wait so the answer usually carries the job id already; it

@@ -196,7 +196,7 @@ class Worker:
         """
         if self._stopping or share in self._backlog or len(self._tasks) >= self.max_in_flight:
             return False
-        return self.shares.take(share)
+        return self.take(share)
 
     def start(self, op: OperationRecord, prep: Prep | None, share: str) -> None:
         """Work ``op``, leased to this worker by a write that committed, in the slot of
