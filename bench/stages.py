@@ -22,6 +22,11 @@ nothing of this module is measured alike (the unmodified tree before a change, t
   when it was handed over, its **wait** in the queue, its transaction (and how many
   writes shared it) and the hop back to the loop; a step's last write gives **call ->
   committed**.
+* ``fastsql.run`` on a writer thread: each statement's wall time (sent to answered, the
+  transaction's ``BEGIN`` with its first) beside the thread's CPU time over it. The rest
+  waited for the server, for the interpreter lock or for a core; the report says how
+  much of the writers' statement time went to the slow tail (over 2 ms), which a
+  server that logs its statements over 2 ms (``log_min_duration_statement``) can place.
 * ``GroupCommitter.submit``: each webhook delivery's **wait for its commit** (and the
   ones refused past the bound).
 * ``agent_actions.wait_until`` called by a create: the POST's **wait for the job id**,
@@ -55,7 +60,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.support import cpu_ticks, percentile
+from bench.support import cpu_ticks, percentile, run_delay
 
 # The step a task is in (its record), for the calls and writes made inside it.
 _STEP: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
@@ -79,8 +84,12 @@ class Records:
         self.slots: list[tuple[float, str, int, int]] = []
         # (thread, start, end) of each writer thread's transaction run.
         self.runs: list[tuple[str, float, float]] = []
+        # (wall, thread CPU) seconds of each statement a writer thread ran.
+        self.statements: list[tuple[float, float]] = []
         # (time, {thread name: CPU seconds so far}) every THREAD_SAMPLE_SECONDS.
         self.cpu: list[tuple[float, dict[str, float]]] = []
+        # (time, {thread name: seconds so far ready to run but waiting for a core}).
+        self.waits: list[tuple[float, dict[str, float]]] = []
 
     def dump(self, path: Path) -> None:
         data = {
@@ -92,7 +101,9 @@ class Records:
             "posts": self.posts,
             "slots": self.slots,
             "runs": self.runs,
+            "statements": self.statements,
             "cpu": self.cpu,
+            "waits": self.waits,
         }
         path.write_text(json.dumps(data), "utf-8")
 
@@ -109,6 +120,7 @@ def install(path: Path) -> None:
     _wrap_claims(rec)
     _wrap_steps(rec)
     _wrap_writes(rec)
+    _wrap_statements(rec)
     _wrap_requests(rec)
     threading.Thread(target=_sample_cpu, args=(rec,), name="bench-cpu", daemon=True).start()
 
@@ -117,24 +129,33 @@ def install(path: Path) -> None:
 THREAD_SAMPLE_SECONDS = 0.25
 
 
-def _thread_cpu() -> dict[str, float]:
-    """CPU seconds so far of each thread of this process, by its name (Linux /proc)."""
+def _thread_cpu() -> tuple[dict[str, float], dict[str, float]]:
+    """CPU seconds so far of each thread of this process, by its name, and the seconds each
+    waited for a core (Linux /proc; the second is empty without scheduler statistics)."""
     tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    waits: dict[str, float] = {}
     for thread in threading.enumerate():
         if thread.native_id is None or thread.name == "bench-cpu":
             continue
+        task = Path(f"/proc/self/task/{thread.native_id}")
         try:
-            ticks = cpu_ticks(f"/proc/self/task/{thread.native_id}/stat")
+            ticks = cpu_ticks(str(task / "stat"))
         except OSError:
             continue
-        out[thread.name] = out.get(thread.name, 0.0) + ticks / tick
-    return out
+        cpu[thread.name] = cpu.get(thread.name, 0.0) + ticks / tick
+        waited = run_delay(task)
+        if waited is not None:
+            waits[thread.name] = waits.get(thread.name, 0.0) + waited
+    return cpu, waits
 
 
 def _sample_cpu(rec: Records) -> None:
     while True:
-        rec.cpu.append((time.time(), _thread_cpu()))
+        now = time.time()
+        cpu, waits = _thread_cpu()
+        rec.cpu.append((now, cpu))
+        rec.waits.append((now, waits))
         time.sleep(THREAD_SAMPLE_SECONDS)
 
 
@@ -279,6 +300,24 @@ def _wrap_writes(rec: Records) -> None:
     writer.Writer._run_one = _stamped(writer.Writer._run_one, rec)  # type: ignore[method-assign]
 
 
+def _wrap_statements(rec: Records) -> None:
+    from reconciler.storage import fastsql
+
+    run = fastsql.run
+
+    @functools.wraps(run)
+    def timed(*args: Any, **kw: Any) -> Any:
+        if not threading.current_thread().name.startswith("db-writer"):
+            return run(*args, **kw)
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return run(*args, **kw)
+        finally:
+            rec.statements.append((time.perf_counter() - wall, time.thread_time() - cpu))
+
+    fastsql.run = timed
+
+
 def _stamped(run: Any, rec: Records) -> Any:
     """A writer thread's run of one job or of joined ones, stamped on each job's record."""
 
@@ -413,7 +452,10 @@ def report(path: Path, out: Any = None) -> None:
     lines += _occupancy(data.get("slots", []), data["steps"], data["ticks"])
     lines += _steps(data["steps"])
     lines += _writes(data["writes"])
-    lines += _threads(data.get("cpu", []), data.get("runs", []), data["writes"])
+    lines += _threads(
+        data.get("cpu", []), data.get("runs", []), data["writes"], data.get("waits", [])
+    )
+    lines += _statements(data.get("statements", []))
     hooks = data["webhooks"]
     refused = sum(1 for h in hooks if "error" in h)
     lines.append(
@@ -541,11 +583,15 @@ def _writes(records: list[dict[str, Any]]) -> list[str]:
 
 
 def _threads(
-    cpu: list[list[Any]], runs: list[list[Any]], writes: list[dict[str, Any]]
+    cpu: list[list[Any]],
+    runs: list[list[Any]],
+    writes: list[dict[str, Any]],
+    waits: list[list[Any]] | None = None,
 ) -> list[str]:
-    """Each thread's cores over the busy window (first write queued to last committed), and
-    the writers' share of it inside a transaction: the part of that not on a core waited
-    for PostgreSQL's answers or for the interpreter lock (py-spy tells the two apart)."""
+    """Each thread's cores over the busy window (first write queued to last committed), the
+    time it was ready to run but waited for a core (``waits``, sampled with ``cpu``), and
+    the writers' share of the window inside a transaction: the part of that neither on a
+    core nor waiting for one waited for PostgreSQL's answers or the interpreter lock."""
     started = [w for w in writes if "start" in w]
     if not cpu or not started:
         return []
@@ -561,14 +607,46 @@ def _threads(
     for name, start, stop in runs:
         in_txn[name] += max(0.0, min(stop, t1) - max(start, t0))
     busy = {name: (last[name] - first.get(name, 0.0)) / wall for name in last}
-    lines = [f"    threads over {wall:.1f} s of load, cores busy (writers: time in a transaction):"]
+    waited_at = {at: by_name for at, by_name in waits or ()}
+    w0, w1 = waited_at.get(t0), waited_at.get(t1)
+    waited = (
+        {name: max(0.0, w1[name] - w0.get(name, 0.0)) / wall for name in w1}
+        if w0 is not None and w1
+        else {}
+    )
+    head = "cores busy, waiting for a core" if waited else "cores busy"
+    lines = [f"    threads over {wall:.1f} s of load, {head} (writers: time in a transaction):"]
     shown = sorted((n for n in busy if busy[n] >= 0.01 or n in in_txn), key=lambda n: -busy[n])
     rest = sum(b for n, b in busy.items() if n not in shown)
     for name in shown:
+        wait = f"  {waited.get(name, 0.0):.2f}" if waited else ""
         txn = f"  (in a transaction {in_txn[name] / wall:.2f})" if name in in_txn else ""
-        lines.append(f"      {name[:28]:<28} {busy[name]:.2f}{txn}")
-    lines.append(f"      {'all others':<28} {rest:.2f}   process {sum(busy.values()):.2f}")
+        lines.append(f"      {name[:28]:<28} {busy[name]:.2f}{wait}{txn}")
+    total = f", waiting for a core {sum(waited.values()):.2f}" if waited else ""
+    lines.append(f"      {'all others':<28} {rest:.2f}   process {sum(busy.values()):.2f}{total}")
     return lines
+
+
+# A statement slower than this, on a writer thread, is the tail the report sizes.
+SLOW_STATEMENT_SECONDS = 0.002
+
+
+def _statements(records: list[list[float]]) -> list[str]:
+    """The writers' statements: wall time, time on a core, and the share of the writers'
+    statement time spent in the slow tail."""
+    if not records:
+        return []
+    walls = [wall for wall, _ in records]
+    total = sum(walls)
+    slow = [wall for wall in walls if wall > SLOW_STATEMENT_SECONDS]
+    on_core = sum(cpu for _, cpu in records) / len(records)
+    shown = "/".join(f"{percentile(walls, q) * 1000:.2f}" for q in (50, 90, 99))
+    return [
+        f"    writer statements n={len(walls)} {shown} (max {max(walls) * 1000:.0f}), mean "
+        f"{total / len(walls) * 1000:.2f} ms, on a core {on_core * 1000:.2f} ms each; "
+        f"over {SLOW_STATEMENT_SECONDS * 1000:g} ms: {100 * len(slow) / len(walls):.0f}% "
+        f"of them, {100 * sum(slow) / max(total, 1e-9):.0f}% of the time"
+    ]
 
 
 def main() -> int:

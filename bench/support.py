@@ -131,16 +131,20 @@ def sampled(pid: int, out: Path | None, options: Sequence[str]) -> Iterator[None
 @dataclass(frozen=True)
 class Busy:
     """How many cores a process, its main thread (the event loop of an asyncio server) and
-    the whole machine kept busy over one window."""
+    the whole machine kept busy over one window; and how long the process's threads were
+    ready to run but waited for a core (thread-seconds a second: a process busy 0.75 whose
+    threads also waited 0.75 was held back by the machine's cores, not by its own work)."""
 
     process: float
     main_thread: float
     machine: float
+    waiting: float | None = None  # None: the kernel keeps no scheduler statistics
 
     def describe(self) -> str:
+        waited = "" if self.waiting is None else f", waiting for a core {self.waiting:.2f}"
         return (
-            f"busy: process {self.process:.2f} core (main thread {self.main_thread:.2f}), "
-            f"machine {self.machine:.2f} of {os.cpu_count()}"
+            f"busy: process {self.process:.2f} core (main thread {self.main_thread:.2f}"
+            f"{waited}), machine {self.machine:.2f} of {os.cpu_count()}"
         )
 
 
@@ -148,6 +152,25 @@ def cpu_ticks(stat: str) -> int:
     """utime + stime, in clock ticks, of the process or thread whose /proc stat file this is."""
     fields = Path(stat).read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def run_delay(task: Path) -> float | None:
+    """Seconds the thread whose /proc directory this is spent ready to run but waiting for
+    a core (``schedstat``'s second field); None without scheduler statistics."""
+    try:
+        return int((task / "schedstat").read_text().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _process_run_delay(pid: int) -> float | None:
+    """``run_delay`` summed over the process's threads now (None without statistics)."""
+    try:
+        delays = [run_delay(task) for task in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        return None
+    known = [d for d in delays if d is not None]
+    return sum(known) if known else None
 
 
 def _machine_ticks() -> tuple[int, int]:
@@ -167,12 +190,13 @@ class BusyMeter:
         self.pid = pid
         self._start = self._read()
 
-    def _read(self) -> tuple[float, int, int, tuple[int, int]]:
+    def _read(self) -> tuple[float, int, int, tuple[int, int], float | None]:
         return (
             time.monotonic(),
             cpu_ticks(f"/proc/{self.pid}/stat"),
             cpu_ticks(f"/proc/{self.pid}/task/{self.pid}/stat"),
             _machine_ticks(),
+            _process_run_delay(self.pid),
         )
 
     def stop(self) -> Busy | None:
@@ -187,10 +211,14 @@ class BusyMeter:
         if wall <= 0 or total <= 0:
             return None
         cpus = os.cpu_count() or 1
+        waited = None
+        if end[4] is not None and self._start[4] is not None:
+            waited = max(0.0, end[4] - self._start[4]) / wall
         return Busy(
             process=(end[1] - self._start[1]) / tick / wall,
             main_thread=(end[2] - self._start[2]) / tick / wall,
             machine=cpus * (total - idle) / total,
+            waiting=waited,
         )
 
 

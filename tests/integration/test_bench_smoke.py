@@ -17,12 +17,13 @@ import os
 import random
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from bench import lag, naive, poller, stages
+from bench import lag, naive, poller, stages, support
 
 from reconciler.core.vocabulary import EscalationReason
 from reconciler.storage import audit, leases
@@ -103,7 +104,12 @@ def test_each_bench_runs_as_a_script_in_its_smoke_mode(name: str, tmp_path: Path
     assert BENCHES[name] in done.stdout, done.stdout[-2000:]
     if name == "throughput":
         # Every stage was recorded: the wrappers found what they wrap in this checkout.
-        stages_seen = ("due -> claimed", "call end -> committed", "POST wait for the job id")
+        stages_seen = (
+            "due -> claimed",
+            "call end -> committed",
+            "POST wait for the job id",
+            "writer statements",
+        )
         for stage in (*stages_seen, "in a transaction"):
             assert stage in done.stdout, done.stdout[-3000:]
 
@@ -136,6 +142,36 @@ def test_the_threads_line_takes_cores_and_transactions_over_the_load_only() -> N
     assert "MainThread                   0.50" in text
     assert "db-writer-0                  0.25  (in a transaction 0.75)" in text
     assert "process 0.75" in text
+    # With the scheduler's figures: the writer waited 2 s of the 4 for a core.
+    waits = [
+        [at, {"MainThread": 0.0, "db-writer-0": 1.0 + (2.0 if at >= 14.0 else 0.0)}]
+        for at, _ in cpu
+    ]
+    text = "\n".join(stages._threads(cpu, runs, writes, waits))
+    assert "db-writer-0                  0.25  0.50  (in a transaction 0.75)" in text
+    assert "process 0.75, waiting for a core 0.50" in text
+
+
+def test_a_thread_s_wait_for_a_core_is_read_from_the_kernel() -> None:
+    """The scheduler's own count (``schedstat``), which only grows; None where there is none."""
+    task = Path(f"/proc/self/task/{threading.get_native_id()}")
+    first = support.run_delay(task)
+    if first is None:
+        pytest.skip("this kernel keeps no scheduler statistics")
+    sum(range(200_000))  # some time on a core, perhaps waiting for one
+    later = support.run_delay(task)
+    assert later is not None and later >= first >= 0.0
+    assert support.run_delay(Path("/proc/self/task/0")) is None
+
+
+def test_the_statements_line_sizes_the_slow_tail_by_time_not_by_count() -> None:
+    """Nine statements of 1 ms and one of 11 ms: a tenth of them over 2 ms, but more than
+    half of the writers' statement time."""
+    records = [[0.001, 0.0002]] * 9 + [[0.011, 0.0002]]
+    (line,) = stages._statements(records)
+    assert "n=10" in line and "mean 2.00 ms" in line and "on a core 0.20 ms each" in line
+    assert "over 2 ms: 10% of them, 55% of the time" in line
+    assert stages._statements([]) == []
 
 
 def test_naive_reads_match_a_poller_stepping_on_a_clock() -> None:
