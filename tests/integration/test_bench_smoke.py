@@ -54,6 +54,7 @@ BENCHES = {
     "storage_bytes": "ratio stored/payload",
     "throughput": "medians over rounds",
     "webhooks": "ratio ours/bare",
+    "write_path": "ratio loop/threads",
 }
 # The rest of bench/: the parts the benches above run or import, exercised through them.
 PARTS = {
@@ -88,6 +89,8 @@ def test_each_bench_runs_as_a_script_in_its_smoke_mode(name: str, tmp_path: Path
         if admin is None:
             pytest.skip("bench/replicas.py needs PostgreSQL (RECONCILER_TEST_POSTGRES_URL)")
         args += ["--postgres-url", admin]
+    if name == "write_path" and postgres_admin_url() is None:
+        pytest.skip("bench/write_path.py needs PostgreSQL (RECONCILER_TEST_POSTGRES_URL)")
     if name == "storage_bytes" and postgres_admin_url() is not None:
         args += ["--postgres", postgres_admin_url() or ""]
     if name == "amplification":
