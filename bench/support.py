@@ -141,10 +141,12 @@ class Busy:
     waiting: float | None = None  # None: the kernel keeps no scheduler statistics
 
     def describe(self) -> str:
-        waited = "" if self.waiting is None else f", waiting for a core {self.waiting:.2f}"
+        waited = ""
+        if self.waiting is not None:
+            waited = f", its threads waiting for a core {self.waiting:.2f}"
         return (
-            f"busy: process {self.process:.2f} core (main thread {self.main_thread:.2f}"
-            f"{waited}), machine {self.machine:.2f} of {os.cpu_count()}"
+            f"busy: process {self.process:.2f} core (main thread {self.main_thread:.2f})"
+            f"{waited}, machine {self.machine:.2f} of {os.cpu_count()}"
         )
 
 

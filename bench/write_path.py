@@ -139,8 +139,6 @@ async def measure(mode: str, conninfo: str, args: argparse.Namespace, loaded: bo
     lags: list[float] = []
     stop = asyncio.Event()
     thread_stop = threading.Event()
-    jobs: list[Awaitable[None]] = []
-    threads: list[threading.Thread] = []
     # Connected before the clock starts: the run times round trips only.
     sync = [
         psycopg.connect(conninfo, autocommit=True) for _ in range(n if mode == "threads" else 0)
@@ -151,7 +149,7 @@ async def measure(mode: str, conninfo: str, args: argparse.Namespace, loaded: bo
     ]
     cpu0, t0 = time.process_time(), time.perf_counter()
     threads = on_threads(sync, thread_stop, counts)
-    jobs = [on_loop(conn, i, stop, counts) for i, conn in enumerate(aio)]
+    jobs: list[Awaitable[None]] = [on_loop(conn, i, stop, counts) for i, conn in enumerate(aio)]
     if loaded:
         chunk, period = args.chunk_ms / 1000, args.period_ms / 1000
         jobs.append(loop_work(stop, chunk, period, lags))
