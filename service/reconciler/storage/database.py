@@ -43,10 +43,10 @@ from reconciler.core.errors import (
     WriteCycle,
 )
 from reconciler.storage import after_commit as committed
-from reconciler.storage import commit_tail
+from reconciler.storage import commit_tail, pipelined
 from reconciler.storage.availability import Availability, WriteFailure, classify
-from reconciler.storage.fastsql import run
-from reconciler.storage.writer import Writer
+from reconciler.storage.fastsql import run, wait_sent
+from reconciler.storage.writer import Joined, Writer
 
 T = TypeVar("T")
 
@@ -168,6 +168,13 @@ def _postgres_engine(
     @event.listens_for(engine, "close")
     def _on_close(_dbapi_conn: Any, record: Any) -> None:
         own.discard(record.info.pop(_BACKEND, -1))
+
+    # A statement run through SQLAlchemy inside joined writes (a transactional hook's)
+    # waits for its result before SQLAlchemy reads it, as ``fastsql.run``'s statements do
+    # (``storage.pipelined`` queues them).
+    @event.listens_for(engine, "after_cursor_execute")
+    def _after_execute(*_args: Any) -> None:
+        wait_sent()
 
     # A connection that sat in the pool is pinged before use; one in steady use is not
     # (see IDLE_PING_SECONDS). The ping is the dialect's own (pool_pre_ping's, which would
@@ -359,9 +366,7 @@ class Database:
         self.availability.succeeded(changed=changed)
         committed.run(pending)
 
-    def write_together(
-        self, writes: Sequence[tuple[Callable[[Connection], Any], int]]
-    ) -> list[tuple[Any, BaseException | None]]:
+    def write_together(self, writes: Sequence[Joined]) -> list[tuple[Any, BaseException | None]]:
         """Several writes in one transaction, answered (result, error) each in order; each
         comes with the attempts it may make after a lost race (``retry_stale``).
 
@@ -381,11 +386,9 @@ class Database:
                     raise
         raise AssertionError("unreachable")
 
-    def _together(
-        self, writes: Sequence[tuple[Callable[[Connection], Any], int]]
-    ) -> list[tuple[Any, BaseException | None]]:
+    def _together(self, writes: Sequence[Joined]) -> list[tuple[Any, BaseException | None]]:
         if len(writes) == 1:
-            write, attempts = writes[0]
+            write, attempts, _key = writes[0]
 
             def alone() -> Any:
                 with self.write() as conn:
@@ -401,7 +404,7 @@ class Database:
                 pass
         outcomes: list[tuple[Any, BaseException | None]] = []
         with self.write() as conn:
-            for write, attempts in writes:
+            for write, attempts, _key in writes:
 
                 def attempt(write: Callable[[Connection], Any] = write) -> Any:
                     with translate_errors(), savepoint(conn, "joined"):
@@ -415,20 +418,20 @@ class Database:
                     outcomes.append((None, exc))
         return outcomes
 
-    def _all_or_none(
-        self, writes: Sequence[tuple[Callable[[Connection], Any], int]]
-    ) -> list[tuple[Any, BaseException | None]]:
+    def _all_or_none(self, writes: Sequence[Joined]) -> list[tuple[Any, BaseException | None]]:
         """``writes`` in one transaction with no savepoints; ``_OneFailed`` (the whole
-        transaction rolled back) as soon as one of them fails for a reason of its own."""
-        results: list[Any] = []
+        transaction rolled back) as soon as one of them fails for a reason of its own.
+
+        Their statements go to the server together, a turn at a time (``pipelined``)."""
         with self.write() as conn:
-            for write, _attempts in writes:
-                try:
-                    results.append(write(conn))
-                except (StorageUnavailable, sa.exc.OperationalError, sa.exc.InterfaceError):
-                    raise
-                except Exception as exc:
-                    raise _OneFailed() from exc
+            try:
+                results = pipelined.run_lanes(
+                    conn, [write for write, _, _ in writes], [key for _, _, key in writes]
+                )
+            except (StorageUnavailable, sa.exc.OperationalError, sa.exc.InterfaceError):
+                raise
+            except Exception as exc:
+                raise _OneFailed() from exc
         return [(result, None) for result in results]
 
     @contextmanager

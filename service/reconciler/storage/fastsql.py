@@ -28,6 +28,7 @@ cursor (``stream_results``), which the driver cursor here does not offer.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -414,6 +415,8 @@ def run(conn: Connection, sql: str, params: Any = (), *, many: bool = False) -> 
     more than SQLite takes for a small write). Driver errors are raised as SQLAlchemy
     ``DBAPIError``s, a lost connection invalidated, exactly as SQLAlchemy would, so
     ``translate_errors`` treats both paths alike. Parameters never go into the error.
+    Inside ``storage.pipelined`` the statement is queued, and ``run`` returns once its
+    result is back (``sent``).
     """
     dbapi_conn = conn.connection
     cursor = _cursor(conn, dbapi_conn)
@@ -422,17 +425,45 @@ def run(conn: Connection, sql: str, params: Any = (), *, many: bool = False) -> 
             cursor.executemany(sql, params)
         else:
             cursor.execute(sql, params)
+        wait_sent()
     except conn.dialect.loaded_dbapi.Error as exc:
-        lost = conn.dialect.is_disconnect(exc, dbapi_conn, cursor)
-        if lost:
-            conn.invalidate(exc)
-        raise sa.exc.DBAPIError.instance(
-            sql,
-            params,
-            exc,
-            conn.dialect.loaded_dbapi.Error,
-            hide_parameters=True,
-            connection_invalidated=lost,
-            dialect=conn.dialect,
-        ) from exc
+        raise driver_error(conn, sql, params, exc, cursor) from exc
     return cursor
+
+
+class _Sent(threading.local):
+    """What a statement run on this thread waits for once sent: None, its result is in;
+    else ``wait()`` returns once it is (``storage.pipelined``, which queues statements)."""
+
+    wait: Callable[[], None] | None = None
+
+
+sent = _Sent()
+
+
+def wait_sent() -> None:
+    """Return once the statement just sent on this thread has its result (``sent``)."""
+    wait = sent.wait
+    if wait is not None:
+        wait()
+
+
+def driver_error(
+    conn: Connection, sql: str, params: Any, exc: Any, cursor: Any = None
+) -> BaseException:
+    """The driver's ``exc`` as SQLAlchemy raises it: a ``DBAPIError`` of its family, the
+    connection invalidated when it is lost, the parameters left out of the message."""
+    dbapi_conn = conn.connection
+    lost = conn.dialect.is_disconnect(exc, dbapi_conn, cursor)
+    if lost:
+        conn.invalidate(exc)
+    error: BaseException = sa.exc.DBAPIError.instance(
+        sql,
+        params,
+        exc,
+        conn.dialect.loaded_dbapi.Error,
+        hide_parameters=True,
+        connection_invalidated=lost,
+        dialect=conn.dialect,
+    )
+    return error

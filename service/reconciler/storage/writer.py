@@ -47,9 +47,9 @@ from reconciler.core.errors import StorageUnavailable
 T = TypeVar("T")
 
 # What ``join`` gets: each joined write as a function of the shared connection, with the
-# attempts it may make after a lost race. It answers one (result, error) per write, in
-# order, or raises for all of them.
-Joined = tuple[Callable[[Any], Any], int]
+# attempts it may make after a lost race and its key (the operation whose row it locks),
+# in key order. It answers one (result, error) per write, in order, or raises for all.
+Joined = tuple[Callable[[Any], Any], int, str]
 Join = Callable[[Sequence[Joined]], list[tuple[Any, BaseException | None]]]
 # The most writes one transaction carries: the last of them waits for all before it.
 JOIN_LIMIT = 32
@@ -69,7 +69,7 @@ class _Job:
     first: bool = field(default=False)  # ahead of the queued writes (see the module)
 
     def joined(self) -> Joined:
-        return (lambda conn: self.fn(conn, *self.args)), self.attempts
+        return (lambda conn: self.fn(conn, *self.args)), self.attempts, self.key
 
 
 def _detached(exc: BaseException) -> BaseException:

@@ -45,6 +45,7 @@ from reconciler.engine.hooks import Hook
 from reconciler.engine.shares import share_of
 from reconciler.outbound.callbacks import CallbackClient, receiver_host
 from reconciler.storage import completion_steps as steps
+from reconciler.storage import pipelined
 from reconciler.storage.completion_steps import StepRow, StepStatus
 from reconciler.storage.operation_reads import view_of
 from reconciler.storage.tokens import callback_keys, keys_of
@@ -232,7 +233,7 @@ class CompleteStep:
         try:
             # A savepoint: a hook that fails leaves nothing of its own behind, and its
             # failure is still recorded in the transaction around it.
-            with conn.begin_nested():
+            with pipelined.alone(), conn.begin_nested():
                 hook.fn(plan.view, row.idempotency_key, conn)
         except Exception as exc:  # operator code: its failure is data, not a crash
             log.warning("hook %s failed: %s", hook.name, type(exc).__name__)
