@@ -80,6 +80,7 @@ def test_the_answer_is_a_console_page_however_it_is_read(raw: str) -> None:
 
 
 @given(NEXTS)
+@example("/console/.")  # a trailing dot segment leaves a "/" a second reading drops
 def test_the_answer_is_stable(raw: str) -> None:
     once = return_to(raw)
     assert return_to(once) == once

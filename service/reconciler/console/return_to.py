@@ -77,6 +77,9 @@ def return_to(raw: str | None) -> str:
         return PREFIX
     # "//" inside the path is kept as one "/": no resolver can then read a host from it.
     resolved = remove_dot_segments("/" + "/".join(s for s in path.split("/") if s))
+    # A trailing "." or ".." leaves a trailing "/", which a second reading would drop as
+    # an empty segment: dropped here, the answer is the same read once or twice.
+    resolved = resolved.rstrip("/") or "/"
     if not _is_page(resolved):
         return PREFIX
     query = parts.query
