@@ -203,3 +203,28 @@ def test_a_connection_lost_in_a_turn_is_an_outage_and_the_next_write_works(
     with pytest.raises(StorageUnavailable):
         _together(db, [("a", end_own_connection), ("b", _echo(log, "b"))])
     assert _together(db, [("a", _echo(log, "a")), ("b", _echo(log, "b"))]) == ["a", "b"]
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["committed", "failed"])
+def test_the_connection_goes_back_to_the_pool_as_it_came(db: Database, fails: bool) -> None:
+    """The pipelined transaction runs its connection in autocommit (its BEGIN and COMMIT
+    are its own statements); after it, committed or not, the next plain transaction on
+    that connection is a transaction again: what it wrote goes with its failure."""
+    journal = Journal()
+    op = new_operation(NOW)
+
+    def loses(conn: Connection) -> None:
+        run(conn, "SELECT 1")
+        if fails:
+            raise StaleWrite("another writer was first")
+
+    def backend(conn: Connection) -> int:
+        return int(run(conn, "SELECT pg_backend_pid()").fetchone()[0])
+
+    outcomes = _together(db, [("a", loses), ("b", backend)])
+    assert isinstance(outcomes[0], StaleWrite) if fails else outcomes[0] is None
+    with pytest.raises(RuntimeError), db.write() as conn:
+        assert backend(conn) == outcomes[1]  # the same connection, from the pool
+        journal.insert(conn, op, actor="test", cause="test:create", now=NOW)
+        raise RuntimeError("the caller gave up")
+    assert _stored(db, [op.id]) == set()

@@ -337,7 +337,8 @@ class Database:
         return max(1, int(self._remaining() * 1000))
 
     @contextmanager
-    def write(self) -> Iterator[Connection]:
+    def write(self, *, lanes: bool = False) -> Iterator[Connection]:
+        """A write transaction; ``lanes`` (PostgreSQL): one for ``pipelined.run_lanes``."""
         with self._count_guard:
             self.write_transactions += 1
         lock = self._write_lock
@@ -345,7 +346,8 @@ class Database:
             self.availability.failed(WriteFailure.LOCKED)
             raise StorageUnavailable("the database is busy; retry later")
         try:
-            with translate_errors(), self.engine.begin() as conn:
+            begin = pipelined.transaction if lanes else sa.Engine.begin
+            with translate_errors(), begin(self.engine) as conn:
                 committed.begin(conn)
                 commit_tail.begin(conn)
                 before = _changes(conn)
@@ -423,7 +425,7 @@ class Database:
         transaction rolled back) as soon as one of them fails for a reason of its own.
 
         Their statements go to the server together, a turn at a time (``pipelined``)."""
-        with self.write() as conn:
+        with self.write(lanes=True) as conn:
             try:
                 results = pipelined.run_lanes(
                     conn, [write for write, _, _ in writes], [key for _, _, key in writes]

@@ -34,7 +34,7 @@ from contextvars import copy_context
 from typing import Any
 
 from greenlet import GreenletExit, getcurrent, greenlet
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from reconciler.storage import fastsql
 
@@ -43,8 +43,10 @@ _SYNC = "(the joined writes' statements, sent together)"
 
 
 class _Turns(threading.local):
-    """The writer thread's running ``run_lanes``: its greenlet and its pipeline's sync."""
+    """The writer thread's pipelined transaction (``transaction``), and while ``run_lanes``
+    runs in it, its greenlet and its pipeline's sync."""
 
+    pipeline: Any = None
     main: Any = None
     sync: Callable[[], None] | None = None
 
@@ -52,6 +54,52 @@ class _Turns(threading.local):
 _turns = _Turns()
 # What a write hands the turn to ask for the connection alone (``alone``).
 _ALONE = object()
+
+
+@contextmanager
+def transaction(engine: Engine) -> Iterator[Connection]:
+    """A write transaction in pipeline mode, for ``run_lanes``.
+
+    Its BEGIN goes with its first turn's statements, and its COMMIT with what is sent
+    after the turns (``commit_tail``), in the round trip that leaves pipeline mode: a
+    transaction of k turns costs k + 1 round trips, where psycopg's own BEGIN, a pipeline
+    left before the tail, and a COMMIT of its own would cost k + 4. So the connection is
+    in autocommit while it lasts (psycopg then sends no BEGIN of its own) and the BEGIN
+    and the COMMIT are statements of ours. A transaction that fails is rolled back; a
+    connection that cannot be brought back to a plain idle state is invalidated, so the
+    pool never hands out one in autocommit or inside a transaction.
+    """
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        raw.autocommit = True  # type: ignore[union-attr]
+        try:
+            try:
+                with raw.pipeline() as pipeline:  # type: ignore[union-attr]
+                    _turns.pipeline = pipeline
+                    fastsql.run(conn, "BEGIN")
+                    yield conn
+                    # Sent with the tail by the sync that leaves pipeline mode.
+                    fastsql.run(conn, "COMMIT")
+            except conn.dialect.loaded_dbapi.Error as exc:  # from that sync: the end failed
+                raise fastsql.driver_error(conn, "COMMIT", (), exc) from exc
+        except BaseException:
+            _abandon(conn, raw)
+            raise
+        else:
+            raw.autocommit = False  # type: ignore[union-attr]
+        finally:
+            _turns.pipeline = None
+
+
+def _abandon(conn: Connection, raw: Any) -> None:
+    """After a failure: roll back and leave autocommit, or else drop the connection."""
+    if conn.invalidated:
+        return
+    try:
+        raw.rollback()
+        raw.autocommit = False
+    except Exception as exc:  # lost or unusable: the pool must not hand it out again
+        conn.invalidate(exc)
 
 
 @contextmanager
@@ -94,7 +142,6 @@ def run_lanes(
     ``keys``: each write's operation id ("" for a write over many rows), in the order the
     writes are to run (``Writer`` sorts them so).
     """
-    raw = conn.connection.driver_connection
     main = getcurrent()
     results: list[Any] = [None] * len(writes)
 
@@ -107,24 +154,26 @@ def run_lanes(
         runner = greenlet(lambda indexes=indexes: lane(indexes), parent=main)
         runner.gr_context = copy_context()  # the caller's trace and flow, as on the thread
         runners.append(runner)
-    with raw.pipeline() as pipeline:  # type: ignore[union-attr]
+    pipeline = _turns.pipeline
+    if pipeline is None:
+        raise RuntimeError("run_lanes runs inside pipelined.transaction")
 
-        def sync() -> None:
-            try:
-                pipeline.sync()
-            except conn.dialect.loaded_dbapi.Error as exc:
-                raise fastsql.driver_error(conn, _SYNC, (), exc) from exc
-
-        _turns.main, _turns.sync = main, pipeline.sync
-        fastsql.sent.wait = main.switch  # a write's statement is queued: back to the turn
+    def sync() -> None:
         try:
-            _take_turns(runners, sync)
-        finally:
-            fastsql.sent.wait = None
-            _turns.main = _turns.sync = None
-            for runner in runners:
-                if not runner.dead:
-                    runner.throw(GreenletExit)
+            pipeline.sync()
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise fastsql.driver_error(conn, _SYNC, (), exc) from exc
+
+    _turns.main, _turns.sync = main, pipeline.sync
+    fastsql.sent.wait = main.switch  # a write's statement is queued: back to the turn
+    try:
+        _take_turns(runners, sync)
+    finally:
+        fastsql.sent.wait = None
+        _turns.main = _turns.sync = None
+        for runner in runners:
+            if not runner.dead:
+                runner.throw(GreenletExit)
     return results
 
 
