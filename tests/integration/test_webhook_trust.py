@@ -99,7 +99,8 @@ def test_an_outage_is_caught_at_the_first_miss_and_every_stretched_wait_comes_ba
             assert (view.misses, view.streak) == (1, 0)
             assert rig.verdicts()[-1]["verdict"] == Verdict.MISS.value
             # Every stretched operation is back on its normal schedule: never later than
-            # the stretched read it had, spread so at most 2 reads a second come due.
+            # the stretched read it had, and the others spread so at most 2 reads a second
+            # come due (a read kept at its stretched moment was due then anyway).
             assert rig.rows(delay_source="webhook_trust") == []
             now = rig.now
             times = []
@@ -110,10 +111,12 @@ def test_an_outage_is_caught_at_the_first_miss_and_every_stretched_wait_comes_ba
                 assert len(notes) == 1
                 until = datetime.fromisoformat(notes[0]["detail"]["stretched_until"])
                 assert now <= row["next_poll_at"] <= until
-                times.append(row["next_poll_at"])
+                if row["next_poll_at"] < until:
+                    times.append(row["next_poll_at"])
                 text = notes[0]["detail"]["note"]
                 assert f"webhooks distrusted after a miss on {lost}; next poll " in text
                 assert text.endswith("from local backoff")
+            assert len(times) >= len(waiting) // 2, times  # the spread is what brings most back
             times.sort()
             for i in range(len(times) - 2):
                 assert times[i + 2] - times[i] >= timedelta(seconds=0.5), times
