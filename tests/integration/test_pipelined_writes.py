@@ -228,3 +228,18 @@ def test_the_connection_goes_back_to_the_pool_as_it_came(db: Database, fails: bo
         journal.insert(conn, op, actor="test", cause="test:create", now=NOW)
         raise RuntimeError("the caller gave up")
     assert _stored(db, [op.id]) == set()
+
+
+def test_a_write_alone_meets_its_own_refusal_as_one_at_a_time_would(db: Database) -> None:
+    journal = Journal()
+    op = new_operation(NOW)
+
+    def insert(conn: Connection) -> str:
+        return journal.insert(conn, op, actor="test", cause="test:create", now=NOW).id
+
+    assert _together(db, [(op.id, insert)]) == [op.id]
+    # Sent in a pipelined transaction of its own, its refusal is still a conflict that
+    # names the constraint, and the connection is fine for the next write.
+    with pytest.raises(Conflict, match="operations_pkey"):
+        _together(db, [(op.id, insert)])
+    assert _together(db, [("a", _echo([], "a"))]) == ["a"]

@@ -390,11 +390,16 @@ class Database:
 
     def _together(self, writes: Sequence[Joined]) -> list[tuple[Any, BaseException | None]]:
         if len(writes) == 1:
-            write, attempts, _key = writes[0]
+            write, attempts, key = writes[0]
 
             def alone() -> Any:
-                with self.write() as conn:
-                    return write(conn)
+                if self.sqlite:
+                    with self.write() as conn:
+                        return write(conn)
+                # Pipelined too, for its BEGIN and COMMIT: two round trips fewer. A
+                # statement's error is its own, reported as the write would have met it.
+                with self.write(lanes=True) as conn:
+                    return pipelined.run_lanes(conn, [write], [key])[0]
 
             return [(retry_stale(alone, attempts), None)]
         if not self.sqlite:
