@@ -142,6 +142,9 @@ def run_lanes(
     ``keys``: each write's operation id ("" for a write over many rows), in the order the
     writes are to run (``Writer`` sorts them so).
     """
+    pipeline = _turns.pipeline
+    if pipeline is None:
+        raise RuntimeError("run_lanes runs inside pipelined.transaction")
     main = getcurrent()
     results: list[Any] = [None] * len(writes)
 
@@ -154,9 +157,6 @@ def run_lanes(
         runner = greenlet(lambda indexes=indexes: lane(indexes), parent=main)
         runner.gr_context = copy_context()  # the caller's trace and flow, as on the thread
         runners.append(runner)
-    pipeline = _turns.pipeline
-    if pipeline is None:
-        raise RuntimeError("run_lanes runs inside pipelined.transaction")
 
     def sync() -> None:
         try:
