@@ -251,7 +251,7 @@ class Runtime:
             await adapter.aclose()
         self.adapters.clear()
         self.webhooks.close()
-        self.db.dispose()
+        await self.db.aclose()
         # The last spans (the shutdown's own among them) are sent before the process ends.
         await anyio.to_thread.run_sync(self.telemetry.shutdown)
 

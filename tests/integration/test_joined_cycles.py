@@ -28,6 +28,7 @@ from reconciler.storage.database import CYCLE_ATTEMPTS, Database
 from reconciler.storage.history import history_of
 from reconciler.storage.journal import Journal
 from tests.support.factories import new_operation
+from tests.support.writers import blocking, held_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -73,7 +74,7 @@ def _note(replica: str, op_id: str, meet: Callable[[], None] | None = None) -> A
             entries=[Entry(kind=HistoryKind.NOTE, actor=replica, cause="test:note")],
         )
         if meet is not None and runs[0] == 1:
-            meet()  # holds this row until the other replica holds its own first row
+            blocking(meet)  # holds this row until the other replica holds its own first row
         return op_id
 
     return write
@@ -86,14 +87,10 @@ async def _joined_behind_held_writers(
     let them all go at once; every outcome (a result or the error raised), in order."""
     go = threading.Event()
     entered = threading.Semaphore(0)
-
-    def hold() -> None:
-        entered.release()
-        assert go.wait(10)
-
+    hold = held_until(go, entered)
     held = []
     for db, _ in queues:
-        threads = len(db.writer._threads)
+        threads = db.writer.count
         held += [asyncio.ensure_future(db.run_write(hold)) for _ in range(threads)]
     for _ in held:
         assert await asyncio.to_thread(entered.acquire, True, 10)

@@ -29,6 +29,7 @@ from reconciler.storage.webhook_events import IncomingEvent, Outcome
 from reconciler.storage.writer import JOIN_LIMIT
 from tests.support.factories import new_operation
 from tests.support.waiting import wait_until_async
+from tests.support.writers import held_until
 
 pytestmark = pytest.mark.anyio
 
@@ -72,14 +73,10 @@ async def _behind_a_held_writer(db: Database, writes: list[Callable[..., Any]]) 
 
 
 async def _hold_writers(db: Database, go: threading.Event) -> asyncio.Future[Any]:
-    """Hold every writer thread inside a job of its own until ``go`` is set."""
-    threads = len(db.writer._threads)
+    """Hold every writer inside a job of its own until ``go`` is set."""
+    threads = db.writer.count
     entered = threading.Semaphore(0)
-
-    def hold() -> None:
-        entered.release()
-        assert go.wait(10), "the test never let the writers go"
-
+    hold = held_until(go, entered)
     held = asyncio.gather(*(db.run_write(hold) for _ in range(threads)))
     for _ in range(threads):
         assert await asyncio.to_thread(entered.acquire, True, 10)
@@ -274,7 +271,7 @@ async def test_a_webhook_batch_goes_ahead_of_the_queued_engine_writes(db: Databa
     batch is taken before writes queued earlier, with the head of the queue, however the
     writer threads are scheduled afterwards."""
     committer = GroupCommitter(db, Journal(), lambda: NOW, on_hint=lambda: None)
-    first_round = len(db.writer._threads) * JOIN_LIMIT  # what every writer takes at once
+    first_round = db.writer.count * JOIN_LIMIT  # what every writer takes at once
     # Who ran in which transaction: each write keeps the connection it was handed (kept
     # alive here, so no two transactions' connections can be mistaken for one).
     ran: list[tuple[str, Connection]] = []

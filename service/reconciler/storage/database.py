@@ -13,13 +13,15 @@ are always active keep it from being reused from the start);
 ``journal_size_limit`` caps what SQLite keeps after any reset.
 
 From the event loop, reads go through ``run`` (a thread pool of their own)
-and writes through ``run_write`` (``storage.writer``: writer threads behind a
-bounded queue, each write waiting at most ``write_wait_seconds``), so a lock
-held by another process blocks only the writers, never a read or the loop.
+and writes through ``run_write`` (``storage.writer``: writers behind a bounded
+queue, each write waiting at most ``write_wait_seconds``; on PostgreSQL greenlets on
+the loop whose waits are the loop's, ``storage.on_loop``), so a lock held by another
+process blocks only the writers, never a read or the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sqlite3
@@ -43,7 +45,7 @@ from reconciler.core.errors import (
     WriteCycle,
 )
 from reconciler.storage import after_commit as committed
-from reconciler.storage import commit_tail, pipelined
+from reconciler.storage import commit_tail, on_loop, pipelined
 from reconciler.storage.availability import Availability, WriteFailure, classify
 from reconciler.storage.fastsql import run, wait_sent
 from reconciler.storage.writer import Joined, Writer
@@ -64,6 +66,9 @@ WRITE_QUEUE_LIMIT = 10_000
 # operations, fsync on, medians of 2 rounds: 8 threads 58.6 ops/s, 4.4 commits and
 # 20.8 ms of CPU an operation, service and server; 4: 60.0, 4.2, 20.5; 2: 61.3, 2.8,
 # 18.8). Two still let one transaction run while another waits on a row lock or the disk.
+# They run on the event loop (``storage.on_loop``): a writer thread handed the interpreter
+# lock to the loop and back at every answer, which held the process at 0.80 of a core at
+# its ceiling; on the loop it is busy 0.85 to 0.86 (bench/peer_dbos.py, three pairs).
 POSTGRES_WRITERS = 2
 # A PostgreSQL connection unused this long is pinged before use: a server restart or an
 # idle timeout (the server's or a pooler's) closes connections nobody is using, and the
@@ -103,7 +108,11 @@ def retry_stale(fn: Callable[[], T], attempts: int = STALE_ATTEMPTS) -> T:
         except StaleWrite:
             if attempt == attempts - 1:
                 raise
-            time.sleep(0.002 * (attempt + 1))  # let the winner's commit land first
+            pause = 0.002 * (attempt + 1)  # let the winner's commit land first
+            if on_loop.driven() is not None:
+                on_loop.await_(asyncio.sleep(pause))
+            else:
+                time.sleep(pause)
     raise AssertionError("unreachable")
 
 
@@ -157,6 +166,15 @@ def _postgres_engine(
     """``own`` gets the server process of each connection while it is open (the listener
     tells this process's own notifications by it: ``engine.wakeups``)."""
     engine = sa.create_engine(url, json_serializer=_JSON_TEXT.encode, pool_size=10, max_overflow=20)
+    connection_class = on_loop.loop_connection_class()
+
+    @event.listens_for(engine, "do_connect")
+    def _do_connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        # A writer on the loop connects on a thread: a connect that waits for an
+        # unreachable server must not hold the loop.
+        if on_loop.driven() is not None:
+            return on_loop.await_(asyncio.to_thread(connection_class.connect, *cargs, **cparams))
+        return connection_class.connect(*cargs, **cparams)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, record: Any) -> None:
@@ -194,6 +212,12 @@ def _postgres_engine(
             raise sa.exc.DisconnectionError("an idle pooled connection is gone") from exc
 
     return engine
+
+
+@contextmanager
+def _begin(connection: Connection) -> Iterator[Connection]:
+    with connection as conn, conn.begin():
+        yield conn
 
 
 @contextmanager
@@ -333,6 +357,14 @@ class Database:
             return self.write_wait_seconds
         return max(0.0, deadline - time.monotonic())
 
+    def _connect(self) -> Connection:
+        """A pooled connection for a write. A writer on the loop makes the pool's first
+        connection on a thread: SQLAlchemy holds a thread lock while it sets up the first
+        one, and a second writer meeting that lock on the loop's thread would stop it."""
+        if on_loop.driven() is not None and not self.engine.pool.checkedin():  # type: ignore[attr-defined]
+            return on_loop.await_(asyncio.to_thread(self.engine.connect))
+        return self.engine.connect()
+
     def _busy_ms(self) -> int:
         return max(1, int(self._remaining() * 1000))
 
@@ -346,8 +378,8 @@ class Database:
             self.availability.failed(WriteFailure.LOCKED)
             raise StorageUnavailable("the database is busy; retry later")
         try:
-            begin = pipelined.transaction if lanes else sa.Engine.begin
-            with translate_errors(), begin(self.engine) as conn:
+            begin = pipelined.transaction if lanes else _begin
+            with translate_errors(), begin(self._connect()) as conn:
                 committed.begin(conn)
                 commit_tail.begin(conn)
                 before = _changes(conn)
@@ -474,7 +506,7 @@ class Database:
             return 0
 
     async def run_write(self, fn: Callable[..., T], *args: Any, wait: float | None = None) -> T:
-        """Run a blocking function that writes on a writer thread, waiting at most the bound.
+        """Run a blocking function that writes in a writer, waiting at most the bound.
 
         Past ``wait`` (default ``write_wait_seconds``) it raises ``StorageUnavailable``;
         a write that had not started by then is never run.
@@ -515,6 +547,7 @@ class Database:
                         wait_seconds=self.write_wait_seconds,
                         join=self.write_together,
                         on_timeout=lambda _: self.availability.failed(WriteFailure.LOCKED),
+                        loop_writers=not self.sqlite,
                     )
         return self._writer
 
@@ -551,6 +584,12 @@ class Database:
                 raw.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
             finally:
                 raw.execute(f"PRAGMA busy_timeout={self._busy_ms()}")
+
+    async def aclose(self) -> None:
+        """``dispose``, once writers on this loop have finished what is queued."""
+        if self._writer is not None:
+            await self._writer.aclose()
+        self.dispose()
 
     def dispose(self) -> None:
         self._stop.set()

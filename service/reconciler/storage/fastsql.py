@@ -28,7 +28,6 @@ cursor (``stream_results``), which the driver cursor here does not offer.
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,6 +36,8 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+
+from reconciler.storage.on_loop import WriterLocal
 
 Encode = Callable[[Any], Any]
 RowDecoder = Callable[[Sequence[Any]], Sequence[Any]]
@@ -431,14 +432,9 @@ def run(conn: Connection, sql: str, params: Any = (), *, many: bool = False) -> 
     return cursor
 
 
-class _Sent(threading.local):
-    """What a statement run on this thread waits for once sent: None, its result is in;
-    else ``wait()`` returns once it is (``storage.pipelined``, which queues statements)."""
-
-    wait: Callable[[], None] | None = None
-
-
-sent = _Sent()
+# What a statement run by this writer waits for once sent (``wait``): None, its result is
+# in; else ``wait()`` returns once it is (``storage.pipelined``, which queues statements).
+sent = WriterLocal(wait=None)
 
 
 def wait_sent() -> None:

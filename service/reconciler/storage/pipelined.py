@@ -27,37 +27,30 @@ What a write sees stays what it would see alone:
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import copy_context
 from typing import Any
 
 from greenlet import GreenletExit, getcurrent, greenlet
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from reconciler.storage import fastsql
+from reconciler.storage.on_loop import WriterLocal
 
 # The sync of one turn, named in its error (never the statements' values).
 _SYNC = "(the joined writes' statements, sent together)"
 
 
-class _Turns(threading.local):
-    """The writer thread's pipelined transaction (``transaction``), and while ``run_lanes``
-    runs in it, its greenlet and its pipeline's sync."""
-
-    pipeline: Any = None
-    main: Any = None
-    sync: Callable[[], None] | None = None
-
-
-_turns = _Turns()
+# The writer's pipelined transaction (``transaction``), and while ``run_lanes`` runs in
+# it, its greenlet and its pipeline's sync.
+_turns = WriterLocal(pipeline=None, main=None, sync=None)
 # What a write hands the turn to ask for the connection alone (``alone``).
 _ALONE = object()
 
 
 @contextmanager
-def transaction(engine: Engine) -> Iterator[Connection]:
+def transaction(connection: Connection) -> Iterator[Connection]:
     """A write transaction in pipeline mode, for ``run_lanes``.
 
     Its BEGIN goes with its first turn's statements, and its COMMIT with what is sent
@@ -69,7 +62,7 @@ def transaction(engine: Engine) -> Iterator[Connection]:
     connection that cannot be brought back to a plain idle state is invalidated, so the
     pool never hands out one in autocommit or inside a transaction.
     """
-    with engine.connect() as conn:
+    with connection as conn:
         raw = conn.connection.driver_connection
         raw.autocommit = True  # type: ignore[union-attr]
         try:

@@ -1,4 +1,7 @@
-"""Write transactions on their own threads, behind a bounded queue, each with a bound on its wait.
+"""Write transactions behind a bounded queue, each with a bound on its wait.
+
+The writers are threads of their own (SQLite), or greenlets on the event loop whose
+waits for the server are the loop's (``loop_writers``, PostgreSQL: ``storage.on_loop``).
 
 Guarantee: a wait for the database's write lock blocks only writers. The
 event loop hands a write to the queue and awaits it for at most the bound;
@@ -10,8 +13,9 @@ A job that already started when its caller gave up may still commit: the
 caller was told "retry", and a retry meets the idempotency key or the
 webhook's event id, so nothing is applied twice.
 
-Outcomes go back to the loop through one mailbox per loop: a busy writer that
-finishes several jobs before the loop runs again wakes it once, not once each.
+Outcomes go back to the loop through one mailbox per loop: a busy writer thread that
+finishes several jobs before the loop runs again wakes it once, not once each. A
+writer on the caller's own loop settles the caller's future directly.
 
 Writes that can share a transaction (``run_joined``: a function of the connection) are
 taken together: a writer that finds more of them queued behind the one it took hands all
@@ -32,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import queue
 import sqlite3
 import threading
@@ -43,6 +48,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from reconciler.core.errors import StorageUnavailable
+from reconciler.storage import on_loop
 
 T = TypeVar("T")
 
@@ -94,10 +100,19 @@ def _detached(exc: BaseException) -> BaseException:
     return exc
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
     if future.done():
         return
-    if error is not None:
+    if isinstance(error, asyncio.CancelledError):  # the writer's task was cancelled
+        future.cancel()
+    elif error is not None:
         future.set_exception(error)
     else:
         future.set_result(result)
@@ -154,7 +169,8 @@ class _Queue(queue.Queue[_Job | None]):
 
 
 class Writer:
-    """``threads`` writer threads fed by one queue of at most ``queue_limit`` jobs."""
+    """``threads`` writers fed by one queue of at most ``queue_limit`` jobs: threads, or
+    with ``loop_writers`` greenlets on the loop of the writes (started by the first)."""
 
     def __init__(
         self,
@@ -165,30 +181,43 @@ class Writer:
         join: Join,
         join_limit: int = JOIN_LIMIT,
         on_timeout: Callable[[str], None] | None = None,
+        loop_writers: bool = False,
     ) -> None:
         self.wait_seconds = wait_seconds
         self._join = join
         self._join_limit = join_limit
         self._queue = _Queue(maxsize=queue_limit)
-        self._local = threading.local()
+        self._local = on_loop.WriterLocal(deadline=None)
+        self._on_loop = loop_writers
+        self._count = threads
+        # On the loop: the writers' tasks, their loop, and what wakes them.
+        self._drivers: list[asyncio.Task[None]] = []
+        self._driver_loop: asyncio.AbstractEventLoop | None = None
+        self._nonempty: asyncio.Event | None = None
+        self._stopped = False
         # The mailbox of the loop that asked last (each job keeps its own, so a second loop
         # only costs the first its coalescing, never an outcome).
         self._mailbox: _Mailbox | None = None
         self._on_timeout = on_timeout
         self._threads = [
             threading.Thread(target=self._loop, name=f"db-writer-{i}", daemon=True)
-            for i in range(threads)
+            for i in range(0 if loop_writers else threads)
         ]
         for thread in self._threads:
             thread.start()
 
+    @property
+    def count(self) -> int:
+        """How many write transactions may be in flight at once (one per writer)."""
+        return self._count
+
     def deadline(self) -> float | None:
-        """The running job's deadline (``time.monotonic()``), on a writer thread; else None."""
+        """The running job's deadline (``time.monotonic()``), in a writer; else None."""
         value: float | None = getattr(self._local, "deadline", None)
         return value
 
     async def run(self, fn: Callable[..., T], *args: Any, wait: float | None = None) -> T:
-        """Run ``fn(*args)`` on a writer thread; wait at most ``wait`` (default: the bound)."""
+        """Run ``fn(*args)`` in a writer; wait at most ``wait`` (default: the bound)."""
         return await self._submit(fn, args, wait, joins=False)
 
     async def run_joined(
@@ -227,6 +256,8 @@ class Writer:
         deadline = time.monotonic() + bound
         job = _Job(fn, args, deadline, mailbox, future, joins=joins, attempts=attempts, key=key)
         job.first = first
+        if self._on_loop:
+            self._start_on(loop)
         try:
             self._queue.put_nowait(job)
         except queue.Full:
@@ -234,6 +265,7 @@ class Writer:
             raise StorageUnavailable(
                 "the database is busy (write queue full); retry later"
             ) from None
+        self._signal()
         try:
             result: T = await asyncio.wait_for(asyncio.shield(job.future), bound)
         except TimeoutError:
@@ -249,6 +281,54 @@ class Writer:
             raise
         return result
 
+    def _start_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the loop: the writers run on the loop of the first write, and again on a
+        later one once theirs has stopped (a loop that no longer runs serves nobody)."""
+        running = self._driver_loop
+        alive = any(not task.done() for task in self._drivers)
+        if alive and (running is loop or (running is not None and running.is_running())):
+            return
+        self._driver_loop = loop
+        self._stopped = False
+        self._nonempty = asyncio.Event()
+        # Each writer starts from an empty context, as a thread would: a job's caller reads
+        # what it needs from its own before it queues the job.
+        self._drivers = [
+            loop.create_task(self._drive(), name=f"db-writer-{i}", context=contextvars.Context())
+            for i in range(self._count)
+        ]
+
+    async def _drive(self) -> None:
+        await on_loop.drive(self._loop, on_cancel=self._stop)
+
+    def _stop(self) -> None:
+        self._stopped = True
+
+    def _signal(self) -> None:
+        """Wake the writers on the loop (from their loop, or from another thread's)."""
+        nonempty, loop = self._nonempty, self._driver_loop
+        if nonempty is None or loop is None:
+            return
+        if _running_loop() is loop:
+            nonempty.set()
+        else:
+            with contextlib.suppress(RuntimeError):  # their loop closed: nobody is waiting
+                loop.call_soon_threadsafe(nonempty.set)
+
+    def _get(self) -> _Job | None:
+        """The next job, waiting for one: on a thread, blocked; on the loop, awaited."""
+        if not self._on_loop:
+            return self._queue.get()
+        nonempty = self._nonempty
+        assert nonempty is not None
+        while not self._stopped:
+            try:
+                return self._queue.get_nowait()
+            except queue.Empty:
+                nonempty.clear()
+                on_loop.await_(nonempty.wait())
+        return None
+
     def _timed_out(self, why: str) -> None:
         if self._on_timeout is not None:
             self._on_timeout(why)
@@ -257,7 +337,7 @@ class Writer:
         # A job taken from the queue while gathering joined writes, to run next.
         held: collections.deque[_Job | None] = collections.deque()
         while True:
-            job = held.popleft() if held else self._queue.get()
+            job = held.popleft() if held else self._get()
             if job is None:
                 return
             if not self._startable(job):
@@ -312,11 +392,28 @@ class Writer:
         finally:
             self._local.deadline = None
 
-    @staticmethod
-    def _post(job: _Job, result: Any, error: BaseException | None) -> None:
-        job.mailbox.post(job.future, result, error)
+    def _post(self, job: _Job, result: Any, error: BaseException | None) -> None:
+        if job.mailbox.loop is _running_loop():
+            _settle(job.future, result, error)  # a writer on the caller's own loop
+        else:
+            job.mailbox.post(job.future, result, error)
+
+    async def aclose(self, timeout: float = 5.0) -> None:
+        """Let the writers finish what is queued, then stop them (on the loop: awaited)."""
+        drivers = [task for task in self._drivers if task.get_loop() is _running_loop()]
+        self.close(timeout)
+        if drivers:
+            _, late = await asyncio.wait(drivers, timeout=timeout)
+            for task in late:
+                task.cancel()
 
     def close(self, timeout: float = 5.0) -> None:
+        """Stop the writers after the jobs queued now; writer threads are waited for."""
+        if self._on_loop:
+            for _ in self._drivers:
+                self._queue.put_nowait(None)
+            self._signal()
+            return
         for _ in self._threads:
             with contextlib.suppress(queue.Full):
                 self._queue.put(None, timeout=timeout)
