@@ -44,6 +44,7 @@ cost a few microseconds a record: CPU figures are for runs without ``--stages``.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextvars
 import functools
@@ -307,7 +308,7 @@ def _wrap_statements(rec: Records) -> None:
 
     @functools.wraps(run)
     def timed(*args: Any, **kw: Any) -> Any:
-        if not threading.current_thread().name.startswith("db-writer"):
+        if _writer_name() is None:
             return run(*args, **kw)
         wall, cpu = time.perf_counter(), time.thread_time()
         try:
@@ -334,9 +335,22 @@ def _stamped(run: Any, rec: Records) -> Any:
             end = time.time()
             for entry in entries:
                 entry["committed"] = end
-            rec.runs.append((threading.current_thread().name, start, end))
+            rec.runs.append((_writer_name() or threading.current_thread().name, start, end))
 
     return wrapper
+
+
+def _writer_name() -> str | None:
+    """The writer running this: its thread, or its task when it runs on the loop."""
+    from reconciler.storage import on_loop
+
+    name = threading.current_thread().name
+    if name.startswith("db-writer"):
+        return name
+    if on_loop.driven() is None:
+        return None
+    task = asyncio.current_task()
+    return f"{task.get_name() if task else 'db-writer'} (on the loop)"
 
 
 def _wrap_requests(rec: Records) -> None:
@@ -622,6 +636,8 @@ def _threads(
         wait = f"  {waited.get(name, 0.0):.2f}" if waited else ""
         txn = f"  (in a transaction {in_txn[name] / wall:.2f})" if name in in_txn else ""
         lines.append(f"      {name[:28]:<28} {busy[name]:.2f}{wait}{txn}")
+    for name in sorted(set(in_txn) - set(busy)):  # writers on the loop: its thread's cores
+        lines.append(f"      {name[:28]:<28} {'':>4}  (in a transaction {in_txn[name] / wall:.2f})")
     total = f", waiting for a core {sum(waited.values()):.2f}" if waited else ""
     lines.append(f"      {'all others':<28} {rest:.2f}   process {sum(busy.values()):.2f}{total}")
     return lines
