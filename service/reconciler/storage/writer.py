@@ -411,7 +411,8 @@ class Writer:
         """Stop the writers after the jobs queued now; writer threads are waited for."""
         if self._on_loop:
             for _ in self._drivers:
-                self._queue.put_nowait(None)
+                with contextlib.suppress(queue.Full):
+                    self._queue.put_nowait(None)
             self._signal()
             return
         for _ in self._threads:
