@@ -114,3 +114,17 @@ async def test_a_cancelled_writer_is_told_and_its_task_ends_cancelled() -> None:
 
 def test_outside_a_writer_there_is_none() -> None:
     assert on_loop.driven() is None
+
+
+async def test_a_pause_in_a_writer_is_the_loops() -> None:
+    order: list[str] = []
+
+    def writer() -> None:
+        on_loop.sleep(0.001)
+        order.append("writer")
+
+    task = asyncio.ensure_future(on_loop.drive(writer))
+    await asyncio.sleep(0)
+    order.append("loop")
+    await task
+    assert order == ["loop", "writer"]

@@ -66,9 +66,8 @@ WRITE_QUEUE_LIMIT = 10_000
 # operations, fsync on, medians of 2 rounds: 8 threads 58.6 ops/s, 4.4 commits and
 # 20.8 ms of CPU an operation, service and server; 4: 60.0, 4.2, 20.5; 2: 61.3, 2.8,
 # 18.8). Two still let one transaction run while another waits on a row lock or the disk.
-# They run on the event loop (``storage.on_loop``): a writer thread handed the interpreter
-# lock to the loop and back at every answer, which held the process at 0.80 of a core at
-# its ceiling; on the loop it is busy 0.85 to 0.86 (bench/peer_dbos.py, three pairs).
+# They run on the loop (``storage.on_loop``): threads handing the interpreter lock back and
+# forth held the process at 0.80 of a core at its ceiling, 0.85 on the loop (peer_dbos.py).
 POSTGRES_WRITERS = 2
 # A PostgreSQL connection unused this long is pinged before use: a server restart or an
 # idle timeout (the server's or a pooler's) closes connections nobody is using, and the
@@ -108,11 +107,7 @@ def retry_stale(fn: Callable[[], T], attempts: int = STALE_ATTEMPTS) -> T:
         except StaleWrite:
             if attempt == attempts - 1:
                 raise
-            pause = 0.002 * (attempt + 1)  # let the winner's commit land first
-            if on_loop.driven() is not None:
-                on_loop.await_(asyncio.sleep(pause))
-            else:
-                time.sleep(pause)
+            on_loop.sleep(0.002 * (attempt + 1))  # let the winner's commit land first
     raise AssertionError("unreachable")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -63,6 +64,14 @@ def await_(awaitable: Awaitable[T]) -> T:
         root = root.parent
     result: T = root.switch(_Await(awaitable, waiter))
     return result
+
+
+def sleep(seconds: float) -> None:
+    """A pause in blocking code: awaited in a writer on the loop, which goes on meanwhile."""
+    if driven() is None:
+        time.sleep(seconds)
+    else:
+        await_(asyncio.sleep(seconds))
 
 
 async def drive(fn: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
