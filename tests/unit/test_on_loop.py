@@ -128,3 +128,13 @@ async def test_a_pause_in_a_writer_is_the_loops() -> None:
     order.append("loop")
     await task
     assert order == ["loop", "writer"]
+
+
+def test_waiting_outside_a_writer_is_a_mistake_said_plainly() -> None:
+    async def never() -> None:
+        raise AssertionError("not awaited")
+
+    waited = never()
+    with pytest.raises(RuntimeError, match="writer greenlet"):
+        on_loop.await_(waited)
+    waited.close()

@@ -58,11 +58,11 @@ def driven() -> Driven | None:
 
 def await_(awaitable: Awaitable[T]) -> T:
     """Wait for ``awaitable`` from blocking code in a writer greenlet: the loop goes on."""
-    waiter = getcurrent()
-    root = waiter
-    while root.parent is not None:
-        root = root.parent
-    result: T = root.switch(_Await(awaitable, waiter))
+    writer = driven()
+    if writer is None:
+        raise RuntimeError("await_ runs in a writer greenlet (on_loop.drive)")
+    # To the greenlet that runs the loop (``drive``'s), which awaits and switches back.
+    result: T = writer.parent.switch(_Await(awaitable, getcurrent()))
     return result
 
 
