@@ -23,12 +23,13 @@ from sqlalchemy.engine import Connection
 from reconciler.core.chain import Entry
 from reconciler.core.records import OperationRecord
 from reconciler.core.vocabulary import HistoryKind
+from reconciler.storage import on_loop
 from reconciler.storage import operations as store
 from reconciler.storage.database import CYCLE_ATTEMPTS, Database
 from reconciler.storage.history import history_of
 from reconciler.storage.journal import Journal
 from tests.support.factories import new_operation
-from tests.support.writers import blocking, held_until
+from tests.support.writers import held_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -74,7 +75,7 @@ def _note(replica: str, op_id: str, meet: Callable[[], None] | None = None) -> A
             entries=[Entry(kind=HistoryKind.NOTE, actor=replica, cause="test:note")],
         )
         if meet is not None and runs[0] == 1:
-            blocking(meet)  # holds this row until the other replica holds its own first row
+            on_loop.off_loop(meet)  # holds this row until the other replica holds its own first row
         return op_id
 
     return write

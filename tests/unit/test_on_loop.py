@@ -138,3 +138,20 @@ def test_waiting_outside_a_writer_is_a_mistake_said_plainly() -> None:
     with pytest.raises(RuntimeError, match="writer greenlet"):
         on_loop.await_(waited)
     waited.close()
+
+
+async def test_a_blocking_call_in_a_writer_goes_to_a_thread_and_the_loop_goes_on() -> None:
+    release = threading.Event()
+    ran_on: list[str] = []
+
+    def blocks() -> str:
+        ran_on.append(threading.current_thread().name)
+        assert release.wait(10)
+        return "done"
+
+    task = asyncio.ensure_future(on_loop.drive(lambda: on_loop.off_loop(blocks)))
+    await asyncio.sleep(0)
+    release.set()  # the loop runs this while the writer's call blocks
+    assert await task == "done"
+    assert ran_on != [threading.current_thread().name]
+    assert on_loop.off_loop(lambda: "here") == "here"  # outside a writer: here and now

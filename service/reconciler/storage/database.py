@@ -21,7 +21,6 @@ process blocks only the writers, never a read or the loop.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sqlite3
@@ -167,9 +166,7 @@ def _postgres_engine(
     def _do_connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
         # A writer on the loop connects on a thread: a connect that waits for an
         # unreachable server must not hold the loop.
-        if on_loop.driven() is not None:
-            return on_loop.await_(asyncio.to_thread(connection_class.connect, *cargs, **cparams))
-        return connection_class.connect(*cargs, **cparams)
+        return on_loop.off_loop(lambda: connection_class.connect(*cargs, **cparams))
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, record: Any) -> None:
@@ -357,7 +354,7 @@ class Database:
         connection on a thread: SQLAlchemy holds a thread lock while it sets up the first
         one, and a second writer meeting that lock on the loop's thread would stop it."""
         if on_loop.driven() is not None and not self.engine.pool.checkedin():  # type: ignore[attr-defined]
-            return on_loop.await_(asyncio.to_thread(self.engine.connect))
+            return on_loop.off_loop(self.engine.connect)
         return self.engine.connect()
 
     def _busy_ms(self) -> int:

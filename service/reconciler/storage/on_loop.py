@@ -74,6 +74,14 @@ def sleep(seconds: float) -> None:
         await_(asyncio.sleep(seconds))
 
 
+def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, which blocks (a connect, a barrier): on a thread from a writer on the
+    loop, which goes on meanwhile; elsewhere here and now."""
+    if driven() is None:
+        return fn(*args)
+    return await_(asyncio.to_thread(fn, *args))
+
+
 async def drive(fn: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
     """Run ``fn`` in a writer greenlet; its ``await_``s are awaited here, on the loop.
 

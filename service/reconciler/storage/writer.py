@@ -190,9 +190,8 @@ class Writer:
         self._local = on_loop.WriterLocal(deadline=None)
         self._on_loop = loop_writers
         self._count = threads
-        # On the loop: the writers' tasks, their loop, and what wakes them.
+        # On the loop: the writers' tasks, and what wakes them.
         self._drivers: list[asyncio.Task[None]] = []
-        self._driver_loop: asyncio.AbstractEventLoop | None = None
         self._nonempty: asyncio.Event | None = None
         self._stopped = False
         # The mailbox of the loop that asked last (each job keeps its own, so a second loop
@@ -284,11 +283,10 @@ class Writer:
     def _start_on(self, loop: asyncio.AbstractEventLoop) -> None:
         """On the loop: the writers run on the loop of the first write, and again on a
         later one once theirs has stopped (a loop that no longer runs serves nobody)."""
-        running = self._driver_loop
+        running = self._drivers_loop()
         alive = any(not task.done() for task in self._drivers)
         if alive and (running is loop or (running is not None and running.is_running())):
             return
-        self._driver_loop = loop
         self._stopped = False
         self._nonempty = asyncio.Event()
         # Each writer starts from an empty context, as a thread would: a job's caller reads
@@ -298,6 +296,9 @@ class Writer:
             for i in range(self._count)
         ]
 
+    def _drivers_loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._drivers[0].get_loop() if self._drivers else None
+
     async def _drive(self) -> None:
         await on_loop.drive(self._loop, on_cancel=self._stop)
 
@@ -306,7 +307,7 @@ class Writer:
 
     def _signal(self) -> None:
         """Wake the writers on the loop (from their loop, or from another thread's)."""
-        nonempty, loop = self._nonempty, self._driver_loop
+        nonempty, loop = self._nonempty, self._drivers_loop()
         if nonempty is None or loop is None:
             return
         if _running_loop() is loop:
@@ -393,14 +394,14 @@ class Writer:
             self._local.deadline = None
 
     def _post(self, job: _Job, result: Any, error: BaseException | None) -> None:
-        if job.mailbox.loop is _running_loop():
+        if self._on_loop and job.mailbox.loop is self._drivers_loop():
             _settle(job.future, result, error)  # a writer on the caller's own loop
         else:
             job.mailbox.post(job.future, result, error)
 
     async def aclose(self, timeout: float = 5.0) -> None:
         """Let the writers finish what is queued, then stop them (on the loop: awaited)."""
-        drivers = [task for task in self._drivers if task.get_loop() is _running_loop()]
+        drivers = self._drivers if self._drivers_loop() is _running_loop() else []
         self.close(timeout)
         if drivers:
             _, late = await asyncio.wait(drivers, timeout=timeout)
